@@ -1,0 +1,59 @@
+"""stepscope: a framework-free, Perfetto-native tracing SDK for ML training and inference.
+
+Instrument like ``nvtx`` (``annotate``, ``push_range``/``pop_range``, ``start_range``/``end_range``,
+``mark``, ``counter``), trace with ``stepscope.trace(path)`` or ``start``/``stop``, and open the
+``.pftrace`` file in ui.perfetto.dev.
+"""
+
+from __future__ import annotations
+
+from ._api import (
+    RangeHandle,
+    annotate,
+    counter,
+    end_range,
+    mark,
+    pop_range,
+    push_range,
+    set_forwarding,
+    start,
+    start_range,
+    stop,
+    trace,
+)
+from ._session import Session, current
+
+__version__ = "0.1.0"
+
+
+def capture_nvtx():
+    """Record the ``nvtx`` calls user code and libraries already make (see ``_nvtx``)."""
+    from ._nvtx import capture_nvtx as _capture
+
+    return _capture()
+
+
+def release_nvtx() -> None:
+    from ._nvtx import release_nvtx as _release
+
+    _release()
+
+
+__all__ = [
+    "RangeHandle",
+    "Session",
+    "annotate",
+    "capture_nvtx",
+    "counter",
+    "current",
+    "end_range",
+    "mark",
+    "pop_range",
+    "push_range",
+    "release_nvtx",
+    "set_forwarding",
+    "start",
+    "start_range",
+    "stop",
+    "trace",
+]

@@ -1,0 +1,415 @@
+"""The public instrumentation API, with the ``nvtx`` package's names and semantics.
+
+Fast path: ``annotate("x")`` returns a range object cached per message. Its class's
+``__enter__`` is a C-composed callable (see ``_recorder.chain``), so entering a range runs no
+Python frame; ``__exit__`` is one small Python method. When recording is off, both are swapped
+on the classes for a C no-op, so even range objects users keep around cost nearly nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from . import _recorder as rec
+from ._recorder import BEGIN, END, INSTANT, Blob, code, event_id, warn_once
+from ._schema import LEVEL_DETAIL
+
+_NOOP = "".format  # a C callable taking any arguments and returning "" (falsy)
+MAX_CACHED_RANGES = 4096
+
+_on = False  # detail-level recording (what user ranges need)
+_forward = False  # also send ranges to NVTX
+
+
+class _Range:
+    """A user range: context manager and decorator. Begins/ends on the calling thread."""
+
+    __slots__ = ("message", "color", "domain", "category", "payload", "args", "eid", "begin")
+
+    def __call__(self, func: Callable) -> Callable:
+        return _decorate(func, self.message, self.color, self.domain, self.category,
+                         self.payload, self.args)
+
+    def _enter_forwarding(self):
+        self.begin()
+        _nvtx().forward_push(self.message, self.color, self.domain, self.category)
+
+    def _exit(self, exc_type, exc, tb):
+        rec.end_detail()
+
+    def _exit_forwarding(self, exc_type, exc, tb):
+        rec.end_detail()
+        _nvtx().forward_pop(self.domain)
+
+    __enter__ = _NOOP
+    __exit__ = _NOOP
+
+
+_range_classes: list[type] = []  # one per cached fast range (class-level __enter__)
+_ranges: dict = {}  # (message, domain, category) -> _Range
+_lock = threading.Lock()
+
+
+def _categories(domain, category) -> tuple[str, ...]:
+    cats = []
+    if domain is not None:
+        cats.append(domain if isinstance(domain, str) else str(getattr(domain, "name", domain)))
+    if category is not None:
+        cats.append(str(category))
+    return tuple(cats)
+
+
+def _args_blob(kind: int, eid: int, payload, args) -> Blob:
+    data = dict(args) if args else {}
+    if payload is not None:
+        data["payload"] = payload
+    return Blob(kind, eid, LEVEL_DETAIL, args=data)
+
+
+def _make_range(message, color, domain, category, payload, args) -> _Range:
+    name = "" if message is None else message
+    eid = event_id(name, _categories(domain, category))
+    if payload is None and not args:
+        cls = type("annotate", (_Range,), {"__slots__": ()})
+        r = cls()
+        r.begin = rec.chain(code(eid, LEVEL_DETAIL, BEGIN))
+        _bind_class(cls, r.begin)
+    else:
+        r = _SlowRange()
+        blob_args = (payload, args)
+
+        def begin(eid=eid, blob_args=blob_args):
+            rec.record_blob(_args_blob(BEGIN, eid, *blob_args))
+
+        r.begin = begin
+    r.message, r.color, r.domain, r.category = name, color, domain, category
+    r.payload, r.args, r.eid = payload, args, eid
+    return r
+
+
+class _SlowRange(_Range):
+    """A range with arguments or a payload: recorded as a blob (a Python frame on enter)."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        if _on:
+            self.begin()
+            if _forward:
+                _nvtx().forward_push(self.message, self.color, self.domain, self.category)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if _on:
+            rec.end_detail()
+            if _forward:
+                _nvtx().forward_pop(self.domain)
+
+
+def _bind_class(cls: type, begin) -> None:
+    """Set a fast range class's enter/exit for the current recording state."""
+    if not _on:
+        cls.__enter__ = cls.__exit__ = _NOOP
+    elif _forward:
+        cls.__enter__, cls.__exit__ = _Range._enter_forwarding, _Range._exit_forwarding
+    else:
+        cls.__enter__, cls.__exit__ = begin, _Range._exit
+
+
+def _on_state(on: bool, detail: bool) -> None:
+    global _on
+    _on = detail
+    with _lock:
+        for r in _ranges.values():
+            if type(r) is not _SlowRange:
+                _bind_class(type(r), r.begin)
+
+
+rec._state_listeners.append(_on_state)
+
+
+def annotate(message: Any = None, color: Any = None, domain: Any = None, category: Any = None,
+             payload: Any = None, **args: Any):
+    """A range, as ``with annotate("x"):`` or ``@annotate("x")`` / ``@annotate``.
+
+    ``domain`` becomes the slice's category (``domain,category`` when both are given), keyword
+    arguments become typed args (``debug.<name>``), ``payload`` the arg ``debug.payload``; ``color``
+    is passed to NVTX when forwarding. As a decorator the message defaults to the function's
+    qualified name, and the source location is the function's definition.
+    """
+    if color is None and domain is None and category is None and payload is None and not args:
+        try:
+            return _ranges[message, None, None]
+        except (KeyError, TypeError):
+            pass
+    return _annotate_slow(message, color, domain, category, payload, args)
+
+
+def _annotate_slow(message, color, domain, category, payload, args):
+    if callable(message) and not isinstance(message, str):  # bare @annotate
+        return _decorate(message, None, color, domain, category, payload, args)
+    if payload is not None or args:
+        return _make_range(message, color, domain, category, payload, args)
+    try:
+        key = (message, domain, category)
+        hash(key)
+    except TypeError:
+        message = rec.clean_name(message)
+        key = (message, None if domain is None else str(domain), category)
+    r = _ranges.get(key)
+    if r is None:
+        r = _make_range(message, color, domain, category, None, None)
+        if len(_ranges) < MAX_CACHED_RANGES:
+            with _lock:
+                _ranges.setdefault(key, r)
+                r = _ranges[key]
+                _bind_class(type(r), r.begin)
+    return r
+
+
+def _decorate(func, message, color, domain, category, payload, args):
+    try:
+        target = inspect.unwrap(func)
+        co = target.__code__
+        srcloc = (co.co_filename, target.__qualname__, co.co_firstlineno)
+    except (AttributeError, ValueError):
+        srcloc = None
+    name = message if message is not None else getattr(func, "__qualname__", repr(func))
+    eid = event_id(name, _categories(domain, category), srcloc)
+    if payload is None and not args:
+        begin = rec.chain(code(eid, LEVEL_DETAIL, BEGIN))
+    else:
+        def begin(eid=eid):
+            rec.record_blob(_args_blob(BEGIN, eid, payload, args))
+    end = rec.end_detail
+    clean = rec.kinds[eid].name
+
+    if inspect.iscoroutinefunction(func):
+        @functools.wraps(func)
+        async def async_wrapper(*a, **k):
+            if not _on:
+                return await func(*a, **k)
+            begin()
+            if _forward:
+                _nvtx().forward_push(clean, color, domain, category)
+            try:
+                return await func(*a, **k)
+            finally:
+                end()
+                if _forward:
+                    _nvtx().forward_pop(domain)
+        return async_wrapper
+
+    @functools.wraps(func)
+    def wrapper(*a, **k):
+        if not _on:
+            return func(*a, **k)
+        begin()
+        if _forward:
+            _nvtx().forward_push(clean, color, domain, category)
+        try:
+            return func(*a, **k)
+        finally:
+            end()
+            if _forward:
+                _nvtx().forward_pop(domain)
+    return wrapper
+
+
+# --- push/pop, start/end, mark ------------------------------------------------------------------
+_push_codes: dict = {}
+
+
+def push_range(message: Any = None, color: Any = None, domain: Any = None, category: Any = None,
+               payload: Any = None) -> None:
+    """Open a range on this thread; close it with ``pop_range``."""
+    if not _on:
+        return
+    if domain is None and category is None and payload is None:
+        c = _push_codes.get(message)
+        if c is None:
+            c = _push_code(message, None, None)
+        rec._ext((c, rec.perf_counter_ns(), rec.get_ident()))
+    elif payload is None:
+        rec._ext((_push_code(message, domain, category), rec.perf_counter_ns(),
+                  rec.get_ident()))
+    else:
+        rec.record_blob(_args_blob(BEGIN, event_id(_name(message),
+                                                    _categories(domain, category)), payload,
+                                   None))
+    if _forward:
+        _nvtx().forward_push(_name(message), color, domain, category)
+
+
+def _name(message) -> Any:
+    return "" if message is None else message
+
+
+def _push_code(message, domain, category) -> int:
+    try:
+        key = (message, domain, category)
+        hash(key)
+    except TypeError:
+        message = rec.clean_name(message)
+        key = (message, domain if domain is None else str(domain), category)
+    c = _push_codes.get(key if domain is not None or category is not None else message)
+    if c is None:
+        c = code(event_id(_name(message), _categories(domain, category)), LEVEL_DETAIL, BEGIN)
+        if len(_push_codes) < MAX_CACHED_RANGES:
+            _push_codes[key if domain is not None or category is not None else message] = c
+    return c
+
+
+def pop_range(domain: Any = None) -> None:
+    """Close the innermost range opened by ``push_range`` on this thread.
+
+    A pop with nothing open is reported once and ignored (the trace stays well nested).
+    """
+    if not _on:
+        return
+    rec._ext((rec.END_DETAIL, rec.perf_counter_ns(), rec.get_ident()))
+    if _forward:
+        _nvtx().forward_pop(domain)
+
+
+class RangeHandle:
+    """What ``start_range`` returns; pass it to ``end_range`` from any thread."""
+
+    __slots__ = ("track", "fwd", "domain", "__weakref__")
+
+    def __init__(self, track, fwd, domain):
+        self.track, self.fwd, self.domain = track, fwd, domain
+
+
+def start_range(message: Any = None, color: Any = None, domain: Any = None,
+                category: Any = None, payload: Any = None) -> RangeHandle | None:
+    """Open a range that may end on another thread (drawn on an async track)."""
+    if not _on:
+        return None
+    from ._session import current
+    sess = current()
+    if sess is None:
+        return None
+    track = sess.acquire_async_track()
+    eid = event_id(_name(message), _categories(domain, category))
+    blob = _args_blob(BEGIN, eid, payload, None)
+    blob.track = track
+    rec.record_blob(blob)
+    fwd = _nvtx().forward_start(_name(message), color, domain, category) if _forward else None
+    return RangeHandle(track, fwd, domain)
+
+
+def end_range(handle: RangeHandle | None) -> None:
+    """Close a range from ``start_range``. Unknown or already-ended handles are ignored."""
+    if handle is None:
+        return
+    if not isinstance(handle, RangeHandle):
+        warn_once("end_range", f"end_range() got {type(handle).__name__}, not a range handle")
+        return
+    track, handle.track = handle.track, None
+    if track is None:
+        warn_once("end_range_twice", "end_range() called twice for one range; ignored")
+        return
+    if rec.ON:
+        rec.record_blob(Blob(END, 0, LEVEL_DETAIL, track=track))
+    from ._session import current
+    sess = current()
+    if sess is not None:
+        sess.release_async_track(track)
+    if handle.fwd is not None and _forward:
+        _nvtx().forward_end(handle.fwd, handle.domain)
+
+
+def mark(message: Any = None, color: Any = None, domain: Any = None, category: Any = None,
+         payload: Any = None, **args: Any) -> None:
+    """An instant event on this thread's track."""
+    if not _on:
+        return
+    eid = event_id(_name(message), _categories(domain, category))
+    if payload is None and not args:
+        rec._ext((code(eid, LEVEL_DETAIL, INSTANT), rec.perf_counter_ns(), rec.get_ident()))
+    else:
+        rec.record_blob(_args_blob(INSTANT, eid, payload, args))
+    if _forward:
+        _nvtx().forward_mark(_name(message), color, domain, category)
+
+
+def counter(name: str, value: float, unit: str | None = None) -> None:
+    """A sample on the process-level counter track ``name`` (made on first use)."""
+    if not _on:
+        return
+    from ._session import current
+    sess = current()
+    if sess is None:
+        return
+    try:
+        value = value if isinstance(value, (int, float)) else float(value)
+    except (TypeError, ValueError):
+        warn_once("counter_value", f"counter {name!r}: value {value!r} is not a number; ignored")
+        return
+    rec.record_blob(Blob(rec.COUNTER, 0, LEVEL_DETAIL, track=sess.counter_track(str(name), unit),
+                         value=value))
+
+
+# --- sessions -----------------------------------------------------------------------------------
+def start(path: str | os.PathLike | None = None, *, nvtx: bool = False, **options: Any):
+    """Start tracing into ``path`` (default ``stepscope-<pid>.pftrace``); returns the session.
+
+    Options: ``buffer_bytes`` (32 MiB), ``flush_interval_s`` (1.0), ``compress`` (True),
+    ``rank``, ``process_name``; ``nvtx=True`` also sends every range to NVTX (Nsight Systems).
+    Calling ``start`` while a session is active warns and returns the active session.
+    """
+    from ._session import Session, current
+    active = current()
+    if active is not None:
+        warn_once("start_twice", "start() called while tracing is already on; ignored")
+        return active
+    if path is None:
+        path = f"stepscope-{os.getpid()}.pftrace"
+    sess = Session(path, **options)
+    set_forwarding(nvtx)
+    return sess.start()
+
+
+def stop() -> None:
+    """Stop tracing and finish the file. Without an active session: a warning, nothing else."""
+    from ._session import current
+    sess = current()
+    if sess is None:
+        warn_once("stop_without_start", "stop() called but tracing is not on; ignored")
+        return
+    sess.stop()
+    set_forwarding(False)
+
+
+@contextlib.contextmanager
+def trace(path: str | os.PathLike | None = None, **options: Any) -> Iterator:
+    """``with stepscope.trace("run.pftrace"):`` — trace the block, finish the file after it."""
+    sess = start(path, **options)
+    try:
+        yield sess
+    finally:
+        if sess is not None and not sess.stopped:
+            sess.stop()
+            set_forwarding(False)
+
+
+def set_forwarding(on: bool) -> None:
+    """Send every range to NVTX as well (needs the ``nvtx`` package)."""
+    global _forward
+    if on and not _nvtx().available():
+        warn_once("nvtx_missing", "nvtx forwarding asked for but the nvtx package is missing")
+        on = False
+    _forward = bool(on)
+    _on_state(rec.ON, rec.DETAIL)
+
+
+def _nvtx():
+    from . import _nvtx as mod
+    return mod

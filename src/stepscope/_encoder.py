@@ -1,0 +1,221 @@
+"""Batch encoding of recorded events into TracePackets for one sequence.
+
+Each event becomes ``TracePacket{timestamp: delta, <template bytes>}`` where the template holds
+everything but the timestamp (sequence id, flags, the TrackEvent). Events of one kind share a
+template, so a batch is: varint lengths and deltas computed with numpy, then one gather/scatter
+of template bytes. Python runs once per distinct template, not once per event; only blobs
+(events with arguments, explicit tracks, flows, counter values) are encoded one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import _wire as w
+from ._recorder import BEGIN, COUNTER, END, INSTANT, Blob, kinds
+
+_TYPE_OF_KIND = {BEGIN: w.TYPE_SLICE_BEGIN, END: w.TYPE_SLICE_END, INSTANT: w.TYPE_INSTANT,
+                 COUNTER: w.TYPE_COUNTER}
+_THRESHOLDS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
+_TS_TAG = (w.PKT_TIMESTAMP << 3) | w.VARINT
+_PACKET_TAG = (w.TRACE_PACKET << 3) | w.LEN
+
+
+def varint_len(values: np.ndarray) -> np.ndarray:
+    return np.searchsorted(_THRESHOLDS, values, side="right").astype(np.int64) + 1
+
+
+def _put_varints(out: np.ndarray, pos: np.ndarray, values: np.ndarray, lens: np.ndarray) -> None:
+    values = values.astype(np.uint64, copy=False)
+    for k in range(int(lens.max())):
+        if k == 0:
+            sel, v, ln, p = slice(None), values, lens, pos
+        else:
+            sel = np.nonzero(lens > k)[0]
+            v, ln, p = values[sel], lens[sel], pos[sel]
+        byte = (v >> np.uint64(7 * k)) & np.uint64(0x7F)
+        byte |= np.where(ln > k + 1, np.uint64(0x80), np.uint64(0))
+        out[p + k] = byte
+
+
+def assemble(deltas: np.ndarray, tidx: np.ndarray, templates: Sequence[bytes]) -> bytes:
+    """Serialize ``Trace.packet`` entries: timestamp ``deltas[i]`` + ``templates[tidx[i]]``.
+
+    A negative delta means "no timestamp" (metadata-only packets).
+    """
+    n = len(deltas)
+    if n == 0:
+        return b""
+    tpl = np.frombuffer(b"".join(templates), dtype=np.uint8)
+    tlen_all = np.fromiter((len(t) for t in templates), dtype=np.int64, count=len(templates))
+    toff_all = np.zeros(len(templates), dtype=np.int64)
+    np.cumsum(tlen_all[:-1], out=toff_all[1:])
+    tl = tlen_all[tidx]
+    has_ts = deltas >= 0
+    d = np.where(has_ts, deltas, 0).astype(np.uint64)
+    vl = np.where(has_ts, varint_len(d), -1)  # -1: no tag, no value
+    plen = 1 + vl + tl
+    pl_len = varint_len(plen.astype(np.uint64))
+    size = 1 + pl_len + plen
+    start = np.zeros(n, dtype=np.int64)
+    np.cumsum(size[:-1], out=start[1:])
+    total = int(start[-1] + size[-1])
+    out = np.empty(total, dtype=np.uint8)
+    out[start] = _PACKET_TAG
+    _put_varints(out, start + 1, plen, pl_len)
+    ts_pos = start + 1 + pl_len
+    if has_ts.all():
+        out[ts_pos] = _TS_TAG
+        _put_varints(out, ts_pos + 1, d, vl)
+    elif has_ts.any():
+        sel = np.nonzero(has_ts)[0]
+        out[ts_pos[sel]] = _TS_TAG
+        _put_varints(out, ts_pos[sel] + 1, d[sel], vl[sel])
+    tp_pos = ts_pos + 1 + vl
+    # template bytes: one gather/scatter over all of them
+    cum = np.zeros(n, dtype=np.int64)
+    np.cumsum(tl[:-1], out=cum[1:])
+    nbytes = int(cum[-1] + tl[-1])
+    ramp = np.arange(nbytes, dtype=np.int64)
+    dst = np.repeat(tp_pos - cum, tl) + ramp
+    src = np.repeat(toff_all[tidx] - cum, tl) + ramp
+    out[dst] = tpl[src]
+    return out.tobytes()
+
+
+def packet(*fields: bytes) -> bytes:
+    """One ``Trace.packet`` entry from already-encoded TracePacket fields."""
+    body = b"".join(fields)
+    return w.tag(w.TRACE_PACKET, w.LEN) + w.varint(len(body)) + body
+
+
+class Interner:
+    """Per-sequence interning: which iids this sequence has already defined."""
+
+    def __init__(self) -> None:
+        self.names: set[int] = set()
+        self.categories: dict[str, int] = {}
+        self.srclocs: dict[tuple, int] = {}
+        self.arg_names: dict[str, int] = {}
+        self.pending: list[bytes] = []  # InternedData fields to attach to the next packet
+
+    def event(self, eid: int) -> tuple[int, list[int], int | None]:
+        """iids (name, categories, source location) of an event kind, defining new ones."""
+        kind = kinds[eid]
+        if eid not in self.names:
+            self.names.add(eid)
+            self.pending.append(w.f_bytes(w.ID_EVENT_NAMES,
+                                          w.f_varint(1, eid) + w.f_str(2, kind.name)))
+        cats = [self.category(c) for c in kind.categories]
+        loc = None
+        if kind.srcloc is not None:
+            loc = self.srclocs.get(kind.srcloc)
+            if loc is None:
+                loc = self.srclocs[kind.srcloc] = len(self.srclocs) + 1
+                file, func, line = kind.srcloc
+                self.pending.append(w.f_bytes(
+                    w.ID_SOURCE_LOCATIONS,
+                    w.f_varint(1, loc) + w.f_str(2, file) + w.f_str(3, func)
+                    + w.f_varint(4, line)))
+        return eid, cats, loc
+
+    def category(self, name: str) -> int:
+        iid = self.categories.get(name)
+        if iid is None:
+            iid = self.categories[name] = len(self.categories) + 1
+            self.pending.append(w.f_bytes(w.ID_EVENT_CATEGORIES,
+                                          w.f_varint(1, iid) + w.f_str(2, name)))
+        return iid
+
+    def arg_name(self, name: str) -> int:
+        iid = self.arg_names.get(name)
+        if iid is None:
+            iid = self.arg_names[name] = len(self.arg_names) + 1
+            self.pending.append(w.f_bytes(w.ID_DEBUG_ANNOTATION_NAMES,
+                                          w.f_varint(1, iid) + w.f_str(2, name)))
+        return iid
+
+    def take_pending(self) -> bytes:
+        if not self.pending:
+            return b""
+        data = w.f_bytes(w.PKT_INTERNED_DATA, b"".join(self.pending))
+        self.pending.clear()
+        return data
+
+
+def debug_value(interner: Interner, value, depth: int = 0) -> bytes:
+    """The value part of a DebugAnnotation: typed, nested for dicts and lists."""
+    if isinstance(value, bool):
+        return w.f_bool(w.DA_BOOL, value)
+    if isinstance(value, int):
+        if -(1 << 63) <= value < (1 << 63):
+            return w.f_varint(w.DA_INT, value)
+        if 0 <= value < (1 << 64):
+            return w.f_varint(w.DA_UINT, value)
+        return w.f_str(w.DA_STRING, str(value))
+    if isinstance(value, float):
+        return w.f_double(w.DA_DOUBLE, value)
+    if isinstance(value, str):
+        return w.f_str(w.DA_STRING, value[:4096])
+    if depth < 8 and isinstance(value, dict):
+        return b"".join(
+            w.f_bytes(w.DA_DICT_ENTRIES, w.f_str(w.DA_NAME, str(k)) + debug_value(interner, v,
+                                                                                  depth + 1))
+            for k, v in value.items())
+    if depth < 8 and isinstance(value, (list, tuple)):
+        return b"".join(w.f_bytes(w.DA_ARRAY_VALUES, debug_value(interner, v, depth + 1))
+                        for v in value)
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        try:
+            return debug_value(interner, value.item(), depth + 1)
+        except Exception:
+            pass
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return w.f_str(w.DA_STRING, text[:4096])
+
+
+def debug_annotations(interner: Interner, args: dict) -> bytes:
+    return b"".join(
+        w.f_bytes(w.TE_DEBUG_ANNOTATIONS,
+                  w.f_varint(w.DA_NAME_IID, interner.arg_name(str(k)))
+                  + debug_value(interner, v))
+        for k, v in args.items())
+
+
+def track_event(interner: Interner, kind: int, eid: int = 0, track: int | None = None,
+                args: dict | None = None, flows=None, tflows=None, value=None) -> bytes:
+    """The TrackEvent field of a packet (name/categories interned in this sequence)."""
+    parts = [w.f_varint(w.TE_TYPE, _TYPE_OF_KIND[kind])]
+    if eid:
+        name_iid, cats, loc = interner.event(eid)
+        parts.append(w.f_varint(w.TE_NAME_IID, name_iid))
+        parts.extend(w.f_varint(w.TE_CATEGORY_IIDS, c) for c in cats)
+        if loc is not None:
+            parts.append(w.f_varint(w.TE_SOURCE_LOCATION_IID, loc))
+    if track is not None:
+        parts.append(w.f_varint(w.TE_TRACK_UUID, track))
+    if value is not None:
+        if isinstance(value, float):
+            parts.append(w.f_double(w.TE_DOUBLE_COUNTER_VALUE, value))
+        else:
+            parts.append(w.f_varint(w.TE_COUNTER_VALUE, int(value)))
+    if args:
+        parts.append(debug_annotations(interner, args))
+    if flows:
+        parts.extend(w.f_fixed64(w.TE_FLOW_IDS, f) for f in flows)
+    if tflows:
+        parts.extend(w.f_fixed64(w.TE_TERMINATING_FLOW_IDS, f) for f in tflows)
+    return w.f_bytes(w.PKT_TRACK_EVENT, b"".join(parts))
+
+
+def blob_event(interner: Interner, blob: Blob) -> bytes:
+    value = blob.value
+    if value is not None and not isinstance(value, (int, float)):
+        value = float(value)
+    return track_event(interner, blob.kind, blob.eid, blob.track, blob.args, blob.flows,
+                       blob.tflows, value)

@@ -1,0 +1,110 @@
+"""Making sure a trace reaches the disk however the program ends.
+
+* normal exit: ``atexit`` stops the session;
+* SIGTERM / SIGINT: flush, then hand over to whatever handler was there before (for the
+  default SIGTERM action: stop, restore the default and re-raise, so the exit status is right);
+* an unhandled exception: stop (main thread) or flush (other threads), then the previous hook;
+* SIGKILL cannot be caught: the writer flushes every ``flush_interval_s``, and every write ends
+  on a packet boundary, so the file holds a loadable trace up to the last flush.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_state: dict = {}
+
+
+def install(session) -> None:
+    _state["session"] = session
+    if not _state.get("atexit"):
+        atexit.register(_at_exit)
+        _state["atexit"] = True
+    if "excepthook" not in _state:
+        _state["excepthook"] = sys.excepthook
+        sys.excepthook = _excepthook
+        _state["thread_excepthook"] = threading.excepthook
+        threading.excepthook = _thread_excepthook
+    if threading.current_thread() is threading.main_thread() and "signals" not in _state:
+        previous = {}
+        for sig in _SIGNALS:
+            try:
+                old = signal.getsignal(sig)
+                if old is None:  # installed from C: leave it alone
+                    continue
+                signal.signal(sig, _on_signal)
+                previous[sig] = old
+            except (ValueError, OSError):
+                continue
+        _state["signals"] = previous
+
+
+def uninstall(session) -> None:
+    if _state.get("session") is not session:
+        return
+    _state["session"] = None
+    if sys.excepthook is _excepthook:
+        sys.excepthook = _state.pop("excepthook")
+        threading.excepthook = _state.pop("thread_excepthook")
+    previous = _state.pop("signals", None)
+    if previous and threading.current_thread() is threading.main_thread():
+        for sig, old in previous.items():
+            try:
+                if signal.getsignal(sig) is _on_signal:
+                    signal.signal(sig, old)
+            except (ValueError, OSError):
+                pass
+
+
+def _session():
+    sess = _state.get("session")
+    if sess is None or sess.pid != os.getpid() or sess.stopped:
+        return None
+    return sess
+
+
+def _at_exit() -> None:
+    sess = _session()
+    if sess is not None:
+        sess.stop()
+
+
+def _on_signal(signum, frame) -> None:
+    sess = _session()
+    previous = _state.get("signals", {}).get(signum, signal.SIG_DFL)
+    if sess is not None:
+        if previous in (signal.SIG_DFL, None) and signum == signal.SIGTERM:
+            sess.stop()  # the process is about to die: finish the files properly
+        else:
+            sess.flush(timeout=5.0)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    # SIG_IGN: nothing more to do
+
+
+def _excepthook(exc_type, exc, tb) -> None:
+    sess = _session()
+    if sess is not None:
+        try:
+            sess.stop()
+        except Exception:
+            pass
+    _state.get("excepthook", sys.__excepthook__)(exc_type, exc, tb)
+
+
+def _thread_excepthook(args) -> None:
+    sess = _session()
+    if sess is not None:
+        try:
+            sess.flush(timeout=5.0)
+        except Exception:
+            pass
+    _state.get("thread_excepthook", threading.__excepthook__)(args)

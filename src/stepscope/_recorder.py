@@ -1,0 +1,211 @@
+"""The hot path: recording an event is one atomic ``list.extend`` of three ints.
+
+Every thread appends ``(code, timestamp, thread ident)`` to one process-wide list. ``list.extend``
+of a tuple is a single C call, so under the GIL the three ints always land together and never
+interleave with another thread's; no lock and no thread-local lookup are needed, and each thread's
+events stay in its own time order (the writer splits them by thread). Only ints are stored: ints
+are not tracked by the cyclic garbage collector, so a full buffer costs the program nothing.
+
+Range begins are recorded by a chain of C callables built once per event kind
+(``next(map(extend, zip(repeat(code), iter(clock), iter(get_ident))))``): no Python frame runs.
+
+Codes (see ``code()``): ``eid << 3 | level << 2 | kind`` for events whose name is in the event
+table, and ``-k`` for a "blob", an event with arguments or an explicit track whose description
+waits in ``_blobs[k]`` until the writer encodes it. All encoding happens in the writer thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import warnings
+from functools import partial
+from itertools import repeat
+from threading import get_ident
+from time import perf_counter_ns
+from typing import Any
+
+from ._schema import LEVEL_DETAIL, LEVEL_SUMMARY
+
+BEGIN, END, INSTANT = 0, 1, 2
+# Kinds that only exist as blobs:
+COUNTER = 3
+
+MAX_NAME_CHARS = 1024  # longer names are cut (with one warning): they would bloat every sequence
+
+
+def code(eid: int, level: int, kind: int) -> int:
+    return (eid << 3) | (level << 2) | kind
+
+
+END_DETAIL = code(0, LEVEL_DETAIL, END)
+END_SUMMARY = code(0, LEVEL_SUMMARY, END)
+
+# --- the buffer ---------------------------------------------------------------------------------
+events: list[int] = []
+_ext = events.extend
+
+# True while a session records: summary-level events (steps, phases, counters) are kept.
+ON = False
+# True while detail-level events (user ranges, captured nvtx) are kept.
+DETAIL = False
+
+
+def chain(code_: int) -> partial:
+    """A zero-argument C callable that appends ``(code_, now, thread ident)`` atomically."""
+    return partial(
+        next, map(_ext, zip(repeat(code_), iter(perf_counter_ns, None), iter(get_ident, None)))
+    )
+
+
+end_detail = chain(END_DETAIL)
+end_summary = chain(END_SUMMARY)
+
+
+def drain() -> list[int]:
+    """Take everything recorded so far (called by the writer thread only)."""
+    n = len(events)
+    n -= n % 3
+    chunk = events[:n]
+    del events[:n]
+    return chunk
+
+
+# --- the event table: (name, categories, source location) -> eid ---------------------------------
+class EventKind:
+    __slots__ = ("name", "categories", "srcloc")
+
+    def __init__(self, name: str, categories: tuple[str, ...], srcloc: tuple | None):
+        self.name = name
+        self.categories = categories
+        self.srcloc = srcloc
+
+
+kinds: list[EventKind | None] = [None]  # eid 0 is reserved (ends carry no name)
+_kind_ids: dict[tuple, int] = {}
+_kinds_lock = threading.Lock()
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"stepscope: {message}", RuntimeWarning, stacklevel=3)
+
+
+def clean_name(name: Any) -> str:
+    """Any object becomes a bounded, printable event name; never raises."""
+    if type(name) is not str:
+        if isinstance(name, bytes):
+            name = name.decode("utf-8", "replace")
+        elif isinstance(name, str):
+            name = str.__str__(name)
+        else:
+            warn_once("nonstr", f"range message {type(name).__name__} is not a str; using str()")
+            try:
+                name = str(name)
+            except Exception:  # a broken __str__ must not break the user's program
+                name = f"<{type(name).__name__}>"
+    if len(name) > MAX_NAME_CHARS:
+        warn_once("long", f"range names longer than {MAX_NAME_CHARS} characters are cut")
+        name = name[:MAX_NAME_CHARS]
+    return name
+
+
+def event_id(name: Any, categories: tuple[str, ...] = (), srcloc: tuple | None = None) -> int:
+    key = (name, categories, srcloc)
+    eid = _kind_ids.get(key)
+    if eid is None:
+        with _kinds_lock:
+            eid = _kind_ids.get(key)
+            if eid is None:
+                eid = len(kinds)
+                kinds.append(EventKind(clean_name(name), categories, srcloc))
+                _kind_ids[key] = eid
+    return eid
+
+
+# --- blobs: events that need more than a name ---------------------------------------------------
+class Blob:
+    """An event with a track, arguments, flows or a counter value, encoded later."""
+
+    __slots__ = ("kind", "eid", "level", "track", "args", "flows", "tflows", "value", "_id")
+
+    def __init__(self, kind, eid=0, level=LEVEL_DETAIL, track=None, args=None, flows=None,
+                 tflows=None, value=None):
+        self.kind = kind
+        self.eid = eid
+        self.level = level
+        self.track = track
+        self.args = args
+        self.flows = flows
+        self.tflows = tflows
+        self.value = value
+
+
+blobs: dict[int, Blob] = {}
+_blob_ids = itertools.count(1)
+
+
+def record_blob(blob: Blob, ts: int | None = None) -> None:
+    k = next(_blob_ids)
+    blobs[k] = blob
+    _ext((-k, perf_counter_ns() if ts is None else ts, get_ident()))
+
+
+# --- internal API for the profiler and others (events on the calling thread's track) -----------
+def begin(name: str, category: str | None = None, args: dict | None = None,
+          level: int = LEVEL_SUMMARY) -> None:
+    """Open a slice on the calling thread's track (closed by ``end`` with the same level)."""
+    if not ON or (level == LEVEL_DETAIL and not DETAIL):
+        return
+    eid = event_id(name, (category,) if category else ())
+    if args:
+        record_blob(Blob(BEGIN, eid, level, args=args))
+    else:
+        _ext((code(eid, level, BEGIN), perf_counter_ns(), get_ident()))
+
+
+def end(level: int = LEVEL_SUMMARY) -> None:
+    if ON:
+        _ext((END_SUMMARY if level == LEVEL_SUMMARY else END_DETAIL, perf_counter_ns(),
+              get_ident()))
+
+
+def instant(name: str, category: str | None = None, args: dict | None = None,
+            level: int = LEVEL_SUMMARY, track: int | None = None) -> None:
+    if not ON or (level == LEVEL_DETAIL and not DETAIL):
+        return
+    eid = event_id(name, (category,) if category else ())
+    if args or track:
+        record_blob(Blob(INSTANT, eid, level, track=track, args=args))
+    else:
+        _ext((code(eid, level, INSTANT), perf_counter_ns(), get_ident()))
+
+
+def counter(track: int, value: float, level: int = LEVEL_SUMMARY) -> None:
+    """One sample on a counter track made with ``Session.new_counter_track``."""
+    if ON and (level == LEVEL_SUMMARY or DETAIL):
+        record_blob(Blob(COUNTER, 0, level, track=track, value=value))
+
+
+_state_listeners: list = []
+
+
+def set_state(on: bool, detail: bool) -> None:
+    """Turn recording on/off; listeners (the public API) rebind their fast paths."""
+    global ON, DETAIL
+    ON, DETAIL = bool(on), bool(on and detail)
+    for listener in _state_listeners:
+        listener(ON, DETAIL)
+
+
+def reset_after_fork() -> None:
+    """In a forked child: record nothing and drop what the parent had not written yet."""
+    set_state(False, False)
+    del events[:]
+    blobs.clear()
+
+
+os.register_at_fork(after_in_child=reset_after_fork)

@@ -1,0 +1,121 @@
+"""Names shared by the writer, the profiler, the GPU converters and the SQL summaries.
+
+Every string a summary query matches on lives here, so that what is written and what is read can
+never drift apart. The SQL files under ``analysis/sql`` use the literal values; a test checks them.
+
+Conventions (all visible to users' own trace-processor scripts):
+
+* One process track per rank, named ``rank <N> (<host>)``; one thread track per thread.
+* Slice categories (``slice.category``) say what a slice is. User ranges carry no category unless
+  the user gave a domain/category (then ``"<domain>"`` or ``"<domain>,<category>"``).
+* Typed arguments land in ``args`` under ``debug.<name>``.
+"""
+
+from __future__ import annotations
+
+# --- slice categories -------------------------------------------------------------------------
+CAT_STEP = "step"  # one slice per training step, name "step <n>", args step/epoch/num_samples
+CAT_PHASE = "phase"  # Dataloader / Forward / Backward / Optimization / any user phase
+CAT_DATALOADER = "dataloader"  # time the consumer waited for the next batch
+CAT_NVTX = "nvtx"  # ranges captured from the nvtx package (no domain given)
+CAT_KERNEL = "kernel"  # GPU compute kernel (CUPTI CONCURRENT_KERNEL)
+CAT_COMMUNICATION = "communication"  # GPU collective kernel (NCCL) — classified by name
+CAT_MEMCPY = "memcpy"
+CAT_MEMSET = "memset"
+CAT_SYNC = "sync"  # CUDA synchronization records
+CAT_RUNTIME = "cuda_runtime"  # CUDA runtime API calls on the launching thread
+CAT_DRIVER = "cuda_driver"  # CUDA driver API calls on the launching thread
+CAT_GPU_RANGE = "gpu_range"  # GPU-side ranges timed with CUDA events (no CUPTI)
+CAT_STEPSCOPE = "stepscope"  # the profiler's own bookkeeping (dropped events, sampler cost)
+
+# Step phases by convention (any other name is allowed and reported as-is).
+PHASE_DATALOADER = "Dataloader"
+PHASE_FORWARD = "Forward"
+PHASE_BACKWARD = "Backward"
+PHASE_OPTIMIZATION = "Optimization"
+PHASE_OTHERS = "Others"  # step time not covered by any phase (computed, never written)
+PHASES = (PHASE_DATALOADER, PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZATION)
+
+STEP_NAME = "step {step}"
+DATALOADER_WAIT_NAME = "dataloader.next"
+
+# --- argument names (written as debug annotations: SQL key "debug.<name>") --------------------
+ARG_STEP = "step"
+ARG_EPOCH = "epoch"
+ARG_NUM_SAMPLES = "num_samples"
+ARG_CORRELATION = "correlation_id"
+ARG_DEVICE = "device"
+ARG_STREAM = "stream"
+ARG_BYTES = "bytes"
+ARG_COPY_KIND = "copy_kind"  # HtoD, DtoH, DtoD, HtoH, PtoP, ...
+ARG_BANDWIDTH = "bandwidth_gbps"
+ARG_GRID = ("grid_x", "grid_y", "grid_z")
+ARG_BLOCK = ("block_x", "block_y", "block_z")
+ARG_REGISTERS = "registers_per_thread"
+ARG_SHARED_STATIC = "static_shared_memory"
+ARG_SHARED_DYNAMIC = "dynamic_shared_memory"
+ARG_BLOCKS_PER_SM = "blocks_per_sm"
+ARG_WARPS_PER_SM = "warps_per_sm"
+ARG_OCCUPANCY = "est_achieved_occupancy"
+ARG_DROPPED = "dropped_events"
+ARG_CLOCK_DOMAIN = "clock_domain"
+
+# --- track names ------------------------------------------------------------------------------
+PROCESS_NAME = "rank {rank} ({host})"
+GPU_TRACK_NAME = "GPU {device} ({name})"
+STREAM_TRACK_NAME = "stream {stream}"
+ASYNC_TRACK_NAME = "async ranges"
+DROPPED_TRACK_NAME = "stepscope dropped events"
+
+# Counter tracks (children of the process track). Units are in the descriptor too.
+COUNTER_GPU_UTILIZATION = "GPU {device} utilization"
+COUNTER_GPU_SM_EFFICIENCY = "GPU {device} est. SM efficiency"
+COUNTER_GPU_OCCUPANCY = "GPU {device} est. achieved occupancy"
+COUNTER_HOST_PREFIX = "host."  # host metrics: "host.cpu.user %", "host.process.rss", ...
+COUNTER_NVML_PREFIX = "nvml."  # "nvml.gpu0.utilization.gpu %", ...
+COUNTER_GPM_PREFIX = "gpm."  # "gpm.gpu0.sm_util %", ...
+
+# --- levels -----------------------------------------------------------------------------------
+LEVEL_DETAIL = 0  # user ranges, captured nvtx, device activity: only in detail windows
+LEVEL_SUMMARY = 1  # steps, phases, loader waits, counters: the whole run
+
+# --- profiler (issue 4): host metric counter tracks, children of the rank's process track -------
+# name -> unit written in the counter descriptor. Rates are per second over the sample interval.
+HOST_CPU_USER = "host.cpu.user %"  # system-wide CPU time in user mode (+nice), % of all cores
+HOST_CPU_SYSTEM = "host.cpu.system %"  # system-wide kernel time (+irq, softirq), % of all cores
+HOST_CPU_IDLE = "host.cpu.idle %"
+HOST_CPU_IOWAIT = "host.cpu.iowait %"
+HOST_PROCESS_CPU = "host.process.cpu %"  # this process, % of one core (can exceed 100)
+HOST_PROCESS_CTX_SWITCHES = "host.process.ctx_switches/s"  # voluntary + involuntary
+HOST_CTX_SWITCHES = "host.cpu.ctx_switches/s"  # system-wide
+HOST_PROCESS_RSS = "host.process.rss"  # bytes
+HOST_MEMORY_USED = "host.memory.used"  # bytes, system-wide (psutil virtual_memory().used)
+HOST_DISK_READ = "host.disk.read bytes/s"
+HOST_DISK_WRITE = "host.disk.write bytes/s"
+HOST_NET_SENT = "host.net.sent bytes/s"
+HOST_NET_RECV = "host.net.recv bytes/s"
+HOST_SAMPLER_CPU = "host.sampler.cpu %"  # the sampler thread's own CPU time, % of one core
+# Per-rank output files written by the profiler under <dir>/<run-id>/.
+SUMMARY_FILE = "rank{rank}.summary.pftrace"
+DETAIL_FILE = "rank{rank}.detail.{window}.pftrace"  # one file per schedule window
+
+# --- GPU (issue 5: stepscope.gpu) -------------------------------------------------------------
+API_TRACK_NAME = "CUDA API"  # runtime/driver API slices, child track of the launching thread
+SYNC_TRACK_NAME = "sync"  # CUDA synchronization records, child track of the GPU track
+ARG_SYNC_TYPE = "sync_type"  # Stream synchronize, Context synchronize, Event synchronize, ...
+ARG_SRC_KIND = "src_kind"  # memcpy source memory: Device, Pageable, Pinned, Managed, ...
+ARG_DST_KIND = "dst_kind"
+ARG_CBID = "cbid"  # CUPTI callback id of a runtime/driver API call
+ARG_THREAD_ID = "cupti_thread_id"  # the CUPTI thread id of an API call's thread
+GPU_COUNTER_UNIT = "%"  # utilization, est. SM efficiency, est. achieved occupancy: 0..100
+COUNTER_CUPY_PREFIX = "cupy."  # "cupy.gpu0.pool.used", "cupy.gpu0.pool.total" (bytes)
+# NVML / GPM counter tracks ({device} = NVML index); units in the descriptors.
+COUNTER_NVML_UTILIZATION = "nvml.gpu{device}.utilization.gpu %"
+COUNTER_NVML_MEMORY_USED = "nvml.gpu{device}.memory.used"
+COUNTER_NVML_POWER = "nvml.gpu{device}.power W"
+COUNTER_NVML_SM_CLOCK = "nvml.gpu{device}.clocks.sm MHz"
+COUNTER_GPM_SM_UTIL = "gpm.gpu{device}.sm_util %"
+COUNTER_GPM_SM_OCCUPANCY = "gpm.gpu{device}.sm_occupancy %"
+COUNTER_GPM_TENSOR_UTIL = "gpm.gpu{device}.tensor_util %"
+COUNTER_GPM_DRAM_BW_UTIL = "gpm.gpu{device}.dram_bw_util %"
+GPU_RANGE_TRACK_NAME = "CUDA events"  # GPU ranges timed with CUDA events, child of a stream

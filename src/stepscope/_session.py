@@ -1,0 +1,552 @@
+"""A tracing session: turns recording on, owns the output files and the two background threads.
+
+* The **writer thread** wakes every 50 ms, and every ``flush_interval_s`` (or when the buffer is
+  half full) drains the recorder, splits events by thread and level, and has each sink encode them.
+* The **I/O thread** compresses and writes what the sinks produced, so a slow disk never stalls
+  encoding. When bytes waiting for the disk pass the buffer cap, new events are dropped instead,
+  counted, and the count is written to the trace (counter track ``stepscope dropped events``).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from . import _clock, _recorder
+from . import _wire as w
+from ._recorder import BEGIN, COUNTER, END, INSTANT, Blob
+from ._schema import (
+    ARG_DROPPED,
+    ASYNC_TRACK_NAME,
+    CAT_STEPSCOPE,
+    DROPPED_TRACK_NAME,
+    LEVEL_DETAIL,
+    LEVEL_SUMMARY,
+    PROCESS_NAME,
+)
+from ._sink import Sink
+
+RAW_EVENT_BYTES = 88  # list slots + int objects per recorded event (for the buffer cap)
+_WAKE_S = 0.05
+_current: Session | None = None
+
+
+def current() -> Session | None:
+    """The active session, or None."""
+    return _current
+
+
+def rank_from_env() -> int:
+    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        value = os.environ.get(var)
+        if value is not None and value.strip().lstrip("-").isdigit():
+            return int(value)
+    return 0
+
+
+class Emitter:
+    """Events with explicit timestamps and tracks, from one producer (one sequence per file)."""
+
+    def __init__(self, session: Session, clock: str, level: int):
+        self.session = session
+        self.clock_id = _clock.base_clock_id(clock)
+        self.level = level
+        self._events: list[tuple] = []  # (ts, order, tiebreak, blob)
+        self._lock = threading.Lock()
+        self._n = 0
+
+    def _add(self, ts: int, order: int, tiebreak: int, blob: Blob) -> None:
+        with self._lock:
+            self._n += 1
+            self._events.append((int(ts), order, tiebreak, self._n, blob))
+
+    def begin(self, ts: int, name: str, track: int, category: str | None = None,
+              args: dict | None = None, flow_ids=None, terminating_flow_ids=None) -> None:
+        eid = _recorder.event_id(name, (category,) if category else ())
+        self._add(ts, 1, 0, Blob(BEGIN, eid, self.level, track, args, flow_ids,
+                                 terminating_flow_ids))
+
+    def end(self, ts: int, track: int, flow_ids=None, terminating_flow_ids=None) -> None:
+        self._add(ts, 0, 0, Blob(END, 0, self.level, track, None, flow_ids, terminating_flow_ids))
+
+    def complete(self, ts: int, dur: int, name: str, track: int, category: str | None = None,
+                 args: dict | None = None, flow_ids=None, terminating_flow_ids=None) -> None:
+        """A whole slice; slices of one emitter may arrive in any order (sorted at flush)."""
+        eid = _recorder.event_id(name, (category,) if category else ())
+        ts, dur = int(ts), max(0, int(dur))
+        # at equal times: ends before begins; longer slices open first and close last
+        self._add(ts, 1, -(ts + dur), Blob(BEGIN, eid, self.level, track, args, flow_ids,
+                                          terminating_flow_ids))
+        self._add(ts + dur, 0, -ts, Blob(END, 0, self.level, track))
+
+    def instant(self, ts: int, name: str, track: int, category: str | None = None,
+                args: dict | None = None) -> None:
+        eid = _recorder.event_id(name, (category,) if category else ())
+        self._add(ts, 1, 0, Blob(INSTANT, eid, self.level, track, args))
+
+    def counter(self, ts: int, track: int, value: float) -> None:
+        self._add(ts, 1, 0, Blob(COUNTER, 0, self.level, track, value=value))
+
+    def take(self) -> list[tuple]:
+        with self._lock:
+            events, self._events = self._events, []
+        events.sort(key=lambda e: e[:4])
+        return events
+
+
+class Session:
+    """Recording on/off, output files (sinks), tracks, and the writer and I/O threads."""
+
+    def __init__(self, path: str | os.PathLike | None = None, *, detail: bool = True,
+                 buffer_bytes: int = 32 << 20, flush_interval_s: float = 1.0,
+                 compress: bool = True, rank: int | None = None,
+                 process_name: str | None = None):
+        if buffer_bytes < 1 << 16:
+            raise ValueError(f"buffer_bytes={buffer_bytes} is too small (minimum 64 KiB)")
+        if not 0 < flush_interval_s <= 60:
+            raise ValueError(f"flush_interval_s={flush_interval_s} must be in (0, 60]")
+        self.buffer_bytes = int(buffer_bytes)
+        self.flush_interval_s = float(flush_interval_s)
+        self.compress = compress
+        self.detail = detail
+        self.rank = rank_from_env() if rank is None else int(rank)
+        self.pid = os.getpid()
+        self.process_name = process_name or PROCESS_NAME.format(rank=self.rank,
+                                                                host=socket.gethostname())
+        self._uuid_base = random.getrandbits(40) << 20
+        self._uuid_next = 1
+        self.tracks: dict[int, bytes] = {}  # uuid -> TrackDescriptor bytes
+        self.process_uuid = self._register(self._process_descriptor)
+        self._threads: dict[int, tuple[int, int, str]] = {}  # ident -> (uuid, tid, name)
+        self._counter_tracks: dict[str, int] = {}
+        self._async_free: list[int] = []
+        self._emitters: list[Emitter] = []
+        self.sinks: list[Sink] = []
+        self._lock = threading.RLock()  # tracks, sinks, flushes
+        self._io: queue.Queue = queue.Queue()
+        self._io_pending = 0  # bytes queued for the disk
+        self._io_cv = threading.Condition()
+        self.dropped = 0
+        self._dropped_written = 0
+        self._dropped_track: int | None = None
+        self._flush_requested = threading.Event()
+        self._stopping = threading.Event()
+        self._writer: threading.Thread | None = None
+        self._io_thread: threading.Thread | None = None
+        self._last_flush = 0.0
+        self.started = False
+        self.stopped = False
+        self.on_close: list[Callable[[Sink], None]] = []
+        self.errors: list[str] = []
+        if path is not None:
+            self.add_sink(path, levels=(LEVEL_SUMMARY, LEVEL_DETAIL))
+
+    # -- tracks ------------------------------------------------------------------------------
+    def _new_uuid(self) -> int:
+        uuid = self._uuid_base | self._uuid_next
+        self._uuid_next += 1
+        return uuid
+
+    def _register(self, make: Callable[[int], bytes]) -> int:
+        uuid = self._new_uuid()
+        self.tracks[uuid] = make(uuid)
+        return uuid
+
+    def _process_descriptor(self, uuid: int) -> bytes:
+        return (w.f_varint(w.TD_UUID, uuid)
+                + w.f_bytes(w.TD_PROCESS, w.f_varint(w.PD_PID, self.pid)
+                            + w.f_str(w.PD_NAME, self.process_name)))
+
+    def new_track(self, name: str, parent: int | None = None) -> int:
+        """A custom slice track (a GPU, a stream, a queue), child of ``parent`` or the process."""
+        parent = self.process_uuid if parent is None else parent
+        with self._lock:
+            return self._register(lambda u: w.f_varint(w.TD_UUID, u)
+                                  + w.f_varint(w.TD_PARENT_UUID, parent)
+                                  + w.f_str(w.TD_NAME, str(name)))
+
+    def new_counter_track(self, name: str, unit: str | None = None,
+                          parent: int | None = None) -> int:
+        """A counter track; ``unit`` is "ns", "count", "bytes" or any unit name such as "%"."""
+        parent = self.process_uuid if parent is None else parent
+        counter = b""
+        if unit in w.COUNTER_UNITS:
+            counter = w.f_varint(w.CD_UNIT, w.COUNTER_UNITS[unit])
+        elif unit:
+            counter = w.f_str(w.CD_UNIT_NAME, unit)
+        with self._lock:
+            return self._register(lambda u: w.f_varint(w.TD_UUID, u)
+                                  + w.f_varint(w.TD_PARENT_UUID, parent)
+                                  + w.f_str(w.TD_NAME, str(name))
+                                  + w.f_bytes(w.TD_COUNTER, counter))
+
+    def counter_track(self, name: str, unit: str | None = None) -> int:
+        """The process-level counter track of that name, made on first use."""
+        uuid = self._counter_tracks.get(name)
+        if uuid is None:
+            with self._lock:
+                uuid = self._counter_tracks.get(name)
+                if uuid is None:
+                    uuid = self._counter_tracks[name] = self.new_counter_track(name, unit)
+        return uuid
+
+    def acquire_async_track(self) -> int:
+        """A track for one async range; overlapping ranges get sibling tracks of one name."""
+        try:
+            return self._async_free.pop()
+        except IndexError:
+            return self.new_track(ASYNC_TRACK_NAME)
+
+    def release_async_track(self, uuid: int) -> None:
+        self._async_free.append(uuid)
+
+    def _thread_track(self, ident: int) -> int:
+        known = self._threads.get(ident)
+        thread = _find_thread(ident)
+        if thread is not None:
+            tid, name = thread.native_id or (ident & 0x7FFFFFFF), thread.name
+        elif known is not None:
+            return known[0]
+        else:
+            tid, name = ident & 0x7FFFFFFF, f"thread {ident:#x}"
+        if known is not None and known[1:] == (tid, name):
+            return known[0]
+        uuid = known[0] if known is not None else self._new_uuid()
+        self._threads[ident] = (uuid, tid, name)
+        self.tracks[uuid] = (w.f_varint(w.TD_UUID, uuid)
+                             + w.f_varint(w.TD_PARENT_UUID, self.process_uuid)
+                             + w.f_bytes(w.TD_THREAD, w.f_varint(w.THD_PID, self.pid)
+                                         + w.f_varint(w.THD_TID, tid)
+                                         + w.f_str(w.THD_NAME, name)))
+        return uuid
+
+    # -- sinks -------------------------------------------------------------------------------
+    def add_sink(self, path: str | os.PathLike,
+                 levels: Iterable[int | str] = (LEVEL_SUMMARY, LEVEL_DETAIL)) -> Sink:
+        lv = frozenset(LEVEL_SUMMARY if x in (LEVEL_SUMMARY, "summary") else
+                       LEVEL_DETAIL if x in (LEVEL_DETAIL, "detail") else _bad_level(x)
+                       for x in levels)
+        directory = os.path.dirname(os.fspath(path))
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        with self._lock:
+            sink = Sink(path, lv, self.compress, self._enqueue)
+            sink.clock_snapshot(_clock.snapshot())
+            self.sinks.append(sink)
+            if self.started:
+                self._flush_sink_metadata(sink)
+        return sink
+
+    def close_sink(self, sink: Sink) -> None:
+        """Flush, end open slices, write a last clock snapshot and close the file."""
+        with self._lock:
+            if sink not in self.sinks:
+                return
+            self._flush_locked(False)
+            now = _clock.now()
+            for seq in sink.sequences.values():
+                sink.close_open_slices(seq, now)
+            sink.clock_snapshot(_clock.snapshot())
+            self.sinks.remove(sink)
+            self._send(sink)
+        self._wait_io()
+        sink.close_file()
+        for callback in list(self.on_close):
+            try:
+                callback(sink)
+            except Exception as exc:
+                self._error(f"on_close callback failed: {exc!r}")
+
+    def emitter(self, clock: str = "monotonic", level: int = LEVEL_DETAIL) -> Emitter:
+        em = Emitter(self, clock, level)
+        with self._lock:
+            self._emitters.append(em)
+        return em
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def start(self) -> Session:
+        global _current
+        if self.started:
+            raise RuntimeError("this session was already started")
+        if _current is not None:
+            raise RuntimeError("another stepscope session is active: stop() it first")
+        self.started = True
+        _current = self
+        self._last_flush = time.monotonic()
+        for sink in self.sinks:
+            self._flush_sink_metadata(sink)
+        self._io_thread = threading.Thread(target=self._io_loop, name="stepscope-io",
+                                           daemon=True)
+        self._writer = threading.Thread(target=self._writer_loop, name="stepscope-writer",
+                                        daemon=True)
+        self._io_thread.start()
+        self._writer.start()
+        _recorder.set_state(True, self.detail)
+        from . import _lifecycle
+        _lifecycle.install(self)
+        return self
+
+    def set_detail(self, on: bool) -> None:
+        self.detail = bool(on)
+        if self.started and not self.stopped:
+            _recorder.set_state(True, self.detail)
+
+    def stop(self) -> None:
+        """Stop recording, write everything, close all files. Safe to call twice."""
+        global _current
+        if not self.started or self.stopped:
+            return
+        self.stopped = True
+        _recorder.set_state(False, False)
+        self._stopping.set()
+        self._flush_requested.set()
+        if self._writer is not None and self._writer is not threading.current_thread():
+            self._writer.join(timeout=30)
+        with self._lock:
+            for sink in list(self.sinks):
+                self.close_sink(sink)
+        self._io.put((None, None))
+        if self._io_thread is not None and self._io_thread is not threading.current_thread():
+            self._io_thread.join(timeout=30)
+        if _current is self:
+            _current = None
+        from . import _lifecycle
+        _lifecycle.uninstall(self)
+
+    def flush(self, discard_detail: bool = False, timeout: float | None = None) -> bool:
+        """Encode and write everything recorded so far; ``discard_detail`` drops detail events.
+
+        Returns False if another flush held the session longer than ``timeout`` seconds.
+        """
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        try:
+            self._flush_locked(discard_detail)
+        finally:
+            self._lock.release()
+        self._wait_io(timeout)
+        return True
+
+    # -- the writer ---------------------------------------------------------------------------
+    def _writer_loop(self) -> None:
+        while not self._stopping.is_set():
+            self._flush_requested.wait(_WAKE_S)
+            if self._stopping.is_set():
+                break
+            raw = len(_recorder.events) // 3 * RAW_EVENT_BYTES
+            due = (self._flush_requested.is_set()
+                   or time.monotonic() - self._last_flush >= self.flush_interval_s
+                   or raw >= self.buffer_bytes // 2)
+            self._flush_requested.clear()
+            if due:
+                try:
+                    with self._lock:
+                        self._flush_locked(False)
+                except Exception as exc:  # never let the writer die silently
+                    self._error(f"flush failed: {exc!r}")
+
+    def _error(self, message: str) -> None:
+        self.errors.append(message)
+        warnings.warn(f"stepscope: {message}", RuntimeWarning, stacklevel=2)
+
+    def _flush_sink_metadata(self, sink: Sink) -> None:
+        sink.describe(self.tracks)
+        self._send(sink)
+
+    def _flush_locked(self, discard_detail: bool) -> None:
+        self._last_flush = time.monotonic()
+        chunk = _recorder.drain()
+        emitted = [(em, em.take()) for em in self._emitters]
+        if chunk and self._io_pending > self.buffer_bytes // 2:
+            self.dropped += len(chunk) // 3  # the disk cannot keep up: drop, count, move on
+            for k in chunk[0::3]:
+                if k < 0:
+                    _recorder.blobs.pop(-k, None)
+            now = _clock.now()
+            for seq_sink in self.sinks:  # cut open slices at the gap; their ends are unmatched
+                for seq in seq_sink.sequences.values():
+                    seq_sink.close_open_slices(seq, now)
+            chunk = []
+        groups = self._split(chunk, discard_detail)
+        for sink in self.sinks:
+            sink.describe(self.tracks)
+            for ident, codes, ts, levels in groups:
+                mask = self._level_mask(levels, sink.levels)
+                if mask is not None:
+                    codes, ts = codes[mask], ts[mask]
+                seq = sink.sequence(("thread", ident), self._threads[ident][0], _clock.MONOTONIC)
+                sink.add_events(seq, codes, ts)
+            for em, events in emitted:
+                if em.level not in sink.levels or not events or (
+                        discard_detail and em.level == LEVEL_DETAIL):
+                    continue
+                ids = [self._blob_id(e[4]) for e in events]
+                seq = sink.sequence(("emitter", id(em)), None, em.clock_id)
+                sink.add_events(seq, -np.array(ids, dtype=np.int64),
+                                np.array([e[0] for e in events], dtype=np.int64),
+                                default_track_depth=False)
+            self._write_dropped(sink)
+        self._dropped_written = self.dropped
+        for sink in self.sinks:
+            self._send(sink)
+        for _, codes, _, _ in groups:
+            for k in codes[codes < 0]:
+                _recorder.blobs.pop(int(-k), None)
+        for _, events in emitted:
+            for e in events:
+                _recorder.blobs.pop(e[4]._id, None)
+
+    @staticmethod
+    def _blob_id(blob: Blob) -> int:
+        k = next(_recorder._blob_ids)  # noqa: SLF001
+        _recorder.blobs[k] = blob
+        blob._id = k
+        return k
+
+    def _split(self, chunk: list[int], discard_detail: bool):
+        """Per thread: (ident, codes, ts, levels) in time order."""
+        if not chunk:
+            return []
+        arr = np.array(chunk, dtype=np.int64).reshape(-1, 3)
+        codes, ts, tids = arr[:, 0], arr[:, 1], arr[:, 2]
+        levels = (codes >> 2) & 1
+        neg = np.nonzero(codes < 0)[0]
+        for i in neg:
+            b = _recorder.blobs.get(int(-codes[i]))
+            levels[i] = b.level if b is not None else LEVEL_DETAIL
+        if discard_detail:
+            keep = levels == LEVEL_SUMMARY
+            codes, ts, tids, levels = codes[keep], ts[keep], tids[keep], levels[keep]
+        if len(tids) == 0:
+            return []
+        if (tids == tids[0]).all():
+            parts = [(int(tids[0]), slice(None))]
+        else:
+            order = np.argsort(tids, kind="stable")
+            st = tids[order]
+            cuts = np.nonzero(np.diff(st))[0] + 1
+            parts = [(int(st[s]), order[s:e]) for s, e in
+                     zip(np.r_[0, cuts], np.r_[cuts, len(st)], strict=True)]
+        out = []
+        for ident, sel in parts:
+            self._thread_track(ident)
+            out.append((ident, codes[sel], ts[sel], levels[sel]))
+        return out
+
+    @staticmethod
+    def _level_mask(levels: np.ndarray, wanted: frozenset[int]):
+        if len(wanted) == 2:
+            return None
+        return levels == next(iter(wanted))
+
+    def _write_dropped(self, sink: Sink) -> None:
+        if self.dropped == self._dropped_written or LEVEL_SUMMARY not in sink.levels:
+            return
+        if self._dropped_track is None:
+            self._dropped_track = self.new_counter_track(DROPPED_TRACK_NAME, "count")
+            sink.describe(self.tracks)
+        now = _clock.now()
+        em_key = ("dropped",)
+        seq = sink.sequence(em_key, None, _clock.MONOTONIC)
+        k1 = self._blob_id(Blob(COUNTER, 0, LEVEL_SUMMARY, self._dropped_track,
+                                value=self.dropped))
+        k2 = self._blob_id(Blob(INSTANT, _recorder.event_id("stepscope dropped events",
+                                                            (CAT_STEPSCOPE,)),
+                                LEVEL_SUMMARY, self.process_uuid,
+                                args={ARG_DROPPED: self.dropped}))
+        sink.add_events(seq, np.array([-k1, -k2], dtype=np.int64),
+                        np.array([max(now, seq.last_ts)] * 2, dtype=np.int64),
+                        default_track_depth=False)
+
+    # -- the I/O thread -----------------------------------------------------------------------
+    def _enqueue(self, sink: Sink, data: bytes) -> None:
+        with self._io_cv:
+            self._io_pending += len(data)
+        self._io.put((sink, data))
+
+    def _send(self, sink: Sink) -> None:
+        for data in sink.take():
+            self._enqueue(sink, data)
+
+    def _io_loop(self) -> None:
+        while True:
+            sink, data = self._io.get()
+            if sink is None:
+                break
+            size = len(data)
+            try:
+                if sink.compress:
+                    data = sink.compress_chunk(data)
+                if not sink.closed:
+                    sink.write_now(data)
+            except Exception as exc:
+                self._error(f"writing {sink.path} failed: {exc!r}")
+            finally:
+                with self._io_cv:
+                    self._io_pending -= size
+                    self._io_cv.notify_all()
+
+    def _wait_io(self, timeout: float | None = None) -> None:
+        """Wait until everything queued so far is on disk (or the timeout passes)."""
+        if self._io_thread is None or not self._io_thread.is_alive():
+            self._drain_io_inline()
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._io_cv:
+            while self._io_pending > 0 or not self._io.empty():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return
+                self._io_cv.wait(0.05 if left is None else min(left, 0.05))
+
+    def _drain_io_inline(self) -> None:
+        """Write what is queued in this thread (no I/O thread: not started, or exiting)."""
+        while True:
+            try:
+                sink, data = self._io.get_nowait()
+            except queue.Empty:
+                return
+            if sink is None:
+                continue
+            self._io_pending -= len(data)
+            if not sink.closed:
+                sink.write_now(sink.compress_chunk(data) if sink.compress else data)
+
+
+def _bad_level(x) -> int:
+    raise ValueError(f"unknown level {x!r}: use 'summary' or 'detail'")
+
+
+def _find_thread(ident: int) -> threading.Thread | None:
+    """The Thread object of ``ident``: running, or finished but still referenced by the user."""
+    thread = threading._active.get(ident)  # noqa: SLF001 - the only map from ident to Thread
+    if thread is None:
+        for t in list(getattr(threading, "_dangling", ())):
+            if t.ident == ident:
+                return t
+    return thread
+
+
+def _forget_in_child() -> None:
+    """A forked child never writes into its parent's files: it starts with no session."""
+    global _current
+    sess, _current = _current, None
+    if sess is not None:
+        sess.stopped = True
+        for sink in sess.sinks:
+            sink.closed = True
+            try:
+                os.close(sink.fd)
+            except OSError:
+                pass
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

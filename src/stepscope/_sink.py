@@ -1,0 +1,222 @@
+"""One output file: its sequences, the tracks it has described, and how bytes reach the disk.
+
+A sink turns per-thread (or per-emitter) batches of events into packets of its own sequences and
+hands finished byte strings to the session's I/O thread. Every write ends on a packet boundary,
+so the file is a loadable trace after every flush, and after a SIGKILL up to the last one.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import numpy as np
+
+from . import _clock
+from . import _wire as w
+from ._encoder import Interner, assemble, blob_event, packet, track_event
+from ._recorder import BEGIN, END, blobs
+
+_PREFIX_FLAGS = w.f_varint(w.PKT_SEQUENCE_FLAGS, w.SEQ_NEEDS_INCREMENTAL_STATE)
+MAIN_SEQUENCE = 1
+COMPRESS_CHUNK = 1 << 20  # raw bytes per compressed_packets batch
+
+
+class SequenceState:
+    """Incremental state of one sequence in one file: interning, clock, open slices."""
+
+    __slots__ = ("seq_id", "interner", "last_ts", "depth", "track", "clock_id", "prefix",
+                 "templates", "started")
+
+    def __init__(self, seq_id: int, track: int | None, clock_id: int):
+        self.seq_id = seq_id
+        self.interner = Interner()
+        self.last_ts = 0
+        self.depth = 0  # slices open on the default track, as this file has seen them
+        self.track = track
+        self.clock_id = clock_id
+        self.prefix = w.f_varint(w.PKT_SEQUENCE_ID, seq_id) + _PREFIX_FLAGS
+        self.templates: dict[int, bytes] = {}  # fast event code -> template bytes
+        self.started = False
+
+    def start_packet(self, t0: int) -> bytes:
+        """First packet: clears incremental state, sets defaults, declares clock 64."""
+        defaults = w.f_varint(w.DEF_TIMESTAMP_CLOCK_ID, _clock.SEQUENCE_CLOCK)
+        if self.track is not None:
+            defaults += w.f_bytes(w.DEF_TRACK_EVENT_DEFAULTS,
+                                  w.f_varint(w.TED_TRACK_UUID, self.track))
+        incremental = (w.f_varint(w.CLK_ID, _clock.SEQUENCE_CLOCK) + w.f_varint(w.CLK_TIMESTAMP, t0)
+                       + w.f_bool(w.CLK_IS_INCREMENTAL, True))
+        base = w.f_varint(w.CLK_ID, self.clock_id) + w.f_varint(w.CLK_TIMESTAMP, t0)
+        clocks = w.f_bytes(w.CS_CLOCKS, incremental) + w.f_bytes(w.CS_CLOCKS, base)
+        self.started = True
+        self.last_ts = t0
+        return packet(
+            w.f_varint(w.PKT_SEQUENCE_ID, self.seq_id),
+            w.f_varint(w.PKT_SEQUENCE_FLAGS,
+                       w.SEQ_INCREMENTAL_STATE_CLEARED | w.SEQ_NEEDS_INCREMENTAL_STATE),
+            w.f_bool(w.PKT_FIRST_ON_SEQUENCE, True),
+            w.f_bytes(w.PKT_DEFAULTS, defaults),
+            w.f_bytes(w.PKT_CLOCK_SNAPSHOT, clocks),
+        )
+
+    def fast_template(self, code: int) -> bytes:
+        tpl = self.templates.get(code)
+        if tpl is None:
+            kind, eid = code & 3, code >> 3
+            tpl = self.templates[code] = self.prefix + track_event(self.interner, kind, eid)
+        return tpl
+
+
+def unmatched_ends(dd: np.ndarray, depth0: int) -> tuple[np.ndarray, int]:
+    """Which ends (dd == -1) close nothing, given ``depth0`` slices already open.
+
+    ``dd`` is +1 per begin, -1 per end, 0 otherwise on the default track. An end is unmatched
+    when the running depth would drop below zero; it is dropped, so the file stays well nested
+    (e.g. a range that began before a detail window and ends inside it). Returns the mask of
+    dropped ends and the depth after the batch.
+    """
+    running = depth0 + np.cumsum(dd)
+    drops = np.maximum(0, -np.minimum.accumulate(running))
+    dropped = np.diff(drops, prepend=0) > 0
+    return dropped, int(running[-1] + drops[-1]) if len(dd) else depth0
+
+
+class Sink:
+    """One trace file taking the levels in ``levels`` (a set of _schema.LEVEL_* values)."""
+
+    def __init__(self, path: str, levels: frozenset[int], compress: bool, write):
+        self.path = os.fspath(path)
+        self.levels = levels
+        self.compress = compress
+        self._write = write  # callable(sink, bytes): the session's I/O queue
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.sequences: dict[object, SequenceState] = {}
+        self._next_seq = MAIN_SEQUENCE + 1
+        self.described: dict[int, bytes] = {}  # track uuid -> descriptor written
+        self.pending: list[bytes] = []  # packets of the current flush
+        self.bytes_raw = 0
+        self.closed = False
+
+    # -- building one flush ----------------------------------------------------------------
+    def sequence(self, key: object, track: int | None, clock_id: int) -> SequenceState:
+        seq = self.sequences.get(key)
+        if seq is None:
+            seq = self.sequences[key] = SequenceState(self._next_seq, track, clock_id)
+            self._next_seq += 1
+        return seq
+
+    def main_packet(self, *fields: bytes) -> None:
+        self.pending.append(packet(w.f_varint(w.PKT_SEQUENCE_ID, MAIN_SEQUENCE), *fields))
+
+    def clock_snapshot(self, snap: dict[int, int]) -> None:
+        clocks = b"".join(
+            w.f_bytes(w.CS_CLOCKS, w.f_varint(w.CLK_ID, cid) + w.f_varint(w.CLK_TIMESTAMP, ts))
+            for cid, ts in snap.items())
+        self.main_packet(w.f_bytes(w.PKT_CLOCK_SNAPSHOT, clocks))
+
+    def describe(self, tracks: dict[int, bytes]) -> None:
+        """Write descriptors of tracks this file has not seen (or whose descriptor changed)."""
+        for uuid, desc in tracks.items():
+            if self.described.get(uuid) != desc:
+                self.described[uuid] = desc
+                self.main_packet(w.f_bytes(w.PKT_TRACK_DESCRIPTOR, desc))
+
+    def add_events(self, seq: SequenceState, codes: np.ndarray, ts: np.ndarray,
+                   default_track_depth: bool = True) -> None:
+        """Encode one sequence's batch (time-ordered, already filtered to this file's levels)."""
+        n = len(codes)
+        if n == 0:
+            return
+        is_blob = codes < 0
+        if default_track_depth:
+            kind = np.where(is_blob, -1, codes & 3)
+            dd = (kind == BEGIN).astype(np.int64) - (kind == END)
+            if is_blob.any():
+                for i in np.nonzero(is_blob)[0]:
+                    b = blobs.get(int(-codes[i]))
+                    if b is not None and b.track is None and b.kind in (BEGIN, END):
+                        dd[i] = 1 if b.kind == BEGIN else -1
+            if dd.any():
+                dropped, seq.depth = unmatched_ends(dd, seq.depth)
+                if dropped.any():
+                    keep = ~dropped
+                    codes, ts, is_blob = codes[keep], ts[keep], is_blob[keep]
+                    n = len(codes)
+                    if n == 0:
+                        return
+        out = []
+        if not seq.started:
+            out.append(seq.start_packet(int(ts[0])))
+        templates: list[bytes] = []
+        tidx = np.empty(n, dtype=np.int64)
+        fast = ~is_blob
+        if fast.any():
+            uniq, inv = np.unique(codes[fast], return_inverse=True)
+            templates.extend(seq.fast_template(int(c)) for c in uniq)
+            tidx[fast] = inv
+        if is_blob.any():
+            base = len(templates)
+            for j, i in enumerate(np.nonzero(is_blob)[0]):
+                b = blobs.get(int(-codes[i]))
+                templates.append(seq.prefix + blob_event(seq.interner, b) if b is not None
+                                 else seq.prefix)
+                tidx[i] = base + j
+        interned = seq.interner.take_pending()
+        if interned:  # definitions ride on the batch's first packet
+            templates.append(interned + templates[tidx[0]])
+            tidx[0] = len(templates) - 1
+        deltas = np.diff(ts, prepend=seq.last_ts)
+        if deltas.min() < 0:  # never write a corrupt clock: clamp (only misuse of emitters)
+            np.maximum(deltas, 0, out=deltas)
+            ts = seq.last_ts + np.cumsum(deltas)
+        seq.last_ts = int(ts[-1])
+        out.append(assemble(deltas, tidx, templates))
+        self.pending.extend(out)
+
+    def close_open_slices(self, seq: SequenceState, ts: int) -> None:
+        """End slices still open on the default track, e.g. when a detail window closes."""
+        if seq.depth > 0 and seq.started:
+            codes = np.full(seq.depth, 1, dtype=np.int64)  # END (level does not matter here)
+            seq.depth = 0
+            self.add_events(seq, codes, np.full(len(codes), max(ts, seq.last_ts)),
+                            default_track_depth=False)
+
+    # -- handing bytes to the disk -----------------------------------------------------------
+    def take(self) -> list[bytes]:
+        """The finished byte strings of this flush, compressed if asked."""
+        if not self.pending:
+            return []
+        parts, self.pending = self.pending, []
+        self.bytes_raw += sum(map(len, parts))
+        if not self.compress:
+            return [b"".join(parts)]
+        # batches of ~1 MiB, split between encoded batches (each holds whole packets)
+        chunks, cur, size = [], [], 0
+        for part in parts:
+            cur.append(part)
+            size += len(part)
+            if size >= COMPRESS_CHUNK:
+                chunks.append(b"".join(cur))
+                cur, size = [], 0
+        if cur:
+            chunks.append(b"".join(cur))
+        return chunks
+
+    def compress_chunk(self, raw: bytes) -> bytes:
+        """Wrap raw packets into one ``compressed_packets`` packet (runs on the I/O thread)."""
+        data = zlib.compress(raw, 1)
+        body = w.f_bytes(w.PKT_COMPRESSED_PACKETS, data)
+        return w.tag(w.TRACE_PACKET, w.LEN) + w.varint(len(body)) + body
+
+    def write_now(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self.fd, view)
+            view = view[n:]
+
+    def close_file(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self.fd)
+

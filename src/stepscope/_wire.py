@@ -1,0 +1,144 @@
+"""Protobuf wire-format helpers for the parts of a trace that are not encoded in numpy batches.
+
+Only what stepscope writes: varints, length-delimited fields, fixed64 and doubles. Field numbers
+are Perfetto's (see ``protos/``; a test proves them against the official descriptors).
+"""
+
+from __future__ import annotations
+
+import struct
+
+VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
+
+_pack_d = struct.Struct("<d").pack
+_pack_q = struct.Struct("<Q").pack
+
+
+def varint(value: int) -> bytes:
+    """Unsigned LEB128; negative ints are written as 64-bit two's complement (protobuf int64)."""
+    if value < 0:
+        value += 1 << 64
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def tag(field: int, wire_type: int) -> bytes:
+    return varint((field << 3) | wire_type)
+
+
+def f_varint(field: int, value: int) -> bytes:
+    return varint(field << 3) + varint(int(value))
+
+
+def f_bool(field: int, value: bool) -> bytes:
+    return varint(field << 3) + (b"\x01" if value else b"\x00")
+
+
+def f_bytes(field: int, data: bytes) -> bytes:
+    return varint((field << 3) | LEN) + varint(len(data)) + data
+
+
+def f_str(field: int, text: str) -> bytes:
+    return f_bytes(field, utf8(text))
+
+
+def f_fixed64(field: int, value: int) -> bytes:
+    return varint((field << 3) | FIXED64) + _pack_q(value & 0xFFFFFFFFFFFFFFFF)
+
+
+def f_double(field: int, value: float) -> bytes:
+    return varint((field << 3) | FIXED64) + _pack_d(value)
+
+
+def utf8(text: str) -> bytes:
+    """Encode any Python str as valid UTF-8 (lone surrogates become U+FFFD, never an error)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace")
+
+
+# TracePacket fields
+PKT_TIMESTAMP = 8
+PKT_CLOCK_SNAPSHOT = 6
+PKT_SEQUENCE_ID = 10
+PKT_TRACK_EVENT = 11
+PKT_INTERNED_DATA = 12
+PKT_SEQUENCE_FLAGS = 13
+PKT_PREVIOUS_PACKET_DROPPED = 42
+PKT_COMPRESSED_PACKETS = 50
+PKT_DEFAULTS = 59
+PKT_TRACK_DESCRIPTOR = 60
+PKT_FIRST_ON_SEQUENCE = 87
+TRACE_PACKET = 1  # Trace.packet
+
+SEQ_INCREMENTAL_STATE_CLEARED = 1
+SEQ_NEEDS_INCREMENTAL_STATE = 2
+
+# TrackEvent fields
+TE_CATEGORY_IIDS = 3
+TE_DEBUG_ANNOTATIONS = 4
+TE_TYPE = 9
+TE_NAME_IID = 10
+TE_TRACK_UUID = 11
+TE_NAME = 23
+TE_COUNTER_VALUE = 30
+TE_SOURCE_LOCATION_IID = 34
+TE_DOUBLE_COUNTER_VALUE = 44
+TE_FLOW_IDS = 47
+TE_TERMINATING_FLOW_IDS = 48
+TE_CORRELATION_ID = 52
+
+TYPE_SLICE_BEGIN, TYPE_SLICE_END, TYPE_INSTANT, TYPE_COUNTER = 1, 2, 3, 4
+
+# InternedData fields and its entries (iid=1, name=2)
+ID_EVENT_CATEGORIES = 1
+ID_EVENT_NAMES = 2
+ID_DEBUG_ANNOTATION_NAMES = 3
+ID_SOURCE_LOCATIONS = 4
+
+# DebugAnnotation fields
+DA_NAME_IID = 1
+DA_BOOL = 2
+DA_UINT = 3
+DA_INT = 4
+DA_DOUBLE = 5
+DA_STRING = 6
+DA_NAME = 10
+DA_DICT_ENTRIES = 11
+DA_ARRAY_VALUES = 12
+
+# TrackDescriptor and friends
+TD_UUID = 1
+TD_NAME = 2
+TD_PROCESS = 3
+TD_THREAD = 4
+TD_PARENT_UUID = 5
+TD_COUNTER = 8
+PD_PID = 1
+PD_NAME = 6
+THD_PID = 1
+THD_TID = 2
+THD_NAME = 5
+CD_UNIT = 3
+CD_UNIT_NAME = 6
+CD_UNIT_MULTIPLIER = 4
+COUNTER_UNITS = {"ns": 1, "count": 2, "bytes": 3}  # CounterDescriptor.Unit
+
+# TracePacketDefaults / TrackEventDefaults
+DEF_TIMESTAMP_CLOCK_ID = 58
+DEF_TRACK_EVENT_DEFAULTS = 11
+TED_TRACK_UUID = 11
+
+# ClockSnapshot
+CS_CLOCKS = 1
+CS_PRIMARY_TRACE_CLOCK = 2
+CLK_ID = 1
+CLK_TIMESTAMP = 2
+CLK_IS_INCREMENTAL = 3

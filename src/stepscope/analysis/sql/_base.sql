@@ -1,0 +1,121 @@
+-- Shared building blocks of every summary query (CTEs; the table files start with `{{base}},`).
+--
+-- Portable SQL: plain SQLite (CTEs, recursive CTEs, window functions) over trace processor's
+-- tables, so the same text runs on Perfetto's trace processor and on stepscope's embedded engine.
+-- `{{...}}` placeholders are filled by stepscope.analysis.summaries.render() with literal filters
+-- (always valid SQL; "1" when no filter is set).
+--
+-- Definitions used by every table:
+--   * owner of a track (ss_track_info): the nearest track at or above it (following
+--     track.parent_id) that is a thread track (-> thread.upid) or a process track (-> upid).
+--     GPU "stream <id>" tracks sit under a "GPU <id> (<name>)" track under the rank's process
+--     track, so device slices belong to the rank that launched them. upid -1 = no process.
+--     utid is set only for slices on a thread's own track (host slices).
+--   * rank of a process: the <N> of its name "rank <N> (<host>)", else its pid.
+--   * unfinished slices (dur < 0) are ignored everywhere.
+--   * kind of a slice (ss_slice_all.kind), used by the Overview:
+--       Step            category 'step'
+--       Dataloader      category 'dataloader' (consumer waits) or a 'phase' named 'Dataloader'
+--       Forward / Backward / Optimization   a 'phase' slice with that name
+--       Other phases    any other 'phase' slice
+--       Kernels         category 'kernel'          Communication  category 'communication'
+--       Memcpy          category 'memcpy'          Memset         category 'memset'
+--       Synchronization category 'sync'            Runtime API    'cuda_runtime' / 'cuda_driver'
+--       GPU ranges      category 'gpu_range'       (none)         category 'stepscope'
+--       User ranges     anything else (no category, 'nvtx', or a user's domain/category)
+--   * device activity (is_device = 1): kernel, communication, memcpy, memset slices.
+--   * filters: rank filter -> ss_slice_all; selected steps (step number in [A, B)) -> ss_step;
+--     with a step range set, slices are kept when they START inside the rank's window
+--     [start of its first selected step, end of its last selected step) -> ss_slice;
+--     the thread filter keeps host slices of the named threads (tid or thread name) and never
+--     removes device/process-track slices -> ss_slice. Steps and windows ignore the thread filter.
+--   * frame (ss_frame): the time ratios refer to: the selected step slices of each rank; a rank
+--     with no step slices gets one frame from its first slice start to its last slice end.
+WITH RECURSIVE
+ss_track_up(track_id, cur_id, hops) AS (
+  SELECT id, id, 0 FROM track
+  UNION ALL
+  SELECT u.track_id, t.parent_id, u.hops + 1
+  FROM ss_track_up u JOIN track t ON t.id = u.cur_id
+  WHERE t.parent_id IS NOT NULL AND u.hops < 32
+),
+ss_track_hop AS (
+  SELECT u.track_id, u.hops, COALESCE(th.upid, pt.upid) AS upid,
+         CASE WHEN u.hops = 0 THEN tt.utid END AS utid
+  FROM ss_track_up u
+  LEFT JOIN thread_track tt ON tt.id = u.cur_id
+  LEFT JOIN thread th ON th.utid = tt.utid
+  LEFT JOIN process_track pt ON pt.id = u.cur_id
+  WHERE tt.id IS NOT NULL OR pt.id IS NOT NULL
+),
+ss_track_owner AS (
+  SELECT track_id, upid, utid FROM (
+    SELECT track_id, upid, utid,
+           ROW_NUMBER() OVER (PARTITION BY track_id ORDER BY hops) AS rn
+    FROM ss_track_hop
+  ) WHERE rn = 1
+),
+ss_track_info AS (
+  SELECT t.id AS track_id, t.name AS track_name, COALESCE(o.upid, -1) AS upid, o.utid
+  FROM track t LEFT JOIN ss_track_owner o ON o.track_id = t.id
+),
+ss_process AS (
+  SELECT upid, pid, name AS process_name,
+         CASE WHEN name LIKE 'rank %' THEN CAST(substr(name, 6) AS INTEGER) ELSE pid END AS rank
+  FROM process
+),
+ss_slice_all AS (
+  SELECT s.id, s.ts, s.dur, s.ts + s.dur AS end_ts, s.track_id, s.category, s.name, s.depth,
+         s.parent_id, s.arg_set_id, ti.upid, ti.utid, ti.track_name,
+         COALESCE(p.rank, ti.upid) AS rank, p.process_name, th.tid, th.name AS thread_name,
+         CASE
+           WHEN s.category = 'step' THEN 'Step'
+           WHEN s.category = 'dataloader' THEN 'Dataloader'
+           WHEN s.category = 'phase' THEN
+             CASE WHEN s.name IN ('Dataloader', 'Forward', 'Backward', 'Optimization')
+                  THEN s.name ELSE 'Other phases' END
+           WHEN s.category = 'kernel' THEN 'Kernels'
+           WHEN s.category = 'communication' THEN 'Communication'
+           WHEN s.category = 'memcpy' THEN 'Memcpy'
+           WHEN s.category = 'memset' THEN 'Memset'
+           WHEN s.category = 'sync' THEN 'Synchronization'
+           WHEN s.category IN ('cuda_runtime', 'cuda_driver') THEN 'Runtime API'
+           WHEN s.category = 'gpu_range' THEN 'GPU ranges'
+           WHEN s.category = 'stepscope' THEN NULL
+           ELSE 'User ranges'
+         END AS kind,
+         CASE WHEN s.category IN ('kernel', 'communication', 'memcpy', 'memset')
+              THEN 1 ELSE 0 END AS is_device
+  FROM slice s
+  JOIN ss_track_info ti ON ti.track_id = s.track_id
+  LEFT JOIN ss_process p ON p.upid = ti.upid
+  LEFT JOIN thread th ON th.utid = ti.utid
+  WHERE s.dur >= 0 AND ({{rank_filter}})
+),
+ss_step_all AS (
+  SELECT s.id, s.ts, s.dur, s.end_ts, s.upid, s.rank, s.utid, s.tid, s.process_name,
+         COALESCE(a.int_value, CAST(a.real_value AS INTEGER),
+                  CAST(substr(s.name, 6) AS INTEGER)) AS step,
+         COALESCE(n.int_value, n.real_value) AS num_samples
+  FROM ss_slice_all s
+  LEFT JOIN args a ON a.arg_set_id = s.arg_set_id AND a.key = 'debug.step'
+  LEFT JOIN args n ON n.arg_set_id = s.arg_set_id AND n.key = 'debug.num_samples'
+  WHERE s.category = 'step'
+),
+ss_step AS (
+  SELECT * FROM ss_step_all WHERE ({{step_filter}})
+),
+ss_window AS (
+  SELECT upid, MIN(ts) AS w_start, MAX(end_ts) AS w_end FROM ss_step GROUP BY upid
+),
+ss_slice AS (
+  SELECT s.* FROM ss_slice_all s
+  WHERE ({{thread_filter}}) AND ({{window_filter}})
+),
+ss_frame AS (
+  SELECT upid, ts, end_ts FROM ss_step
+  UNION ALL
+  SELECT upid, MIN(ts), MAX(end_ts) FROM ss_slice
+  WHERE upid NOT IN (SELECT upid FROM ss_step)
+  GROUP BY upid
+)

@@ -1,0 +1,73 @@
+-- Device: utilization over the profiled span, one row per counter track (host CPU of the
+-- process and of the system from 'host.*' counters, 'nvml.*', 'gpm.*', 'GPU <id> ...') and one
+-- row per GPU device computed from its kernels.
+--
+--   counter rows    samples, min and max of the counter's values; mean is time-weighted: each
+--                   sample holds until the next sample of the same track,
+--                   sum(value_i * (ts_(i+1) - ts_i)) / (ts_last - ts_first); with one sample
+--                   (or all at one instant) the plain mean. With a step range set, only samples
+--                   inside the rank's window are used. Values are in the counter's own unit
+--                   (the name says it, e.g. "host.cpu.user %").
+--   GPU rows        "<GPU track name> kernel busy %": 100 * time in which at least one kernel
+--                   ('kernel' or 'communication'; memcpy/memset excluded) runs on any stream of
+--                   that GPU, inside the rank's frame (ss_frame), / frame time of that rank.
+--                   The GPU of a device slice is its track's parent when that is named 'GPU ...',
+--                   else its own track.
+{{base}},
+dv_raw AS (
+  SELECT c.track_id, c.ts, c.value, ti.upid, ti.track_name AS name,
+         COALESCE(p.rank, ti.upid) AS rank
+  FROM counter c
+  JOIN ss_track_info ti ON ti.track_id = c.track_id
+  LEFT JOIN ss_process p ON p.upid = ti.upid
+  WHERE ({{rank_filter}})
+),
+dv_ctr AS (
+  SELECT s.*, LEAD(s.ts) OVER (PARTITION BY s.track_id ORDER BY s.ts) AS next_ts
+  FROM dv_raw s WHERE ({{window_filter}})
+),
+dv_counters AS (
+  SELECT rank, name, COUNT(*) AS samples,
+         CASE WHEN SUM(next_ts - ts) > 0
+              THEN SUM(value * (next_ts - ts)) / SUM(next_ts - ts)
+              ELSE AVG(value) END AS mean,
+         MIN(value) AS min, MAX(value) AS max, 0 AS is_gpu
+  FROM dv_ctr GROUP BY track_id, rank, name
+),
+dv_gpu AS (
+  SELECT s.upid, s.rank, CASE WHEN gp.name LIKE 'GPU %' THEN gp.id ELSE t.id END AS gpu_id,
+         CASE WHEN gp.name LIKE 'GPU %' THEN gp.name ELSE t.name END AS gpu_name,
+         s.ts, s.end_ts
+  FROM ss_slice s JOIN track t ON t.id = s.track_id LEFT JOIN track gp ON gp.id = t.parent_id
+  WHERE s.category IN ('kernel', 'communication')
+),
+dv_gpus AS (
+  SELECT DISTINCT upid, rank, gpu_id, gpu_name FROM dv_gpu
+),
+dv_ev AS (
+  SELECT gpu_id, ts AS t, 1 AS dk, 0 AS df FROM dv_gpu
+  UNION ALL SELECT gpu_id, end_ts, -1, 0 FROM dv_gpu
+  UNION ALL SELECT g.gpu_id, f.ts, 0, 1 FROM ss_frame f JOIN dv_gpus g ON g.upid = f.upid
+  UNION ALL SELECT g.gpu_id, f.end_ts, 0, -1 FROM ss_frame f JOIN dv_gpus g ON g.upid = f.upid
+),
+dv_run AS (
+  SELECT gpu_id, t,
+         SUM(dk) OVER (PARTITION BY gpu_id ORDER BY t) AS ck,
+         SUM(df) OVER (PARTITION BY gpu_id ORDER BY t) AS cf,
+         LEAD(t) OVER (PARTITION BY gpu_id ORDER BY t) AS nt
+  FROM dv_ev
+),
+dv_busy AS (
+  SELECT gpu_id,
+         SUM(CASE WHEN ck > 0 AND cf > 0 THEN nt - t ELSE 0 END) AS busy_ns,
+         SUM(CASE WHEN cf > 0 THEN nt - t ELSE 0 END) AS frame_ns
+  FROM dv_run WHERE nt IS NOT NULL GROUP BY gpu_id
+)
+SELECT rank, name, samples, mean, min, max FROM (
+  SELECT rank, name, samples, mean, min, max, is_gpu FROM dv_counters
+  UNION ALL
+  SELECT g.rank, g.gpu_name || ' kernel busy %', NULL,
+         100.0 * b.busy_ns / NULLIF(b.frame_ns, 0), NULL, NULL, 1
+  FROM dv_gpus g JOIN dv_busy b ON b.gpu_id = g.gpu_id
+)
+ORDER BY rank, is_gpu, name

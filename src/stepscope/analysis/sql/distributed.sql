@@ -1,0 +1,46 @@
+-- Distributed: one row per rank (= per process), over the rank's frame (its selected steps;
+-- without steps, its whole span). Stragglers are flagged in Python (summaries.py).
+--
+--   steps            number of selected steps; avg_step_ns = mean step duration.
+--   frame_ns         length of the union of the rank's frame intervals.
+--   computation_ns   time inside the frame in which at least one compute kernel (category
+--                    'kernel') runs on any of the rank's streams.
+--   communication_ns time inside the frame in which at least one communication kernel
+--                    (category 'communication', e.g. NCCL) runs.
+--   overlap_ns       time inside the frame in which both run.
+--   other_ns         frame_ns - computation_ns - communication_ns + overlap_ns (neither runs).
+{{base}},
+ds_ev AS (
+  SELECT upid, ts AS t, 1 AS dk, 0 AS dc, 0 AS df FROM ss_slice WHERE category = 'kernel'
+  UNION ALL SELECT upid, end_ts, -1, 0, 0 FROM ss_slice WHERE category = 'kernel'
+  UNION ALL SELECT upid, ts, 0, 1, 0 FROM ss_slice WHERE category = 'communication'
+  UNION ALL SELECT upid, end_ts, 0, -1, 0 FROM ss_slice WHERE category = 'communication'
+  UNION ALL SELECT upid, ts, 0, 0, 1 FROM ss_frame
+  UNION ALL SELECT upid, end_ts, 0, 0, -1 FROM ss_frame
+),
+ds_run AS (
+  SELECT upid, t,
+         SUM(dk) OVER (PARTITION BY upid ORDER BY t) AS ck,
+         SUM(dc) OVER (PARTITION BY upid ORDER BY t) AS cc,
+         SUM(df) OVER (PARTITION BY upid ORDER BY t) AS cf,
+         LEAD(t) OVER (PARTITION BY upid ORDER BY t) AS nt
+  FROM ds_ev
+),
+ds_sum AS (
+  SELECT upid,
+         SUM(CASE WHEN cf > 0 THEN nt - t ELSE 0 END) AS frame_ns,
+         SUM(CASE WHEN cf > 0 AND ck > 0 THEN nt - t ELSE 0 END) AS computation_ns,
+         SUM(CASE WHEN cf > 0 AND cc > 0 THEN nt - t ELSE 0 END) AS communication_ns,
+         SUM(CASE WHEN cf > 0 AND ck > 0 AND cc > 0 THEN nt - t ELSE 0 END) AS overlap_ns
+  FROM ds_run WHERE nt IS NOT NULL GROUP BY upid
+),
+ds_steps AS (
+  SELECT upid, COUNT(*) AS steps, AVG(dur) AS avg_step_ns FROM ss_step GROUP BY upid
+)
+SELECT COALESCE(p.rank, d.upid) AS rank, p.process_name, COALESCE(st.steps, 0) AS steps,
+       st.avg_step_ns, d.frame_ns, d.computation_ns, d.communication_ns, d.overlap_ns,
+       d.frame_ns - d.computation_ns - d.communication_ns + d.overlap_ns AS other_ns
+FROM ds_sum d
+LEFT JOIN ss_process p ON p.upid = d.upid
+LEFT JOIN ds_steps st ON st.upid = d.upid
+ORDER BY rank

@@ -1,0 +1,123 @@
+-- Model: one row per step phase (Dataloader, Forward, Backward, Optimization, any user phase,
+-- then Others).
+--
+--   phase instance  a slice of category 'phase' (row = its name), or a dataloader wait that is
+--                   not directly inside a phase (counted as a 'Dataloader' instance).
+--   calls           number of phase instances.
+--   cpu_total_ns    sum of the instances' durations; cpu_avg/max/min over instances.
+--   cpu_ratio       cpu_total_ns / frame time (union of ss_frame per rank, summed).
+--   launch time     of a device slice (kernel, communication, memcpy, memset): the start of the
+--                   slice its flow comes from (the runtime launch call); without a flow, the
+--                   device slice's own start.
+--   attribution     a device slice belongs to the phase instance of its rank that started last
+--                   at or before its launch time, if that instance is still running at that
+--                   time (phases are expected not to nest); likewise to a step instance.
+--   gpu per instance  length of the union of the device slices attributed to it (not clipped).
+--   gpu_total_ns    sum over instances; gpu_avg = gpu_total / calls; gpu_max/min over
+--                   instances (an instance without device work counts 0).
+--   gpu_ratio       gpu_total_ns / device time (union of all device slices per rank, summed).
+--   Others          one instance per selected step: cpu = step duration minus the union of the
+--                   phase instances attributed to that step (by start) clipped to the step;
+--                   gpu = union of the device slices attributed to the step and to no phase.
+{{base}},
+md_phase AS (
+  SELECT s.id, s.upid, s.ts, s.end_ts, s.dur,
+         CASE WHEN s.category = 'dataloader' THEN 'Dataloader' ELSE s.name END AS phase
+  FROM ss_slice s LEFT JOIN slice p ON p.id = s.parent_id
+  WHERE s.category = 'phase'
+     OR (s.category = 'dataloader' AND COALESCE(p.category, '') <> 'phase')
+),
+md_dev AS (
+  SELECT d.id, d.upid, d.ts, d.dur, d.end_ts, COALESCE(l.ts, d.ts) AS launch_ts
+  FROM ss_slice d
+  LEFT JOIN flow f ON f.slice_in = d.id
+  LEFT JOIN slice l ON l.id = f.slice_out
+  WHERE d.is_device = 1
+),
+md_seq AS (
+  SELECT upid, ts AS t, 0 AS ord, id, ts, end_ts, dur, NULL AS phase,
+         ROW_NUMBER() OVER (PARTITION BY upid ORDER BY ts, id) AS sseq, NULL AS pseq
+  FROM ss_step
+  UNION ALL
+  SELECT upid, ts, 1, id, ts, end_ts, dur, phase, NULL,
+         ROW_NUMBER() OVER (PARTITION BY upid ORDER BY ts, id)
+  FROM md_phase
+  UNION ALL
+  SELECT upid, launch_ts, 2, id, ts, end_ts, dur, NULL, NULL, NULL FROM md_dev
+),
+md_carry AS (
+  SELECT upid, t, ord, id, ts, end_ts, dur, phase, sseq, pseq,
+         MAX(sseq) OVER (PARTITION BY upid ORDER BY t, ord ROWS UNBOUNDED PRECEDING) AS cur_s,
+         MAX(pseq) OVER (PARTITION BY upid ORDER BY t, ord ROWS UNBOUNDED PRECEDING) AS cur_p
+  FROM md_seq
+),
+md_steps AS (
+  SELECT upid, sseq, id AS step_id, ts, end_ts, dur FROM md_carry WHERE ord = 0
+),
+md_phases AS (
+  SELECT upid, pseq, id AS phase_id, phase, ts, end_ts, dur, cur_s FROM md_carry WHERE ord = 1
+),
+md_dev_attr AS (
+  SELECT d.id AS dev_id, d.upid, d.ts, d.end_ts, mp.phase_id, ms.step_id
+  FROM md_carry d
+  LEFT JOIN md_phases mp ON mp.upid = d.upid AND mp.pseq = d.cur_p AND d.t < mp.end_ts
+  LEFT JOIN md_steps ms ON ms.upid = d.upid AND ms.sseq = d.cur_s AND d.t < ms.end_ts
+  WHERE d.ord = 2
+),
+md_items AS (
+  SELECT 'frame' AS g1, upid AS g2, ts, end_ts FROM ss_frame
+  UNION ALL
+  SELECT 'device', upid, ts, end_ts FROM md_dev
+  UNION ALL
+  SELECT 'phase', phase_id, ts, end_ts FROM md_dev_attr WHERE phase_id IS NOT NULL
+  UNION ALL
+  SELECT 'others', step_id, ts, end_ts FROM md_dev_attr
+  WHERE phase_id IS NULL AND step_id IS NOT NULL
+  UNION ALL
+  SELECT 'cover', ms.step_id, MAX(mp.ts, ms.ts), MIN(mp.end_ts, ms.end_ts)
+  FROM md_phases mp JOIN md_steps ms ON ms.upid = mp.upid AND ms.sseq = mp.cur_s
+  WHERE MIN(mp.end_ts, ms.end_ts) > MAX(mp.ts, ms.ts)
+),
+md_prev AS (
+  SELECT g1, g2, ts, end_ts,
+         MAX(end_ts) OVER (PARTITION BY g1, g2 ORDER BY ts, end_ts
+                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+  FROM md_items
+),
+md_island AS (
+  SELECT g1, g2, ts, end_ts,
+         SUM(CASE WHEN prev_end IS NULL OR ts > prev_end THEN 1 ELSE 0 END)
+           OVER (PARTITION BY g1, g2 ORDER BY ts, end_ts ROWS UNBOUNDED PRECEDING) AS island
+  FROM md_prev
+),
+md_union AS (
+  SELECT g1, g2, SUM(len) AS ns FROM (
+    SELECT g1, g2, MAX(end_ts) - MIN(ts) AS len FROM md_island GROUP BY g1, g2, island
+  ) GROUP BY g1, g2
+),
+md_totals AS (
+  SELECT (SELECT SUM(ns) FROM md_union WHERE g1 = 'frame') AS frame_ns,
+         (SELECT SUM(ns) FROM md_union WHERE g1 = 'device') AS device_ns
+),
+md_inst AS (
+  SELECT mp.phase, 1 AS is_phase, mp.dur AS cpu_ns, COALESCE(u.ns, 0) AS gpu_ns
+  FROM md_phases mp LEFT JOIN md_union u ON u.g1 = 'phase' AND u.g2 = mp.phase_id
+  UNION ALL
+  SELECT 'Others', 0, ms.dur - COALESCE(c.ns, 0), COALESCE(o.ns, 0)
+  FROM md_steps ms
+  LEFT JOIN md_union c ON c.g1 = 'cover' AND c.g2 = ms.step_id
+  LEFT JOIN md_union o ON o.g1 = 'others' AND o.g2 = ms.step_id
+)
+SELECT phase, COUNT(*) AS calls,
+       SUM(cpu_ns) AS cpu_total_ns, CAST(SUM(cpu_ns) AS REAL) / COUNT(*) AS cpu_avg_ns,
+       MAX(cpu_ns) AS cpu_max_ns, MIN(cpu_ns) AS cpu_min_ns,
+       CAST(SUM(cpu_ns) AS REAL) / NULLIF((SELECT frame_ns FROM md_totals), 0) AS cpu_ratio,
+       SUM(gpu_ns) AS gpu_total_ns, CAST(SUM(gpu_ns) AS REAL) / COUNT(*) AS gpu_avg_ns,
+       MAX(gpu_ns) AS gpu_max_ns, MIN(gpu_ns) AS gpu_min_ns,
+       CAST(SUM(gpu_ns) AS REAL) / NULLIF((SELECT device_ns FROM md_totals), 0) AS gpu_ratio
+FROM md_inst
+GROUP BY phase, is_phase
+ORDER BY is_phase DESC,
+         CASE phase WHEN 'Dataloader' THEN 0 WHEN 'Forward' THEN 1 WHEN 'Backward' THEN 2
+                    WHEN 'Optimization' THEN 3 ELSE 4 END,
+         phase

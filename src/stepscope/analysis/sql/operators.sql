@@ -1,0 +1,86 @@
+-- Operators / user ranges: one row per range name ({{op_group}} also per rank and thread).
+--
+--   ranges          slices of kind 'User ranges' (no category, 'nvtx', or a user's domain).
+--   calls           number of ranges; total_ns = sum of durations; avg = total / calls; max, min.
+--   var_ns2         population variance of the durations (stddev = sqrt, taken in Python).
+--   self_ns         sum over ranges of (duration - sum of the durations of its direct children,
+--                   i.e. slices whose parent_id is the range, which are on the same track).
+--   ratio           total_ns / frame time (union of ss_frame per rank, summed); nested ranges
+--                   each count, so ratios can add up to more than 1.
+--   GPU time of a range  length of the union of the device slices (kernel, communication,
+--                   memcpy, memset) whose flow starts at a slice nested inside the range (the
+--                   launch call or one of its ancestors is the range); device slices without a
+--                   flow are attributed to no range.
+--   gpu_total_ns    sum over ranges; gpu_avg = gpu_total / calls; gpu_max/min over ranges
+--                   (ranges without device work count 0).
+--   gpu_ratio       gpu_total_ns / device time (union of all device slices per rank, summed).
+{{base}},
+op_range AS (
+  SELECT id, name, {{op_rank}} AS rank, {{op_tid}} AS tid, {{op_thread}} AS thread_name, dur
+  FROM ss_slice WHERE kind = 'User ranges'
+),
+op_child AS (
+  SELECT parent_id AS id, SUM(dur) AS child_ns FROM slice
+  WHERE dur >= 0 AND parent_id IN (SELECT id FROM op_range)
+  GROUP BY parent_id
+),
+op_launch AS (
+  SELECT d.id AS dev_id, d.ts, d.end_ts, f.slice_out AS launch_id
+  FROM ss_slice d JOIN flow f ON f.slice_in = d.id
+  WHERE d.is_device = 1
+),
+op_anc(dev_id, ts, end_ts, anc_id, hops) AS (
+  SELECT dev_id, ts, end_ts, launch_id, 0 FROM op_launch
+  UNION ALL
+  SELECT a.dev_id, a.ts, a.end_ts, s.parent_id, a.hops + 1
+  FROM op_anc a JOIN slice s ON s.id = a.anc_id
+  WHERE s.parent_id IS NOT NULL AND a.hops < 256
+),
+op_items AS (
+  SELECT 'range' AS g1, a.anc_id AS g2, a.ts, a.end_ts
+  FROM op_anc a WHERE a.anc_id IN (SELECT id FROM op_range)
+  UNION ALL
+  SELECT 'device', upid, ts, end_ts FROM ss_slice WHERE is_device = 1
+  UNION ALL
+  SELECT 'frame', upid, ts, end_ts FROM ss_frame
+),
+op_prev AS (
+  SELECT g1, g2, ts, end_ts,
+         MAX(end_ts) OVER (PARTITION BY g1, g2 ORDER BY ts, end_ts
+                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+  FROM op_items
+),
+op_island AS (
+  SELECT g1, g2, ts, end_ts,
+         SUM(CASE WHEN prev_end IS NULL OR ts > prev_end THEN 1 ELSE 0 END)
+           OVER (PARTITION BY g1, g2 ORDER BY ts, end_ts ROWS UNBOUNDED PRECEDING) AS island
+  FROM op_prev
+),
+op_union AS (
+  SELECT g1, g2, SUM(len) AS ns FROM (
+    SELECT g1, g2, MAX(end_ts) - MIN(ts) AS len FROM op_island GROUP BY g1, g2, island
+  ) GROUP BY g1, g2
+),
+op_totals AS (
+  SELECT (SELECT SUM(ns) FROM op_union WHERE g1 = 'frame') AS frame_ns,
+         (SELECT SUM(ns) FROM op_union WHERE g1 = 'device') AS device_ns
+),
+op_inst AS (
+  SELECT r.name, r.rank, r.tid, r.thread_name, r.dur,
+         r.dur - COALESCE(c.child_ns, 0) AS self_ns, COALESCE(g.ns, 0) AS gpu_ns,
+         AVG(r.dur) OVER (PARTITION BY r.name, r.rank, r.tid, r.thread_name) AS grp_avg
+  FROM op_range r
+  LEFT JOIN op_child c ON c.id = r.id
+  LEFT JOIN op_union g ON g.g1 = 'range' AND g.g2 = r.id
+)
+SELECT name, rank, tid, thread_name, COUNT(*) AS calls,
+       SUM(dur) AS total_ns, AVG(dur) AS avg_ns, MAX(dur) AS max_ns, MIN(dur) AS min_ns,
+       SUM((dur - grp_avg) * (dur - grp_avg)) / COUNT(*) AS var_ns2,
+       SUM(self_ns) AS self_ns,
+       CAST(SUM(dur) AS REAL) / NULLIF((SELECT frame_ns FROM op_totals), 0) AS ratio,
+       SUM(gpu_ns) AS gpu_total_ns, CAST(SUM(gpu_ns) AS REAL) / COUNT(*) AS gpu_avg_ns,
+       MAX(gpu_ns) AS gpu_max_ns, MIN(gpu_ns) AS gpu_min_ns,
+       CAST(SUM(gpu_ns) AS REAL) / NULLIF((SELECT device_ns FROM op_totals), 0) AS gpu_ratio
+FROM op_inst
+GROUP BY name, rank, tid, thread_name
+ORDER BY total_ns DESC, name

@@ -1,0 +1,55 @@
+-- Steps / benchmark: one row per selected step (aggregates avg/min/max/p50/p90 are computed in
+-- Python over these rows: stepscope.analysis.summaries).
+--
+--   batch_cost_ns   the step slice's duration (category 'step', name "step <n>").
+--   step            debug.step, else the <n> of the name.
+--   reader_cost_ns  time the step waited for data: the union of the dataloader waits (category
+--                   'dataloader') and 'Dataloader' phases of the step's rank that START inside the
+--                   step [ts, ts + dur), each clipped to the step's end.
+--   num_samples     debug.num_samples of the step (NULL when the batch size is unknown).
+{{base}},
+st_reader AS (
+  SELECT upid, ts, end_ts FROM ss_slice
+  WHERE category = 'dataloader' OR (category = 'phase' AND name = 'Dataloader')
+),
+st_seq AS (
+  SELECT upid, ts AS t, 0 AS ord, id, ts, end_ts,
+         ROW_NUMBER() OVER (PARTITION BY upid ORDER BY ts, id) AS sseq
+  FROM ss_step
+  UNION ALL
+  SELECT upid, ts, 1, NULL, ts, end_ts, NULL FROM st_reader
+),
+st_carry AS (
+  SELECT upid, t, ord, id, ts, end_ts, sseq,
+         MAX(sseq) OVER (PARTITION BY upid ORDER BY t, ord ROWS UNBOUNDED PRECEDING) AS cur_s
+  FROM st_seq
+),
+st_steps AS (
+  SELECT upid, sseq, id, ts, end_ts FROM st_carry WHERE ord = 0
+),
+st_clip AS (
+  SELECT ms.id AS step_id, MAX(r.ts, ms.ts) AS ts, MIN(r.end_ts, ms.end_ts) AS end_ts
+  FROM st_carry r JOIN st_steps ms ON ms.upid = r.upid AND ms.sseq = r.cur_s
+  WHERE r.ord = 1 AND r.t < ms.end_ts
+),
+st_prev AS (
+  SELECT step_id, ts, end_ts,
+         MAX(end_ts) OVER (PARTITION BY step_id ORDER BY ts, end_ts
+                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+  FROM st_clip
+),
+st_island AS (
+  SELECT step_id, ts, end_ts,
+         SUM(CASE WHEN prev_end IS NULL OR ts > prev_end THEN 1 ELSE 0 END)
+           OVER (PARTITION BY step_id ORDER BY ts, end_ts ROWS UNBOUNDED PRECEDING) AS island
+  FROM st_prev
+),
+st_union AS (
+  SELECT step_id, SUM(len) AS ns FROM (
+    SELECT step_id, MAX(end_ts) - MIN(ts) AS len FROM st_island GROUP BY step_id, island
+  ) GROUP BY step_id
+)
+SELECT st.rank, st.process_name, st.step, st.ts, st.dur AS batch_cost_ns,
+       COALESCE(u.ns, 0) AS reader_cost_ns, st.num_samples
+FROM ss_step st LEFT JOIN st_union u ON u.step_id = st.id
+ORDER BY st.rank, st.ts, st.id

@@ -1,0 +1,486 @@
+"""The summary tables of a trace: portable SQL files + the little Python that SQL cannot share.
+
+Every table is one file under ``analysis/sql`` whose comments define its metrics; the SQL runs
+unchanged on Perfetto's trace processor and on the embedded SQLite engine. Python only fills in
+the filters, computes what needs math functions (stddev, percentiles, straggler flags) and
+formats. Any object with ``.query(sql)`` returning rows (dicts, row objects, or a DataFrame)
+works as ``db``; so does a ``sqlite3.Connection``.
+
+Usage::
+
+    db = stepscope.analysis.open("run.pftrace")
+    print(summaries.report(db, unit="ms"))
+    summaries.table(db, "kernels", sort="total").to_dataframe()
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sqlite3
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from ._format import BOOL, FLOAT, INT, RATIO, TEXT, TIME, Column, Table, render_many
+
+__all__ = [
+    "TABLES",
+    "Filters",
+    "SummaryError",
+    "all_tables",
+    "parse_steps",
+    "query_rows",
+    "render",
+    "report",
+    "sql_text",
+    "table",
+]
+
+
+class SummaryError(RuntimeError):
+    """A summary could not be computed (bad filter, unknown table, failing query)."""
+
+
+# --- filters ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Which part of the trace a table covers (see ``sql/_base.sql`` for exact semantics).
+
+    ``threads``: tids (int) or thread names (str); host slices of other threads are dropped.
+    ``ranks``: rank numbers (from process names ``rank <N> (<host>)``, else pids).
+    ``steps``: ``(first, stop)`` step numbers, half-open like a Python slice; either may be None.
+    """
+
+    threads: tuple[int | str, ...] | None = None
+    ranks: tuple[int, ...] | None = None
+    steps: tuple[int | None, int | None] | None = None
+
+    @classmethod
+    def make(cls, threads=None, ranks=None, steps=None) -> Filters:
+        if isinstance(steps, str):
+            steps = parse_steps(steps)
+        if isinstance(threads, (str, int)):
+            threads = [threads]
+        if isinstance(ranks, int):
+            ranks = [ranks]
+        return cls(
+            tuple(threads) if threads else None,
+            tuple(int(r) for r in ranks) if ranks else None,
+            tuple(steps) if steps else None,
+        )
+
+
+def parse_steps(spec: str) -> tuple[int | None, int | None]:
+    """``"A:B"`` → steps A..B-1 (half-open, like a slice); ``"A:"``, ``":B"``; ``"N"`` → step N."""
+    s = (spec or "").strip()
+    try:
+        if ":" not in s:
+            n = int(s)
+            return n, n + 1
+        a, b = s.split(":", 1)
+        return (int(a) if a.strip() else None), (int(b) if b.strip() else None)
+    except ValueError:
+        raise SummaryError(f"bad step range {spec!r}: use A:B, A:, :B or N") from None
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _placeholders(f: Filters) -> dict[str, str]:
+    p = {"rank_filter": "1", "thread_filter": "1", "step_filter": "1", "window_filter": "1"}
+    if f.ranks is not None:
+        ranks = ", ".join(str(int(r)) for r in f.ranks)
+        p["rank_filter"] = f"COALESCE(p.rank, ti.upid) IN ({ranks})"
+    if f.threads is not None:
+        is_tid = [isinstance(t, int) or str(t).isdigit() for t in f.threads]
+        tids = [str(int(t)) for t, i in zip(f.threads, is_tid, strict=True) if i]
+        names = [_sql_str(str(t)) for t, i in zip(f.threads, is_tid, strict=True) if not i]
+        conds = ["s.utid IS NULL"]
+        if tids:
+            conds.append(f"s.tid IN ({', '.join(tids)})")
+        if names:
+            conds.append(f"s.thread_name IN ({', '.join(names)})")
+        p["thread_filter"] = " OR ".join(conds)
+    if f.steps is not None:
+        first, stop = f.steps
+        conds = []
+        if first is not None:
+            conds.append(f"step >= {int(first)}")
+        if stop is not None:
+            conds.append(f"step < {int(stop)}")
+        p["step_filter"] = " AND ".join(conds) or "1"
+        p["window_filter"] = (
+            "EXISTS (SELECT 1 FROM ss_window w WHERE w.upid = s.upid "
+            "AND s.ts >= w.w_start AND s.ts < w.w_end)"
+        )
+    return p
+
+
+# --- SQL files --------------------------------------------------------------------------------
+
+
+@cache
+def sql_text(name: str) -> str:
+    """The raw text of ``sql/<name>.sql`` (with its ``{{...}}`` placeholders)."""
+    try:
+        path = resources.files(__package__).joinpath("sql").joinpath(f"{name}.sql")
+        return path.read_text("utf-8")
+    except FileNotFoundError:
+        raise SummaryError(f"no SQL file for {name!r}") from None
+
+
+def render(name: str, filters: Filters | None = None, **extra: str) -> str:
+    """The runnable SQL of one table: ``_base.sql`` and the filters filled in.
+
+    The result can be pasted into trace processor's shell or UI as-is.
+    """
+    values = _placeholders(filters or Filters())
+    base = _fill(_strip_comments(sql_text("_base")), values)
+    values = {**values, **extra, "base": base.strip()}
+    return _fill(sql_text(name), values)
+
+
+def _fill(text: str, values: dict[str, str]) -> str:
+    def sub(m: re.Match) -> str:
+        key = m.group(1)
+        if key not in values:
+            raise SummaryError(f"SQL placeholder {{{{{key}}}}} has no value")
+        return values[key]
+
+    return re.sub(r"\{\{(\w+)\}\}", sub, text)
+
+
+def _strip_comments(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+
+
+# --- running queries --------------------------------------------------------------------------
+
+
+def query_rows(db: Any, sql: str) -> list[dict[str, Any]]:
+    """Rows of ``sql`` as dicts, whatever ``db.query`` returns (or a sqlite3 connection)."""
+    if isinstance(db, sqlite3.Connection):
+        cur = db.execute(sql)
+        cols = [d[0] for d in cur.description or ()]
+        return [dict(zip(cols, r, strict=True)) for r in cur]
+    res = db.query(sql)
+    if hasattr(res, "to_dict") and hasattr(res, "columns"):  # a pandas DataFrame
+        return [
+            {k: _py(v) for k, v in r.items()} for r in res.to_dict("records")
+        ]
+    rows = getattr(res, "rows", res)
+    if callable(rows):
+        rows = rows()
+    out = []
+    for r in rows:
+        if isinstance(r, dict):
+            out.append(r)
+        elif hasattr(r, "_asdict"):
+            out.append(r._asdict())
+        elif hasattr(r, "keys"):
+            out.append({k: r[k] for k in r.keys()})
+        else:  # perfetto's QueryResultIterator rows: attributes named after the columns
+            out.append({k: v for k, v in vars(r).items() if not k.startswith("_")})
+    return out
+
+
+def _py(v: Any) -> Any:
+    if v is None:
+        return None
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return v.item() if hasattr(v, "item") else v
+
+
+def _run(db: Any, name: str, sql: str) -> list[dict[str, Any]]:
+    try:
+        return query_rows(db, sql)
+    except SummaryError:
+        raise
+    except Exception as e:  # engine errors: say which table failed, keep the cause
+        raise SummaryError(f"summary {name!r} failed: {type(e).__name__}: {e}") from e
+
+
+# --- tables -----------------------------------------------------------------------------------
+
+C = Column
+_TIME_STATS = [
+    C("calls", "Calls", INT),
+    C("total_ns", "Total", TIME),
+    C("avg_ns", "Avg", TIME),
+    C("max_ns", "Max", TIME),
+    C("min_ns", "Min", TIME),
+]
+
+
+@dataclass(frozen=True)
+class _Spec:
+    title: str
+    sql: str
+    columns: tuple[Column, ...]
+
+
+_SPECS: dict[str, _Spec] = {
+    "overview": _Spec(
+        "Overview",
+        "overview",
+        (C("kind", "Event Type"), C("calls", "Calls", INT), C("total_ns", "Total", TIME),
+         C("ratio", "Ratio", RATIO)),
+    ),
+    "model": _Spec(
+        "Model",
+        "model",
+        (C("phase", "Phase"), C("calls", "Calls", INT),
+         C("cpu_total_ns", "CPU Total", TIME), C("cpu_avg_ns", "CPU Avg", TIME),
+         C("cpu_max_ns", "CPU Max", TIME), C("cpu_min_ns", "CPU Min", TIME),
+         C("cpu_ratio", "CPU Ratio", RATIO),
+         C("gpu_total_ns", "GPU Total", TIME), C("gpu_avg_ns", "GPU Avg", TIME),
+         C("gpu_max_ns", "GPU Max", TIME), C("gpu_min_ns", "GPU Min", TIME),
+         C("gpu_ratio", "GPU Ratio", RATIO)),
+    ),
+    "steps": _Spec(
+        "Steps",
+        "steps",
+        (C("stat", "Stat"), C("batch_cost_ns", "Batch Cost", TIME),
+         C("reader_cost_ns", "Reader Cost", TIME), C("reader_ratio", "Reader Ratio", RATIO),
+         C("ips", "Steps/s", FLOAT), C("samples_per_s", "Samples/s", FLOAT)),
+    ),
+    "step_times": _Spec(
+        "Step Times",
+        "steps",
+        (C("rank", "Rank", INT), C("step", "Step", INT), C("batch_cost_ns", "Batch Cost", TIME),
+         C("reader_cost_ns", "Reader Cost", TIME), C("reader_ratio", "Reader Ratio", RATIO),
+         C("ips", "Steps/s", FLOAT), C("num_samples", "Samples", INT),
+         C("samples_per_s", "Samples/s", FLOAT)),
+    ),
+    "operators": _Spec(
+        "Operators",
+        "operators",
+        (C("name", "Name"), *_TIME_STATS, C("stddev_ns", "StdDev", TIME),
+         C("self_ns", "Self", TIME), C("ratio", "Ratio", RATIO),
+         C("gpu_total_ns", "GPU Total", TIME), C("gpu_avg_ns", "GPU Avg", TIME),
+         C("gpu_max_ns", "GPU Max", TIME), C("gpu_min_ns", "GPU Min", TIME),
+         C("gpu_ratio", "GPU Ratio", RATIO)),
+    ),
+    "kernels": _Spec(
+        "Kernels",
+        "kernels",
+        (C("name", "Name"), *_TIME_STATS, C("ratio", "Ratio", RATIO),
+         C("blocks_per_sm", "Blocks/SM", FLOAT), C("occupancy", "Est. Occupancy", FLOAT)),
+    ),
+    "memcpy": _Spec(
+        "Memory Copies",
+        "memcpy",
+        (C("kind", "Kind"), *_TIME_STATS, C("bytes", "Bytes", INT),
+         C("bandwidth_gbps", "Bandwidth (GB/s)", FLOAT)),
+    ),
+    "device": _Spec(
+        "Device",
+        "device",
+        (C("rank", "Rank", INT), C("name", "Metric"), C("samples", "Samples", INT),
+         C("mean", "Mean", FLOAT), C("min", "Min", FLOAT), C("max", "Max", FLOAT)),
+    ),
+    "distributed": _Spec(
+        "Distributed",
+        "distributed",
+        (C("rank", "Rank", INT), C("steps", "Steps", INT), C("avg_step_ns", "Avg Step", TIME),
+         C("frame_ns", "Step Total", TIME), C("computation_ns", "Computation", TIME),
+         C("communication_ns", "Communication", TIME), C("overlap_ns", "Overlap", TIME),
+         C("other_ns", "Other", TIME), C("vs_median", "vs Median", RATIO),
+         C("straggler", "Straggler", BOOL)),
+    ),
+}
+
+#: Table names in report order.
+TABLES: tuple[str, ...] = tuple(_SPECS)
+
+_OPERATOR_THREAD_COLS = (C("rank", "Rank", INT), C("tid", "Thread", INT),
+                         C("thread_name", "Thread Name", TEXT))
+
+
+def table(
+    db: Any,
+    name: str,
+    *,
+    threads: Iterable[int | str] | None = None,
+    ranks: Iterable[int] | None = None,
+    steps: str | tuple[int | None, int | None] | None = None,
+    sort: str | None = None,
+    by_thread: bool = False,
+    straggler_margin: float = 0.10,
+) -> Table:
+    """Compute one summary table (``name`` in :data:`TABLES`).
+
+    ``by_thread`` splits the operators table per rank and thread (else threads are merged).
+    ``straggler_margin``: a rank is a straggler when its mean step time exceeds the median of the
+    ranks' mean step times by more than this fraction.
+    """
+    if name not in _SPECS:
+        raise SummaryError(f"unknown table {name!r}: choose from {', '.join(TABLES)}")
+    filters = Filters.make(threads, ranks, steps)
+    spec = _SPECS[name]
+    columns = list(spec.columns)
+    extra: dict[str, str] = {}
+    if spec.sql == "operators":
+        keys = ("rank", "tid", "thread_name") if by_thread else ("NULL",) * 3
+        extra = {"op_rank": keys[0], "op_tid": keys[1], "op_thread": keys[2],
+                 "op_group": "by thread" if by_thread else "threads merged"}
+        if by_thread:
+            columns[1:1] = _OPERATOR_THREAD_COLS
+    rows = _run(db, name, render(spec.sql, filters, **extra))
+    notes: list[str] = []
+    post = _POST.get(name)
+    if post is not None:
+        rows, notes = post(rows, straggler_margin=straggler_margin)
+    t = Table(name, spec.title, columns, rows, notes)
+    return t.sorted(sort) if sort else t
+
+
+def all_tables(
+    db: Any, *, names: Sequence[str] | None = None, sort: str | None = None, **kwargs: Any
+) -> dict[str, Table]:
+    """Every table (or ``names``), keyed by name, in report order; empty tables included.
+
+    ``sort`` applies to the tables that have that column. Other keyword arguments as
+    :func:`table`.
+    """
+    wanted = list(names) if names else list(TABLES)
+    out = {}
+    for n in wanted:
+        t = table(db, n, **kwargs)
+        if sort and t.column(sort) is not None:
+            t = t.sorted(sort)
+        out[n] = t
+    return out
+
+
+def report(
+    db: Any,
+    *,
+    unit: str = "ms",
+    fmt: str = "text",
+    names: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> str:
+    """All non-empty tables rendered one after the other (``fmt``: text, csv, json, md).
+
+    The per-step listing (``step_times``) is left out unless named.
+    """
+    default = [n for n in TABLES if n != "step_times"]
+    tables = all_tables(db, names=names or default, **kwargs)
+    shown = [t for t in tables.values() if t]
+    if not shown:
+        return "No events to summarize.\n" if fmt == "text" else render_many([], fmt, unit)
+    return render_many(shown, fmt, unit)
+
+
+# --- post-processing in Python ----------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default): x[(n-1)·q]."""
+    xs = sorted(values)
+    if not xs:
+        return None
+    pos = (len(xs) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _per_step(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
+    """Adds reader_ratio = reader/batch, ips = 1 / batch (s), samples_per_s = samples / batch."""
+    out = []
+    for r in rows:
+        b = r["batch_cost_ns"]
+        r = dict(r)
+        r["reader_ratio"] = r["reader_cost_ns"] / b if b else None
+        r["ips"] = 1e9 / b if b else None
+        n = r.get("num_samples")
+        r["samples_per_s"] = n * 1e9 / b if (b and n is not None) else None
+        out.append(r)
+    return out, []
+
+
+def _step_stats(rows: list[dict], **kw: Any) -> tuple[list[dict], list[str]]:
+    """avg/min/max/p50/p90 over steps.
+
+    avg of batch and reader cost = arithmetic mean; avg reader ratio = Σ reader / Σ batch;
+    avg steps/s = steps / Σ batch seconds; avg samples/s = Σ samples / Σ batch seconds (steps
+    with a known batch size). min/max/p50/p90: over the per-step values.
+    """
+    steps, _ = _per_step(rows)
+    if not steps:
+        return [], []
+    batch = [s["batch_cost_ns"] for s in steps]
+    total_b = sum(batch)
+    sampled = [s for s in steps if s["num_samples"] is not None and s["batch_cost_ns"]]
+    avg = {
+        "batch_cost_ns": total_b / len(steps),
+        "reader_cost_ns": sum(s["reader_cost_ns"] for s in steps) / len(steps),
+        "reader_ratio": (sum(s["reader_cost_ns"] for s in steps) / total_b) if total_b else None,
+        "ips": len(steps) * 1e9 / total_b if total_b else None,
+        "samples_per_s": (
+            sum(s["num_samples"] for s in sampled) * 1e9 / sum(s["batch_cost_ns"] for s in sampled)
+            if sampled else None
+        ),
+    }
+    keys = list(avg)
+    table_rows = [{"stat": "avg", **avg}]
+    for stat, fn in (("min", min), ("max", max),
+                     ("p50", lambda v: percentile(v, 0.5)), ("p90", lambda v: percentile(v, 0.9))):
+        row: dict[str, Any] = {"stat": stat}
+        for k in keys:
+            vals = [s[k] for s in steps if s[k] is not None]
+            row[k] = fn(vals) if vals else None
+        table_rows.append(row)
+    ranks = {s["rank"] for s in steps}
+    note = f"{len(steps)} steps" + (f" on {len(ranks)} ranks" if len(ranks) > 1 else "")
+    return table_rows, [note]
+
+
+def _operators(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
+    """stddev = sqrt(population variance)."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        var = r.pop("var_ns2", None)
+        r["stddev_ns"] = math.sqrt(max(var, 0.0)) if var is not None else None
+        out.append(r)
+    return out, []
+
+
+def _distributed(rows: list[dict], straggler_margin: float = 0.10, **_: Any):
+    """vs_median = mean step / median of the ranks' mean steps - 1; straggler when > margin."""
+    means = [r["avg_step_ns"] for r in rows if r.get("avg_step_ns") is not None]
+    med = statistics.median(means) if means else None
+    out = []
+    for r in rows:
+        r = dict(r)
+        a = r.get("avg_step_ns")
+        r["vs_median"] = (a / med - 1.0) if (a is not None and med) else None
+        r["straggler"] = bool(r["vs_median"] is not None and r["vs_median"] > straggler_margin)
+        out.append(r)
+    notes = []
+    if med is not None:
+        slow = [str(r["rank"]) for r in out if r["straggler"]]
+        notes.append(
+            f"stragglers (mean step > median by more than {straggler_margin:.0%}): "
+            + (", ".join(slow) if slow else "none")
+        )
+    return out, notes
+
+
+_POST = {
+    "steps": _step_stats,
+    "step_times": _per_step,
+    "operators": _operators,
+    "distributed": _distributed,
+}

@@ -1,0 +1,477 @@
+"""CUPTI records (columnar) → trace events through the core emitter API.
+
+One converter per session; the live path and the fixture feed it the same
+:class:`~stepscope.gpu.records.ActivityBatch`.
+
+Tracks written:
+
+* ``GPU <id> (<name>)`` per device, a custom track under the rank's process track, with one child
+  ``stream <id>`` per CUDA stream holding its kernels, memcpys and memsets, and a child ``sync``
+  holding CUDA synchronization records. Work that overlaps on one stream (programmatic dependent
+  launch, graph nodes) goes on a sibling track with the same name, never a misnested slice.
+* ``CUDA API`` under the launching thread's track (or, if the core cannot name a thread's track,
+  ``CUDA API (thread <id>)`` under the process): the runtime/driver calls, on their own track so
+  that the few µs between CUPTI's clock and the host clock can never misnest them with the user's
+  ranges on the thread itself.
+* Counter tracks ``GPU <id> utilization``, ``... est. SM efficiency``, ``... est. achieved
+  occupancy`` (percent, one sample per bucket; definitions in :mod:`.metrics`).
+
+Each API call that launched device work gets a flow to that work (flow id derived from the CUPTI
+correlation id and the pid), so the UI draws the arrow. Timestamps are CUPTI's (CLOCK_REALTIME)
+plus ``offset_ns``, written through a ``clock="realtime"`` emitter.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import _schema
+from .metrics import BucketMetrics, bucket_edges, bucket_metrics, choose_bucket_ns
+from .occupancy import DeviceLimits, kernel_estimates
+from .records import (
+    COPY_KIND_NAMES,
+    INVALID_ID,
+    SYNC_TYPE_NAMES,
+    ActivityBatch,
+    api_name,
+)
+
+log = logging.getLogger("stepscope.gpu")
+
+MEMORY_KIND_NAMES = {
+    0: "Unknown", 1: "Pageable", 2: "Pinned", 3: "Device", 4: "Array", 5: "Managed",
+    6: "Device static", 7: "Managed static",
+}  # fmt: skip
+
+_FLOW_TAG = 0x5C << 56  # keeps GPU flow ids apart from other producers' ids
+
+
+def flow_ids_for(correlation: np.ndarray, pid: int) -> np.ndarray:
+    """Flow id per CUPTI correlation id: unique per process, and across ranks of one job."""
+    return (
+        np.uint64(_FLOW_TAG)
+        | (np.uint64(pid & 0xFFFFFF) << np.uint64(32))
+        | (np.asarray(correlation, dtype=np.uint64) & np.uint64(0xFFFFFFFF))
+    )
+
+
+def assign_lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Lane per interval so that intervals in one lane never overlap (greedy, earliest free lane).
+
+    Fast path when nothing overlaps (the usual case for one stream): all zeros, vectorised.
+    """
+    n = starts.size
+    lanes = np.zeros(n, dtype=np.int64)
+    if n < 2:
+        return lanes
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    if np.all(s[1:] >= np.maximum.accumulate(e)[:-1]):
+        return lanes
+    free: list[tuple[int, int]] = []  # (end, lane)
+    nlanes = 0
+    out = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        if free and free[0][0] <= s[i]:
+            _, lane = heapq.heappop(free)
+        else:
+            lane = nlanes
+            nlanes += 1
+        out[i] = lane
+        heapq.heappush(free, (int(e[i]), lane))
+    lanes[order] = out
+    return lanes
+
+
+_demangled: dict[str, str] = {}
+
+
+def demangle(names: list[str]) -> list[str]:
+    """Demangle C++ kernel names in one ``c++filt`` call (cached); names unchanged without it."""
+    todo = [n for n in names if n.startswith("_Z") and n not in _demangled]
+    if todo:
+        tool = shutil.which("c++filt")
+        out: list[str] = []
+        if tool:
+            try:
+                res = subprocess.run(
+                    [tool], input="\n".join(todo) + "\n", capture_output=True, text=True,
+                    timeout=10, check=False,
+                )  # fmt: skip
+                out = res.stdout.splitlines()
+            except (OSError, subprocess.SubprocessError):
+                out = []
+        if len(out) != len(todo):
+            out = todo
+        _demangled.update(zip(todo, out, strict=False))
+    return [_demangled.get(n, n) for n in names]
+
+
+@dataclass
+class ConvertStats:
+    """What one ``convert`` call wrote."""
+
+    kernels: int = 0
+    memcpys: int = 0
+    memsets: int = 0
+    syncs: int = 0
+    api_calls: int = 0
+    flows: int = 0
+    dropped: int = 0
+    counter_samples: int = 0
+    metrics: dict[int, BucketMetrics] = field(default_factory=dict)
+
+    @property
+    def records(self) -> int:
+        return self.kernels + self.memcpys + self.memsets + self.syncs + self.api_calls
+
+
+class GpuTraceConverter:
+    """Writes activity batches into a session (see the module docstring for the layout).
+
+    ``devices`` maps CUPTI device ids to their limits. ``bucket_ns`` fixes the counter bucket;
+    by default it is chosen per batch so that ``steps`` steps (or the batch's span, if not given)
+    get about ``buckets_per_step`` buckets each.
+    """
+
+    def __init__(
+        self,
+        sess: Any,
+        devices: Mapping[int, DeviceLimits],
+        *,
+        offset_ns: int = 0,
+        bucket_ns: int | None = None,
+        buckets_per_step: int = 20,
+        level: int = _schema.LEVEL_DETAIL,
+        api_names: Mapping[tuple[bool, int], str] | None = None,
+        thread_tracks: Mapping[int, int] | None = None,
+        pid: int | None = None,
+        demangle_names: bool = True,
+        counters: bool = True,
+    ) -> None:
+        if not devices:
+            raise ValueError("GpuTraceConverter needs the limits of at least one device")
+        self.sess = sess
+        self.devices = dict(devices)
+        self.offset_ns = int(offset_ns)
+        self.bucket_ns = bucket_ns
+        self.buckets_per_step = buckets_per_step
+        self.api_names = dict(api_names or {})
+        self.thread_tracks = dict(thread_tracks or {})
+        self.pid = os.getpid() if pid is None else int(pid)
+        self.demangle_names = demangle_names
+        self.counters = counters
+        self.level = level
+        self._em = sess.emitter(clock="realtime", level=level)
+        self._gpu: dict[int, int] = {}
+        self._streams: dict[tuple[int, int, int], int] = {}
+        self._sync: dict[int, int] = {}
+        self._api: dict[tuple[int, int], int] = {}
+        self._ctr: dict[tuple[int, str], int] = {}
+
+    # --- tracks --------------------------------------------------------------------------------
+    def gpu_track(self, device: int) -> int:
+        t = self._gpu.get(device)
+        if t is None:
+            dev = self.devices.get(device) or next(iter(self.devices.values()))
+            name = _schema.GPU_TRACK_NAME.format(device=device, name=dev.name)
+            t = self._gpu[device] = self.sess.new_track(name, parent=self.sess.process_uuid)
+        return t
+
+    def stream_track(self, device: int, stream: int, lane: int = 0) -> int:
+        key = (device, stream, lane)
+        t = self._streams.get(key)
+        if t is None:
+            name = _schema.STREAM_TRACK_NAME.format(stream=stream)
+            t = self._streams[key] = self.sess.new_track(name, parent=self.gpu_track(device))
+        return t
+
+    def sync_track(self, device: int) -> int:
+        t = self._sync.get(device)
+        if t is None:
+            t = self._sync[device] = self.sess.new_track(
+                _schema.SYNC_TRACK_NAME, parent=self.gpu_track(device)
+            )
+        return t
+
+    def api_track(self, thread: int, lane: int = 0) -> int:
+        key = (thread, lane)
+        t = self._api.get(key)
+        if t is None:
+            parent = self.thread_tracks.get(thread)
+            if parent is None:
+                parent = self.sess.process_uuid
+                name = f"{_schema.API_TRACK_NAME} (thread {thread})"
+            else:
+                name = _schema.API_TRACK_NAME
+            t = self._api[key] = self.sess.new_track(name, parent=parent)
+        return t
+
+    def counter_track(self, device: int, which: str) -> int:
+        key = (device, which)
+        t = self._ctr.get(key)
+        if t is None:
+            t = self._ctr[key] = self.sess.new_counter_track(
+                which.format(device=device), unit=_schema.GPU_COUNTER_UNIT
+            )
+        return t
+
+    # --- conversion ----------------------------------------------------------------------------
+    def convert(
+        self, batch: ActivityBatch, *, window: tuple[int, int] | None = None, steps: int = 0
+    ) -> ConvertStats:
+        """Write one batch. ``window`` (CUPTI ns) bounds the counter buckets; ``steps`` is the
+        number of steps it covers (for the default bucket size)."""
+        st = ConvertStats(dropped=int(batch.dropped))
+        em, off = self._em, self.offset_ns
+        api_corr = np.concatenate([batch.runtime["correlation"], batch.driver["correlation"]])
+        dev_corr = np.concatenate(
+            [batch.kernels["correlation"], batch.memcpys["correlation"],
+             batch.memsets["correlation"], batch.syncs["correlation"]]
+        )  # fmt: skip
+        linked = np.intersect1d(api_corr, dev_corr)
+        st.flows = int(linked.size)
+        context_device = self._context_devices(batch)
+
+        # kernels
+        k = batch.kernels
+        if k.size:
+            st.kernels = int(k.size)
+            names = batch.names
+            if self.demangle_names:
+                names = demangle(names)
+            cats = np.where(batch.kernel_is_communication(), 1, 0)
+            cat_names = (_schema.CAT_KERNEL, _schema.CAT_COMMUNICATION)
+            est = self._estimates(k)
+            flows = self._flows(k["correlation"], linked)
+            tracks = self._device_tracks(k)
+            cols = zip(
+                (k["start"] + off).tolist(), (k["end"] - k["start"]).tolist(),
+                k["name"].tolist(), tracks, cats.tolist(),
+                k["grid_x"].tolist(), k["grid_y"].tolist(), k["grid_z"].tolist(),
+                k["block_x"].tolist(), k["block_y"].tolist(), k["block_z"].tolist(),
+                k["registers"].tolist(), k["static_smem"].tolist(), k["dynamic_smem"].tolist(),
+                np.round(est.blocks_per_sm, 6).tolist(), np.round(est.warps_per_sm, 6).tolist(),
+                np.round(est.est_achieved_occupancy, 6).tolist(), k["correlation"].tolist(),
+                flows, strict=False,
+            )  # fmt: skip
+            gx, gy, gz = _schema.ARG_GRID
+            bx, by, bz = _schema.ARG_BLOCK
+            for (ts, dur, nid, trk, cat, x, y, z, u, v, w, regs, ss, ds, bps, wps, occ, corr,
+                 fl) in cols:  # fmt: skip
+                em.complete(
+                    ts, dur, names[nid], trk, cat_names[cat],
+                    {gx: x, gy: y, gz: z, bx: u, by: v, bz: w, _schema.ARG_REGISTERS: regs,
+                     _schema.ARG_SHARED_STATIC: ss, _schema.ARG_SHARED_DYNAMIC: ds,
+                     _schema.ARG_BLOCKS_PER_SM: bps, _schema.ARG_WARPS_PER_SM: wps,
+                     _schema.ARG_OCCUPANCY: occ, _schema.ARG_CORRELATION: corr},
+                    terminating_flow_ids=fl,
+                )  # fmt: skip
+
+        # memcpy
+        m = batch.memcpys
+        if m.size:
+            st.memcpys = int(m.size)
+            dur = m["end"] - m["start"]
+            bw = np.round(m["bytes"] / np.maximum(dur, 1), 4)  # bytes/ns == GB/s
+            for ts, d, trk, nbytes, ck, sk, dk, b, corr, fl in zip(
+                (m["start"] + off).tolist(), dur.tolist(), self._device_tracks(m),
+                m["bytes"].tolist(), m["copy_kind"].tolist(), m["src_kind"].tolist(),
+                m["dst_kind"].tolist(), bw.tolist(), m["correlation"].tolist(),
+                self._flows(m["correlation"], linked), strict=False,
+            ):  # fmt: skip
+                kind = COPY_KIND_NAMES.get(ck, str(ck))
+                src = MEMORY_KIND_NAMES.get(sk, str(sk))
+                dst = MEMORY_KIND_NAMES.get(dk, str(dk))
+                em.complete(
+                    ts, d, f"Memcpy {kind} ({src} -> {dst})", trk, _schema.CAT_MEMCPY,
+                    {_schema.ARG_BYTES: nbytes, _schema.ARG_COPY_KIND: kind,
+                     _schema.ARG_SRC_KIND: src, _schema.ARG_DST_KIND: dst,
+                     _schema.ARG_BANDWIDTH: b, _schema.ARG_CORRELATION: corr},
+                    terminating_flow_ids=fl,
+                )  # fmt: skip
+
+        # memset
+        s = batch.memsets
+        if s.size:
+            st.memsets = int(s.size)
+            for ts, d, trk, nbytes, corr, fl in zip(
+                (s["start"] + off).tolist(), (s["end"] - s["start"]).tolist(),
+                self._device_tracks(s), s["bytes"].tolist(), s["correlation"].tolist(),
+                self._flows(s["correlation"], linked), strict=False,
+            ):  # fmt: skip
+                em.complete(
+                    ts, d, "Memset", trk, _schema.CAT_MEMSET,
+                    {_schema.ARG_BYTES: nbytes, _schema.ARG_CORRELATION: corr},
+                    terminating_flow_ids=fl,
+                )  # fmt: skip
+
+        # synchronization
+        y = batch.syncs
+        if y.size:
+            st.syncs = int(y.size)
+            dev = np.array([context_device.get(c, -1) for c in y["context"].tolist()])
+            dev = np.where(dev < 0, min(self.devices), dev)
+            lanes = np.zeros(y.size, dtype=np.int64)
+            for d in np.unique(dev).tolist():
+                sel = dev == d
+                lanes[sel] = assign_lanes(y["start"][sel], y["end"][sel])
+            for ts, du, d, lane, typ, stream, corr, fl in zip(
+                (y["start"] + off).tolist(), (y["end"] - y["start"]).tolist(), dev.tolist(),
+                lanes.tolist(), y["type"].tolist(), y["stream"].tolist(),
+                y["correlation"].tolist(), self._flows(y["correlation"], linked), strict=False,
+            ):  # fmt: skip
+                args = {_schema.ARG_SYNC_TYPE: SYNC_TYPE_NAMES.get(typ, str(typ)),
+                        _schema.ARG_CORRELATION: corr}  # fmt: skip
+                if stream != INVALID_ID:
+                    args[_schema.ARG_STREAM] = stream
+                name = SYNC_TYPE_NAMES.get(typ, "Synchronize")
+                trk = self._lane_track(self.sync_track(d), d, lane)
+                em.complete(ts, du, name, trk, _schema.CAT_SYNC, args, terminating_flow_ids=fl)
+
+        # runtime / driver API calls on the launching thread
+        for table, driver, cat in (
+            (batch.runtime, False, _schema.CAT_RUNTIME),
+            (batch.driver, True, _schema.CAT_DRIVER),
+        ):
+            if not table.size:
+                continue
+            st.api_calls += int(table.size)
+            tracks = self._api_tracks(table)
+            is_linked = np.isin(table["correlation"], linked)
+            fids = flow_ids_for(table["correlation"], self.pid).tolist()
+            for ts, du, trk, cbid, corr, lk, fid in zip(
+                (table["start"] + off).tolist(), (table["end"] - table["start"]).tolist(),
+                tracks, table["cbid"].tolist(), table["correlation"].tolist(),
+                is_linked.tolist(), fids, strict=False,
+            ):  # fmt: skip
+                name = self.api_names.get((driver, cbid)) or api_name(cbid, driver=driver)
+                em.complete(
+                    ts, du, name, trk, cat,
+                    {_schema.ARG_CORRELATION: corr, _schema.ARG_CBID: cbid},
+                    flow_ids=[fid] if lk else None,
+                )  # fmt: skip
+
+        if batch.dropped:
+            rng = batch.time_range()
+            ts = (rng[1] if rng else window[1] if window else 0) + off
+            for d in sorted(self.devices):
+                em.instant(
+                    ts, "CUPTI dropped records", self.gpu_track(d), _schema.CAT_STEPSCOPE,
+                    {_schema.ARG_DROPPED: int(batch.dropped)},
+                )  # fmt: skip
+            log.warning("stepscope: CUPTI dropped %d activity records", batch.dropped)
+
+        if self.counters and k.size:
+            st.counter_samples, st.metrics = self._write_counters(batch, window, steps)
+        return st
+
+    # --- helpers -------------------------------------------------------------------------------
+    def _estimates(self, k: np.ndarray):
+        devs = np.unique(k["device"])
+        if devs.size == 1:
+            dev = self.devices.get(int(devs[0])) or next(iter(self.devices.values()))
+            return kernel_estimates(
+                dev, (k["grid_x"], k["grid_y"], k["grid_z"]),
+                (k["block_x"], k["block_y"], k["block_z"]),
+                k["registers"], k["static_smem"], k["dynamic_smem"],
+            )  # fmt: skip
+        parts = {}
+        out = None
+        for d in devs.tolist():
+            sel = k["device"] == d
+            parts[d] = (sel, self._estimates(k[sel]))
+        fields = ("blocks_per_sm", "warps_per_sm", "active_blocks_per_sm",
+                  "est_achieved_occupancy", "sm_efficiency")  # fmt: skip
+        arrays = {f: np.zeros(k.size) for f in fields}
+        for sel, e in parts.values():
+            for f in fields:
+                arrays[f][sel] = getattr(e, f)
+        out = type(next(iter(parts.values()))[1])(**arrays)
+        return out
+
+    def _flows(self, corr: np.ndarray, linked: np.ndarray) -> list[list[int] | None]:
+        fids = flow_ids_for(corr, self.pid).tolist()
+        has = np.isin(corr, linked).tolist()
+        return [[f] if h else None for f, h in zip(fids, has, strict=False)]
+
+    def _context_devices(self, batch: ActivityBatch) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for t in (batch.kernels, batch.memcpys, batch.memsets):
+            if t.size:
+                pairs = np.unique(np.stack([t["context"], t["device"]], axis=1), axis=0)
+                out.update({int(c): int(d) for c, d in pairs.tolist()})
+        return out
+
+    def _lane_track(self, base: int, device: int, lane: int) -> int:
+        if lane == 0:
+            return base
+        key = (device, -2, lane)  # extra sync lanes
+        t = self._streams.get(key)
+        if t is None:
+            t = self._streams[key] = self.sess.new_track(
+                _schema.SYNC_TRACK_NAME, parent=self.gpu_track(device)
+            )
+        return t
+
+    def _device_tracks(self, t: np.ndarray) -> list[int]:
+        """Track per record of a device table, with lanes for overlap on a stream."""
+        out = np.zeros(t.size, dtype=np.int64)
+        key = t["device"].astype(np.int64) << 40 | (t["stream"].astype(np.int64) & 0xFFFFFFFFFF)
+        for kv in np.unique(key).tolist():
+            sel = key == kv
+            device, stream = int(kv >> 40), int(kv & 0xFFFFFFFFFF)
+            lanes = assign_lanes(t["start"][sel], t["end"][sel])
+            ids = [self.stream_track(device, stream, lane) for lane in range(int(lanes.max()) + 1)]
+            out[sel] = np.asarray(ids, dtype=np.int64)[lanes]
+        return out.tolist()
+
+    def _api_tracks(self, t: np.ndarray) -> list[int]:
+        out = np.zeros(t.size, dtype=np.int64)
+        for th in np.unique(t["thread"]).tolist():
+            sel = t["thread"] == th
+            lanes = assign_lanes(t["start"][sel], t["end"][sel])
+            ids = [self.api_track(int(th), lane) for lane in range(int(lanes.max()) + 1)]
+            out[sel] = np.asarray(ids, dtype=np.int64)[lanes]
+        return out.tolist()
+
+    def _write_counters(
+        self, batch: ActivityBatch, window: tuple[int, int] | None, steps: int
+    ) -> tuple[int, dict[int, BucketMetrics]]:
+        k = batch.kernels
+        t0, t1 = window if window else (int(k["start"].min()), int(k["end"].max()))
+        bucket = self.bucket_ns or choose_bucket_ns(
+            max(t1 - t0, 1) // max(steps, 1), target_buckets=self.buckets_per_step
+        )
+        edges = bucket_edges(t0, t1, bucket)
+        est = self._estimates(k)
+        n = 0
+        out: dict[int, BucketMetrics] = {}
+        for d in np.unique(k["device"]).tolist():
+            sel = k["device"] == d
+            bm = bucket_metrics(
+                k["start"][sel], k["end"][sel], est.blocks_per_sm[sel],
+                est.est_achieved_occupancy[sel], edges,
+            )  # fmt: skip
+            out[d] = bm
+            ts = (edges + self.offset_ns).tolist()
+            for which, values in (
+                (_schema.COUNTER_GPU_UTILIZATION, bm.utilization),
+                (_schema.COUNTER_GPU_SM_EFFICIENCY, bm.sm_efficiency),
+                (_schema.COUNTER_GPU_OCCUPANCY, np.nan_to_num(bm.achieved_occupancy)),
+            ):
+                trk = self.counter_track(d, which)
+                for t, v in zip(ts, np.round(values * 100.0, 4).tolist(), strict=False):
+                    self._em.counter(t, trk, v)
+                self._em.counter(ts[-1], trk, 0.0)  # back to idle after the window
+                n += len(ts)
+        return n, out

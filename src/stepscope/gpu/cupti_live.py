@@ -1,0 +1,302 @@
+"""Live CUPTI activity collection through ``cupti-python``, for detail windows only.
+
+Cost model (the reason for the design): a launch-bound step issues hundreds of CUDA calls per
+millisecond, so nothing may run per call or per record on the training thread beyond what CUPTI
+itself does.
+
+* Only the API callbacks that launch, copy, set or wait for device work are enabled (per callback
+  id, ``activity_enable_runtime_api`` / ``activity_enable_driver_api``), selected by name from
+  cupti-python's callback-id enums; where those calls are missing, every API record is collected
+  and the others are dropped when decoding.
+* The buffer callback does the minimum that is safe: for each record it takes one C-level
+  ``operator.attrgetter`` tuple (no Python frame per record) into a per-kind list; turning those
+  into numpy columns, estimates and trace events happens once per window, at window end.
+* Buffers are bounded: ``buffer_bytes`` each and at most ``max_records`` decoded records per
+  window; further buffers are counted as dropped (with CUPTI's own dropped count) and written to
+  the trace by the converter.
+* Everything is enabled at window start and disabled after ``activity_flush_all`` at window end.
+
+Without ``cupti-python`` or a GPU, :meth:`CuptiTracer.start` logs one line and returns False.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+
+from .clock import calibrate
+from .occupancy import DeviceLimits
+from .records import (
+    API_DTYPE,
+    KERNEL_DTYPE,
+    MEMCPY_DTYPE,
+    MEMSET_DTYPE,
+    SYNC_DTYPE,
+    ActivityBatch,
+)
+
+log = logging.getLogger("stepscope.gpu")
+
+# API calls kept: launches, copies, sets and waits (matched on cupti-python's cbid enum names)
+API_NAME_RE = re.compile(r"Launch|Memcpy|Memset|Synchronize|WaitEvent|EventRecord")
+
+_KERNEL_ATTRS = (
+    "start", "end", "device_id", "context_id", "stream_id", "correlation_id", "grid_x", "grid_y",
+    "grid_z", "block_x", "block_y", "block_z", "registers_per_thread", "static_shared_memory",
+    "dynamic_shared_memory", "graph_id", "name",
+)  # fmt: skip
+_MEMCPY_ATTRS = (
+    "start", "end", "device_id", "context_id", "stream_id", "correlation_id", "bytes",
+    "copy_kind", "src_kind", "dst_kind", "graph_id",
+)  # fmt: skip
+_MEMSET_ATTRS = (
+    "start", "end", "device_id", "context_id", "stream_id", "correlation_id", "bytes", "value",
+    "graph_id",
+)  # fmt: skip
+_SYNC_ATTRS = ("start", "end", "context_id", "stream_id", "correlation_id", "type", "cuda_event_id")
+_API_ATTRS = ("start", "end", "correlation_id", "cbid", "process_id", "thread_id")
+
+
+def _import_cupti() -> Any | None:
+    try:
+        from cupti import cupti  # type: ignore[import-not-found]
+    except Exception:  # ImportError, or a broken CUDA install raising at import
+        return None
+    return cupti
+
+
+def _enum(cupti: Any, *names: str) -> Any | None:
+    for n in names:
+        e = getattr(cupti, n, None)
+        if e is not None:
+            return e
+    return None
+
+
+def api_cbids(cupti: Any) -> tuple[dict[int, str], dict[int, str]]:
+    """(runtime, driver) callback ids worth recording → display names (version suffix cut)."""
+    out: list[dict[int, str]] = []
+    for names in (
+        ("runtime_api_trace_cbid", "Runtime_api_trace_cbid", "RuntimeApiTraceCbid"),
+        ("driver_api_trace_cbid", "Driver_api_trace_cbid", "DriverApiTraceCbid"),
+    ):
+        enum = _enum(cupti, *names)
+        table: dict[int, str] = {}
+        if enum is not None:
+            for member in enum:
+                if API_NAME_RE.search(member.name):
+                    table[int(member)] = re.sub(r"_v\d+$", "", member.name)
+        out.append(table)
+    return out[0], out[1]
+
+
+class CuptiTracer:
+    """Collects activity records between :meth:`start` and :meth:`stop` (one detail window)."""
+
+    def __init__(
+        self,
+        *,
+        buffer_bytes: int = 8 << 20,
+        max_records: int = 2_000_000,
+        driver_api: bool = True,
+        cupti_module: Any = None,
+    ) -> None:
+        """``cupti_module`` replaces ``cupti.cupti`` (tests drive the path with a stand-in)."""
+        self.buffer_bytes = int(buffer_bytes)
+        self.max_records = int(max_records)
+        self.driver_api = driver_api
+        self._cupti: Any = cupti_module
+        self._registered = False
+        self._active = False
+        self._lock = threading.Lock()
+        self._rows: dict[str, list[tuple]] = {}
+        self._count = 0
+        self._dropped = 0
+        self._kinds: list[Any] = []
+        self.offset_ns = 0
+        self.runtime_names: dict[int, str] = {}
+        self.driver_names: dict[int, str] = {}
+        self._filter_api = False
+        self._getters: dict[int, tuple[str, Any]] = {}
+
+    # --- setup ---------------------------------------------------------------------------------
+    def available(self) -> tuple[bool, str]:
+        cupti = self._cupti or _import_cupti()
+        if cupti is None:
+            return False, "cupti-python is not installed (pip install 'stepscope[gpu]')"
+        return True, ""
+
+    def start(self) -> bool:
+        """Enable collection; False (one log line, no exception) when CUPTI is unusable."""
+        if self._active:
+            return True
+        cupti = self._cupti or _import_cupti()
+        if cupti is None:
+            log.info("stepscope: cupti-python not installed; GPU activity tracing off")
+            return False
+        try:
+            if not self._registered:
+                self._setup(cupti)
+            self._rows = {k: [] for k in ("kernel", "memcpy", "memset", "sync", "rt", "drv")}
+            self._count = self._dropped = 0
+            for kind in self._kinds:
+                cupti.activity_enable(kind)
+            self._enable_api_filter(cupti)
+        except Exception as exc:  # no GPU, no driver, CUPTI in use by another tool, ...
+            log.info("stepscope: CUPTI unavailable (%s); GPU activity tracing off", exc)
+            self._disable_all(cupti)
+            return False
+        self._active = True
+        return True
+
+    def _setup(self, cupti: Any) -> None:
+        self._cupti = cupti
+        kinds = cupti.ActivityKind
+        self._kinds = [kinds.CONCURRENT_KERNEL, kinds.MEMCPY, kinds.MEMSET,
+                       kinds.SYNCHRONIZATION, kinds.RUNTIME]  # fmt: skip
+        if self.driver_api:
+            self._kinds.append(kinds.DRIVER)
+        self._getters = {
+            int(kinds.CONCURRENT_KERNEL): ("kernel", attrgetter(*_KERNEL_ATTRS)),
+            int(kinds.MEMCPY): ("memcpy", attrgetter(*_MEMCPY_ATTRS)),
+            int(kinds.MEMSET): ("memset", attrgetter(*_MEMSET_ATTRS)),
+            int(kinds.SYNCHRONIZATION): ("sync", attrgetter(*_SYNC_ATTRS)),
+            int(kinds.RUNTIME): ("rt", attrgetter(*_API_ATTRS)),
+            int(kinds.DRIVER): ("drv", attrgetter(*_API_ATTRS)),
+        }
+        thread_type = _enum(cupti, "ActivityThreadIdType")
+        setter = getattr(cupti, "activity_set_thread_id_type", None)
+        if thread_type is not None and setter is not None:
+            try:  # gettid() values, as threading.get_native_id() gives
+                setter(thread_type.SYSTEM)
+            except Exception:
+                pass
+        self.runtime_names, self.driver_names = api_cbids(cupti)
+        cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+        self._registered = True
+        try:
+            self.offset_ns = calibrate(cupti.get_timestamp)
+        except Exception:
+            self.offset_ns = 0
+
+    def _enable_api_filter(self, cupti: Any) -> None:
+        """Record only the launch/copy/set/wait callbacks where CUPTI lets us choose."""
+        rt = getattr(cupti, "activity_enable_runtime_api", None)
+        drv = getattr(cupti, "activity_enable_driver_api", None)
+        if rt is None or not self.runtime_names or (self.driver_api and drv is None):
+            self._filter_api = True  # collect all, drop on decode
+            return
+        try:
+            for cbid in self.runtime_names:
+                rt(cbid, 1)
+            if self.driver_api:
+                for cbid in self.driver_names:
+                    drv(cbid, 1)
+            self._filter_api = False
+        except Exception:
+            self._filter_api = True
+
+    def _disable_all(self, cupti: Any) -> None:
+        for kind in self._kinds:
+            try:
+                cupti.activity_disable(kind)
+            except Exception:
+                pass
+
+    # --- CUPTI callbacks (CUPTI's thread, or the thread calling flush) -------------------------
+    def _buffer_requested(self) -> tuple[int, int]:
+        return self.buffer_bytes, 0
+
+    def _buffer_completed(self, activities: list) -> None:
+        n = len(activities)
+        with self._lock:
+            if not self._active or self._count + n > self.max_records:
+                self._dropped += n
+                return
+            self._count += n
+            rows, getters = self._rows, self._getters
+            for a in activities:
+                g = getters.get(a.kind)
+                if g is not None:
+                    rows[g[0]].append(g[1](a))
+
+    # --- window end ----------------------------------------------------------------------------
+    def stop(self) -> ActivityBatch:
+        """Flush, disable and decode everything of this window into one batch."""
+        cupti = self._cupti
+        if not self._active or cupti is None:
+            return ActivityBatch()
+        try:
+            cupti.activity_flush_all(1)
+        except Exception as exc:
+            log.warning("stepscope: CUPTI flush failed (%s)", exc)
+        self._disable_all(cupti)
+        with self._lock:
+            self._active = False
+            rows, self._rows = self._rows, {}
+            dropped = self._dropped
+        try:
+            dropped += int(cupti.activity_get_num_dropped_records(0, 0))
+        except Exception:
+            pass
+        return self.decode(rows, dropped)
+
+    def decode(self, rows: dict[str, list[tuple]], dropped: int = 0) -> ActivityBatch:
+        """Per-kind row tuples (attribute order as above) → columnar batch, in bulk."""
+        b = ActivityBatch(dropped=dropped)
+        kernels = rows.get("kernel", [])
+        if kernels:
+            names: dict[str, int] = {}
+            name_ids = [names.setdefault(r[-1], len(names)) for r in kernels]
+            b.kernels = _to_table([r[:-1] + (i,) for r, i in zip(kernels, name_ids, strict=True)],
+                                  KERNEL_DTYPE)  # fmt: skip
+            b.names = list(names)
+        b.memcpys = _to_table(rows.get("memcpy", []), MEMCPY_DTYPE)
+        b.memsets = _to_table(rows.get("memset", []), MEMSET_DTYPE)
+        b.syncs = _to_table(rows.get("sync", []), SYNC_DTYPE)
+        b.runtime = _to_table(rows.get("rt", []), API_DTYPE)
+        b.driver = _to_table(rows.get("drv", []), API_DTYPE)
+        if self._filter_api:
+            if self.runtime_names:
+                b.runtime = b.runtime[np.isin(b.runtime["cbid"], list(self.runtime_names))]
+            if self.driver_names:
+                b.driver = b.driver[np.isin(b.driver["cbid"], list(self.driver_names))]
+        return b
+
+    def api_names(self) -> dict[tuple[bool, int], str]:
+        """Names for the converter's API slices: {(is_driver, cbid): name}."""
+        out = {(False, k): v for k, v in self.runtime_names.items()}
+        out.update({(True, k): v for k, v in self.driver_names.items()})
+        return out
+
+
+def _to_table(rows: list[tuple], dtype: np.dtype) -> np.ndarray:
+    """Rows of ints (CUPTI's unsigned invalid ids included) → structured array."""
+    if not rows:
+        return np.empty(0, dtype=dtype)
+    wide = np.array(rows, dtype=np.int64)
+    out = np.empty(len(rows), dtype=dtype)
+    for i, name in enumerate(dtype.names):
+        col = wide[:, i]
+        if dtype[name] == np.dtype("i4"):
+            col = np.where(col == 0xFFFFFFFF, -1, col)
+        out[name] = col.astype(dtype[name], copy=False)
+    return out
+
+
+def device_limits_from_cupy(device: int = 0) -> DeviceLimits | None:
+    """The device's limits from CuPy's ``getDeviceProperties`` when CuPy is imported."""
+    import sys
+
+    cp = sys.modules.get("cupy")
+    if cp is None:
+        return None
+    try:
+        return DeviceLimits.from_attributes(cp.cuda.runtime.getDeviceProperties(device))
+    except Exception:
+        return None

@@ -1,0 +1,186 @@
+"""GPU-side ranges timed with CUDA events through CuPy (no CUPTI needed), and ``sync_gpu``.
+
+When CuPy is in use, a range can also be timed on the GPU: a CUDA event is recorded on the
+current stream at range begin and at range end. Nothing waits: :meth:`CupyEventTimer.poll`
+(called at flush time) emits the ranges whose end event has completed and keeps the others.
+
+GPU times are placed on the host clock through an *anchor*: an event recorded and synchronized
+once, with ``perf_counter_ns()`` read right after; a range's start is
+``anchor_host + elapsed(anchor, begin event)``. ``cudaEventElapsedTime`` has ~0.5 µs resolution and
+float precision, so the anchor is renewed every ``reanchor_s`` seconds (one short synchronize).
+
+``sync_gpu=True`` (CNTK's ``profilerSyncGpu``) is the blunt alternative: synchronize the current
+stream at range end so that the CPU range includes the GPU work it launched. Cost: it serialises
+CPU and GPU at every range end, removing the overlap a training loop relies on; use it for
+attribution runs, not for measuring throughput.
+
+The slices go on a track ``CUDA events (stream <ptr>)`` under ``GPU <id> (<name>)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _schema
+
+log = logging.getLogger("stepscope.gpu")
+
+
+def cupy_module() -> Any | None:
+    """CuPy if the program already imported it (we never import it ourselves)."""
+    return sys.modules.get("cupy")
+
+
+def sync_current_stream() -> None:
+    """``sync_gpu``: wait for the current CuPy stream; no-op without CuPy."""
+    cp = cupy_module()
+    if cp is not None:
+        try:
+            cp.cuda.get_current_stream().synchronize()
+        except Exception as exc:  # never break the program
+            log.debug("stepscope: sync_gpu failed: %s", exc)
+
+
+@dataclass
+class _Pending:
+    name: str
+    begin: Any
+    end: Any
+    stream: int
+    device: int
+    anchor: tuple[Any, int]
+
+
+class CupyEventTimer:
+    """Times ranges with CUDA events on the current CuPy stream (see the module docstring)."""
+
+    def __init__(
+        self, sess: Any, *, reanchor_s: float = 10.0, category: str = _schema.CAT_GPU_RANGE,
+        max_pending: int = 100_000,
+    ) -> None:  # fmt: skip
+        self.sess = sess
+        self.category = category
+        self.reanchor_s = reanchor_s
+        self.max_pending = max_pending
+        self.dropped = 0
+        self._cp = cupy_module()
+        self._stack: list[tuple[str, Any, int, int]] = []
+        self._pending: list[_Pending] = []
+        self._anchor: tuple[Any, int] | None = None
+        self._anchor_wall = 0.0
+        self._tracks: dict[tuple[int, int], int] = {}
+        self._gpu_tracks: dict[int, int] = {}
+        self._em = sess.emitter(clock="monotonic", level=_schema.LEVEL_DETAIL)
+
+    @property
+    def available(self) -> bool:
+        return self._cp is not None
+
+    def _get_anchor(self) -> tuple[Any, int]:
+        now = time.monotonic()
+        if self._anchor is None or now - self._anchor_wall > self.reanchor_s:
+            ev = self._cp.cuda.Event()
+            ev.record()
+            ev.synchronize()
+            self._anchor = (ev, time.perf_counter_ns())
+            self._anchor_wall = now
+        return self._anchor
+
+    def push(self, name: str) -> None:
+        """Record the begin event of a range on the current stream."""
+        if self._cp is None:
+            return
+        try:
+            cp = self._cp
+            stream = cp.cuda.get_current_stream()
+            ev = cp.cuda.Event()
+            ev.record(stream)
+            self._stack.append((name, ev, int(stream.ptr), int(cp.cuda.Device().id)))
+        except Exception as exc:
+            log.debug("stepscope: CUDA event begin failed: %s", exc)
+
+    def pop(self) -> None:
+        """Record the end event of the innermost range; resolved later by :meth:`poll`."""
+        if self._cp is None or not self._stack:
+            return
+        name, begin, stream_ptr, device = self._stack.pop()
+        try:
+            cp = self._cp
+            ev = cp.cuda.Event()
+            ev.record(cp.cuda.get_current_stream())
+            if len(self._pending) >= self.max_pending:
+                self.dropped += 1
+                return
+            self._pending.append(_Pending(name, begin, ev, stream_ptr, device, self._get_anchor()))
+        except Exception as exc:
+            log.debug("stepscope: CUDA event end failed: %s", exc)
+
+    def poll(self) -> int:
+        """Emit the ranges whose end event completed; return how many were emitted."""
+        if self._cp is None or not self._pending:
+            return 0
+        get_elapsed = self._cp.cuda.get_elapsed_time
+        keep, n = [], 0
+        for p in self._pending:
+            try:
+                if not p.end.done:
+                    keep.append(p)
+                    continue
+                anchor_ev, anchor_ns = p.anchor
+                t0 = anchor_ns + int(get_elapsed(anchor_ev, p.begin) * 1e6)
+                t1 = anchor_ns + int(get_elapsed(anchor_ev, p.end) * 1e6)
+            except Exception:
+                self.dropped += 1
+                continue
+            self._em.complete(
+                t0, max(t1 - t0, 0), p.name, self._track(p.device, p.stream), self.category
+            )
+            n += 1
+        self._pending = keep
+        return n
+
+    def _track(self, device: int, stream: int) -> int:
+        key = (device, stream)
+        t = self._tracks.get(key)
+        if t is None:
+            g = self._gpu_tracks.get(device)
+            if g is None:
+                name = f"GPU {device}"
+                try:
+                    props = self._cp.cuda.runtime.getDeviceProperties(device)
+                    raw = props.get("name", b"")
+                    name = _schema.GPU_TRACK_NAME.format(
+                        device=device, name=raw.decode() if isinstance(raw, bytes) else raw
+                    )
+                except Exception:
+                    pass
+                g = self._gpu_tracks[device] = self.sess.new_track(
+                    name, parent=self.sess.process_uuid
+                )
+            t = self._tracks[key] = self.sess.new_track(
+                f"{_schema.GPU_RANGE_TRACK_NAME} (stream {stream:#x})", parent=g
+            )
+        return t
+
+
+def memory_pool_counters(device: int = 0) -> list[tuple[str, str, int]]:
+    """CuPy's default memory pool used/total bytes as (counter name, unit, value); [] without CuPy.
+
+    Written by whichever sampler runs (e.g. with :class:`stepscope.gpu.nvml.CounterWriter`).
+    """
+    cp = cupy_module()
+    if cp is None:
+        return []
+    try:
+        pool = cp.get_default_memory_pool()
+        prefix = f"{_schema.COUNTER_CUPY_PREFIX}gpu{device}.pool."
+        return [
+            (prefix + "used", "bytes", int(pool.used_bytes())),
+            (prefix + "total", "bytes", int(pool.total_bytes())),
+        ]
+    except Exception:
+        return []

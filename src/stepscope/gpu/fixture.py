@@ -1,0 +1,155 @@
+"""Adapter from the recorded CUPTI fixture (JSON records) to the live path's columnar model.
+
+The fixture (``tests/data/cupti_mlp_fixture.json.gz``) holds real CUPTI activity records from a
+CuPy MLP on an H100, with the field names of cupti-python's activity objects. Turning them into an
+:class:`~stepscope.gpu.records.ActivityBatch` lets tests and benchmarks feed the very conversion
+code the live path uses, on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .occupancy import DeviceLimits
+from .records import (
+    API_DTYPE,
+    INVALID_ID,
+    KERNEL_DTYPE,
+    MEMCPY_DTYPE,
+    MEMSET_DTYPE,
+    SYNC_DTYPE,
+    ActivityBatch,
+)
+
+# dtype field -> record key, per kind (same names as cupti-python's activity attributes)
+_KERNEL_FIELDS = {
+    "start": "start", "end": "end", "device": "device_id", "context": "context_id",
+    "stream": "stream_id", "correlation": "correlation_id", "grid_x": "grid_x",
+    "grid_y": "grid_y", "grid_z": "grid_z", "block_x": "block_x", "block_y": "block_y",
+    "block_z": "block_z", "registers": "registers_per_thread",
+    "static_smem": "static_shared_memory", "dynamic_smem": "dynamic_shared_memory",
+    "graph_id": "graph_id",
+}  # fmt: skip
+_MEMCPY_FIELDS = {
+    "start": "start", "end": "end", "device": "device_id", "context": "context_id",
+    "stream": "stream_id", "correlation": "correlation_id", "bytes": "bytes",
+    "copy_kind": "copy_kind", "src_kind": "src_kind", "dst_kind": "dst_kind",
+    "graph_id": "graph_id",
+}  # fmt: skip
+_MEMSET_FIELDS = {
+    "start": "start", "end": "end", "device": "device_id", "context": "context_id",
+    "stream": "stream_id", "correlation": "correlation_id", "bytes": "bytes", "value": "value",
+    "graph_id": "graph_id",
+}  # fmt: skip
+_SYNC_FIELDS = {
+    "start": "start", "end": "end", "context": "context_id", "stream": "stream_id",
+    "correlation": "correlation_id", "type": "type", "event": "cuda_event_id",
+}  # fmt: skip
+_API_FIELDS = {
+    "start": "start", "end": "end", "correlation": "correlation_id", "cbid": "cbid",
+    "process": "process_id", "thread": "thread_id",
+}  # fmt: skip
+
+KIND_KERNEL = "CONCURRENT_KERNEL"
+KIND_MEMCPY = "MEMCPY"
+KIND_MEMSET = "MEMSET"
+KIND_SYNC = "SYNCHRONIZATION"
+KIND_RUNTIME = "RUNTIME"
+KIND_DRIVER = "DRIVER"
+
+
+def _table(records: list[Mapping[str, Any]], dtype: np.dtype, fields: dict[str, str]) -> np.ndarray:
+    out = np.zeros(len(records), dtype=dtype)
+    for col, key in fields.items():
+        default = INVALID_ID if col in ("device", "context", "stream") else 0
+        vals = [r.get(key, default) for r in records]
+        if dtype[col] == np.dtype("i4"):
+            vals = [v if v != INVALID_ID else -1 for v in vals]  # ids that do not fit
+        out[col] = vals
+    return out
+
+
+def batch_from_records(
+    records: Iterable[Mapping[str, Any]], *, api: str = "correlated"
+) -> ActivityBatch:
+    """Columnar batch from dict records (``kind`` + cupti-python attribute names).
+
+    ``api`` selects the runtime/driver API records kept: ``"correlated"`` (default) keeps the calls
+    that launched, copied, set or waited for device work (their correlation id appears on a device
+    or synchronization record), as the live path records only those callbacks; ``"all"`` keeps all.
+    """
+    if api not in ("correlated", "all"):
+        raise ValueError(f"api must be 'correlated' or 'all', not {api!r}")
+    by_kind: dict[str, list[Mapping[str, Any]]] = {}
+    for r in records:
+        try:
+            by_kind.setdefault(r["kind"], []).append(r)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"activity record without a 'kind': {r!r}") from exc
+    b = ActivityBatch()
+    kernels = by_kind.get(KIND_KERNEL, [])
+    names: dict[str, int] = {}
+    b.kernels = _table(kernels, KERNEL_DTYPE, _KERNEL_FIELDS)
+    b.kernels["name"] = [names.setdefault(str(r.get("name", "?")), len(names)) for r in kernels]
+    b.names = list(names)
+    b.memcpys = _table(by_kind.get(KIND_MEMCPY, []), MEMCPY_DTYPE, _MEMCPY_FIELDS)
+    b.memsets = _table(by_kind.get(KIND_MEMSET, []), MEMSET_DTYPE, _MEMSET_FIELDS)
+    b.syncs = _table(by_kind.get(KIND_SYNC, []), SYNC_DTYPE, _SYNC_FIELDS)
+    b.runtime = _table(by_kind.get(KIND_RUNTIME, []), API_DTYPE, _API_FIELDS)
+    b.driver = _table(by_kind.get(KIND_DRIVER, []), API_DTYPE, _API_FIELDS)
+    if api == "correlated":
+        device_corr = np.concatenate(
+            [b.kernels["correlation"], b.memcpys["correlation"], b.memsets["correlation"],
+             b.syncs["correlation"]]
+        )  # fmt: skip
+        b.runtime = b.runtime[np.isin(b.runtime["correlation"], device_corr)]
+        b.driver = b.driver[np.isin(b.driver["correlation"], device_corr)]
+    return b
+
+
+@dataclass
+class Fixture:
+    """Everything the recorded fixture holds, in the shapes the GPU code consumes."""
+
+    batch: ActivityBatch
+    device: DeviceLimits
+    device_attributes: dict[str, Any]
+    clock_pairs: list[dict[str, int]]
+    host_ranges: list[dict[str, Any]] = field(default_factory=list)
+    nvml_samples: list[dict[str, Any]] = field(default_factory=list)
+    gpm_samples: list[dict[str, Any]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def load_fixture(path: str | os.PathLike[str], *, api: str = "correlated") -> Fixture:
+    """Read the gzip'd JSON fixture; a clear ``ValueError`` if it is not one."""
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a gzip'd JSON CUPTI fixture ({exc})") from exc
+    missing = [k for k in ("cupti_records", "device", "clock_pairs") if k not in data]
+    if missing:
+        raise ValueError(f"{path}: fixture lacks {', '.join(missing)}")
+    attrs = dict(data["device"])
+    return Fixture(
+        batch=batch_from_records(data["cupti_records"], api=api),
+        device=DeviceLimits.from_attributes(attrs),
+        device_attributes=attrs,
+        clock_pairs=list(data["clock_pairs"]),
+        host_ranges=list(data.get("host_ranges", [])),
+        nvml_samples=list(data.get("nvml_samples", [])),
+        gpm_samples=list(data.get("gpm_samples", [])),
+        meta={
+            k: v
+            for k, v in data.items()
+            if k not in ("cupti_records", "host_ranges", "nvml_samples", "gpm_samples")
+        },
+    )

@@ -1,0 +1,230 @@
+"""NVML sampler: utilization.gpu, memory used, power, SM clock, and GPM metrics on Hopper+.
+
+The counters sit on tracks beside the CUPTI-based estimates so users can compare the driver's
+coarse ``utilization.gpu`` (fraction of time *any* kernel ran, over NVML's own sample period) and
+the hardware GPM SM utilization / occupancy with the estimates computed from kernel records.
+
+A background thread samples every ``interval_s`` and writes counters through a
+``clock="monotonic"`` emitter at summary level (they cover the whole run). ``nvidia-ml-py``
+(``import pynvml``) is optional: without it, or without a GPU, :meth:`NvmlSampler.start` logs one
+line and returns False.
+
+GPM (``nvmlGpmMetricsGet``) needs two samples; each metric is the average over the interval
+between them, stamped at the interval's end. Values are percentages (0..100) as NVML gives them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .. import _schema
+
+log = logging.getLogger("stepscope.gpu")
+
+# NVML sample field -> (counter name, unit, scale)
+NVML_FIELDS: dict[str, tuple[str, str, float]] = {
+    "gpu_util": (_schema.COUNTER_NVML_UTILIZATION, "%", 1.0),
+    "mem_used": (_schema.COUNTER_NVML_MEMORY_USED, "bytes", 1.0),
+    "power_mw": (_schema.COUNTER_NVML_POWER, "W", 1e-3),
+    "sm_clock_mhz": (_schema.COUNTER_NVML_SM_CLOCK, "MHz", 1.0),
+}
+# GPM metric name (pynvml NVML_GPM_METRIC_<name>, fallback id) -> counter name
+GPM_METRICS: dict[str, tuple[int, str]] = {
+    "SM_UTIL": (2, _schema.COUNTER_GPM_SM_UTIL),
+    "SM_OCCUPANCY": (3, _schema.COUNTER_GPM_SM_OCCUPANCY),
+    "ANY_TENSOR_UTIL": (5, _schema.COUNTER_GPM_TENSOR_UTIL),
+    "DRAM_BW_UTIL": (10, _schema.COUNTER_GPM_DRAM_BW_UTIL),
+}
+
+
+def sample_counters(sample: Mapping[str, Any], device: int) -> list[tuple[str, str, float]]:
+    """(counter name, unit, value) for one NVML sample dict; missing/NaN fields are left out."""
+    out = []
+    for key, (name, unit, scale) in NVML_FIELDS.items():
+        v = sample.get(key)
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            continue
+        out.append((name.format(device=device), unit, float(v) * scale if scale != 1.0 else v))
+    return out
+
+
+def gpm_counters(sample: Mapping[str, Any], device: int) -> list[tuple[str, str, float]]:
+    """(counter name, "%", value) for one GPM sample dict (keys as in :data:`GPM_METRICS`)."""
+    out = []
+    for key, (_, name) in GPM_METRICS.items():
+        v = sample.get(key)
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            continue
+        out.append((name.format(device=device), "%", float(v)))
+    return out
+
+
+class CounterWriter:
+    """Writes named counters through one emitter, making each counter track once."""
+
+    def __init__(self, sess: Any, *, clock: str = "monotonic", level: int | None = None) -> None:
+        self.sess = sess
+        lvl = _schema.LEVEL_SUMMARY if level is None else level
+        self.em = sess.emitter(clock=clock, level=lvl)
+        self.tracks: dict[str, int] = {}
+
+    def write(self, ts: int, values: Iterable[tuple[str, str, float]]) -> int:
+        n = 0
+        for name, unit, value in values:
+            t = self.tracks.get(name)
+            if t is None:
+                t = self.tracks[name] = self.sess.new_counter_track(name, unit=unit)
+            self.em.counter(ts, t, value)
+            n += 1
+        return n
+
+
+def replay_samples(
+    sess: Any,
+    nvml_samples: Iterable[Mapping[str, Any]],
+    gpm_samples: Iterable[Mapping[str, Any]] = (),
+    *,
+    device: int = 0,
+    ts_key: str = "perf_counter_ns",
+    offset_ns: int = 0,
+) -> int:
+    """Write recorded samples (the fixture's) as counters; returns the number of values."""
+    w = CounterWriter(sess)
+    n = 0
+    for s in nvml_samples:
+        n += w.write(int(s[ts_key]) + offset_ns, sample_counters(s, device))
+    for s in gpm_samples:
+        n += w.write(int(s[ts_key]) + offset_ns, gpm_counters(s, device))
+    return n
+
+
+class NvmlSampler:
+    """Background NVML/GPM sampler for the given NVML device indices (default: all)."""
+
+    def __init__(
+        self, sess: Any, devices: list[int] | None = None, *, interval_s: float = 0.1,
+        gpm: bool = True,
+    ) -> None:  # fmt: skip
+        if interval_s <= 0:
+            raise ValueError("interval_s must be positive")
+        self.sess = sess
+        self.devices = devices
+        self.interval_s = interval_s
+        self.gpm = gpm
+        self._nvml: Any = None
+        self._handles: list[tuple[int, Any]] = []
+        self._gpm_ok: dict[int, bool] = {}
+        self._prev: dict[int, Any] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.samples = 0
+        self.errors = 0
+
+    def start(self) -> bool:
+        """Start sampling; False (and one log line) when NVML or a GPU is not there."""
+        try:
+            import pynvml  # type: ignore[import-not-found]
+        except ImportError:
+            log.info("stepscope: nvidia-ml-py not installed; NVML counters off")
+            return False
+        try:
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+            idx = list(range(count)) if self.devices is None else list(self.devices)
+            self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in idx]
+        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            log.info("stepscope: NVML unavailable (%s); NVML counters off", exc)
+            return False
+        if not self._handles:
+            log.info("stepscope: no NVIDIA GPU found; NVML counters off")
+            return False
+        self._nvml = pynvml
+        if self.gpm:
+            for i, h in self._handles:
+                self._gpm_ok[i] = self._gpm_supported(h)
+        self._writer = CounterWriter(self.sess)
+        self._thread = threading.Thread(target=self._run, name="stepscope-nvml", daemon=True)
+        self._thread.start()
+        return True
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self._nvml is not None:
+            for s in self._prev.values():
+                try:
+                    self._nvml.nvmlGpmSampleFree(s)
+                except Exception:
+                    pass
+            self._prev.clear()
+
+    def _gpm_supported(self, handle: Any) -> bool:
+        nv = self._nvml
+        try:
+            return bool(nv.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+        except Exception:
+            return False
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                self.sample_once()
+            except Exception as exc:  # never let a sampler error reach the program
+                self.errors += 1
+                if self.errors == 1:
+                    log.warning("stepscope: NVML sampling failed (%s)", exc)
+            self._stop.wait(max(0.0, self.interval_s - (time.perf_counter() - t0)))
+
+    def sample_once(self) -> None:
+        nv = self._nvml
+        for i, h in self._handles:
+            ts = time.perf_counter_ns()
+            sample: dict[str, Any] = {}
+            for key, fn in (
+                ("gpu_util", lambda h=h: nv.nvmlDeviceGetUtilizationRates(h).gpu),
+                ("mem_used", lambda h=h: nv.nvmlDeviceGetMemoryInfo(h).used),
+                ("power_mw", lambda h=h: nv.nvmlDeviceGetPowerUsage(h)),
+                ("sm_clock_mhz", lambda h=h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+            ):
+                try:
+                    sample[key] = fn()
+                except Exception:
+                    pass
+            self._writer.write(ts, sample_counters(sample, i))
+            if self._gpm_ok.get(i):
+                self._writer.write(ts, gpm_counters(self._gpm_sample(i, h), i))
+            self.samples += 1
+
+    def _gpm_sample(self, i: int, handle: Any) -> dict[str, float]:
+        nv = self._nvml
+        cur = nv.nvmlGpmSampleAlloc()
+        nv.nvmlGpmSampleGet(handle, cur)
+        prev = self._prev.get(i)
+        self._prev[i] = cur
+        if prev is None:
+            return {}
+        try:
+            mg = nv.c_nvmlGpmMetricsGet_t()
+            mg.version = nv.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = len(GPM_METRICS)
+            mg.sample1 = prev
+            mg.sample2 = cur
+            names = list(GPM_METRICS)
+            for j, key in enumerate(names):
+                mg.metrics[j].metricId = getattr(nv, f"NVML_GPM_METRIC_{key}", GPM_METRICS[key][0])
+            nv.nvmlGpmMetricsGet(mg)
+            return {key: float(mg.metrics[j].value) for j, key in enumerate(names)}
+        except Exception:
+            self._gpm_ok[i] = False
+            log.info("stepscope: GPM metrics unavailable on GPU %d; GPM counters off", i)
+            return {}
+        finally:
+            nv.nvmlGpmSampleFree(prev)

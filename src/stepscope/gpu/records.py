@@ -1,0 +1,170 @@
+"""Columnar model of CUPTI activity records, and their classification.
+
+Both producers fill the same structures: the live CUPTI path (:mod:`.cupti_live`) and the fixture
+adapter (:mod:`.fixture`). One numpy structured array per record kind keeps a buffer's worth of
+records in a few contiguous blocks, so the converter works on columns instead of Python objects.
+Kernel names are interned: ``name`` holds an index into :attr:`ActivityBatch.names`.
+
+Classification (for the summaries, HTA's classes): a kernel whose name contains ``nccl`` (any case)
+is *communication*; memcpy/memset are *memory*; every other kernel is *compute*.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import _schema
+
+KERNEL_DTYPE = np.dtype(
+    [
+        ("start", "i8"), ("end", "i8"), ("device", "i4"), ("context", "i4"), ("stream", "i8"),
+        ("correlation", "i8"), ("grid_x", "i4"), ("grid_y", "i4"), ("grid_z", "i4"),
+        ("block_x", "i4"), ("block_y", "i4"), ("block_z", "i4"), ("registers", "i4"),
+        ("static_smem", "i8"), ("dynamic_smem", "i8"), ("graph_id", "i8"), ("name", "i4"),
+    ]
+)  # fmt: skip
+MEMCPY_DTYPE = np.dtype(
+    [
+        ("start", "i8"), ("end", "i8"), ("device", "i4"), ("context", "i4"), ("stream", "i8"),
+        ("correlation", "i8"), ("bytes", "i8"), ("copy_kind", "i4"), ("src_kind", "i4"),
+        ("dst_kind", "i4"), ("graph_id", "i8"),
+    ]
+)  # fmt: skip
+MEMSET_DTYPE = np.dtype(
+    [
+        ("start", "i8"), ("end", "i8"), ("device", "i4"), ("context", "i4"), ("stream", "i8"),
+        ("correlation", "i8"), ("bytes", "i8"), ("value", "i8"), ("graph_id", "i8"),
+    ]
+)  # fmt: skip
+SYNC_DTYPE = np.dtype(
+    [
+        ("start", "i8"), ("end", "i8"), ("context", "i4"), ("stream", "i8"),
+        ("correlation", "i8"), ("type", "i4"), ("event", "i8"),
+    ]
+)  # fmt: skip
+API_DTYPE = np.dtype(
+    [
+        ("start", "i8"), ("end", "i8"), ("correlation", "i8"), ("cbid", "i4"),
+        ("process", "i8"), ("thread", "i8"),
+    ]
+)  # fmt: skip
+
+INVALID_ID = 0xFFFFFFFF  # CUPTI's invalid stream/context/device id
+
+# CUpti_ActivityMemcpyKind
+COPY_KIND_NAMES = {
+    0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
+    8: "DtoD", 9: "HtoH", 10: "PtoP",
+}  # fmt: skip
+# CUpti_ActivitySynchronizationType
+SYNC_TYPE_NAMES = {
+    0: "Unknown", 1: "Event synchronize", 2: "Stream wait event", 3: "Stream synchronize",
+    4: "Context synchronize",
+}  # fmt: skip
+
+# Names of the CUPTI callback ids that launch device work or wait for it, for the API slices
+# (cupti_runtime_cbid.h / cupti_driver_cbid.h). The live path names every id through cupti-python's
+# enums; ids missing here are written as "cudaRuntime#<cbid>" / "cuDriver#<cbid>".
+RUNTIME_CBID_NAMES = {
+    31: "cudaMemcpy", 41: "cudaMemcpyAsync", 51: "cudaMemsetAsync", 131: "cudaStreamSynchronize",
+    135: "cudaEventRecord", 165: "cudaDeviceSynchronize", 211: "cudaLaunchKernel",
+    430: "cudaLaunchKernelExC",
+}  # fmt: skip
+DRIVER_CBID_NAMES = {307: "cuLaunchKernel"}
+
+
+def api_name(cbid: int, *, driver: bool, names: dict[int, str] | None = None) -> str:
+    """Display name of a runtime (or driver) API call from its CUPTI callback id."""
+    if names and cbid in names:
+        return names[cbid]
+    table = DRIVER_CBID_NAMES if driver else RUNTIME_CBID_NAMES
+    return table.get(cbid) or (f"cuDriver#{cbid}" if driver else f"cudaRuntime#{cbid}")
+
+
+KERNEL_CLASS_COMPUTE = "compute"
+KERNEL_CLASS_COMMUNICATION = "communication"
+KERNEL_CLASS_MEMORY = "memory"
+_COMM_RE = re.compile(r"nccl", re.IGNORECASE)
+
+
+def kernel_class(name: str) -> str:
+    """``communication`` for NCCL collective kernels, else ``compute``."""
+    return KERNEL_CLASS_COMMUNICATION if _COMM_RE.search(name) else KERNEL_CLASS_COMPUTE
+
+
+def kernel_category(name: str) -> str:
+    """The slice category written for a kernel of this name."""
+    return _schema.CAT_COMMUNICATION if _COMM_RE.search(name) else _schema.CAT_KERNEL
+
+
+@dataclass
+class ActivityBatch:
+    """Records of one flush (a detail window), one structured array per kind."""
+
+    kernels: np.ndarray = field(default_factory=lambda: np.empty(0, KERNEL_DTYPE))
+    memcpys: np.ndarray = field(default_factory=lambda: np.empty(0, MEMCPY_DTYPE))
+    memsets: np.ndarray = field(default_factory=lambda: np.empty(0, MEMSET_DTYPE))
+    syncs: np.ndarray = field(default_factory=lambda: np.empty(0, SYNC_DTYPE))
+    runtime: np.ndarray = field(default_factory=lambda: np.empty(0, API_DTYPE))
+    driver: np.ndarray = field(default_factory=lambda: np.empty(0, API_DTYPE))
+    names: list[str] = field(default_factory=list)
+    dropped: int = 0  # records CUPTI or our bounded buffers dropped
+
+    def __len__(self) -> int:
+        return sum(
+            a.size
+            for a in (
+                self.kernels,
+                self.memcpys,
+                self.memsets,
+                self.syncs,
+                self.runtime,
+                self.driver,
+            )
+        )
+
+    def kernel_names(self) -> np.ndarray:
+        """Kernel names as an object array aligned with :attr:`kernels`."""
+        table = np.asarray(self.names, dtype=object)
+        return table[self.kernels["name"]] if self.kernels.size else np.empty(0, dtype=object)
+
+    def kernel_is_communication(self) -> np.ndarray:
+        """Boolean per kernel: NCCL collective (classified once per distinct name)."""
+        per_name = np.fromiter(
+            (bool(_COMM_RE.search(n)) for n in self.names), dtype=bool, count=len(self.names)
+        )
+        return per_name[self.kernels["name"]] if self.kernels.size else np.zeros(0, bool)
+
+    def time_range(self) -> tuple[int, int] | None:
+        """(min start, max end) over device activity and API calls, or None if empty."""
+        lo, hi = None, None
+        for a in (self.kernels, self.memcpys, self.memsets, self.syncs, self.runtime, self.driver):
+            if a.size:
+                s, e = int(a["start"].min()), int(a["end"].max())
+                lo = s if lo is None else min(lo, s)
+                hi = e if hi is None else max(hi, e)
+        return None if lo is None else (lo, hi)
+
+    @staticmethod
+    def concat(batches: list[ActivityBatch]) -> ActivityBatch:
+        """One batch from several, re-interning kernel names."""
+        out = ActivityBatch()
+        names: dict[str, int] = {}
+        kernels = []
+        for b in batches:
+            remap = np.array([names.setdefault(n, len(names)) for n in b.names], dtype=np.int32)
+            k = b.kernels.copy()
+            if k.size:
+                k["name"] = remap[k["name"]]
+            kernels.append(k)
+        out.names = list(names)
+        out.kernels = np.concatenate(kernels) if kernels else out.kernels
+        for attr in ("memcpys", "memsets", "syncs", "runtime", "driver"):
+            parts = [getattr(b, attr) for b in batches]
+            if parts:
+                setattr(out, attr, np.concatenate(parts))
+        out.dropped = sum(b.dropped for b in batches)
+        return out

@@ -1,0 +1,205 @@
+"""Host metrics sampled with psutil on a background thread, as counter tracks of the rank.
+
+Every ``interval_s`` the sampler reads cumulative counters and turns them into values over the
+interval since the previous sample (definitions beside the names in ``_schema``):
+
+* CPU user/system/idle/iowait %: deltas of ``psutil.cpu_times()`` over their total delta (all
+  cores), user includes nice, system includes irq and softirq.
+* process CPU %: delta of the process's user+system CPU time over wall time (100 = one core).
+* context switches/s: process (voluntary+involuntary) and system-wide, delta over wall time.
+* process RSS and system memory used: instantaneous, bytes.
+* disk read/write and network sent/received: byte-counter deltas over wall time, bytes/s (absent
+  where the platform has no counters, e.g. some containers).
+* sampler CPU %: the sampler thread's own CPU time (``time.thread_time_ns``) over wall time: its
+  cost, also totalled in :attr:`HostSampler.cost`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psutil
+
+from .. import _schema as S
+
+UNITS: dict[str, str] = {
+    S.HOST_CPU_USER: "%",
+    S.HOST_CPU_SYSTEM: "%",
+    S.HOST_CPU_IDLE: "%",
+    S.HOST_CPU_IOWAIT: "%",
+    S.HOST_PROCESS_CPU: "%",
+    S.HOST_PROCESS_CTX_SWITCHES: "1/s",
+    S.HOST_CTX_SWITCHES: "1/s",
+    S.HOST_PROCESS_RSS: "bytes",
+    S.HOST_MEMORY_USED: "bytes",
+    S.HOST_DISK_READ: "bytes/s",
+    S.HOST_DISK_WRITE: "bytes/s",
+    S.HOST_NET_SENT: "bytes/s",
+    S.HOST_NET_RECV: "bytes/s",
+    S.HOST_SAMPLER_CPU: "%",
+}
+
+Emit = Callable[[int, dict[str, float]], None]
+"""Receives (CLOCK_MONOTONIC ns, {counter name: value}) for each sample."""
+
+
+@dataclass
+class SamplerCost:
+    """The sampler's own cost: CPU time of its thread and wall time inside sampling."""
+
+    samples: int = 0
+    cpu_ns: int = 0
+    wall_ns: int = 0
+    elapsed_ns: int = 0  # wall time the sampler has been running
+
+    @property
+    def cpu_percent(self) -> float:
+        """Sampler CPU time as % of one core over the time it ran."""
+        return 100.0 * self.cpu_ns / self.elapsed_ns if self.elapsed_ns else 0.0
+
+    @property
+    def cpu_us_per_sample(self) -> float:
+        return self.cpu_ns / self.samples / 1e3 if self.samples else 0.0
+
+    def format(self) -> str:
+        return (
+            f"host sampler: {self.samples} samples, {self.cpu_us_per_sample:.0f} us CPU per "
+            f"sample, {self.cpu_percent:.3f}% of one core"
+        )
+
+
+def _io(fn: Callable[[], object]) -> object | None:
+    try:
+        return fn()
+    except Exception:  # counters missing in containers / permission errors
+        return None
+
+
+class HostSampler:
+    """Reads psutil counters; :meth:`sample` returns the values over the interval since the last."""
+
+    def __init__(self, emit: Emit | None = None, interval_s: float = 0.5,
+                 pid: int | None = None) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"host metrics: sample_interval_s must be > 0, got {interval_s!r}")
+        self.emit = emit
+        self.interval_s = float(interval_s)
+        self.proc = psutil.Process(pid)
+        self.cost = SamplerCost()
+        self._prev: dict[str, object] | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._started_ns = 0
+
+    def _read(self) -> dict[str, object]:
+        p = self.proc
+        with p.oneshot():
+            pcpu = p.cpu_times()
+            pctx = p.num_ctx_switches()
+            rss = p.memory_info().rss
+        return {
+            "t": time.monotonic_ns(),
+            "cpu": psutil.cpu_times(),
+            "pcpu": pcpu.user + pcpu.system,
+            "pctx": pctx.voluntary + pctx.involuntary,
+            "ctx": _io(lambda: psutil.cpu_stats().ctx_switches),
+            "rss": rss,
+            "mem": psutil.virtual_memory().used,
+            "disk": _io(lambda: psutil.disk_io_counters(perdisk=False)),
+            "net": _io(lambda: psutil.net_io_counters(pernic=False)),
+        }
+
+    def sample(self) -> tuple[int, dict[str, float]] | None:
+        """Take one reading; returns (ts, values) from the second call on, None on the first."""
+        cpu0 = time.thread_time_ns()
+        w0 = time.perf_counter_ns()
+        cur = self._read()
+        prev, self._prev = self._prev, cur
+        out = None
+        if prev is not None:
+            out = (cur["t"], self._values(prev, cur))  # type: ignore[index]
+        self.cost.samples += 1
+        self.cost.wall_ns += time.perf_counter_ns() - w0
+        self.cost.cpu_ns += time.thread_time_ns() - cpu0
+        return out
+
+    @staticmethod
+    def _values(a: dict[str, object], b: dict[str, object]) -> dict[str, float]:
+        dt = (b["t"] - a["t"]) / 1e9  # type: ignore[operator]
+        v: dict[str, float] = {S.HOST_PROCESS_RSS: float(b["rss"]),  # type: ignore[arg-type]
+                               S.HOST_MEMORY_USED: float(b["mem"])}  # type: ignore[arg-type]
+        ca, cb = a["cpu"], b["cpu"]
+        d = {f: getattr(cb, f) - getattr(ca, f) for f in cb._fields}  # type: ignore[attr-defined]
+        total = sum(d.values()) - d.get("guest", 0.0) - d.get("guest_nice", 0.0)
+        if total > 0:
+            v[S.HOST_CPU_USER] = 100.0 * (d["user"] + d.get("nice", 0.0)) / total
+            v[S.HOST_CPU_SYSTEM] = (
+                100.0 * (d["system"] + d.get("irq", 0.0) + d.get("softirq", 0.0)) / total
+            )
+            v[S.HOST_CPU_IDLE] = 100.0 * d["idle"] / total
+            if "iowait" in d:
+                v[S.HOST_CPU_IOWAIT] = 100.0 * d["iowait"] / total
+        if dt <= 0:
+            return v
+        v[S.HOST_PROCESS_CPU] = 100.0 * (b["pcpu"] - a["pcpu"]) / dt  # type: ignore[operator]
+        v[S.HOST_PROCESS_CTX_SWITCHES] = (b["pctx"] - a["pctx"]) / dt  # type: ignore[operator]
+        if a["ctx"] is not None and b["ctx"] is not None:
+            v[S.HOST_CTX_SWITCHES] = (b["ctx"] - a["ctx"]) / dt  # type: ignore[operator]
+        da, db = a["disk"], b["disk"]
+        if da is not None and db is not None:
+            v[S.HOST_DISK_READ] = max(0, db.read_bytes - da.read_bytes) / dt  # type: ignore
+            v[S.HOST_DISK_WRITE] = max(0, db.write_bytes - da.write_bytes) / dt  # type: ignore
+        na, nb = a["net"], b["net"]
+        if na is not None and nb is not None:
+            v[S.HOST_NET_SENT] = max(0, nb.bytes_sent - na.bytes_sent) / dt  # type: ignore
+            v[S.HOST_NET_RECV] = max(0, nb.bytes_recv - na.bytes_recv) / dt  # type: ignore
+        return v
+
+    # -- background thread ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Start sampling every ``interval_s`` on a daemon thread."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._started_ns = time.perf_counter_ns()
+        self._thread = threading.Thread(target=self._run, name="stepscope-host-sampler",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        cpu_before = self.cost.cpu_ns
+        last_t = time.perf_counter_ns()
+        try:
+            self.sample()
+            while not self._stop.wait(self.interval_s):
+                self._tick(cpu_before, last_t)
+                cpu_before, last_t = self.cost.cpu_ns, time.perf_counter_ns()
+            self._tick(cpu_before, last_t)  # final sample at stop
+        except Exception:  # never take the user's program down
+            pass
+
+    def _tick(self, cpu_before: int, last_t: int) -> None:
+        s = self.sample()
+        if s is None or self.emit is None:
+            return
+        ts, values = s
+        now = time.perf_counter_ns()
+        # cost of the previous interval, including this sample
+        values[S.HOST_SAMPLER_CPU] = 100.0 * (self.cost.cpu_ns - cpu_before) / max(1, now - last_t)
+        try:
+            self.emit(ts, values)
+        except Exception:
+            pass
+
+    def stop(self) -> SamplerCost:
+        """Stop the thread (after one final sample) and return the sampler's cost."""
+        t = self._thread
+        if t is not None:
+            self._stop.set()
+            t.join(timeout=5.0)
+            self._thread = None
+            self.cost.elapsed_ns += time.perf_counter_ns() - self._started_ns
+        return self.cost

@@ -1,0 +1,483 @@
+"""``stepscope merge``: the per-rank trace files of a run as one timeline, one process per rank.
+
+Mechanism (Perfetto's own): protobuf ``Trace`` files are concatenable, so the merged file is the
+input files' packets one after the other. What must stay unique across files is
+``trusted_packet_sequence_id`` (interning, incremental timestamps and sequence-scoped clocks are
+keyed by it, and every rank's writer uses the same small ids), so each (file, sequence id) gets a
+fresh id, also inside zlib ``compressed_packets`` batches (TracePacket field 50), which are
+inflated, rewritten and deflated again. Track uuids are random per process and kept. Process ids
+are kept unless two inputs share a pid (ranks on different hosts), then the later one is renumbered
+in its track descriptors. Rank processes are already named ``rank <N> (<host>)`` by the writer.
+
+Clocks: every file holds ``ClockSnapshot``s (BOOTTIME, MONOTONIC, REALTIME) and each sequence's
+incremental clock is declared against MONOTONIC or REALTIME. Ranks on one host share those clocks,
+so trace processor aligns them with no change ("shared clock"). Ranks on other hosts have
+unrelated MONOTONIC/BOOTTIME clocks: their readings (in clock snapshots, and absolute packet
+timestamps on those clocks) are shifted onto the first host's clocks by the difference of the
+REALTIME readings in each file's first snapshot ("wall clock"): alignment is as good as the hosts'
+NTP sync. The mode used is returned and printed.
+
+Memory stays bounded: files are read packet by packet and one compressed batch at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import zlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+# TracePacket field numbers
+F_TIMESTAMP = 8
+F_CLOCK_SNAPSHOT = 6
+F_SEQ_ID = 10
+F_COMPRESSED = 50
+F_TS_CLOCK_ID = 58
+F_DEFAULTS = 59
+F_TRACK_DESCRIPTOR = 60
+# ClockSnapshot / Clock
+CLOCK_REALTIME, CLOCK_MONOTONIC, CLOCK_BOOTTIME = 1, 3, 6
+SHIFTED_CLOCKS = (CLOCK_MONOTONIC, CLOCK_BOOTTIME)
+
+_CHUNK = 1 << 20
+
+
+# -- protobuf wire helpers ----------------------------------------------------------------------
+def _varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("malformed varint")
+
+
+def _enc_varint(v: int) -> bytes:
+    if v < 0:
+        v += 1 << 64
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _fields(buf: bytes) -> Iterator[tuple[int, int, int, int, int]]:
+    """(field, wire type, value-or-payload start, end of field, start of field) over a message."""
+    pos = 0
+    n = len(buf)
+    while pos < n:
+        start = pos
+        key, pos = _varint(buf, pos)
+        field, wt = key >> 3, key & 7
+        if wt == 0:
+            value, pos = _varint(buf, pos)
+            yield field, wt, value, pos, start
+        elif wt == 2:
+            ln, pos = _varint(buf, pos)
+            yield field, wt, pos, pos + ln, start
+            pos += ln
+        elif wt == 1:
+            yield field, wt, pos, pos + 8, start
+            pos += 8
+        elif wt == 5:
+            yield field, wt, pos, pos + 4, start
+            pos += 4
+        else:
+            raise ValueError(f"unsupported wire type {wt}")
+    if pos != n:
+        raise ValueError("truncated message")
+
+
+def _len_field(field: int, payload: bytes) -> bytes:
+    return _enc_varint(field << 3 | 2) + _enc_varint(len(payload)) + payload
+
+
+def _var_field(field: int, value: int) -> bytes:
+    return _enc_varint(field << 3) + _enc_varint(value)
+
+
+def iter_packets(f: BinaryIO) -> Iterator[bytes]:
+    """Serialized TracePackets of a ``Trace`` stream, read in 1 MiB chunks.
+
+    A truncated last packet (a writer killed mid-write) ends the stream quietly, as it does in
+    trace processor.
+    """
+    buf = b""
+    pos = 0
+    eof = False
+    while True:
+        # ensure a full key + length is buffered
+        if len(buf) - pos < 20 and not eof:
+            more = f.read(_CHUNK)
+            eof = not more
+            buf = buf[pos:] + more
+            pos = 0
+        if pos >= len(buf):
+            return
+        try:
+            key, p = _varint(buf, pos)
+            if key & 7 != 2:
+                # not a length-delimited field: skip a varint/fixed value (no such field in Trace)
+                if key & 7 == 0:
+                    _, p = _varint(buf, p)
+                else:
+                    p += 8 if key & 7 == 1 else 4
+                pos = p
+                continue
+            ln, p = _varint(buf, p)
+        except IndexError:
+            if eof:
+                return
+            more = f.read(_CHUNK)
+            eof = not more
+            buf = buf[pos:] + more
+            pos = 0
+            continue
+        while len(buf) - p < ln and not eof:
+            more = f.read(max(_CHUNK, ln - (len(buf) - p)))
+            eof = not more
+            buf = buf[pos:] + more
+            p -= pos
+            pos = 0
+        if len(buf) - p < ln:
+            return  # truncated
+        if key >> 3 == 1:
+            yield bytes(buf[p:p + ln])
+        pos = p + ln
+
+
+def iter_trace_bytes(data: bytes) -> Iterator[bytes]:
+    """Packets of an in-memory ``Trace`` (the payload of compressed_packets)."""
+    for field, wt, s, e, _ in _fields(data):
+        if field == 1 and wt == 2:
+            yield data[s:e]
+
+
+def iter_all_packets(path: str | os.PathLike[str]) -> Iterator[bytes]:
+    """Every packet of a file, with compressed batches inflated."""
+    with open(path, "rb") as f:
+        for pkt in iter_packets(f):
+            inner = _compressed_payload(pkt)
+            if inner is None:
+                yield pkt
+            else:
+                yield from iter_trace_bytes(zlib.decompress(inner))
+
+
+def _compressed_payload(pkt: bytes) -> bytes | None:
+    for field, wt, s, e, _ in _fields(pkt):
+        if field == F_COMPRESSED and wt == 2:
+            return pkt[s:e]
+    return None
+
+
+# -- inputs -------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class InputInfo:
+    """What the pre-pass learned about one input file."""
+
+    path: Path
+    rank: int | None = None
+    host: str | None = None
+    process_name: str | None = None
+    pid: int | None = None
+    snapshot: dict[int, int] | None = None  # first global ClockSnapshot: clock id -> ns
+    mono_shift: int = 0
+    boot_shift: int = 0
+    pid_map: dict[int, int] = dataclasses.field(default_factory=dict)
+
+
+_RANK_FILE = re.compile(r"rank(\d+)\.(summary|detail)(\.[^.]+)?\.pftrace$")
+_RANK_NAME = re.compile(r"^rank (\d+) \((.*)\)$")
+
+
+def parse_ranks(spec: str) -> set[int]:
+    """``"0,2-5"`` -> {0, 2, 3, 4, 5}; raises ValueError with the offending part."""
+    out: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise ValueError(f"--ranks: {part!r} is not a rank or a range like 2-5")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) else lo
+        if hi < lo:
+            raise ValueError(f"--ranks: range {part!r} is empty")
+        out.update(range(lo, hi + 1))
+    return out
+
+
+def find_inputs(paths: Iterable[str | os.PathLike[str]], level: str = "summary") -> list[Path]:
+    """Files to merge: explicit files as given; directories searched for ``rank*.<level>*``."""
+    if level not in ("summary", "detail"):
+        raise ValueError(f"--level must be 'summary' or 'detail', got {level!r}")
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(q for q in p.rglob(f"rank*.{level}*.pftrace") if _RANK_FILE.search(
+                q.name))
+            dirs = sorted({q.parent for q in found})
+            if len(dirs) > 1:
+                raise ValueError(
+                    f"{p} holds several runs ({', '.join(str(d) for d in dirs)}); "
+                    "give one run directory"
+                )
+            if not found:
+                raise ValueError(f"{p}: no rank*.{level}*.pftrace files found")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise ValueError(f"{p}: no such file or directory")
+    return out
+
+
+def _probe(path: Path, max_packets: int = 2000) -> InputInfo:
+    """Read the start of a file for its rank/host (process descriptor) and first clock snapshot."""
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    info = InputInfo(path)
+    m = _RANK_FILE.search(path.name)
+    if m:
+        info.rank = int(m.group(1))
+    for i, pkt in enumerate(iter_all_packets(path)):
+        for field, wt, s, e, _ in _fields(pkt):
+            if wt != 2:
+                continue
+            if field == F_TRACK_DESCRIPTOR and info.pid is None:
+                td = pb.TrackDescriptor.FromString(pkt[s:e])
+                if td.HasField("process"):
+                    info.pid = td.process.pid
+                    info.process_name = td.process.process_name or None
+                    nm = _RANK_NAME.match(info.process_name or "")
+                    if nm:
+                        if info.rank is None:
+                            info.rank = int(nm.group(1))
+                        info.host = nm.group(2)
+            elif field == F_CLOCK_SNAPSHOT and info.snapshot is None:
+                snap = {c.clock_id: c.timestamp
+                        for c in pb.ClockSnapshot.FromString(pkt[s:e]).clocks}
+                if CLOCK_REALTIME in snap and CLOCK_MONOTONIC in snap:
+                    info.snapshot = snap
+        if (info.pid is not None and info.snapshot is not None) or i >= max_packets:
+            break
+    return info
+
+
+# -- rewriting ----------------------------------------------------------------------------------
+class _Rewriter:
+    """Rewrites one input file's packets: sequence ids, and clocks/pids where needed."""
+
+    def __init__(self, info: InputInfo, alloc: Iterator[int]) -> None:
+        self.info = info
+        self.alloc = alloc
+        self.seq_map: dict[int, int] = {}
+        self.seq_clock: dict[int, int] = {}  # sequence -> default timestamp clock id
+        self.shift = info.mono_shift != 0 or info.boot_shift != 0
+        self.packets = 0
+        self._pending_default: int | None = None
+
+    def _new_seq(self, old: int) -> int:
+        new = self.seq_map.get(old)
+        if new is None:
+            new = self.seq_map[old] = next(self.alloc)
+        return new
+
+    def packet(self, pkt: bytes) -> bytes:
+        self.packets += 1
+        out: list[bytes] | None = None
+        seq = None
+        ts_field = None
+        clock_id = None
+        last = 0
+        for field, wt, s, e, start in _fields(pkt):
+            rep = None
+            if field == F_SEQ_ID and wt == 0:
+                seq = s
+                rep = _var_field(F_SEQ_ID, self._new_seq(s))
+            elif field == F_COMPRESSED and wt == 2:
+                self.packets -= 1
+                rep = _len_field(F_COMPRESSED, self._batch(pkt[s:e]))
+            elif wt == 2 and field == F_TRACK_DESCRIPTOR and self.info.pid_map:
+                rep = _len_field(field, self._descriptor(pkt[s:e]))
+            elif self.shift:
+                if field == F_CLOCK_SNAPSHOT and wt == 2:
+                    rep = _len_field(field, self._snapshot(pkt[s:e]))
+                elif field == F_TIMESTAMP and wt == 0:
+                    ts_field = (start, e, s)
+                elif field == F_TS_CLOCK_ID and wt == 0:
+                    clock_id = s
+                elif field == F_DEFAULTS and wt == 2:
+                    for f2, w2, v2, _, _ in _fields(pkt[s:e]):
+                        if f2 == F_TS_CLOCK_ID and w2 == 0:
+                            self._pending_default = v2
+            if rep is not None:
+                if out is None:
+                    out = []
+                out.append(pkt[last:start])
+                out.append(rep)
+                last = e
+        if self.shift:
+            if self._pending_default is not None and seq is not None:
+                self.seq_clock[seq] = self._pending_default
+            self._pending_default = None
+            if ts_field is not None:
+                cid = clock_id if clock_id is not None else self.seq_clock.get(seq, CLOCK_BOOTTIME)
+                delta = self._delta(cid)
+                if delta:
+                    # the last occurrence of a scalar field wins: append the shifted timestamp
+                    if out is None:
+                        out = []
+                    out.append(pkt[last:])
+                    out.append(_var_field(F_TIMESTAMP, max(0, ts_field[2] + delta)))
+                    return b"".join(out)
+        if out is None:
+            return pkt
+        out.append(pkt[last:])
+        return b"".join(out)
+
+    def _delta(self, clock_id: int) -> int:
+        if clock_id == CLOCK_MONOTONIC:
+            return self.info.mono_shift
+        if clock_id == CLOCK_BOOTTIME:
+            return self.info.boot_shift
+        return 0
+
+    def _batch(self, deflated: bytes) -> bytes:
+        data = zlib.decompress(deflated)
+        parts = [_len_field(1, self.packet(p)) for p in iter_trace_bytes(data)]
+        return zlib.compress(b"".join(parts), 1)
+
+    def _snapshot(self, snap: bytes) -> bytes:
+        out = []
+        for field, wt, s, e, start in _fields(snap):
+            if field == 1 and wt == 2:  # Clock
+                clock = dict((f, v) for f, w, v, _, _ in _fields(snap[s:e]) if w == 0)
+                delta = self._delta(clock.get(1, 0))
+                if delta:
+                    body = snap[s:e] + _var_field(2, max(0, clock.get(2, 0) + delta))
+                    out.append(_len_field(1, body))
+                    continue
+            out.append(snap[start:e])
+        return b"".join(out)
+
+    def _descriptor(self, raw: bytes) -> bytes:
+        from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+        td = pb.TrackDescriptor.FromString(raw)
+        changed = False
+        for sub in ("process", "thread"):
+            if td.HasField(sub):
+                d = getattr(td, sub)
+                if d.pid in self.info.pid_map:
+                    d.pid = self.info.pid_map[d.pid]
+                    changed = True
+        return td.SerializeToString() if changed else raw
+
+
+@dataclasses.dataclass
+class MergeResult:
+    """What ``merge`` wrote."""
+
+    output: Path
+    inputs: list[InputInfo]
+    ranks: list[int | None]
+    alignment: str  # "shared clock (host X)" or "wall clock (REALTIME) across hosts ..."
+    packets: int
+
+    def format(self) -> str:
+        return (
+            f"merged {len(self.inputs)} file(s), ranks {self.ranks}, into {self.output}\n"
+            f"clock alignment: {self.alignment}"
+        )
+
+
+def merge(
+    inputs: Iterable[str | os.PathLike[str]],
+    output: str | os.PathLike[str],
+    ranks: set[int] | str | None = None,
+    level: str = "summary",
+) -> MergeResult:
+    """Merge rank trace files (or a run directory) into ``output``; see the module docstring."""
+    if isinstance(ranks, str):
+        ranks = parse_ranks(ranks)
+    files = find_inputs(inputs, level)
+    infos = [_probe(p) for p in files]
+    if ranks is not None:
+        missing = [str(i.path) for i in infos if i.rank is None]
+        if missing:
+            raise ValueError(f"--ranks: cannot tell the rank of {', '.join(missing)}")
+        infos = [i for i in infos if i.rank in ranks]
+        if not infos:
+            raise ValueError(f"--ranks: no input has a rank in {sorted(ranks)}")
+    infos.sort(key=lambda i: (i.rank if i.rank is not None else 1 << 30, str(i.path)))
+    alignment = _align(infos)
+    _dedupe_pids(infos)
+
+    def ids() -> Iterator[int]:
+        n = 1
+        while True:
+            yield n
+            n += 1
+
+    alloc = ids()
+    out_path = Path(output)
+    tmp = out_path.with_name(out_path.name + ".tmp")
+    total = 0
+    with open(tmp, "wb") as out:
+        for info in infos:
+            rw = _Rewriter(info, alloc)
+            with open(info.path, "rb") as f:
+                for pkt in iter_packets(f):
+                    out.write(_len_field(1, rw.packet(pkt)))
+            total += rw.packets
+    os.replace(tmp, out_path)
+    return MergeResult(out_path, infos, [i.rank for i in infos], alignment, total)
+
+
+def _align(infos: list[InputInfo]) -> str:
+    hosts = [i.host for i in infos]
+    known = sorted({h for h in hosts if h is not None})
+    if len(known) <= 1:
+        return f"shared clock (one host: {known[0] if known else 'unknown'})"
+    ref = next(i for i in infos if i.snapshot is not None and i.host is not None)
+    rs = ref.snapshot or {}
+    for i in infos:
+        if i.host == ref.host or i.snapshot is None:
+            continue
+        s = i.snapshot
+        if CLOCK_MONOTONIC in s and CLOCK_MONOTONIC in rs:
+            i.mono_shift = (rs[CLOCK_MONOTONIC] - rs[CLOCK_REALTIME]) - (
+                s[CLOCK_MONOTONIC] - s[CLOCK_REALTIME])
+        if CLOCK_BOOTTIME in s and CLOCK_BOOTTIME in rs:
+            i.boot_shift = (rs[CLOCK_BOOTTIME] - rs[CLOCK_REALTIME]) - (
+                s[CLOCK_BOOTTIME] - s[CLOCK_REALTIME])
+    return (
+        f"wall clock (REALTIME) across hosts {', '.join(known)}: "
+        f"MONOTONIC/BOOTTIME of other hosts shifted onto {ref.host}'s"
+    )
+
+
+def _dedupe_pids(infos: list[InputInfo]) -> None:
+    seen: set[int] = set()
+    for i in infos:
+        if i.pid is None:
+            continue
+        if i.pid in seen:
+            new = i.pid
+            while new in seen:
+                new += 1 << 22  # above Linux's pid_max default
+            i.pid_map[i.pid] = new
+            seen.add(new)
+        else:
+            seen.add(i.pid)

@@ -1,0 +1,120 @@
+"""``STEPSCOPE_OPTIONS``: profiler configuration as JSON, validated with clear errors.
+
+Example::
+
+    STEPSCOPE_OPTIONS='{"dir": "/tmp/prof", "schedule": {"wait": 1, "warmup": 1, "active": 2},
+                        "host_metrics": true, "levels": ["summary", "detail"]}'
+
+Keys (all optional): ``dir`` (str), ``run_id`` (str), ``schedule`` (object with skip_first, wait,
+warmup, active, repeat; or ``[start, end]``; or ``null`` for no detail windows), ``timer_only``
+(bool), ``levels`` (list of "summary", "detail": which files are written), ``host_metrics`` (bool),
+``sample_interval_s`` (number > 0), ``buffer_bytes`` (int > 0), ``rank`` (int >= 0), ``gpu``
+(bool), ``sync_gpu`` (bool), ``report`` (bool: print the summary at stop), ``step_range`` (str:
+for ``stepscope run``, the name of a user range that delimits steps). Values from the environment
+override the arguments given to ``Profiler(...)`` in code: the variable exists to change a run
+without editing it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from . import schedule as _schedule
+
+ENV_VAR = "STEPSCOPE_OPTIONS"
+LEVELS = ("summary", "detail")
+
+
+def _bool(key: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"{ENV_VAR}: {key!r} must be true or false, got {v!r}")
+    return v
+
+
+def _str(key: str, v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"{ENV_VAR}: {key!r} must be a non-empty string, got {v!r}")
+    return v
+
+
+def _pos_number(key: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise ValueError(f"{ENV_VAR}: {key!r} must be a number > 0, got {v!r}")
+    return float(v)
+
+
+def _int(key: str, v: Any, minimum: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ValueError(f"{ENV_VAR}: {key!r} must be an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def _levels(key: str, v: Any) -> tuple[str, ...]:
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not v or any(x not in LEVELS for x in v):
+        raise ValueError(
+            f"{ENV_VAR}: {key!r} must be a non-empty list of {list(LEVELS)}, got {v!r}"
+        )
+    return tuple(x for x in LEVELS if x in v)
+
+
+def _sched(key: str, v: Any) -> _schedule.Schedule | None:
+    try:
+        return _schedule.coerce(tuple(v) if isinstance(v, list) else v)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{ENV_VAR}: {key!r}: {e}") from None
+
+
+_KEYS = {
+    "dir": _str,
+    "run_id": _str,
+    "schedule": _sched,
+    "timer_only": _bool,
+    "levels": _levels,
+    "host_metrics": _bool,
+    "sample_interval_s": _pos_number,
+    "buffer_bytes": lambda k, v: _int(k, v, 1),
+    "rank": lambda k, v: _int(k, v, 0),
+    "gpu": _bool,
+    "sync_gpu": _bool,
+    "report": _bool,
+    "step_range": _str,
+}
+
+
+def parse(text: str) -> dict[str, Any]:
+    """Validated options from a JSON object string; raises ValueError saying what is wrong."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{ENV_VAR} is not valid JSON ({e.msg} at position {e.pos})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{ENV_VAR} must be a JSON object, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(_KEYS))
+    if unknown:
+        raise ValueError(f"{ENV_VAR}: unknown key(s) {unknown}; known keys: {sorted(_KEYS)}")
+    return {k: _KEYS[k](k, v) for k, v in raw.items()}
+
+
+def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Options from ``STEPSCOPE_OPTIONS`` (empty dict when unset or blank)."""
+    env = os.environ if env is None else env
+    text = env.get(ENV_VAR, "")
+    return parse(text) if text.strip() else {}
+
+
+def dumps(options: Mapping[str, Any]) -> str:
+    """JSON for ``STEPSCOPE_OPTIONS`` (used by ``stepscope run`` to pass options on)."""
+    out: dict[str, Any] = {}
+    for k, v in options.items():
+        if isinstance(v, _schedule.Schedule):
+            v = {f: getattr(v, f) for f in ("skip_first", "wait", "warmup", "active", "repeat")}
+        elif isinstance(v, tuple):
+            v = list(v)
+        out[k] = v
+    parse(json.dumps(out))  # validate what we hand on
+    return json.dumps(out)

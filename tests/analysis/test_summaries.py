@@ -1,0 +1,340 @@
+"""Every summary table on a hand-made two-rank trace; each number is derived in the comments.
+
+Scenario (test_summaries_db.scenario, times in ns):
+rank 0: steps [1000,2000) and [2000,3000) (32 samples each); phases Dataloader [1000,1200)
+(holding a wait [1000,1150)), Forward [1200,1500), Backward [1500,1800), step-2 wait [2000,2100)
+(no phase), Forward [2100,2400), Backward [2400,2700), Optimization [2700,2900); user ranges
+main matmul [1250,1400) (children: launch 20 + inner 60), inner [1320,1380), matmul [2150,2250),
+worker matmul [1350,1450), worker load [1900,2050); launches at 1300 -> K1 gemm [1330,1530),
+1600 -> K2 gemm [1620,1720), 2750 -> M1 HtoD [2760,2800); no flow: relu [1650,1750),
+nccl [2750,2950), DtoH [2850,2950), memset [2960,2980), gemm [3100,3200).
+rank 1: steps [1000,2500), [2500,4000); gemm [1100,1600), nccl [1500,2000).
+Frame (step union) = 2000 + 3000 = 5000. Device union: rank 0 200+130+200+20+100 = 650,
+rank 1 [1100,2000) = 900 -> 1550.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_summaries_db import TraceDB, scenario  # noqa: E402
+
+from stepscope import _schema  # noqa: E402
+from stepscope.analysis import summaries as S  # noqa: E402
+from stepscope.analysis._format import Table  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def db():
+    return scenario()
+
+
+def by(rows, key):
+    return {r[key]: r for r in rows}
+
+
+def test_overview_unions_never_double_count(db):
+    rows = by(S.table(db, "overview").rows, "kind")
+    got = {k: (r["calls"], r["total_ns"]) for k, r in rows.items()}
+    assert got == {
+        "Step": (4, 5000),
+        # phase [1000,1200) holds the wait (not a separate call) + step-2 wait [2000,2100)
+        "Dataloader": (2, 300),
+        "Forward": (2, 600),
+        "Backward": (2, 600),
+        "Optimization": (1, 200),
+        # [1250,1450) (main+worker matmul, inner) + [1900,2050) + [2150,2250)
+        "User ranges": (5, 450),
+        "Runtime API": (3, 40),
+        # rank 0: 200 + [1620,1750) 130 + 100; rank 1: 500
+        "Kernels": (5, 930),
+        "Communication": (2, 700),
+        "Memcpy": (2, 140),
+        "Memset": (1, 20),
+    }
+    assert rows["Kernels"]["ratio"] == pytest.approx(930 / 5000)
+    assert rows["Step"]["ratio"] == 1.0
+    assert list(rows) == ["Step", "Dataloader", "Forward", "Backward", "Optimization",
+                          "User ranges", "Runtime API", "Kernels", "Communication", "Memcpy",
+                          "Memset"]
+
+
+def test_model_phases_and_others(db):
+    rows = by(S.table(db, "model").rows, "phase")
+    assert list(rows) == ["Dataloader", "Forward", "Backward", "Optimization", "Others"]
+    cpu = {k: (r["calls"], r["cpu_total_ns"], r["cpu_max_ns"], r["cpu_min_ns"])
+           for k, r in rows.items()}
+    # Others per step: rank 0: 1000-800=200, 1000-900=100; rank 1: 1500, 1500 (no phases)
+    assert cpu == {"Dataloader": (2, 300, 200, 100), "Forward": (2, 600, 300, 300),
+                   "Backward": (2, 600, 300, 300), "Optimization": (1, 200, 200, 200),
+                   "Others": (4, 3300, 1500, 100)}
+    gpu = {k: (r["gpu_total_ns"], r["gpu_max_ns"], r["gpu_min_ns"]) for k, r in rows.items()}
+    # Forward: K1 via flow; Backward: K2 (flow) U relu (starts 1650 inside) = [1620,1750);
+    # Optimization: nccl [2750,2950) covers M1 and DtoH; Others: memset 20 (rank 0 step 2)
+    # + rank 1 step 1 [1100,2000) = 900; the gemm at 3100 is in no step.
+    assert gpu == {"Dataloader": (0, 0, 0), "Forward": (200, 200, 0),
+                   "Backward": (130, 130, 0), "Optimization": (200, 200, 200),
+                   "Others": (920, 900, 0)}
+    assert rows["Others"]["cpu_avg_ns"] == 825
+    assert rows["Backward"]["gpu_avg_ns"] == 65
+    assert rows["Others"]["cpu_ratio"] == pytest.approx(3300 / 5000)
+    assert rows["Forward"]["gpu_ratio"] == pytest.approx(200 / 1550)
+
+
+def test_step_times_and_stats(db):
+    per = S.table(db, "step_times").rows
+    assert [(r["rank"], r["step"], r["batch_cost_ns"], r["reader_cost_ns"], r["num_samples"])
+            for r in per] == [(0, 1, 1000, 200, 32), (0, 2, 1000, 100, 32),
+                              (1, 1, 1500, 0, None), (1, 2, 1500, 0, None)]
+    assert per[0]["reader_ratio"] == 0.2 and per[0]["samples_per_s"] == 32e6
+    assert per[2]["ips"] == pytest.approx(1e9 / 1500)
+    stats = by(S.table(db, "steps").rows, "stat")
+    assert [stats[s]["batch_cost_ns"] for s in ("avg", "min", "max", "p50", "p90")] == [
+        1250, 1000, 1500, 1250, 1500]
+    # reader sorted [0, 0, 100, 200]: p50 at 1.5 -> 50, p90 at 2.7 -> 170
+    assert [stats[s]["reader_cost_ns"] for s in ("avg", "min", "max", "p50", "p90")] == [
+        75, 0, 200, 50, pytest.approx(170)]
+    assert stats["avg"]["reader_ratio"] == pytest.approx(300 / 5000)
+    assert stats["avg"]["ips"] == pytest.approx(4 / 5000e-9)
+    assert stats["avg"]["samples_per_s"] == pytest.approx(64 / 2000e-9)
+    assert stats["min"]["ips"] == pytest.approx(1e9 / 1500)
+
+
+def test_operators_threads_merged(db):
+    rows = by(S.table(db, "operators").rows, "name")
+    assert list(rows) == ["matmul", "load", "inner"]  # by total, descending
+    m = rows["matmul"]
+    assert (m["calls"], m["total_ns"], m["max_ns"], m["min_ns"]) == (3, 350, 150, 100)
+    assert m["stddev_ns"] == pytest.approx(math.sqrt(((150 - 350 / 3) ** 2
+                                                      + 2 * (100 - 350 / 3) ** 2) / 3))
+    assert m["self_ns"] == (150 - 20 - 60) + 100 + 100
+    assert m["ratio"] == pytest.approx(350 / 5000)
+    # only the first main-thread matmul launched work (K1, 200 ns)
+    assert (m["gpu_total_ns"], m["gpu_max_ns"], m["gpu_min_ns"]) == (200, 200, 0)
+    assert m["gpu_ratio"] == pytest.approx(200 / 1550)
+    assert (rows["inner"]["self_ns"], rows["inner"]["stddev_ns"]) == (60, 0)
+
+
+def test_operators_by_thread(db):
+    t = S.table(db, "operators", by_thread=True)
+    got = {(r["name"], r["tid"]): (r["rank"], r["thread_name"], r["calls"], r["total_ns"])
+           for r in t.rows}
+    assert got == {("matmul", 101): (0, "main", 2, 250), ("matmul", 102): (0, "worker", 1, 100),
+                   ("load", 102): (0, "worker", 1, 150), ("inner", 101): (0, "main", 1, 60)}
+    assert [c.key for c in t.columns[:4]] == ["name", "rank", "tid", "thread_name"]
+
+
+def test_kernels(db):
+    rows = by(S.table(db, "kernels").rows, "name")
+    assert list(rows) == ["gemm", "ncclAllReduce", "relu"]
+    g = rows["gemm"]
+    assert (g["calls"], g["total_ns"], g["avg_ns"], g["max_ns"], g["min_ns"]) == (
+        4, 900, 225, 500, 100)
+    assert g["ratio"] == pytest.approx(900 / 1700)
+    assert g["blocks_per_sm"] == pytest.approx((2 * 200 + 4 * 100) / 300)
+    assert g["occupancy"] == pytest.approx((0.5 * 200 + 0.25 * 100) / 300)
+    assert rows["relu"]["blocks_per_sm"] is None
+
+
+def test_memcpy(db):
+    rows = by(S.table(db, "memcpy").rows, "kind")
+    got = {k: (r["calls"], r["bytes"], r["total_ns"], r["bandwidth_gbps"]) for k, r in rows.items()}
+    assert got == {"Memcpy DtoH": (1, 2000, 100, 20.0), "Memcpy HtoD": (1, 4000, 40, 100.0),
+                   "Memset": (1, 1000, 20, 50.0)}
+
+
+def test_device(db):
+    rows = {(r["rank"], r["name"]): r for r in S.table(db, "device").rows}
+    cpu = rows[(0, "host.cpu.user %")]
+    # 10 holds 1000 ns, 30 holds 1000 ns; the last sample only closes the span
+    assert (cpu["samples"], cpu["mean"], cpu["min"], cpu["max"]) == (3, 20.0, 10.0, 50.0)
+    assert rows[(1, "host.process.cpu %")]["mean"] == 75.0
+    # rank 0 kernels inside [1000,3000): 200 + 130 + nccl 200 = 530 of 2000
+    assert rows[(0, "GPU 0 (H100) kernel busy %")]["mean"] == pytest.approx(26.5)
+    assert rows[(1, "GPU 0 (A100) kernel busy %")]["mean"] == pytest.approx(30.0)
+
+
+def test_distributed_and_stragglers(db):
+    t = S.table(db, "distributed")
+    rows = by(t.rows, "rank")
+    got = {k: (r["steps"], r["avg_step_ns"], r["frame_ns"], r["computation_ns"],
+               r["communication_ns"], r["overlap_ns"], r["other_ns"]) for k, r in rows.items()}
+    assert got == {0: (2, 1000, 2000, 330, 200, 0, 1470), 1: (2, 1500, 3000, 500, 500, 100, 2100)}
+    # median of 1000 and 1500 is 1250: rank 1 is 20% slower
+    assert rows[1]["straggler"] and not rows[0]["straggler"]
+    assert rows[1]["vs_median"] == pytest.approx(0.2)
+    assert not any(r["straggler"] for r in S.table(db, "distributed",
+                                                   straggler_margin=0.25).rows)
+    assert "stragglers" in t.notes[0] and t.notes[0].endswith(": 1")
+
+
+def test_step_range_filter(db):
+    rows = by(S.table(db, "overview", steps="2").rows, "kind")
+    got = {k: (r["calls"], r["total_ns"]) for k, r in rows.items()}
+    # windows: rank 0 [2000,3000), rank 1 [2500,4000); slices kept when they start inside
+    assert got == {"Step": (2, 2500), "Dataloader": (1, 100), "Forward": (1, 300),
+                   "Backward": (1, 300), "Optimization": (1, 200), "User ranges": (1, 100),
+                   "Runtime API": (1, 10), "Communication": (1, 200), "Memcpy": (2, 140),
+                   "Memset": (1, 20)}
+    assert rows["Communication"]["ratio"] == pytest.approx(200 / 2500)
+    steps = S.table(db, "step_times", steps=(1, 2)).rows
+    assert [(r["rank"], r["step"]) for r in steps] == [(0, 1), (1, 1)]
+    assert S.table(db, "step_times", steps="5:").rows == []
+
+
+def test_rank_and_thread_filters(db):
+    rows = by(S.table(db, "overview", ranks=[1]).rows, "kind")
+    assert {k: r["total_ns"] for k, r in rows.items()} == {
+        "Step": 3000, "Kernels": 500, "Communication": 500}
+    rows = by(S.table(db, "overview", threads=["worker"]).rows, "kind")
+    # host slices of other threads go; device slices stay; ratios still refer to the steps
+    assert rows["User ranges"]["calls"] == 2 and rows["User ranges"]["total_ns"] == 250
+    assert rows["User ranges"]["ratio"] == pytest.approx(250 / 5000)
+    assert "Step" not in rows and rows["Kernels"]["total_ns"] == 930
+    assert by(S.table(db, "overview", threads=[102]).rows, "kind")["User ranges"][
+        "total_ns"] == 250
+
+
+def test_process_scoped_stream_tracks_give_the_same_tables(db):
+    """Trace processor lists tracks under a process descriptor in process_track too."""
+    other = scenario(streams_as_process_tracks=True)
+    for name in S.TABLES:
+        assert S.table(other, name).rows == S.table(db, name).rows, name
+
+
+def test_no_steps_frame_is_the_span():
+    t = TraceDB()
+    up = t.process(7, "trainer")  # no "rank N": rank = pid
+    th = t.thread(up, 8, "main")
+    t.slice(th, 100, 50, "a")
+    t.slice(th, 300, 100, "a")
+    rows = by(S.table(t, "overview").rows, "kind")
+    assert rows["User ranges"]["total_ns"] == 150
+    assert rows["User ranges"]["ratio"] == pytest.approx(150 / 300)  # span [100, 400)
+    assert S.table(t, "distributed").rows[0]["rank"] == 7
+    assert S.table(t, "model").rows == [] and S.table(t, "steps").rows == []
+
+
+def test_sort_and_formats(db):
+    t = S.table(db, "kernels", sort="calls")
+    assert [r["name"] for r in t.rows] == ["gemm", "ncclAllReduce", "relu"]
+    assert [r["name"] for r in S.table(db, "kernels", sort="name").rows] == [
+        "gemm", "ncclAllReduce", "relu"]
+    assert [r["name"] for r in S.table(db, "kernels", sort="Min").rows][0] == "ncclAllReduce"
+    with pytest.raises(KeyError, match="no column 'bogus'"):
+        S.table(db, "kernels", sort="bogus")
+    t = S.table(db, "memcpy")
+    csv_text = t.to_csv("us")
+    assert csv_text.splitlines()[0] == (
+        "kind,calls,total_us,avg_us,max_us,min_us,bytes,bandwidth_gbps")
+    assert csv_text.splitlines()[2] == "Memcpy HtoD,1,0.04,0.04,0.04,0.04,4000,100.0"
+    data = json.loads(t.to_json("ns"))
+    assert data["rows"][0]["total_ns"] == 100 and data["unit"] == "ns"
+    text = t.to_text("us")
+    assert "Memory Copies Summary" in text and "Total (us)" in text
+    assert "Memcpy HtoD      1       0.040" in text
+    md = t.to_markdown("ms")
+    assert md.splitlines()[2].startswith("| Kind | Calls | Total (ms)")
+    df = t.to_dataframe("ns")
+    assert list(df["total_ns"]) == [100, 40, 20]
+    with pytest.raises(ValueError, match="unknown time unit"):
+        t.to_text("hours")
+
+
+def test_report_and_all_tables(db):
+    tables = S.all_tables(db, sort="total")
+    assert list(tables) == list(S.TABLES)
+    assert [r["name"] for r in tables["operators"].rows][0] == "matmul"
+    text = S.report(db, unit="us")
+    for title in ("Overview", "Model", "Steps", "Operators", "Kernels", "Memory Copies",
+                  "Device", "Distributed"):
+        assert f"{title} Summary" in text
+    assert "Step Times Summary" not in text
+    empty = TraceDB()
+    assert S.report(empty) == "No events to summarize.\n"
+    assert json.loads(S.report(db, fmt="json", names=["kernels"]))["kernels"]["rows"][0][
+        "name"] == "gemm"
+
+
+def test_bad_input_is_explained(db):
+    with pytest.raises(S.SummaryError, match="unknown table 'nope'"):
+        S.table(db, "nope")
+    with pytest.raises(S.SummaryError, match="bad step range"):
+        S.table(db, "overview", steps="a:b")
+    broken = TraceDB()
+    broken.conn.execute("DROP TABLE flow")
+    with pytest.raises(S.SummaryError, match="summary 'model' failed"):
+        S.table(broken, "model")
+
+
+def test_query_rows_accepts_engine_results():
+    class Row:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    class RowObjects:  # like perfetto's QueryResultIterator
+        def query(self, sql):
+            return iter([Row(a=1, b="x")])
+
+    class Frame:
+        def query(self, sql):
+            import pandas as pd
+            return pd.DataFrame([{"a": 1, "b": None}])
+
+    assert S.query_rows(RowObjects(), "q") == [{"a": 1, "b": "x"}]
+    assert S.query_rows(Frame(), "q") == [{"a": 1, "b": None}]
+
+
+def test_parse_steps():
+    assert S.parse_steps("3:7") == (3, 7)
+    assert S.parse_steps("3:") == (3, None)
+    assert S.parse_steps(":7") == (None, 7)
+    assert S.parse_steps("4") == (4, 5)
+
+
+def test_sql_literals_are_schema_names():
+    """The SQL matches on the literal values of _schema: check none drifted."""
+    import re
+
+    cats = {v for k, v in vars(_schema).items() if k.startswith("CAT_")}
+    keys = {f"debug.{v}" for k, v in vars(_schema).items()
+            if k.startswith("ARG_") and isinstance(v, str)}
+    phases = set(_schema.PHASES)
+    used = set()
+    for name in ("_base", "overview", "model", "steps", "operators", "kernels", "memcpy",
+                 "device", "distributed", "cntk_detail"):
+        used |= set(re.findall(r"'([^']*)'", S.sql_text(name)))
+    assert {"step", "phase", "dataloader", "kernel", "communication", "memcpy", "memset",
+            "cuda_runtime", "cuda_driver", "sync", "gpu_range", "stepscope"} <= cats
+    debug_keys = {u for u in used if u.startswith("debug.")}
+    assert debug_keys and debug_keys <= keys
+    assert phases <= used
+    # every category literal compared in SQL is a schema category
+    cat_literals = set()
+    for name in ("_base", "overview", "model", "steps", "operators", "kernels", "memcpy",
+                 "device", "distributed"):
+        text = S.sql_text(name)
+        cat_literals |= set(re.findall(r"category\s*(?:=|<>)\s*'([^']*)'", text))
+        for m in re.finditer(r"category\s+IN\s*\(([^)]*)\)", text):
+            cat_literals |= set(re.findall(r"'([^']*)'", m.group(1)))
+    assert cat_literals and cat_literals <= cats | {""}
+    assert _schema.STEP_NAME.startswith("step ")  # the SQL parses "step <n>" from char 6
+
+
+def test_rendered_sql_has_no_placeholders():
+    for name in ("overview", "model", "steps", "kernels", "memcpy", "device", "distributed",
+                 "cntk_detail"):
+        sql = S.render(name, S.Filters.make(threads=[1, "x'y"], ranks=[0], steps="1:3"))
+        code = [ln for ln in sql.splitlines() if ln.strip() and not ln.lstrip().startswith("--")]
+        assert "{{" not in sql and code[0] == "WITH RECURSIVE"
+        assert "'x''y'" in sql
+
+
+def test_table_is_falsy_when_empty():
+    assert not Table("x", "X", [], [])

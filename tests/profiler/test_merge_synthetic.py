@@ -1,0 +1,128 @@
+"""Merge on hand-built traces (no writer needed): sequence ids, compressed batches, clocks."""
+
+import zlib
+
+import pytest
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+from stepscope.profiler import merge as M
+from tracedecode import decode
+
+S = 1_000_000_000
+
+
+def _trace(path, rank, host, pid, mono0, real0, events, compress=True):
+    """One rank: process+thread tracks, a global snapshot, one sequence (id 1, like every rank)
+    whose clock 64 is incremental against MONOTONIC; events = [(mono ns, 'B'|'E', name)]."""
+    pkts = []
+    p = pb.TracePacket()
+    p.clock_snapshot.clocks.add(clock_id=6, timestamp=mono0 + 7 * S)
+    p.clock_snapshot.clocks.add(clock_id=3, timestamp=mono0)
+    p.clock_snapshot.clocks.add(clock_id=1, timestamp=real0)
+    pkts.append(p)
+    p = pb.TracePacket()
+    p.track_descriptor.uuid = 1000 + rank
+    p.track_descriptor.process.pid = pid
+    p.track_descriptor.process.process_name = f"rank {rank} ({host})"
+    pkts.append(p)
+    p = pb.TracePacket()
+    p.track_descriptor.uuid = 2000 + rank
+    p.track_descriptor.parent_uuid = 1000 + rank
+    p.track_descriptor.thread.pid = pid
+    p.track_descriptor.thread.tid = pid + 1
+    p.track_descriptor.thread.thread_name = "main"
+    pkts.append(p)
+    body = []
+    first = pb.TracePacket()
+    first.trusted_packet_sequence_id = 1
+    first.sequence_flags = 3
+    first.trace_packet_defaults.timestamp_clock_id = 64
+    first.trace_packet_defaults.track_event_defaults.track_uuid = 2000 + rank
+    first.clock_snapshot.clocks.add(clock_id=64, timestamp=0, is_incremental=True)
+    first.clock_snapshot.clocks.add(clock_id=3, timestamp=mono0)
+    first.interned_data.event_names.add(iid=1, name="step 0")
+    body.append(first)
+    last = mono0
+    for ts, kind, _name in events:
+        e = pb.TracePacket()
+        e.trusted_packet_sequence_id = 1
+        e.sequence_flags = 2
+        e.timestamp = ts - last
+        last = ts
+        if kind == "B":
+            e.track_event.type = pb.TrackEvent.TYPE_SLICE_BEGIN
+            e.track_event.name_iid = 1
+        else:
+            e.track_event.type = pb.TrackEvent.TYPE_SLICE_END
+        body.append(e)
+    if compress:
+        inner = pb.Trace(packet=body).SerializeToString()
+        c = pb.TracePacket()
+        c.compressed_packets = zlib.compress(inner)
+        pkts.append(c)
+    else:
+        pkts.extend(body)
+    with open(path, "wb") as f:
+        f.write(pb.Trace(packet=pkts).SerializeToString())
+
+
+def test_same_host_sequence_ids_unique_and_times_kept(tmp_path):
+    for r in range(3):
+        _trace(tmp_path / f"rank{r}.summary.pftrace", r, "h", 100 + r, 50 * S, 9000 * S,
+               [(51 * S + r, "B", "step 0"), (52 * S + r, "E", "")], compress=r != 1)
+    res = M.merge([tmp_path], tmp_path / "out.pftrace")
+    assert res.ranks == [0, 1, 2] and res.alignment.startswith("shared clock")
+    d = decode(tmp_path / "out.pftrace")
+    assert d.processes == {100: "rank 0 (h)", 101: "rank 1 (h)", 102: "rank 2 (h)"}
+    steps = sorted((d.track_pid(s.track), s.ts, s.dur) for s in d.slices)
+    assert steps == [(100 + r, 51 * S + r, S) for r in range(3)]
+    seqs = {p.trusted_packet_sequence_id for p in d.packets if p.trusted_packet_sequence_id}
+    assert len(seqs) == 3
+    # the compressed batches stayed compressed
+    raw = pb.Trace()
+    raw.ParseFromString((tmp_path / "out.pftrace").read_bytes())
+    assert sum(p.HasField("compressed_packets") for p in raw.packet) == 2
+
+
+def test_rank_filter_and_errors(tmp_path):
+    for r in range(6):
+        _trace(tmp_path / f"rank{r}.summary.pftrace", r, "h", 100 + r, S, S, [])
+    res = M.merge([tmp_path], tmp_path / "o.pftrace", ranks="0,2-4")
+    assert res.ranks == [0, 2, 3, 4]
+    assert set(decode(tmp_path / "o.pftrace").processes) == {100, 102, 103, 104}
+    assert M.parse_ranks("1, 3-5") == {1, 3, 4, 5}
+    with pytest.raises(ValueError, match="not a rank or a range"):
+        M.parse_ranks("a")
+    with pytest.raises(ValueError, match="no input has a rank"):
+        M.merge([tmp_path], tmp_path / "o.pftrace", ranks={9})
+    with pytest.raises(ValueError, match="no rank\\*.detail"):
+        M.merge([tmp_path], tmp_path / "o.pftrace", level="detail")
+    with pytest.raises(ValueError, match="no such file"):
+        M.merge([tmp_path / "nope"], tmp_path / "o.pftrace")
+
+
+def test_several_hosts_aligned_by_wall_clock(tmp_path):
+    # host a: MONOTONIC 1000 s <-> REALTIME 5000 s; host b: MONOTONIC 200 s <-> REALTIME 5000.5 s
+    _trace(tmp_path / "rank0.summary.pftrace", 0, "a", 7, 1000 * S, 5000 * S,
+           [(1001 * S, "B", ""), (1002 * S, "E", "")])
+    _trace(tmp_path / "rank1.summary.pftrace", 1, "b", 7, 200 * S, 5000 * S + S // 2,
+           [(201 * S, "B", ""), (203 * S, "E", "")])
+    res = M.merge([tmp_path], tmp_path / "o.pftrace")
+    assert res.alignment.startswith("wall clock (REALTIME) across hosts a, b")
+    d = decode(tmp_path / "o.pftrace")
+    # rank 1's pid collided with rank 0's: renumbered, thread track too
+    assert sorted(d.processes.values()) == ["rank 0 (a)", "rank 1 (b)"]
+    assert len(d.processes) == 2
+    by_name = {d.processes[d.track_pid(s.track)]: (s.ts, s.dur) for s in d.slices}
+    # b's event at MONOTONIC 201 s = REALTIME 5001.5 s = a's MONOTONIC 1001.5 s
+    assert by_name == {"rank 0 (a)": (1001 * S, S), "rank 1 (b)": (1001 * S + S // 2, 2 * S)}
+
+
+def test_truncated_file_merges_its_complete_packets(tmp_path):
+    _trace(tmp_path / "rank0.summary.pftrace", 0, "h", 5, S, S,
+           [(2 * S, "B", ""), (3 * S, "E", "")], compress=False)
+    data = (tmp_path / "rank0.summary.pftrace").read_bytes()
+    (tmp_path / "rank0.summary.pftrace").write_bytes(data[:-3])  # cut inside the last packet
+    M.merge([tmp_path / "rank0.summary.pftrace"], tmp_path / "o.pftrace")
+    d = decode(tmp_path / "o.pftrace")
+    assert [(s.ts, s.dur) for s in d.slices] == [(2 * S, None)]

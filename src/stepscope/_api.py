@@ -53,6 +53,7 @@ class _Range:
 
 _range_classes: list[type] = []  # one per cached fast range (class-level __enter__)
 _ranges: dict = {}  # (message, domain, category) -> _Range
+_by_message: dict = {}  # message -> _Range with no domain/category (the fast lookup)
 _lock = threading.Lock()
 
 
@@ -145,7 +146,7 @@ def annotate(message: Any = None, color: Any = None, domain: Any = None, categor
     """
     if color is None and domain is None and category is None and payload is None and not args:
         try:
-            return _ranges[message, None, None]
+            return _by_message[message]
         except (KeyError, TypeError):
             pass
     return _annotate_slow(message, color, domain, category, payload, args)
@@ -167,8 +168,9 @@ def _annotate_slow(message, color, domain, category, payload, args):
         r = _make_range(message, color, domain, category, None, None)
         if len(_ranges) < MAX_CACHED_RANGES:
             with _lock:
-                _ranges.setdefault(key, r)
-                r = _ranges[key]
+                r = _ranges.setdefault(key, r)
+                if domain is None and category is None:
+                    _by_message.setdefault(key[0], r)
                 _bind_class(type(r), r.begin)
     return r
 
@@ -232,8 +234,9 @@ def push_range(message: Any = None, color: Any = None, domain: Any = None, categ
     if not _on:
         return
     if domain is None and category is None and payload is None:
-        c = _push_codes.get(message)
-        if c is None:
+        try:
+            c = _push_codes[message]
+        except (KeyError, TypeError):
             c = _push_code(message, None, None)
         rec._ext((c, rec.perf_counter_ns(), rec.get_ident()))
     elif payload is None:

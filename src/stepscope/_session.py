@@ -85,7 +85,8 @@ class Emitter:
         # at equal times: ends before begins; longer slices open first and close last
         self._add(ts, 1, -(ts + dur), Blob(BEGIN, eid, self.level, track, args, flow_ids,
                                           terminating_flow_ids))
-        self._add(ts + dur, 0, -ts, Blob(END, 0, self.level, track))
+        # a zero-length slice ends after it begins, and after other slices begin there
+        self._add(ts + dur, 0 if dur else 2, -ts, Blob(END, 0, self.level, track))
 
     def instant(self, ts: int, name: str, track: int, category: str | None = None,
                 args: dict | None = None) -> None:
@@ -238,7 +239,10 @@ class Session:
         if directory:
             os.makedirs(directory, exist_ok=True)
         with self._lock:
+            if self.started:  # what was recorded before belongs to the files open before
+                self._flush_locked(False)
             sink = Sink(path, lv, self.compress, self._enqueue)
+            sink.warn_unmatched = not self.started
             sink.clock_snapshot(_clock.snapshot())
             self.sinks.append(sink)
             if self.started:

@@ -15,7 +15,7 @@ import numpy as np
 from . import _clock
 from . import _wire as w
 from ._encoder import Interner, assemble, blob_event, packet, track_event
-from ._recorder import BEGIN, END, blobs
+from ._recorder import BEGIN, END, blobs, warn_once
 
 _PREFIX_FLAGS = w.f_varint(w.PKT_SEQUENCE_FLAGS, w.SEQ_NEEDS_INCREMENTAL_STATE)
 MAIN_SEQUENCE = 1
@@ -97,6 +97,7 @@ class Sink:
         self.pending: list[bytes] = []  # packets of the current flush
         self.bytes_raw = 0
         self.closed = False
+        self.warn_unmatched = True  # False for files opened mid-run (windows): drops expected
 
     # -- building one flush ----------------------------------------------------------------
     def sequence(self, key: object, track: int | None, clock_id: int) -> SequenceState:
@@ -140,6 +141,9 @@ class Sink:
             if dd.any():
                 dropped, seq.depth = unmatched_ends(dd, seq.depth)
                 if dropped.any():
+                    if self.warn_unmatched:
+                        warn_once("unmatched", "pop_range() or a range end with no open range "
+                                  "on its thread was ignored")
                     keep = ~dropped
                     codes, ts, is_blob = codes[keep], ts[keep], is_blob[keep]
                     n = len(codes)

@@ -60,27 +60,47 @@ def test_overview_unions_never_double_count(db):
     }
     assert rows["Kernels"]["ratio"] == pytest.approx(930 / 5000)
     assert rows["Step"]["ratio"] == 1.0
-    assert list(rows) == ["Step", "Dataloader", "Forward", "Backward", "Optimization",
-                          "User ranges", "Runtime API", "Kernels", "Communication", "Memcpy",
-                          "Memset"]
+    assert list(rows) == [
+        "Step",
+        "Dataloader",
+        "Forward",
+        "Backward",
+        "Optimization",
+        "User ranges",
+        "Runtime API",
+        "Kernels",
+        "Communication",
+        "Memcpy",
+        "Memset",
+    ]
 
 
 def test_model_phases_and_others(db):
     rows = by(S.table(db, "model").rows, "phase")
     assert list(rows) == ["Dataloader", "Forward", "Backward", "Optimization", "Others"]
-    cpu = {k: (r["calls"], r["cpu_total_ns"], r["cpu_max_ns"], r["cpu_min_ns"])
-           for k, r in rows.items()}
+    cpu = {
+        k: (r["calls"], r["cpu_total_ns"], r["cpu_max_ns"], r["cpu_min_ns"])
+        for k, r in rows.items()
+    }
     # Others per step: rank 0: 1000-800=200, 1000-900=100; rank 1: 1500, 1500 (no phases)
-    assert cpu == {"Dataloader": (2, 300, 200, 100), "Forward": (2, 600, 300, 300),
-                   "Backward": (2, 600, 300, 300), "Optimization": (1, 200, 200, 200),
-                   "Others": (4, 3300, 1500, 100)}
+    assert cpu == {
+        "Dataloader": (2, 300, 200, 100),
+        "Forward": (2, 600, 300, 300),
+        "Backward": (2, 600, 300, 300),
+        "Optimization": (1, 200, 200, 200),
+        "Others": (4, 3300, 1500, 100),
+    }
     gpu = {k: (r["gpu_total_ns"], r["gpu_max_ns"], r["gpu_min_ns"]) for k, r in rows.items()}
     # Forward: K1 via flow; Backward: K2 (flow) U relu (starts 1650 inside) = [1620,1750);
     # Optimization: nccl [2750,2950) covers M1 and DtoH; Others: memset 20 (rank 0 step 2)
     # + rank 1 step 1 [1100,2000) = 900; the gemm at 3100 is in no step.
-    assert gpu == {"Dataloader": (0, 0, 0), "Forward": (200, 200, 0),
-                   "Backward": (130, 130, 0), "Optimization": (200, 200, 200),
-                   "Others": (920, 900, 0)}
+    assert gpu == {
+        "Dataloader": (0, 0, 0),
+        "Forward": (200, 200, 0),
+        "Backward": (130, 130, 0),
+        "Optimization": (200, 200, 200),
+        "Others": (920, 900, 0),
+    }
     assert rows["Others"]["cpu_avg_ns"] == 825
     assert rows["Backward"]["gpu_avg_ns"] == 65
     assert rows["Others"]["cpu_ratio"] == pytest.approx(3300 / 5000)
@@ -89,17 +109,33 @@ def test_model_phases_and_others(db):
 
 def test_step_times_and_stats(db):
     per = S.table(db, "step_times").rows
-    assert [(r["rank"], r["step"], r["batch_cost_ns"], r["reader_cost_ns"], r["num_samples"])
-            for r in per] == [(0, 1, 1000, 200, 32), (0, 2, 1000, 100, 32),
-                              (1, 1, 1500, 0, None), (1, 2, 1500, 0, None)]
+    assert [
+        (r["rank"], r["step"], r["batch_cost_ns"], r["reader_cost_ns"], r["num_samples"])
+        for r in per
+    ] == [
+        (0, 1, 1000, 200, 32),
+        (0, 2, 1000, 100, 32),
+        (1, 1, 1500, 0, None),
+        (1, 2, 1500, 0, None),
+    ]
     assert per[0]["reader_ratio"] == 0.2 and per[0]["samples_per_s"] == 32e6
     assert per[2]["ips"] == pytest.approx(1e9 / 1500)
     stats = by(S.table(db, "steps").rows, "stat")
     assert [stats[s]["batch_cost_ns"] for s in ("avg", "min", "max", "p50", "p90")] == [
-        1250, 1000, 1500, 1250, 1500]
+        1250,
+        1000,
+        1500,
+        1250,
+        1500,
+    ]
     # reader sorted [0, 0, 100, 200]: p50 at 1.5 -> 50, p90 at 2.7 -> 170
     assert [stats[s]["reader_cost_ns"] for s in ("avg", "min", "max", "p50", "p90")] == [
-        75, 0, 200, 50, pytest.approx(170)]
+        75,
+        0,
+        200,
+        50,
+        pytest.approx(170),
+    ]
     assert stats["avg"]["reader_ratio"] == pytest.approx(300 / 5000)
     assert stats["avg"]["ips"] == pytest.approx(4 / 5000e-9)
     assert stats["avg"]["samples_per_s"] == pytest.approx(64 / 2000e-9)
@@ -111,8 +147,9 @@ def test_operators_threads_merged(db):
     assert list(rows) == ["matmul", "load", "inner"]  # by total, descending
     m = rows["matmul"]
     assert (m["calls"], m["total_ns"], m["max_ns"], m["min_ns"]) == (3, 350, 150, 100)
-    assert m["stddev_ns"] == pytest.approx(math.sqrt(((150 - 350 / 3) ** 2
-                                                      + 2 * (100 - 350 / 3) ** 2) / 3))
+    assert m["stddev_ns"] == pytest.approx(
+        math.sqrt(((150 - 350 / 3) ** 2 + 2 * (100 - 350 / 3) ** 2) / 3)
+    )
     assert m["self_ns"] == (150 - 20 - 60) + 100 + 100
     assert m["ratio"] == pytest.approx(350 / 5000)
     # only the first main-thread matmul launched work (K1, 200 ns)
@@ -123,11 +160,38 @@ def test_operators_threads_merged(db):
 
 def test_operators_by_thread(db):
     t = S.table(db, "operators", by_thread=True)
-    got = {(r["name"], r["tid"]): (r["rank"], r["thread_name"], r["calls"], r["total_ns"])
-           for r in t.rows}
-    assert got == {("matmul", 101): (0, "main", 2, 250), ("matmul", 102): (0, "worker", 1, 100),
-                   ("load", 102): (0, "worker", 1, 150), ("inner", 101): (0, "main", 1, 60)}
+    got = {
+        (r["name"], r["tid"]): (r["rank"], r["thread_name"], r["calls"], r["total_ns"])
+        for r in t.rows
+    }
+    assert got == {
+        ("matmul", 101): (0, "main", 2, 250),
+        ("matmul", 102): (0, "worker", 1, 100),
+        ("load", 102): (0, "worker", 1, 150),
+        ("inner", 101): (0, "main", 1, 60),
+    }
     assert [c.key for c in t.columns[:4]] == ["name", "rank", "tid", "thread_name"]
+
+
+def test_operator_gpu_time_follows_launches_into_enclosing_ranges():
+    t = TraceDB()
+    up = t.process(1, "rank 0 (h)")
+    main = t.thread(up, 11, "main")
+    api = t.track("CUDA API", main)
+    stream = t.track("stream 1", t.track("GPU 0 (X)", t.process_track(up)))
+    outer = t.slice(main, 0, 1000, "outer")
+    t.slice(main, 100, 100, "inner", parent=outer)
+    for launch, (ks, kd) in ((300, (400, 300)), (150, (160, 100)), (1100, (1100, 100))):
+        t.flow(
+            t.slice(api, launch, 5, "cudaLaunchKernel", "cuda_runtime"),
+            t.slice(stream, ks, kd, "k", "kernel"),
+        )
+    rows = by(S.table(t, "operators").rows, "name")
+    # launch at 300: inner ended at 200, outer still runs -> outer only; launch at 150: both;
+    # launch at 1100: after both. outer = [400,700) U [160,260) = 400; inner = 100.
+    assert rows["outer"]["gpu_total_ns"] == 400
+    assert rows["inner"]["gpu_total_ns"] == 100
+    assert rows["outer"]["gpu_ratio"] == pytest.approx(400 / 500)
 
 
 def test_kernels(db):
@@ -135,7 +199,12 @@ def test_kernels(db):
     assert list(rows) == ["gemm", "ncclAllReduce", "relu"]
     g = rows["gemm"]
     assert (g["calls"], g["total_ns"], g["avg_ns"], g["max_ns"], g["min_ns"]) == (
-        4, 900, 225, 500, 100)
+        4,
+        900,
+        225,
+        500,
+        100,
+    )
     assert g["ratio"] == pytest.approx(900 / 1700)
     assert g["blocks_per_sm"] == pytest.approx((2 * 200 + 4 * 100) / 300)
     assert g["occupancy"] == pytest.approx((0.5 * 200 + 0.25 * 100) / 300)
@@ -145,8 +214,11 @@ def test_kernels(db):
 def test_memcpy(db):
     rows = by(S.table(db, "memcpy").rows, "kind")
     got = {k: (r["calls"], r["bytes"], r["total_ns"], r["bandwidth_gbps"]) for k, r in rows.items()}
-    assert got == {"Memcpy DtoH": (1, 2000, 100, 20.0), "Memcpy HtoD": (1, 4000, 40, 100.0),
-                   "Memset": (1, 1000, 20, 50.0)}
+    assert got == {
+        "Memcpy DtoH": (1, 2000, 100, 20.0),
+        "Memcpy HtoD": (1, 4000, 40, 100.0),
+        "Memset": (1, 1000, 20, 50.0),
+    }
 
 
 def test_device(db):
@@ -163,14 +235,23 @@ def test_device(db):
 def test_distributed_and_stragglers(db):
     t = S.table(db, "distributed")
     rows = by(t.rows, "rank")
-    got = {k: (r["steps"], r["avg_step_ns"], r["frame_ns"], r["computation_ns"],
-               r["communication_ns"], r["overlap_ns"], r["other_ns"]) for k, r in rows.items()}
+    got = {
+        k: (
+            r["steps"],
+            r["avg_step_ns"],
+            r["frame_ns"],
+            r["computation_ns"],
+            r["communication_ns"],
+            r["overlap_ns"],
+            r["other_ns"],
+        )
+        for k, r in rows.items()
+    }
     assert got == {0: (2, 1000, 2000, 330, 200, 0, 1470), 1: (2, 1500, 3000, 500, 500, 100, 2100)}
     # median of 1000 and 1500 is 1250: rank 1 is 20% slower
     assert rows[1]["straggler"] and not rows[0]["straggler"]
     assert rows[1]["vs_median"] == pytest.approx(0.2)
-    assert not any(r["straggler"] for r in S.table(db, "distributed",
-                                                   straggler_margin=0.25).rows)
+    assert not any(r["straggler"] for r in S.table(db, "distributed", straggler_margin=0.25).rows)
     assert "stragglers" in t.notes[0] and t.notes[0].endswith(": 1")
 
 
@@ -178,10 +259,18 @@ def test_step_range_filter(db):
     rows = by(S.table(db, "overview", steps="2").rows, "kind")
     got = {k: (r["calls"], r["total_ns"]) for k, r in rows.items()}
     # windows: rank 0 [2000,3000), rank 1 [2500,4000); slices kept when they start inside
-    assert got == {"Step": (2, 2500), "Dataloader": (1, 100), "Forward": (1, 300),
-                   "Backward": (1, 300), "Optimization": (1, 200), "User ranges": (1, 100),
-                   "Runtime API": (1, 10), "Communication": (1, 200), "Memcpy": (2, 140),
-                   "Memset": (1, 20)}
+    assert got == {
+        "Step": (2, 2500),
+        "Dataloader": (1, 100),
+        "Forward": (1, 300),
+        "Backward": (1, 300),
+        "Optimization": (1, 200),
+        "User ranges": (1, 100),
+        "Runtime API": (1, 10),
+        "Communication": (1, 200),
+        "Memcpy": (2, 140),
+        "Memset": (1, 20),
+    }
     assert rows["Communication"]["ratio"] == pytest.approx(200 / 2500)
     steps = S.table(db, "step_times", steps=(1, 2)).rows
     assert [(r["rank"], r["step"]) for r in steps] == [(0, 1), (1, 1)]
@@ -191,14 +280,16 @@ def test_step_range_filter(db):
 def test_rank_and_thread_filters(db):
     rows = by(S.table(db, "overview", ranks=[1]).rows, "kind")
     assert {k: r["total_ns"] for k, r in rows.items()} == {
-        "Step": 3000, "Kernels": 500, "Communication": 500}
+        "Step": 3000,
+        "Kernels": 500,
+        "Communication": 500,
+    }
     rows = by(S.table(db, "overview", threads=["worker"]).rows, "kind")
     # host slices of other threads go; device slices stay; ratios still refer to the steps
     assert rows["User ranges"]["calls"] == 2 and rows["User ranges"]["total_ns"] == 250
     assert rows["User ranges"]["ratio"] == pytest.approx(250 / 5000)
     assert "Step" not in rows and rows["Kernels"]["total_ns"] == 930
-    assert by(S.table(db, "overview", threads=[102]).rows, "kind")["User ranges"][
-        "total_ns"] == 250
+    assert by(S.table(db, "overview", threads=[102]).rows, "kind")["User ranges"]["total_ns"] == 250
 
 
 def test_process_scoped_stream_tracks_give_the_same_tables(db):
@@ -225,14 +316,18 @@ def test_sort_and_formats(db):
     t = S.table(db, "kernels", sort="calls")
     assert [r["name"] for r in t.rows] == ["gemm", "ncclAllReduce", "relu"]
     assert [r["name"] for r in S.table(db, "kernels", sort="name").rows] == [
-        "gemm", "ncclAllReduce", "relu"]
+        "gemm",
+        "ncclAllReduce",
+        "relu",
+    ]
     assert [r["name"] for r in S.table(db, "kernels", sort="Min").rows][0] == "ncclAllReduce"
     with pytest.raises(KeyError, match="no column 'bogus'"):
         S.table(db, "kernels", sort="bogus")
     t = S.table(db, "memcpy")
     csv_text = t.to_csv("us")
     assert csv_text.splitlines()[0] == (
-        "kind,calls,total_us,avg_us,max_us,min_us,bytes,bandwidth_gbps")
+        "kind,calls,total_us,avg_us,max_us,min_us,bytes,bandwidth_gbps"
+    )
     assert csv_text.splitlines()[2] == "Memcpy HtoD,1,0.04,0.04,0.04,0.04,4000,100.0"
     data = json.loads(t.to_json("ns"))
     assert data["rows"][0]["total_ns"] == 100 and data["unit"] == "ns"
@@ -252,14 +347,24 @@ def test_report_and_all_tables(db):
     assert list(tables) == list(S.TABLES)
     assert [r["name"] for r in tables["operators"].rows][0] == "matmul"
     text = S.report(db, unit="us")
-    for title in ("Overview", "Model", "Steps", "Operators", "Kernels", "Memory Copies",
-                  "Device", "Distributed"):
+    for title in (
+        "Overview",
+        "Model",
+        "Steps",
+        "Operators",
+        "Kernels",
+        "Memory Copies",
+        "Device",
+        "Distributed",
+    ):
         assert f"{title} Summary" in text
     assert "Step Times Summary" not in text
     empty = TraceDB()
     assert S.report(empty) == "No events to summarize.\n"
-    assert json.loads(S.report(db, fmt="json", names=["kernels"]))["kernels"]["rows"][0][
-        "name"] == "gemm"
+    assert (
+        json.loads(S.report(db, fmt="json", names=["kernels"]))["kernels"]["rows"][0]["name"]
+        == "gemm"
+    )
 
 
 def test_bad_input_is_explained(db):
@@ -285,6 +390,7 @@ def test_query_rows_accepts_engine_results():
     class Frame:
         def query(self, sql):
             import pandas as pd
+
             return pd.DataFrame([{"a": 1, "b": None}])
 
     assert S.query_rows(RowObjects(), "q") == [{"a": 1, "b": "x"}]
@@ -303,22 +409,56 @@ def test_sql_literals_are_schema_names():
     import re
 
     cats = {v for k, v in vars(_schema).items() if k.startswith("CAT_")}
-    keys = {f"debug.{v}" for k, v in vars(_schema).items()
-            if k.startswith("ARG_") and isinstance(v, str)}
+    keys = {
+        f"debug.{v}"
+        for k, v in vars(_schema).items()
+        if k.startswith("ARG_") and isinstance(v, str)
+    }
     phases = set(_schema.PHASES)
     used = set()
-    for name in ("_base", "overview", "model", "steps", "operators", "kernels", "memcpy",
-                 "device", "distributed", "cntk_detail"):
+    for name in (
+        "_base",
+        "overview",
+        "model",
+        "steps",
+        "operators",
+        "kernels",
+        "memcpy",
+        "device",
+        "distributed",
+        "cntk_detail",
+    ):
         used |= set(re.findall(r"'([^']*)'", S.sql_text(name)))
-    assert {"step", "phase", "dataloader", "kernel", "communication", "memcpy", "memset",
-            "cuda_runtime", "cuda_driver", "sync", "gpu_range", "stepscope"} <= cats
+    assert {
+        "step",
+        "phase",
+        "dataloader",
+        "kernel",
+        "communication",
+        "memcpy",
+        "memset",
+        "cuda_runtime",
+        "cuda_driver",
+        "sync",
+        "gpu_range",
+        "stepscope",
+    } <= cats
     debug_keys = {u for u in used if u.startswith("debug.")}
     assert debug_keys and debug_keys <= keys
     assert phases <= used
     # every category literal compared in SQL is a schema category
     cat_literals = set()
-    for name in ("_base", "overview", "model", "steps", "operators", "kernels", "memcpy",
-                 "device", "distributed"):
+    for name in (
+        "_base",
+        "overview",
+        "model",
+        "steps",
+        "operators",
+        "kernels",
+        "memcpy",
+        "device",
+        "distributed",
+    ):
         text = S.sql_text(name)
         cat_literals |= set(re.findall(r"category\s*(?:=|<>)\s*'([^']*)'", text))
         for m in re.finditer(r"category\s+IN\s*\(([^)]*)\)", text):
@@ -328,8 +468,16 @@ def test_sql_literals_are_schema_names():
 
 
 def test_rendered_sql_has_no_placeholders():
-    for name in ("overview", "model", "steps", "kernels", "memcpy", "device", "distributed",
-                 "cntk_detail"):
+    for name in (
+        "overview",
+        "model",
+        "steps",
+        "kernels",
+        "memcpy",
+        "device",
+        "distributed",
+        "cntk_detail",
+    ):
         sql = S.render(name, S.Filters.make(threads=[1, "x'y"], ranks=[0], steps="1:3"))
         code = [ln for ln in sql.splitlines() if ln.strip() and not ln.lstrip().startswith("--")]
         assert "{{" not in sql and code[0] == "WITH RECURSIVE"

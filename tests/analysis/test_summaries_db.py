@@ -70,12 +70,16 @@ class TraceDB:
         self.conn.execute("INSERT INTO thread_track VALUES (?, ?)", (tr, utid))
         return tr
 
-    def track(self, name: str, parent: int | None, upid: int | None = None) -> int:
-        """A custom track; with ``upid`` it is also a process track (trace processor makes the
-        descendants of a process descriptor process-scoped tracks)."""
+    def track(
+        self, name: str, parent: int | None, upid: int | None = None, utid: int | None = None
+    ) -> int:
+        """A custom track; with ``upid`` it is also a process track, with ``utid`` a thread
+        track (trace processor scopes the descendants of a process/thread descriptor so)."""
         tr = self._new_track(name, parent)
         if upid is not None:
             self.conn.execute("INSERT INTO process_track VALUES (?, ?)", (tr, upid))
+        if utid is not None:
+            self.conn.execute("INSERT INTO thread_track VALUES (?, ?)", (tr, utid))
         return tr
 
     def counter_track(self, name: str, parent: int | None) -> int:
@@ -100,8 +104,16 @@ class TraceDB:
             )
         return self._arg_set
 
-    def slice(self, track: int, ts: int, dur: int, name: str, category: str | None = None,
-              args: dict[str, Any] | None = None, parent: int | None = None) -> int:
+    def slice(
+        self,
+        track: int,
+        ts: int,
+        dur: int,
+        name: str,
+        category: str | None = None,
+        args: dict[str, Any] | None = None,
+        parent: int | None = None,
+    ) -> int:
         depth = 0 if parent is None else self._depth[parent] + 1
         cur = self.conn.execute(
             "INSERT INTO slice(ts, dur, track_id, category, name, depth, parent_id, arg_set_id) "
@@ -116,8 +128,9 @@ class TraceDB:
         self.conn.execute("INSERT INTO flow VALUES (?, ?)", (out, into))
 
     def counter(self, track: int, ts: int, value: float) -> None:
-        self.conn.execute("INSERT INTO counter(ts, track_id, value) VALUES (?, ?, ?)",
-                          (ts, track, value))
+        self.conn.execute(
+            "INSERT INTO counter(ts, track_id, value) VALUES (?, ?, ?)", (ts, track, value)
+        )
 
 
 def scenario(streams_as_process_tracks: bool = False) -> TraceDB:
@@ -134,6 +147,8 @@ def scenario(streams_as_process_tracks: bool = False) -> TraceDB:
     gpu = db.track("GPU 0 (H100)", db.process_track(r0), upid=up)
     s7 = db.track("stream 7", gpu, upid=up)
     s8 = db.track("stream 8", gpu, upid=up)
+    # runtime calls on a "CUDA API" child track of the main thread, as the GPU converter writes
+    api = db.track("CUDA API", main, utid=101 if streams_as_process_tracks else None)
 
     # step 1 [1000, 2000): Dataloader [1000,1200) > wait [1000,1150); Forward [1200,1500)
     # > matmul [1250,1400) > launch [1300,1320) -> K1, inner [1320,1380); Backward
@@ -145,8 +160,8 @@ def scenario(streams_as_process_tracks: bool = False) -> TraceDB:
     mm = db.slice(main, 1250, 150, "matmul", None, parent=fw)
     l1 = db.slice(main, 1300, 20, "cudaLaunchKernel", "cuda_runtime", parent=mm)
     db.slice(main, 1320, 60, "inner", "mydomain", parent=mm)
-    bw = db.slice(main, 1500, 300, "Backward", "phase", parent=st1)
-    l2 = db.slice(main, 1600, 10, "cudaLaunchKernel", "cuda_runtime", parent=bw)
+    db.slice(main, 1500, 300, "Backward", "phase", parent=st1)
+    l2 = db.slice(api, 1600, 10, "cudaLaunchKernel", "cuda_runtime")
     # step 2 [2000, 3000): wait [2000,2100) directly in the step; Forward [2100,2400) > matmul
     # [2150,2250); Backward [2400,2700); Optimization [2700,2900) > launch [2750,2760) -> M1.
     st2 = db.slice(main, 2000, 1000, "step 2", "step", {"step": 2, "num_samples": 32})
@@ -154,16 +169,18 @@ def scenario(streams_as_process_tracks: bool = False) -> TraceDB:
     fw2 = db.slice(main, 2100, 300, "Forward", "phase", parent=st2)
     db.slice(main, 2150, 100, "matmul", None, parent=fw2)
     db.slice(main, 2400, 300, "Backward", "phase", parent=st2)
-    op = db.slice(main, 2700, 200, "Optimization", "phase", parent=st2)
-    l3 = db.slice(main, 2750, 10, "cudaMemcpyAsync", "cuda_runtime", parent=op)
+    db.slice(main, 2700, 200, "Optimization", "phase", parent=st2)
+    l3 = db.slice(api, 2750, 10, "cudaMemcpyAsync", "cuda_runtime")
     # worker thread: overlaps main's matmul; "load" crosses the step boundary.
     db.slice(worker, 1350, 100, "matmul", None)
     db.slice(worker, 1900, 150, "load", None)
     # device
-    k1 = db.slice(s7, 1330, 200, "gemm", "kernel", {"blocks_per_sm": 2.0,
-                                                   "est_achieved_occupancy": 0.5})
-    k2 = db.slice(s7, 1620, 100, "gemm", "kernel", {"blocks_per_sm": 4.0,
-                                                   "est_achieved_occupancy": 0.25})
+    k1 = db.slice(
+        s7, 1330, 200, "gemm", "kernel", {"blocks_per_sm": 2.0, "est_achieved_occupancy": 0.5}
+    )
+    k2 = db.slice(
+        s7, 1620, 100, "gemm", "kernel", {"blocks_per_sm": 4.0, "est_achieved_occupancy": 0.25}
+    )
     db.slice(s8, 1650, 100, "relu", "kernel")  # no flow
     db.slice(s8, 2750, 200, "ncclAllReduce", "communication")
     m1 = db.slice(s7, 2760, 40, "Memcpy HtoD", "memcpy", {"bytes": 4000, "copy_kind": "HtoD"})
@@ -198,8 +215,12 @@ def scenario(streams_as_process_tracks: bool = False) -> TraceDB:
 def test_builder_nests_slices_and_links_tracks():
     db = scenario()
     rows = db.query("SELECT name, depth FROM slice WHERE name = 'cudaLaunchKernel' ORDER BY ts")
-    assert rows == [{"name": "cudaLaunchKernel", "depth": 3},
-                    {"name": "cudaLaunchKernel", "depth": 2}]
-    streams = db.query("SELECT t.name, p.name AS parent FROM track t JOIN track p "
-                       "ON p.id = t.parent_id WHERE t.name LIKE 'stream %' ORDER BY t.id")
+    assert rows == [
+        {"name": "cudaLaunchKernel", "depth": 3},
+        {"name": "cudaLaunchKernel", "depth": 0},
+    ]
+    streams = db.query(
+        "SELECT t.name, p.name AS parent FROM track t JOIN track p "
+        "ON p.id = t.parent_id WHERE t.name LIKE 'stream %' ORDER BY t.id"
+    )
     assert [r["parent"] for r in streams] == ["GPU 0 (H100)", "GPU 0 (H100)", "GPU 0 (A100)"]

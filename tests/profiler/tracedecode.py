@@ -161,6 +161,7 @@ def decode(path) -> Decoded:
             if st:
                 s = st.pop()
                 s.dur = ts - s.ts
+                s.args.update(args)  # trace processor merges end-event args into the slice
         elif t == pb.TrackEvent.TYPE_INSTANT:
             instants.append(Slice(name, cat, ts, 0, track, args, seq))
         elif t == pb.TrackEvent.TYPE_COUNTER:

@@ -180,9 +180,10 @@ def render_many(tables: Iterable[Table], fmt: str = "text", unit: str = "ms") ->
     """Several tables in one document (JSON: one object keyed by table name)."""
     tables = list(tables)
     if fmt == "json":
-        return json.dumps(
-            {t.name: t.to_dict(unit) for t in tables}, indent=2, default=_json_default
-        ) + "\n"
+        return (
+            json.dumps({t.name: t.to_dict(unit) for t in tables}, indent=2, default=_json_default)
+            + "\n"
+        )
     if fmt == "csv":
         return "\n".join(f"# {t.name}\n{t.to_csv(unit)}" for t in tables)
     return "\n".join(t.render(fmt, unit) for t in tables)

@@ -4,8 +4,10 @@
 * ``<timestamp>_detail_<rank>.csv``: one line per event: name, thread id, begin ms, end ms.
 
 Events are the finished slices of the selection (sql/cntk_detail.sql; the profiler's own
-'stepscope' bookkeeping slices are left out). Times are milliseconds; begin/end are relative to
-the earliest event of the selection over all ranks, so the files of different ranks line up.
+'stepscope' bookkeeping slices are left out). The summary groups all step slices ("step <n>")
+under one name, "step"; the detail file keeps each slice's own name. Times are milliseconds;
+begin/end are relative to the earliest event of the selection over all ranks, so the files of
+different ranks line up.
 Std dev is the population standard deviation (divide by the count).
 """
 
@@ -40,8 +42,10 @@ def write_cntk(
     """
     if timestamp is None:
         timestamp = _dt.datetime.now(_dt.timezone.utc)
-    stamp = timestamp.strftime(TIMESTAMP_FORMAT) if isinstance(timestamp, _dt.datetime) else str(
-        timestamp
+    stamp = (
+        timestamp.strftime(TIMESTAMP_FORMAT)
+        if isinstance(timestamp, _dt.datetime)
+        else str(timestamp)
     )
     if not stamp or any(c in stamp for c in "/\\"):
         raise SummaryError(f"bad timestamp for file names: {stamp!r}")
@@ -61,7 +65,8 @@ def write_cntk(
             w = csv.writer(f, lineterminator="\n")
             w.writerow(["name", "thread_id", "begin_ms", "end_ms"])
             for e in events:
-                w.writerow([e["name"], e["thread"], _ms(e["ts"] - origin), _ms(e["end_ts"] - origin)])
+                begin, end = _ms(e["ts"] - origin), _ms(e["end_ts"] - origin)
+                w.writerow([e["name"], e["thread"], begin, end])
         summary = out / f"{stamp}_summary_{rank}.txt"
         summary.write_text(summary_text(events, rank=rank, timestamp=stamp), encoding="utf-8")
         paths += [summary, detail]
@@ -76,9 +81,10 @@ def event_stats(events: Iterable[dict]) -> list[dict[str, Any]]:
     acc: dict[str, list[int]] = {}
     for e in events:
         d = int(e["dur"])
-        a = acc.get(e["name"])
+        key = e.get("stat_name") or e["name"]
+        a = acc.get(key)
         if a is None:
-            acc[e["name"]] = [1, d, d * d, d, d]
+            acc[key] = [1, d, d * d, d, d]
         else:
             a[0] += 1
             a[1] += d
@@ -88,8 +94,17 @@ def event_stats(events: Iterable[dict]) -> list[dict[str, Any]]:
     out = []
     for name, (n, total, sq, lo, hi) in acc.items():
         var = (n * sq - total * total) / (n * n)
-        out.append({"name": name, "count": n, "total_ns": total, "avg_ns": total / n,
-                    "stddev_ns": math.sqrt(max(var, 0.0)), "min_ns": lo, "max_ns": hi})
+        out.append(
+            {
+                "name": name,
+                "count": n,
+                "total_ns": total,
+                "avg_ns": total / n,
+                "stddev_ns": math.sqrt(max(var, 0.0)),
+                "min_ns": lo,
+                "max_ns": hi,
+            }
+        )
     out.sort(key=lambda s: (-s["total_ns"], s["name"]))
     return out
 
@@ -111,7 +126,8 @@ def summary_text(events: Iterable[dict], *, rank: Any, timestamp: str) -> str:
     ]
     for s in stats:
         nums = [_ms(s["avg_ns"]), _ms(s["stddev_ns"]), _ms(s["min_ns"]), _ms(s["max_ns"])]
-        cells = [f"{v:>14.6f}" for v in nums] + [f"{s['count']:>14d}", f"{_ms(s['total_ns']):>14.6f}"]
+        cells = [f"{v:>14.6f}" for v in nums]
+        cells += [f"{s['count']:>14d}", f"{_ms(s['total_ns']):>14.6f}"]
         lines.append(f"{s['name']:<{width}}" + "".join(f"  {c}" for c in cells))
     return "\n".join(lines) + "\n"
 

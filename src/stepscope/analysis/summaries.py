@@ -32,6 +32,7 @@ __all__ = [
     "Filters",
     "SummaryError",
     "all_tables",
+    "has_column",
     "parse_steps",
     "query_rows",
     "render",
@@ -172,9 +173,7 @@ def query_rows(db: Any, sql: str) -> list[dict[str, Any]]:
         return [dict(zip(cols, r, strict=True)) for r in cur]
     res = db.query(sql)
     if hasattr(res, "to_dict") and hasattr(res, "columns"):  # a pandas DataFrame
-        return [
-            {k: _py(v) for k, v in r.items()} for r in res.to_dict("records")
-        ]
+        return [{k: _py(v) for k, v in r.items()} for r in res.to_dict("records")]
     rows = getattr(res, "rows", res)
     if callable(rows):
         rows = rows()
@@ -231,78 +230,140 @@ _SPECS: dict[str, _Spec] = {
     "overview": _Spec(
         "Overview",
         "overview",
-        (C("kind", "Event Type"), C("calls", "Calls", INT), C("total_ns", "Total", TIME),
-         C("ratio", "Ratio", RATIO)),
+        (
+            C("kind", "Event Type"),
+            C("calls", "Calls", INT),
+            C("total_ns", "Total", TIME),
+            C("ratio", "Ratio", RATIO),
+        ),
     ),
     "model": _Spec(
         "Model",
         "model",
-        (C("phase", "Phase"), C("calls", "Calls", INT),
-         C("cpu_total_ns", "CPU Total", TIME), C("cpu_avg_ns", "CPU Avg", TIME),
-         C("cpu_max_ns", "CPU Max", TIME), C("cpu_min_ns", "CPU Min", TIME),
-         C("cpu_ratio", "CPU Ratio", RATIO),
-         C("gpu_total_ns", "GPU Total", TIME), C("gpu_avg_ns", "GPU Avg", TIME),
-         C("gpu_max_ns", "GPU Max", TIME), C("gpu_min_ns", "GPU Min", TIME),
-         C("gpu_ratio", "GPU Ratio", RATIO)),
+        (
+            C("phase", "Phase"),
+            C("calls", "Calls", INT),
+            C("cpu_total_ns", "CPU Total", TIME),
+            C("cpu_avg_ns", "CPU Avg", TIME),
+            C("cpu_max_ns", "CPU Max", TIME),
+            C("cpu_min_ns", "CPU Min", TIME),
+            C("cpu_ratio", "CPU Ratio", RATIO),
+            C("gpu_total_ns", "GPU Total", TIME),
+            C("gpu_avg_ns", "GPU Avg", TIME),
+            C("gpu_max_ns", "GPU Max", TIME),
+            C("gpu_min_ns", "GPU Min", TIME),
+            C("gpu_ratio", "GPU Ratio", RATIO),
+        ),
     ),
     "steps": _Spec(
         "Steps",
         "steps",
-        (C("stat", "Stat"), C("batch_cost_ns", "Batch Cost", TIME),
-         C("reader_cost_ns", "Reader Cost", TIME), C("reader_ratio", "Reader Ratio", RATIO),
-         C("ips", "Steps/s", FLOAT), C("samples_per_s", "Samples/s", FLOAT)),
+        (
+            C("stat", "Stat"),
+            C("batch_cost_ns", "Batch Cost", TIME),
+            C("reader_cost_ns", "Reader Cost", TIME),
+            C("reader_ratio", "Reader Ratio", RATIO),
+            C("ips", "Steps/s", FLOAT),
+            C("samples_per_s", "Samples/s", FLOAT),
+        ),
     ),
     "step_times": _Spec(
         "Step Times",
         "steps",
-        (C("rank", "Rank", INT), C("step", "Step", INT), C("batch_cost_ns", "Batch Cost", TIME),
-         C("reader_cost_ns", "Reader Cost", TIME), C("reader_ratio", "Reader Ratio", RATIO),
-         C("ips", "Steps/s", FLOAT), C("num_samples", "Samples", INT),
-         C("samples_per_s", "Samples/s", FLOAT)),
+        (
+            C("rank", "Rank", INT),
+            C("step", "Step", INT),
+            C("batch_cost_ns", "Batch Cost", TIME),
+            C("reader_cost_ns", "Reader Cost", TIME),
+            C("reader_ratio", "Reader Ratio", RATIO),
+            C("ips", "Steps/s", FLOAT),
+            C("num_samples", "Samples", INT),
+            C("samples_per_s", "Samples/s", FLOAT),
+        ),
     ),
     "operators": _Spec(
         "Operators",
         "operators",
-        (C("name", "Name"), *_TIME_STATS, C("stddev_ns", "StdDev", TIME),
-         C("self_ns", "Self", TIME), C("ratio", "Ratio", RATIO),
-         C("gpu_total_ns", "GPU Total", TIME), C("gpu_avg_ns", "GPU Avg", TIME),
-         C("gpu_max_ns", "GPU Max", TIME), C("gpu_min_ns", "GPU Min", TIME),
-         C("gpu_ratio", "GPU Ratio", RATIO)),
+        (
+            C("name", "Name"),
+            *_TIME_STATS,
+            C("stddev_ns", "StdDev", TIME),
+            C("self_ns", "Self", TIME),
+            C("ratio", "Ratio", RATIO),
+            C("gpu_total_ns", "GPU Total", TIME),
+            C("gpu_avg_ns", "GPU Avg", TIME),
+            C("gpu_max_ns", "GPU Max", TIME),
+            C("gpu_min_ns", "GPU Min", TIME),
+            C("gpu_ratio", "GPU Ratio", RATIO),
+        ),
     ),
     "kernels": _Spec(
         "Kernels",
         "kernels",
-        (C("name", "Name"), *_TIME_STATS, C("ratio", "Ratio", RATIO),
-         C("blocks_per_sm", "Blocks/SM", FLOAT), C("occupancy", "Est. Occupancy", FLOAT)),
+        (
+            C("name", "Name"),
+            *_TIME_STATS,
+            C("ratio", "Ratio", RATIO),
+            C("blocks_per_sm", "Blocks/SM", FLOAT),
+            C("occupancy", "Est. Occupancy", RATIO),
+        ),
     ),
     "memcpy": _Spec(
         "Memory Copies",
         "memcpy",
-        (C("kind", "Kind"), *_TIME_STATS, C("bytes", "Bytes", INT),
-         C("bandwidth_gbps", "Bandwidth (GB/s)", FLOAT)),
+        (
+            C("kind", "Kind"),
+            *_TIME_STATS,
+            C("bytes", "Bytes", INT),
+            C("bandwidth_gbps", "Bandwidth (GB/s)", FLOAT),
+        ),
     ),
     "device": _Spec(
         "Device",
         "device",
-        (C("rank", "Rank", INT), C("name", "Metric"), C("samples", "Samples", INT),
-         C("mean", "Mean", FLOAT), C("min", "Min", FLOAT), C("max", "Max", FLOAT)),
+        (
+            C("rank", "Rank", INT),
+            C("name", "Metric"),
+            C("samples", "Samples", INT),
+            C("mean", "Mean", FLOAT),
+            C("min", "Min", FLOAT),
+            C("max", "Max", FLOAT),
+        ),
     ),
     "distributed": _Spec(
         "Distributed",
         "distributed",
-        (C("rank", "Rank", INT), C("steps", "Steps", INT), C("avg_step_ns", "Avg Step", TIME),
-         C("frame_ns", "Step Total", TIME), C("computation_ns", "Computation", TIME),
-         C("communication_ns", "Communication", TIME), C("overlap_ns", "Overlap", TIME),
-         C("other_ns", "Other", TIME), C("vs_median", "vs Median", RATIO),
-         C("straggler", "Straggler", BOOL)),
+        (
+            C("rank", "Rank", INT),
+            C("steps", "Steps", INT),
+            C("avg_step_ns", "Avg Step", TIME),
+            C("frame_ns", "Step Total", TIME),
+            C("computation_ns", "Computation", TIME),
+            C("communication_ns", "Communication", TIME),
+            C("overlap_ns", "Overlap", TIME),
+            C("other_ns", "Other", TIME),
+            C("vs_median", "vs Median", RATIO),
+            C("straggler", "Straggler", BOOL),
+        ),
     ),
 }
 
 #: Table names in report order.
 TABLES: tuple[str, ...] = tuple(_SPECS)
 
-_OPERATOR_THREAD_COLS = (C("rank", "Rank", INT), C("tid", "Thread", INT),
-                         C("thread_name", "Thread Name", TEXT))
+_OPERATOR_THREAD_COLS = (
+    C("rank", "Rank", INT),
+    C("tid", "Thread", INT),
+    C("thread_name", "Thread Name", TEXT),
+)
+
+
+def has_column(name: str, key: str, *, by_thread: bool = False) -> bool:
+    """Whether table ``name`` has a column ``key`` (key, key without ``_ns``, or header)."""
+    cols = list(_SPECS[name].columns)
+    if name == "operators" and by_thread:
+        cols += _OPERATOR_THREAD_COLS
+    return Table(name, "", cols, []).column(key) is not None
 
 
 def table(
@@ -330,8 +391,12 @@ def table(
     extra: dict[str, str] = {}
     if spec.sql == "operators":
         keys = ("rank", "tid", "thread_name") if by_thread else ("NULL",) * 3
-        extra = {"op_rank": keys[0], "op_tid": keys[1], "op_thread": keys[2],
-                 "op_group": "by thread" if by_thread else "threads merged"}
+        extra = {
+            "op_rank": keys[0],
+            "op_tid": keys[1],
+            "op_thread": keys[2],
+            "op_group": "per rank and thread" if by_thread else "threads merged",
+        }
         if by_thread:
             columns[1:1] = _OPERATOR_THREAD_COLS
     rows = _run(db, name, render(spec.sql, filters, **extra))
@@ -429,13 +494,18 @@ def _step_stats(rows: list[dict], **kw: Any) -> tuple[list[dict], list[str]]:
         "ips": len(steps) * 1e9 / total_b if total_b else None,
         "samples_per_s": (
             sum(s["num_samples"] for s in sampled) * 1e9 / sum(s["batch_cost_ns"] for s in sampled)
-            if sampled else None
+            if sampled
+            else None
         ),
     }
     keys = list(avg)
     table_rows = [{"stat": "avg", **avg}]
-    for stat, fn in (("min", min), ("max", max),
-                     ("p50", lambda v: percentile(v, 0.5)), ("p90", lambda v: percentile(v, 0.9))):
+    for stat, fn in (
+        ("min", min),
+        ("max", max),
+        ("p50", lambda v: percentile(v, 0.5)),
+        ("p90", lambda v: percentile(v, 0.9)),
+    ):
         row: dict[str, Any] = {"stat": stat}
         for k in keys:
             vals = [s[k] for s in steps if s[k] is not None]

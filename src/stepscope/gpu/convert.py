@@ -29,14 +29,14 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
 from .. import _schema
 from .metrics import BucketMetrics, bucket_edges, bucket_metrics, choose_bucket_ns
-from .occupancy import DeviceLimits, kernel_estimates
+from .occupancy import DeviceLimits, KernelEstimates, kernel_estimates
 from .records import (
     COPY_KIND_NAMES,
     INVALID_ID,
@@ -172,6 +172,8 @@ class GpuTraceConverter:
         self.counters = counters
         self.level = level
         self._em = sess.emitter(clock="realtime", level=level)
+        # counters also feed the run's summaries: written at summary level
+        self._cem = sess.emitter(clock="realtime", level=_schema.LEVEL_SUMMARY)
         self._gpu: dict[int, int] = {}
         self._streams: dict[tuple[int, int, int], int] = {}
         self._sync: dict[int, int] = {}
@@ -376,28 +378,27 @@ class GpuTraceConverter:
         return st
 
     # --- helpers -------------------------------------------------------------------------------
-    def _estimates(self, k: np.ndarray):
-        devs = np.unique(k["device"])
-        if devs.size == 1:
-            dev = self.devices.get(int(devs[0])) or next(iter(self.devices.values()))
-            return kernel_estimates(
-                dev, (k["grid_x"], k["grid_y"], k["grid_z"]),
-                (k["block_x"], k["block_y"], k["block_z"]),
-                k["registers"], k["static_smem"], k["dynamic_smem"],
+    def _estimates(self, k: np.ndarray) -> KernelEstimates:
+        """Per-kernel estimates, each kernel with its own device's limits."""
+        fallback = next(iter(self.devices.values()))
+        parts = []
+        devs = np.unique(k["device"]).tolist()
+        for d in devs:
+            sel = k["device"] == d if len(devs) > 1 else slice(None)
+            kk = k[sel]
+            e = kernel_estimates(
+                self.devices.get(d, fallback), (kk["grid_x"], kk["grid_y"], kk["grid_z"]),
+                (kk["block_x"], kk["block_y"], kk["block_z"]),
+                kk["registers"], kk["static_smem"], kk["dynamic_smem"],
             )  # fmt: skip
-        parts = {}
-        out = None
-        for d in devs.tolist():
-            sel = k["device"] == d
-            parts[d] = (sel, self._estimates(k[sel]))
-        fields = ("blocks_per_sm", "warps_per_sm", "active_blocks_per_sm",
-                  "est_achieved_occupancy", "sm_efficiency")  # fmt: skip
-        arrays = {f: np.zeros(k.size) for f in fields}
-        for sel, e in parts.values():
-            for f in fields:
-                arrays[f][sel] = getattr(e, f)
-        out = type(next(iter(parts.values()))[1])(**arrays)
-        return out
+            if len(devs) == 1:
+                return e
+            parts.append((sel, e))
+        merged = {f.name: np.zeros(k.size) for f in fields(KernelEstimates)}
+        for sel, e in parts:
+            for name, arr in merged.items():
+                arr[sel] = getattr(e, name)
+        return KernelEstimates(**merged)
 
     def _flows(self, corr: np.ndarray, linked: np.ndarray) -> list[list[int] | None]:
         fids = flow_ids_for(corr, self.pid).tolist()
@@ -470,8 +471,8 @@ class GpuTraceConverter:
                 (_schema.COUNTER_GPU_OCCUPANCY, np.nan_to_num(bm.achieved_occupancy)),
             ):
                 trk = self.counter_track(d, which)
-                for t, v in zip(ts, np.round(values * 100.0, 4).tolist(), strict=False):
-                    self._em.counter(t, trk, v)
-                self._em.counter(ts[-1], trk, 0.0)  # back to idle after the window
+                for t, v in zip(ts, (values * 100.0).tolist(), strict=False):
+                    self._cem.counter(t, trk, v)
+                self._cem.counter(ts[-1], trk, 0.0)  # back to idle after the window
                 n += len(ts)
         return n, out

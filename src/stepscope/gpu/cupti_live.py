@@ -105,12 +105,14 @@ class CuptiTracer:
         max_records: int = 2_000_000,
         driver_api: bool = True,
         cupti_module: Any = None,
+        log_level: int = logging.INFO,
     ) -> None:
         """``cupti_module`` replaces ``cupti.cupti`` (tests drive the path with a stand-in)."""
         self.buffer_bytes = int(buffer_bytes)
         self.max_records = int(max_records)
         self.driver_api = driver_api
         self._cupti: Any = cupti_module
+        self.log_level = log_level
         self._registered = False
         self._active = False
         self._lock = threading.Lock()
@@ -121,7 +123,6 @@ class CuptiTracer:
         self.offset_ns = 0
         self.runtime_names: dict[int, str] = {}
         self.driver_names: dict[int, str] = {}
-        self._filter_api = False
         self._getters: dict[int, tuple[str, Any]] = {}
 
     # --- setup ---------------------------------------------------------------------------------
@@ -137,7 +138,9 @@ class CuptiTracer:
             return True
         cupti = self._cupti or _import_cupti()
         if cupti is None:
-            log.info("stepscope: cupti-python not installed; GPU activity tracing off")
+            log.log(
+                self.log_level, "stepscope: cupti-python not installed; GPU activity tracing off"
+            )
             return False
         try:
             if not self._registered:
@@ -148,7 +151,9 @@ class CuptiTracer:
                 cupti.activity_enable(kind)
             self._enable_api_filter(cupti)
         except Exception as exc:  # no GPU, no driver, CUPTI in use by another tool, ...
-            log.info("stepscope: CUPTI unavailable (%s); GPU activity tracing off", exc)
+            log.log(
+                self.log_level, "stepscope: CUPTI unavailable (%s); GPU activity tracing off", exc
+            )
             self._disable_all(cupti)
             return False
         self._active = True
@@ -185,21 +190,29 @@ class CuptiTracer:
             self.offset_ns = 0
 
     def _enable_api_filter(self, cupti: Any) -> None:
-        """Record only the launch/copy/set/wait callbacks where CUPTI lets us choose."""
+        """Record only the launch/copy/set/wait callbacks where CUPTI lets us choose.
+
+        Every callback id of the enums is switched explicitly (on for the chosen ones, off for the
+        rest), whatever CUPTI's default for a kind that is enabled. Decoding filters again, so a
+        CUPTI without these calls only costs more records, never wrong ones.
+        """
         rt = getattr(cupti, "activity_enable_runtime_api", None)
         drv = getattr(cupti, "activity_enable_driver_api", None)
-        if rt is None or not self.runtime_names or (self.driver_api and drv is None):
-            self._filter_api = True  # collect all, drop on decode
-            return
-        try:
-            for cbid in self.runtime_names:
-                rt(cbid, 1)
-            if self.driver_api:
-                for cbid in self.driver_names:
-                    drv(cbid, 1)
-            self._filter_api = False
-        except Exception:
-            self._filter_api = True
+        for fn, enum_names, chosen in (
+            (rt, ("runtime_api_trace_cbid", "Runtime_api_trace_cbid"), self.runtime_names),
+            (drv if self.driver_api else None,
+             ("driver_api_trace_cbid", "Driver_api_trace_cbid"), self.driver_names),
+        ):  # fmt: skip
+            enum = _enum(cupti, *enum_names)
+            if fn is None or enum is None:
+                continue
+            try:
+                for member in enum:
+                    cbid = int(member)
+                    if cbid > 0 and not member.name.endswith(("INVALID", "SIZE", "FORCE_INT")):
+                        fn(cbid, 1 if cbid in chosen else 0)
+            except Exception as exc:
+                log.debug("stepscope: per-callback API enables failed (%s)", exc)
 
     def _disable_all(self, cupti: Any) -> None:
         for kind in self._kinds:
@@ -223,7 +236,10 @@ class CuptiTracer:
             for a in activities:
                 g = getters.get(a.kind)
                 if g is not None:
-                    rows[g[0]].append(g[1](a))
+                    try:
+                        rows[g[0]].append(g[1](a))
+                    except AttributeError:  # a record layout we do not know: count, go on
+                        self._dropped += 1
 
     # --- window end ----------------------------------------------------------------------------
     def stop(self) -> ActivityBatch:
@@ -261,11 +277,10 @@ class CuptiTracer:
         b.syncs = _to_table(rows.get("sync", []), SYNC_DTYPE)
         b.runtime = _to_table(rows.get("rt", []), API_DTYPE)
         b.driver = _to_table(rows.get("drv", []), API_DTYPE)
-        if self._filter_api:
-            if self.runtime_names:
-                b.runtime = b.runtime[np.isin(b.runtime["cbid"], list(self.runtime_names))]
-            if self.driver_names:
-                b.driver = b.driver[np.isin(b.driver["cbid"], list(self.driver_names))]
+        if self.runtime_names:
+            b.runtime = b.runtime[np.isin(b.runtime["cbid"], list(self.runtime_names))]
+        if self.driver_names:
+            b.driver = b.driver[np.isin(b.driver["cbid"], list(self.driver_names))]
         return b
 
     def api_names(self) -> dict[tuple[bool, int], str]:

@@ -153,3 +153,50 @@ def load_fixture(path: str | os.PathLike[str], *, api: str = "correlated") -> Fi
             if k not in ("cupti_records", "host_ranges", "nvml_samples", "gpm_samples")
         },
     )
+
+
+def replay_fixture(sess: Any, fx: Fixture, *, host_ranges: bool = True, counters: bool = True):
+    """Write the whole fixture into a session, as if it had been recorded live.
+
+    Everything goes on the REALTIME clock so that it lines up regardless of this machine's clocks:
+    device records as recorded (CUPTI stamps REALTIME), host ranges and NVML/GPM samples mapped
+    from the recording machine's ``perf_counter_ns`` to its ``time_ns`` through the clock pairs.
+    Host ranges go on one custom track per recorded thread name. Returns the converter's stats.
+    """
+    from .. import _schema
+    from .clock import to_clock
+    from .convert import GpuTraceConverter
+    from .nvml import CounterWriter, gpm_counters, sample_counters
+
+    pid = int(fx.meta.get("pid", 0)) or None
+    conv = GpuTraceConverter(sess, {0: fx.device}, pid=pid)
+    steps = len({h.get("step") for h in fx.host_ranges if h.get("name") == "ProfileStep"})
+    stats = conv.convert(fx.batch, steps=steps)
+    if host_ranges and fx.host_ranges:
+        em = sess.emitter(clock="realtime", level=_schema.LEVEL_DETAIL)
+        starts = to_clock(
+            np.array([h["start"] for h in fx.host_ranges]), fx.clock_pairs, "perf_counter_ns",
+            "time_ns",
+        )  # fmt: skip
+        ends = to_clock(
+            np.array([h["end"] for h in fx.host_ranges]), fx.clock_pairs, "perf_counter_ns",
+            "time_ns",
+        )  # fmt: skip
+        tracks: dict[str, int] = {}
+        for h, s, e in zip(fx.host_ranges, starts.tolist(), ends.tolist(), strict=True):
+            t = tracks.get(h["thread"])
+            if t is None:
+                t = tracks[h["thread"]] = sess.new_track(h["thread"], parent=sess.process_uuid)
+            em.complete(s, e - s, h["name"], t, args={_schema.ARG_STEP: h.get("step", -1)})
+    if counters:
+        w = CounterWriter(sess, clock="realtime")
+        for samples, fn in ((fx.nvml_samples, sample_counters), (fx.gpm_samples, gpm_counters)):
+            if not samples:
+                continue
+            ts = to_clock(
+                np.array([s["perf_counter_ns"] for s in samples]), fx.clock_pairs,
+                "perf_counter_ns", "time_ns",
+            )  # fmt: skip
+            for s, t in zip(samples, ts.tolist(), strict=True):
+                w.write(t, fn(s, 0))
+    return stats

@@ -17,21 +17,23 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .. import _schema
+from .cupy_timing import memory_pool_counters
 
 log = logging.getLogger("stepscope.gpu")
 
-# NVML sample field -> (counter name, unit, scale)
-NVML_FIELDS: dict[str, tuple[str, str, float]] = {
-    "gpu_util": (_schema.COUNTER_NVML_UTILIZATION, "%", 1.0),
-    "mem_used": (_schema.COUNTER_NVML_MEMORY_USED, "bytes", 1.0),
-    "power_mw": (_schema.COUNTER_NVML_POWER, "W", 1e-3),
-    "sm_clock_mhz": (_schema.COUNTER_NVML_SM_CLOCK, "MHz", 1.0),
+# NVML sample field -> (counter name, unit, divisor)
+NVML_FIELDS: dict[str, tuple[str, str, int]] = {
+    "gpu_util": (_schema.COUNTER_NVML_UTILIZATION, "%", 1),
+    "mem_used": (_schema.COUNTER_NVML_MEMORY_USED, "bytes", 1),
+    "power_mw": (_schema.COUNTER_NVML_POWER, "W", 1000),
+    "sm_clock_mhz": (_schema.COUNTER_NVML_SM_CLOCK, "MHz", 1),
 }
 # GPM metric name (pynvml NVML_GPM_METRIC_<name>, fallback id) -> counter name
 GPM_METRICS: dict[str, tuple[int, str]] = {
@@ -45,11 +47,11 @@ GPM_METRICS: dict[str, tuple[int, str]] = {
 def sample_counters(sample: Mapping[str, Any], device: int) -> list[tuple[str, str, float]]:
     """(counter name, unit, value) for one NVML sample dict; missing/NaN fields are left out."""
     out = []
-    for key, (name, unit, scale) in NVML_FIELDS.items():
+    for key, (name, unit, divisor) in NVML_FIELDS.items():
         v = sample.get(key)
         if v is None or (isinstance(v, float) and math.isnan(v)):
             continue
-        out.append((name.format(device=device), unit, float(v) * scale if scale != 1.0 else v))
+        out.append((name.format(device=device), unit, v / divisor if divisor != 1 else v))
     return out
 
 
@@ -108,7 +110,7 @@ class NvmlSampler:
 
     def __init__(
         self, sess: Any, devices: list[int] | None = None, *, interval_s: float = 0.1,
-        gpm: bool = True,
+        gpm: bool = True, log_level: int = logging.INFO,
     ) -> None:  # fmt: skip
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
@@ -116,6 +118,7 @@ class NvmlSampler:
         self.devices = devices
         self.interval_s = interval_s
         self.gpm = gpm
+        self.log_level = log_level
         self._nvml: Any = None
         self._handles: list[tuple[int, Any]] = []
         self._gpm_ok: dict[int, bool] = {}
@@ -130,7 +133,7 @@ class NvmlSampler:
         try:
             import pynvml  # type: ignore[import-not-found]
         except ImportError:
-            log.info("stepscope: nvidia-ml-py not installed; NVML counters off")
+            log.log(self.log_level, "stepscope: nvidia-ml-py not installed; NVML counters off")
             return False
         try:
             pynvml.nvmlInit()
@@ -138,10 +141,10 @@ class NvmlSampler:
             idx = list(range(count)) if self.devices is None else list(self.devices)
             self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in idx]
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-            log.info("stepscope: NVML unavailable (%s); NVML counters off", exc)
+            log.log(self.log_level, "stepscope: NVML unavailable (%s); NVML counters off", exc)
             return False
         if not self._handles:
-            log.info("stepscope: no NVIDIA GPU found; NVML counters off")
+            log.log(self.log_level, "stepscope: no NVIDIA GPU found; NVML counters off")
             return False
         self._nvml = pynvml
         if self.gpm:
@@ -201,6 +204,8 @@ class NvmlSampler:
             self._writer.write(ts, sample_counters(sample, i))
             if self._gpm_ok.get(i):
                 self._writer.write(ts, gpm_counters(self._gpm_sample(i, h), i))
+            if i == 0 and "cupy" in sys.modules:  # CuPy's pool is per device; its current one
+                self._writer.write(ts, memory_pool_counters(0))
             self.samples += 1
 
     def _gpm_sample(self, i: int, handle: Any) -> dict[str, float]:

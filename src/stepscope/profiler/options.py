@@ -22,7 +22,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from . import schedule as _schedule
+from .schedule import Schedule, coerce
 
 ENV_VAR = "STEPSCOPE_OPTIONS"
 LEVELS = ("summary", "detail")
@@ -62,9 +62,9 @@ def _levels(key: str, v: Any) -> tuple[str, ...]:
     return tuple(x for x in LEVELS if x in v)
 
 
-def _sched(key: str, v: Any) -> _schedule.Schedule | None:
+def _sched(key: str, v: Any) -> Schedule | None:
     try:
-        return _schedule.coerce(tuple(v) if isinstance(v, list) else v)
+        return coerce(tuple(v) if isinstance(v, list) else v)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{ENV_VAR}: {key!r}: {e}") from None
 
@@ -111,7 +111,7 @@ def dumps(options: Mapping[str, Any]) -> str:
     """JSON for ``STEPSCOPE_OPTIONS`` (used by ``stepscope run`` to pass options on)."""
     out: dict[str, Any] = {}
     for k, v in options.items():
-        if isinstance(v, _schedule.Schedule):
+        if isinstance(v, Schedule):
             v = {f: getattr(v, f) for f in ("skip_first", "wait", "warmup", "active", "repeat")}
         elif isinstance(v, tuple):
             v = list(v)

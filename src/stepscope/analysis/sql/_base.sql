@@ -10,7 +10,8 @@
 --     track.parent_id) that is a thread track (-> thread.upid) or a process track (-> upid).
 --     GPU "stream <id>" tracks sit under a "GPU <id> (<name>)" track under the rank's process
 --     track, so device slices belong to the rank that launched them. upid -1 = no process.
---     utid is set only for slices on a thread's own track (host slices).
+--     utid: the thread of the nearest thread track at or above the track (host slices, also
+--     those on child tracks of a thread such as "CUDA API"); NULL under a process track.
 --   * rank of a process: the <N> of its name "rank <N> (<host>)", else its pid.
 --   * unfinished slices (dur < 0) are ignored everywhere.
 --   * kind of a slice (ss_slice_all.kind), used by the Overview:
@@ -41,7 +42,7 @@ ss_track_up(track_id, cur_id, hops) AS (
 ),
 ss_track_hop AS (
   SELECT u.track_id, u.hops, COALESCE(th.upid, pt.upid) AS upid,
-         CASE WHEN u.hops = 0 THEN tt.utid END AS utid
+         tt.utid AS utid
   FROM ss_track_up u
   LEFT JOIN thread_track tt ON tt.id = u.cur_id
   LEFT JOIN thread th ON th.utid = tt.utid

@@ -1,4 +1,5 @@
--- Operators / user ranges: one row per range name ({{op_group}} also per rank and thread).
+-- Operators / user ranges: one row per range name, threads merged or per rank and thread
+-- (this query: {{op_group}}).
 --
 --   ranges          slices of kind 'User ranges' (no category, 'nvtx', or a user's domain).
 --   calls           number of ranges; total_ns = sum of durations; avg = total / calls; max, min.
@@ -8,15 +9,19 @@
 --   ratio           total_ns / frame time (union of ss_frame per rank, summed); nested ranges
 --                   each count, so ratios can add up to more than 1.
 --   GPU time of a range  length of the union of the device slices (kernel, communication,
---                   memcpy, memset) whose flow starts at a slice nested inside the range (the
---                   launch call or one of its ancestors is the range); device slices without a
---                   flow are attributed to no range.
+--                   memcpy, memset) launched inside it: the device slice's flow starts at a
+--                   launch slice of the range's thread (on the thread's track or a child track
+--                   such as "CUDA API") whose start lies inside the range. Found without a
+--                   range x launch join: R = the range of that thread that started last at or
+--                   before the launch; the ranges containing the launch are R and its ancestors
+--                   (parent_id) that end after it. Device slices without a flow count for no
+--                   range.
 --   gpu_total_ns    sum over ranges; gpu_avg = gpu_total / calls; gpu_max/min over ranges
 --                   (ranges without device work count 0).
 --   gpu_ratio       gpu_total_ns / device time (union of all device slices per rank, summed).
 {{base}},
 op_range AS (
-  SELECT id, name, {{op_rank}} AS rank, {{op_tid}} AS tid, {{op_thread}} AS thread_name, dur
+  SELECT id, name, {{op_rank}} AS rank, {{op_tid}} AS tid, {{op_thread}} AS thread_name, ts, dur
   FROM ss_slice WHERE kind = 'User ranges'
 ),
 op_child AS (
@@ -25,20 +30,40 @@ op_child AS (
   GROUP BY parent_id
 ),
 op_launch AS (
-  SELECT d.id AS dev_id, d.ts, d.end_ts, f.slice_out AS launch_id
-  FROM ss_slice d JOIN flow f ON f.slice_in = d.id
-  WHERE d.is_device = 1
+  SELECT d.id AS dev_id, d.ts, d.end_ts, l.ts AS launch_ts, li.utid
+  FROM ss_slice d
+  JOIN flow f ON f.slice_in = d.id
+  JOIN slice l ON l.id = f.slice_out
+  JOIN ss_track_info li ON li.track_id = l.track_id
+  WHERE d.is_device = 1 AND li.utid IS NOT NULL
 ),
-op_anc(dev_id, ts, end_ts, anc_id, hops) AS (
-  SELECT dev_id, ts, end_ts, launch_id, 0 FROM op_launch
+op_seq AS (
+  SELECT utid, ts AS t, 0 AS ord, id, NULL AS dts, NULL AS dend,
+         ROW_NUMBER() OVER (PARTITION BY utid ORDER BY ts, id) AS rseq
+  FROM ss_slice_all WHERE kind = 'User ranges' AND utid IS NOT NULL
   UNION ALL
-  SELECT a.dev_id, a.ts, a.end_ts, s.parent_id, a.hops + 1
+  SELECT utid, launch_ts, 1, dev_id, ts, end_ts, NULL FROM op_launch
+),
+op_carry AS (
+  SELECT utid, t, ord, id, dts, dend, rseq,
+         MAX(rseq) OVER (PARTITION BY utid ORDER BY t, ord ROWS UNBOUNDED PRECEDING) AS cur
+  FROM op_seq
+),
+op_start AS (
+  SELECT c.id AS dev_id, c.t, c.dts, c.dend, r.id AS start_id
+  FROM op_carry c JOIN op_carry r ON r.utid = c.utid AND r.rseq = c.cur AND r.ord = 0
+  WHERE c.ord = 1
+),
+op_anc(dev_id, t, dts, dend, anc_id, hops) AS (
+  SELECT dev_id, t, dts, dend, start_id, 0 FROM op_start
+  UNION ALL
+  SELECT a.dev_id, a.t, a.dts, a.dend, s.parent_id, a.hops + 1
   FROM op_anc a JOIN slice s ON s.id = a.anc_id
   WHERE s.parent_id IS NOT NULL AND a.hops < 256
 ),
 op_items AS (
-  SELECT 'range' AS g1, a.anc_id AS g2, a.ts, a.end_ts
-  FROM op_anc a WHERE a.anc_id IN (SELECT id FROM op_range)
+  SELECT 'range' AS g1, a.anc_id AS g2, a.dts AS ts, a.dend AS end_ts
+  FROM op_anc a JOIN op_range r ON r.id = a.anc_id AND a.t < r.ts + r.dur
   UNION ALL
   SELECT 'device', upid, ts, end_ts FROM ss_slice WHERE is_device = 1
   UNION ALL

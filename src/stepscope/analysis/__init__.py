@@ -1,0 +1,37 @@
+"""Analysis: SQL over stepscope traces, on Perfetto's trace processor or the embedded engine.
+
+    import stepscope.analysis as sa
+    with sa.open("run.pftrace") as db:            # engine="auto" | "trace_processor" | "embedded"
+        rows = db.query("SELECT name, SUM(dur) AS total FROM slice GROUP BY name")
+        df = db.query_df("SELECT * FROM slice")     # with pandas installed
+
+The embedded engine (``importer``) loads the trace into SQLite tables that carry trace
+processor's names, columns and semantics, so the same SQL runs on both.
+"""
+
+from __future__ import annotations
+
+from ._errors import EngineError, TraceError
+from .engines import (
+    EmbeddedDB,
+    QueryError,
+    Rows,
+    TraceProcessorDB,
+    find_trace_processor,
+    open,
+    print_progress,
+)
+from .importer import load
+
+__all__ = [
+    "EmbeddedDB",
+    "EngineError",
+    "QueryError",
+    "Rows",
+    "TraceError",
+    "TraceProcessorDB",
+    "find_trace_processor",
+    "load",
+    "open",
+    "print_progress",
+]

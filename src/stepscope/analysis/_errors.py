@@ -1,0 +1,11 @@
+"""Errors raised by the analysis engines."""
+
+from __future__ import annotations
+
+
+class TraceError(ValueError):
+    """The input is not a loadable Perfetto trace (missing, unreadable, or corrupt)."""
+
+
+class EngineError(RuntimeError):
+    """The requested query engine is not available (e.g. no trace processor binary)."""

@@ -1,0 +1,182 @@
+"""``stepscope summary PATH...``: the summary tables of one or more traces on the command line.
+
+The lead's ``stepscope/cli.py`` calls :func:`add_parsers` with its subparsers; the parser sets
+``func`` to :func:`run`, which returns the exit status (0 ok, 2 bad input or unreadable trace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from . import summaries
+from ._format import UNITS, render_many
+
+_FORMATS = ("text", "csv", "json", "md")
+_ENGINES = ("auto", "trace_processor", "embedded")
+
+
+def add_parsers(subparsers: Any) -> None:
+    """Add the ``summary`` subcommand to an ``argparse`` subparsers object."""
+    p = subparsers.add_parser(
+        "summary",
+        help="print summary tables of traces",
+        description="Summary tables (overview, model, steps, operators, kernels, memory "
+        "copies, device, distributed) computed with SQL on the trace.",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="trace file(s) written by stepscope")
+    p.add_argument(
+        "--table",
+        action="append",
+        metavar="NAME[,NAME]",
+        help="tables to show (repeatable; default: all but step_times): "
+        + ", ".join(summaries.TABLES),
+    )
+    p.add_argument("--sort", metavar="COLUMN", help="sort rows by this column (e.g. total, calls)")
+    p.add_argument("--format", choices=_FORMATS, default="text")
+    p.add_argument("--engine", choices=_ENGINES, default="auto")
+    p.add_argument("--unit", choices=tuple(UNITS), default="ms", help="time unit (default ms)")
+    p.add_argument("--threads", metavar="T[,T]", help="thread ids or names to keep")
+    p.add_argument("--ranks", metavar="R[,R]", help="ranks to keep")
+    p.add_argument("--steps", metavar="A:B", help="steps A..B-1 (A:, :B, or N also work)")
+    p.add_argument("--by-thread", action="store_true", help="operators per rank and thread")
+    p.add_argument(
+        "--straggler-margin",
+        type=float,
+        default=0.10,
+        metavar="F",
+        help="a rank is a straggler when its mean step exceeds the median by more than F "
+        "(default 0.10)",
+    )
+    p.add_argument("--cntk", metavar="DIR", help="also write CNTK-style per-rank files to DIR")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    p.set_defaults(func=run)
+
+
+def _split(values: str | None) -> list[str] | None:
+    if not values:
+        return None
+    return [v.strip() for v in values.split(",") if v.strip()]
+
+
+def _fail(msg: str) -> int:
+    print(f"stepscope summary: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _options(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
+    """Validated table names and filter keywords; raises SummaryError on bad input."""
+    names: list[str] = []
+    for group in args.table or []:
+        names += _split(group) or []
+    for n in names:
+        if n not in summaries.TABLES:
+            raise summaries.SummaryError(
+                f"unknown table {n!r}: choose from {', '.join(summaries.TABLES)}"
+            )
+    if not names:
+        names = [n for n in summaries.TABLES if n != "step_times"]
+    ranks = _split(args.ranks)
+    if ranks is not None:
+        try:
+            ranks = [int(r) for r in ranks]
+        except ValueError:
+            raise summaries.SummaryError(f"--ranks takes integers, got {args.ranks!r}") from None
+    threads = _split(args.threads)
+    steps = summaries.parse_steps(args.steps) if args.steps else None
+    if args.sort and not any(
+        summaries.has_column(n, args.sort, by_thread=args.by_thread) for n in names
+    ):
+        raise summaries.SummaryError(f"no selected table has a column {args.sort!r}")
+    kw = {
+        "threads": threads,
+        "ranks": ranks,
+        "steps": steps,
+        "by_thread": args.by_thread,
+        "straggler_margin": args.straggler_margin,
+    }
+    return names, kw
+
+
+def _open(path: str, engine: str) -> Any:
+    from . import open as open_trace  # the engines (importer / trace processor)
+
+    return open_trace(path, engine=engine)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of ``stepscope summary``."""
+    try:
+        names, kw = _options(args)
+    except summaries.SummaryError as e:
+        return _fail(str(e))
+    for path in args.paths:
+        if not os.path.exists(path):
+            return _fail(f"no such file: {path}")
+        if os.path.isdir(path):
+            return _fail(f"{path} is a directory, not a trace file")
+    chunks = []
+    for path in args.paths:
+        try:
+            db = _open(path, args.engine)
+        except Exception as e:  # the engines' own messages say what is wrong with the file
+            return _fail(f"cannot read {path}: {e}")
+        try:
+            tables = summaries.all_tables(db, names=names, sort=args.sort, **kw)
+            if args.cntk:
+                from .cntk import write_cntk
+
+                kw_f = {k: kw[k] for k in ("threads", "ranks", "steps")}
+                for p in write_cntk(db, args.cntk, **kw_f):
+                    print(f"wrote {p}", file=sys.stderr)
+        except summaries.SummaryError as e:
+            return _fail(f"{path}: {e}")
+        finally:
+            close = getattr(db, "close", None)
+            if callable(close):
+                close()
+        chunks.append((path, [t for t in tables.values() if t]))
+    text = _render(chunks, args.format, args.unit)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _render(chunks: list[tuple[str, list]], fmt: str, unit: str) -> str:
+    if fmt == "json" and len(chunks) > 1:
+        import json
+
+        return (
+            json.dumps(
+                {path: {t.name: t.to_dict(unit) for t in tables} for path, tables in chunks},
+                indent=2,
+            )
+            + "\n"
+        )
+    out = []
+    for path, tables in chunks:
+        if len(chunks) > 1 and fmt != "json":
+            out.append(f"# {path}\n" if fmt in ("csv", "md") else f"== {path} ==\n")
+        if not tables and fmt == "text":
+            out.append("No events to summarize.\n")
+        else:
+            out.append(render_many(tables, fmt, unit))
+    return "".join(out) if fmt != "text" else "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (``python -m stepscope.analysis.cli_summary``) until cli.py wires it."""
+    parser = argparse.ArgumentParser(prog="stepscope")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parsers(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""Query engines: Perfetto's trace processor, or the embedded SQLite importer.
+
+``open(path)`` picks the engine. Both expose the same object: ``.query(sql)`` returns
+:class:`Rows` (a list of dicts), ``.query_df(sql)`` a pandas DataFrame, ``.engine`` says which
+engine answered, and the object is a context manager. The same PerfettoSQL (the subset both
+understand: SQLite syntax over trace processor's tables) gives the same tables on both.
+
+Trace processor needs its ``trace_processor_shell`` binary. It is looked for, in order: the
+``trace_processor_bin`` argument, the ``STEPSCOPE_TRACE_PROCESSOR`` environment variable,
+``trace_processor_shell`` on ``PATH``, then the ``perfetto`` package's own download (needs
+internet). With ``engine="auto"`` any failure prints one line and falls back to the embedded
+engine; with ``engine="trace_processor"`` it raises :class:`EngineError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Iterable
+from os import PathLike
+from typing import Any
+
+from ._errors import EngineError, TraceError
+from .importer import Progress, _paths, load
+
+ENV_BIN = "STEPSCOPE_TRACE_PROCESSOR"
+ENGINES = ("auto", "trace_processor", "embedded")
+
+PathArg = str | PathLike | Iterable[str | PathLike]
+
+
+class Rows(list):
+    """Query result: a list of dicts (column -> value), with the column names kept."""
+
+    def __init__(self, rows: Iterable[dict[str, Any]] = (), columns: list[str] | None = None):
+        super().__init__(rows)
+        self.columns = list(columns or (self[0].keys() if self else []))
+
+    def df(self):
+        import pandas as pd
+
+        return pd.DataFrame(list(self), columns=self.columns)
+
+
+class QueryError(RuntimeError):
+    """A query failed (SQL error), with the engine's message."""
+
+
+class _Base:
+    engine = "?"
+
+    def query(self, sql: str) -> Rows:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def query_df(self, sql: str):
+        """The rows of ``sql`` as a pandas DataFrame (needs pandas)."""
+        try:
+            import pandas  # noqa: F401
+        except ImportError:
+            raise EngineError("query_df needs pandas: pip install pandas") from None
+        return self.query(sql).df()
+
+    def close(self) -> None:  # pragma: no cover - abstract
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} engine={self.engine!r}>"
+
+
+class EmbeddedDB(_Base):
+    """Trace loaded by stepscope's own importer into SQLite (no binary, no network)."""
+
+    engine = "embedded"
+
+    def __init__(self, paths: list[str], progress: Progress | None = None,
+                 db: str = ":memory:") -> None:
+        self.paths = paths
+        self.conn, self.stats = load(paths, db=db, progress=progress)
+
+    @classmethod
+    def from_connection(cls, conn: sqlite3.Connection, stats: dict | None = None) -> EmbeddedDB:
+        self = cls.__new__(cls)
+        self.paths, self.conn, self.stats = [], conn, dict(stats or {})
+        return self
+
+    def query(self, sql: str) -> Rows:
+        try:
+            cur = self.conn.execute(sql)
+        except sqlite3.Error as e:
+            raise QueryError(f"query failed: {e}") from None
+        if cur.description is None:
+            return Rows()
+        cols = [d[0] for d in cur.description]
+        return Rows((dict(zip(cols, r, strict=True)) for r in cur), cols)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+class TraceProcessorDB(_Base):
+    """Trace loaded by Perfetto's trace processor (``perfetto.trace_processor``)."""
+
+    engine = "trace_processor"
+
+    def __init__(self, paths: list[str], bin_path: str | None) -> None:
+        from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
+
+        self.paths = paths
+        for p in paths:
+            if not os.path.isfile(p):
+                raise TraceError(f"{p}: no such file")
+        trace: Any = paths[0] if len(paths) == 1 else _concatenated(paths)
+        config = TraceProcessorConfig(bin_path=bin_path)
+        if bin_path is None:  # the perfetto package downloads the binary: keep its output quiet
+            with _quiet_fds():
+                self.tp = TraceProcessor(trace=trace, config=config)
+        else:
+            self.tp = TraceProcessor(trace=trace, config=config)
+
+    def query(self, sql: str) -> Rows:
+        try:
+            df = self.tp.query(sql).as_pandas_dataframe()
+        except Exception as e:
+            raise QueryError(f"query failed: {e}") from None
+        cols = [str(c) for c in df.columns]
+        return Rows(({c: _py(v) for c, v in zip(cols, r, strict=True)}
+                     for r in df.itertuples(index=False, name=None)), cols)
+
+    def close(self) -> None:
+        if self.tp is not None:
+            self.tp.close()
+            self.tp = None
+
+
+_download_failed: str | None = None  # remembered so a process tries to download only once
+
+
+@contextlib.contextmanager
+def _quiet_fds():
+    """Silence fds 1 and 2 (the download's curl progress) for the duration."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)
+
+
+def _py(v: Any) -> Any:
+    """numpy / pandas scalars -> plain Python values (NaN/NA -> None)."""
+    if v is None:
+        return None
+    try:
+        import pandas as pd
+
+        if pd.isna(v):
+            return None
+    except (ImportError, TypeError, ValueError):
+        pass
+    return v.item() if hasattr(v, "item") else v
+
+
+def _concatenated(paths: list[str]):
+    """Several traces as one stream: Perfetto traces are concatenable."""
+    for p in paths:
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 24):
+                yield chunk
+
+
+def find_trace_processor(explicit: str | None = None) -> str | None:
+    """The trace_processor_shell to use: explicit path, env var, PATH (None: let perfetto fetch).
+
+    An explicit path or env var that names no executable file is an error.
+    """
+    for source, cand in (("trace_processor_bin", explicit), (ENV_BIN, os.environ.get(ENV_BIN))):
+        if cand:
+            if os.path.isfile(cand) and os.access(cand, os.X_OK):
+                return cand
+            raise EngineError(f"{source}={cand!r} is not an executable trace_processor_shell")
+    return shutil.which("trace_processor_shell")
+
+
+def _say(msg: str) -> None:
+    print(f"stepscope: {msg}", file=sys.stderr)
+
+
+def open(  # noqa: A001 - mirrors the builtin on purpose: stepscope.analysis.open(path)
+    path_or_paths: PathArg,
+    engine: str = "auto",
+    trace_processor_bin: str | None = None,
+    progress: Progress | bool | None = None,
+) -> _Base:
+    """Open trace file(s) for SQL queries.
+
+    engine: ``"embedded"`` (stepscope's importer, always available), ``"trace_processor"``
+    (Perfetto's trace processor; raises :class:`EngineError` if it cannot start) or ``"auto"``
+    (trace processor when a binary is found, else the embedded engine). Several paths are
+    loaded into one database. ``progress``: a ``callback(stage, fraction)`` or True to print
+    progress to stderr (the embedded engine only).
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    paths = _paths(path_or_paths)
+    for p in paths:
+        if not os.path.exists(p):
+            raise TraceError(f"{p}: no such file")
+    if progress is True:
+        progress = print_progress()
+    elif progress is False:
+        progress = None
+    global _download_failed
+    if engine in ("auto", "trace_processor"):
+        try:
+            explicit = find_trace_processor(trace_processor_bin)
+            if explicit is None and _download_failed:
+                raise EngineError(_download_failed)
+            try:
+                return TraceProcessorDB(paths, explicit)
+            except Exception as e:
+                if explicit is None:  # the perfetto package's own download failed
+                    _download_failed = f"no trace_processor_shell found and the download " \
+                        f"failed ({_one_line(e)}); set {ENV_BIN}"
+                    raise EngineError(_download_failed) from None
+                raise
+        except TraceError:
+            raise
+        except Exception as e:  # no binary, download failed, binary crashed, ...
+            if engine == "trace_processor":
+                if isinstance(e, EngineError):
+                    raise
+                raise EngineError(f"trace processor unavailable: {_one_line(e)}") from None
+            _say(f"trace processor unavailable ({_one_line(e)}); using the embedded engine")
+    return EmbeddedDB(paths, progress=progress)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:200]
+
+
+def print_progress(stream=None, min_interval_s: float = 0.5) -> Callable[[str, float], None]:
+    """A progress callback that prints ``loading: <stage> NN%`` lines, at most every 0.5 s."""
+    stream = stream or sys.stderr
+    state = {"t": 0.0, "stage": None}
+
+    def cb(stage: str, frac: float) -> None:
+        now = time.monotonic()
+        if stage != state["stage"] or now - state["t"] >= min_interval_s or frac >= 1.0:
+            if now - state["t"] >= min_interval_s or stage != state["stage"]:
+                print(f"stepscope: loading: {stage} {100 * frac:3.0f}%", file=stream, flush=True)
+                state["t"] = now
+            state["stage"] = stage
+
+    return cb
+
+
+def from_connection(conn: sqlite3.Connection) -> EmbeddedDB:
+    """Wrap an existing SQLite connection holding trace processor-shaped tables."""
+    return EmbeddedDB.from_connection(conn)
+
+
+__all__ = ["EmbeddedDB", "QueryError", "Rows", "TraceProcessorDB", "find_trace_processor", "open",
+           "print_progress"]

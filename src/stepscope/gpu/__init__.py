@@ -1,0 +1,189 @@
+"""GPU tracing: CUPTI activity, stream tracks, launch→kernel flows, utilization counters.
+
+Everything here is optional (extra ``gpu``: ``cupy-cuda12x``, ``cupti-python``,
+``nvidia-ml-py``); importing this package needs none of them. Without a GPU or CUPTI each part
+switches itself off with one log line and never raises into the user's program.
+
+Parts: :mod:`.occupancy` (CUDA occupancy calculator), :mod:`.metrics` (utilization, est. SM
+efficiency, est. achieved occupancy per bucket), :mod:`.records` (columnar records and kernel
+classes), :mod:`.convert` (records → trace), :mod:`.cupti_live` (live CUPTI collection),
+:mod:`.fixture` (the recorded fixture through the same path), :mod:`.nvml` (NVML/GPM counters),
+:mod:`.cupy_timing` (CUDA-event ranges and ``sync_gpu``), and :class:`GpuTracing`, which ties them
+to a session for the profiler.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from typing import Any
+
+from .convert import ConvertStats, GpuTraceConverter
+from .cupti_live import CuptiTracer, device_limits_from_cupy
+from .metrics import bucket_metrics, choose_bucket_ns
+from .nvml import NvmlSampler
+from .occupancy import DeviceLimits, active_blocks_per_sm, kernel_estimates
+from .records import ActivityBatch, kernel_category, kernel_class
+
+__all__ = [
+    "ActivityBatch", "ConvertStats", "CuptiTracer", "DeviceLimits", "GpuTraceConverter",
+    "GpuTracing", "NvmlSampler", "active_blocks_per_sm", "bucket_metrics", "choose_bucket_ns",
+    "detect_devices", "kernel_category", "kernel_class", "kernel_estimates",
+]  # fmt: skip
+
+log = logging.getLogger("stepscope.gpu")
+
+# CUdevice_attribute values (cuda.h) for the driver-API fallback of detect_devices()
+_CU_ATTRS = {
+    "MaxThreadsPerBlock": 1, "MaxSharedMemoryPerBlock": 8, "WarpSize": 10,
+    "MaxRegistersPerBlock": 12, "MultiProcessorCount": 16, "MaxThreadsPerMultiProcessor": 39,
+    "computeCapabilityMajor": 75, "computeCapabilityMinor": 76,
+    "MaxSharedMemoryPerMultiprocessor": 81, "MaxRegistersPerMultiprocessor": 82,
+    "MaxSharedMemoryPerBlockOptin": 97, "MaxBlocksPerMultiprocessor": 106,
+    "ReservedSharedMemoryPerBlock": 111,
+}  # fmt: skip
+
+
+def _devices_from_driver() -> dict[int, DeviceLimits]:
+    """Device limits through libcuda (ctypes), no Python CUDA package needed."""
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return {}
+    if cu.cuInit(0) != 0:
+        return {}
+    n = ctypes.c_int(0)
+    if cu.cuDeviceGetCount(ctypes.byref(n)) != 0:
+        return {}
+    out = {}
+    for i in range(n.value):
+        dev = ctypes.c_int(0)
+        if cu.cuDeviceGet(ctypes.byref(dev), i) != 0:
+            continue
+        attrs: dict[str, Any] = {}
+        for key, code in _CU_ATTRS.items():
+            v = ctypes.c_int(0)
+            if cu.cuDeviceGetAttribute(ctypes.byref(v), code, dev) == 0:
+                attrs[key] = v.value
+        name = ctypes.create_string_buffer(256)
+        if cu.cuDeviceGetName(name, 256, dev) == 0:
+            attrs["name"] = name.value.decode(errors="replace")
+        try:
+            out[i] = DeviceLimits.from_attributes(attrs)
+        except ValueError:
+            continue
+    return out
+
+
+def detect_devices() -> dict[int, DeviceLimits]:
+    """Limits of every visible CUDA device (CuPy if imported, else the driver API); {} if none."""
+    try:
+        import sys
+
+        cp = sys.modules.get("cupy")
+        if cp is not None:
+            n = cp.cuda.runtime.getDeviceCount()
+            found = {i: device_limits_from_cupy(i) for i in range(n)}
+            if found and all(found.values()):
+                return found  # type: ignore[return-value]
+        return _devices_from_driver()
+    except Exception:
+        return {}
+
+
+class GpuTracing:
+    """Ties CUPTI, the converter and NVML to one session (used by the profiler).
+
+    ``begin_window()`` / ``end_window(steps)`` bracket a detail window: CUPTI is enabled only
+    between them and its records are converted at window end. NVML samples the whole run between
+    ``start()`` and ``stop()``. Every method is safe to call without a GPU.
+    """
+
+    def __init__(
+        self,
+        sess: Any,
+        *,
+        activity: bool = True,
+        nvml: bool = True,
+        nvml_interval_s: float = 0.1,
+        bucket_ns: int | None = None,
+        buffer_bytes: int = 8 << 20,
+        max_records: int = 2_000_000,
+        devices: dict[int, DeviceLimits] | None = None,
+        tracer: CuptiTracer | None = None,
+        log_level: int = logging.INFO,
+    ) -> None:
+        """``log_level``: level of the one line saying why GPU tracing is off (the profiler passes
+        WARNING when the user asked for GPU tracing explicitly)."""
+        self.sess = sess
+        self.activity = activity
+        self.bucket_ns = bucket_ns
+        self.log_level = log_level
+        self.tracer = tracer or CuptiTracer(
+            buffer_bytes=buffer_bytes, max_records=max_records, log_level=log_level
+        )
+        self.sampler = (
+            NvmlSampler(sess, interval_s=nvml_interval_s, log_level=log_level) if nvml else None
+        )
+        self._devices = devices
+        self._conv: GpuTraceConverter | None = None
+        self._window_open = False
+        self.last_stats: ConvertStats | None = None
+        self._off = False
+
+    def start(self) -> None:
+        if self.sampler is not None and not self.sampler.start():
+            self.sampler = None
+
+    def begin_window(self) -> bool:
+        if not self.activity or self._off:
+            return False
+        if self._devices is None:
+            self._devices = detect_devices()
+            if not self._devices:
+                log.log(self.log_level, "stepscope: no CUDA device found; GPU activity tracing off")
+                self._off = True
+                return False
+        self._window_open = self.tracer.start()
+        if not self._window_open:
+            self._off = True
+        return self._window_open
+
+    def end_window(self, steps: int = 0) -> ConvertStats | None:
+        if not self._window_open:
+            return None
+        self._window_open = False
+        try:
+            batch = self.tracer.stop()
+            if self._conv is None:
+                self._conv = GpuTraceConverter(
+                    self.sess, self._devices or {}, offset_ns=self.tracer.offset_ns,
+                    bucket_ns=self.bucket_ns, api_names=self.tracer.api_names(),
+                )  # fmt: skip
+            tids = set(batch.runtime["thread"].tolist()) | set(batch.driver["thread"].tolist())
+            self._conv.thread_tracks.update(self._thread_tracks(tids))
+            self.last_stats = self._conv.convert(batch, steps=steps)
+            return self.last_stats
+        except Exception as exc:  # never break the program
+            log.warning("stepscope: converting GPU activity failed (%s)", exc)
+            return None
+
+    def _thread_tracks(self, tids: set[int]) -> dict[int, int]:
+        """CUPTI thread id (pthread_self truncated to 32 bits) → the thread's track."""
+        make = getattr(self.sess, "thread_track", None) or getattr(self.sess, "_thread_track", None)
+        if make is None:
+            return {}
+        out = {}
+        for t in threading.enumerate():
+            if t.ident is not None and (t.ident & 0xFFFFFFFF) in tids:
+                try:
+                    out[t.ident & 0xFFFFFFFF] = make(t.ident)
+                except Exception:
+                    pass
+        return out
+
+    def stop(self) -> None:
+        self.end_window()
+        if self.sampler is not None:
+            self.sampler.stop()

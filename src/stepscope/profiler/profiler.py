@@ -1,0 +1,532 @@
+"""``Profiler``: steps, phases, data-loader waits, schedules, levels and host metrics of one rank.
+
+Outputs under ``<dir>/<run-id>/``:
+
+* ``rank<N>.summary.pftrace`` for the whole run (summary level: steps, phases, data-loader waits,
+  host counters; small enough to leave on);
+* ``rank<N>.detail.<k>.pftrace``, one file per schedule window ``k`` (0, 1, ... over the run), with
+  every event of that window, summary and detail level (user ranges, captured nvtx). One file per
+  window means each is complete and closed when its window ends, so ``on_trace_ready`` can hand it
+  over at once, and a crash loses at most the open window's last second.
+
+Schedule mechanics on the core session: at warmup start detail recording is turned on; when the
+active part starts, pending events are flushed with ``discard_detail=True`` (warmup detail is
+dropped, so start-up cost does not distort the window) and the window's sink is opened; at the
+window's end detail recording is turned off and the sink closed (open slices are ended there).
+
+The step in progress is the slice ``step <n>`` (category ``step``, args step/epoch, and
+num_samples on its end event when ``step(num_samples=...)`` gives it) on the training thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .. import _recorder as rec
+from .. import _schema as S
+from . import options as _options
+from . import ranks as _ranks
+from .host_metrics import UNITS, HostSampler, SamplerCost
+from .schedule import Schedule, State, coerce
+from .timer import StepTimer, TimerStats
+
+T = TypeVar("T")
+
+DEFAULT_SCHEDULE = Schedule(skip_first=1, wait=0, warmup=1, active=3, repeat=0)
+"""Default: one detail window per epoch, batches 2-4 (batch 0 skipped, batch 1 warms up)."""
+
+_current: Profiler | None = None
+
+
+def current() -> Profiler | None:
+    """The running profiler of this process, or None."""
+    return _current
+
+
+def _forget_in_child() -> None:
+    """A forked child (e.g. a data-loader worker) has no running profiler."""
+    global _current
+    _current = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _warn(message: str) -> None:
+    print(f"stepscope: {message}", file=sys.stderr)
+
+
+class _Phase:
+    """Context manager for one phase slice; cheap enough to create per use."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> _Phase:
+        rec.begin(self.name, S.CAT_PHASE, None, S.LEVEL_SUMMARY)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        rec.end(S.LEVEL_SUMMARY)
+
+
+class _NoPhase:
+    __slots__ = ()
+
+    def __enter__(self) -> _NoPhase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_PHASE = _NoPhase()
+
+
+def default_run_id(info: _ranks.RankInfo, env: dict[str, str] | None = None) -> str:
+    """A run id all ranks of one job agree on without talking to each other.
+
+    ``STEPSCOPE_RUN_ID``, else the launcher's job id (torchrun ``TORCHELASTIC_RUN_ID`` unless
+    "none", Slurm ``SLURM_JOB_ID[.SLURM_STEP_ID]``, Open MPI/PMIx namespace); else, for several
+    ranks, the parent process (the launcher, shared by the ranks): its start time and pid; for one
+    rank, this process's start time and pid.
+    """
+    import psutil
+
+    env = dict(os.environ) if env is None else env
+    if env.get("STEPSCOPE_RUN_ID"):
+        return env["STEPSCOPE_RUN_ID"]
+    te = env.get("TORCHELASTIC_RUN_ID")
+    if te and te != "none":
+        return f"torchelastic-{te}"
+    if env.get("SLURM_JOB_ID"):
+        step = env.get("SLURM_STEP_ID")
+        return f"slurm-{env['SLURM_JOB_ID']}" + (f".{step}" if step else "")
+    ns = env.get("PMIX_NAMESPACE") or env.get("OMPI_MCA_ess_base_jobid")
+    if ns:
+        return f"mpi-{ns}".replace("/", "_")
+    pid = os.getppid() if info.world_size > 1 else os.getpid()
+    try:
+        started = psutil.Process(pid).create_time()
+    except Exception:
+        started = time.time()
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(started)) + f"-{pid}"
+
+
+class Profiler:
+    """Training-loop profiler of one rank; see the module docstring for outputs and levels.
+
+    Arguments given here are overridden by the ``STEPSCOPE_OPTIONS`` environment variable (JSON,
+    see :mod:`stepscope.profiler.options`) so a run can be reconfigured without code changes.
+    ``schedule=None`` means no detail windows (summary only); the default schedule records
+    batches 2-4 of every epoch in detail.
+    """
+
+    def __init__(
+        self,
+        dir: str | os.PathLike[str] = "./stepscope",
+        schedule: Schedule | tuple[int, int] | None = DEFAULT_SCHEDULE,
+        on_trace_ready: Callable[[list[Path]], Any] | None = None,
+        timer_only: bool = False,
+        host_metrics: bool = True,
+        sample_interval_s: float = 0.5,
+        gpu: bool | None = None,
+        sync_gpu: bool = False,
+        buffer_bytes: int = 32 << 20,
+        rank: int | None = None,
+        *,
+        run_id: str | None = None,
+        levels: Sequence[str] = ("summary", "detail"),
+        report: bool = True,
+        use_env: bool = True,
+    ) -> None:
+        cfg: dict[str, Any] = {
+            "dir": os.fspath(dir), "schedule": schedule, "timer_only": timer_only,
+            "host_metrics": host_metrics, "sample_interval_s": sample_interval_s, "gpu": gpu,
+            "sync_gpu": sync_gpu, "buffer_bytes": buffer_bytes, "rank": rank, "run_id": run_id,
+            "levels": tuple(levels), "report": report,
+        }
+        if use_env:
+            cfg.update(_options.from_env())
+        self.schedule: Schedule | None = coerce(cfg["schedule"])
+        bad = [lv for lv in cfg["levels"] if lv not in _options.LEVELS]
+        if bad or not cfg["levels"]:
+            raise ValueError(f"levels must be a non-empty subset of {_options.LEVELS}, got "
+                             f"{cfg['levels']!r}")
+        if not cfg["sample_interval_s"] or cfg["sample_interval_s"] <= 0:
+            raise ValueError(f"sample_interval_s must be > 0, got {cfg['sample_interval_s']!r}")
+        self.options = cfg
+        self.timer_only = bool(cfg["timer_only"])
+        self.on_trace_ready = on_trace_ready
+        self.rank_info = _ranks.detect(rank=cfg["rank"])
+        self.rank = self.rank_info.rank
+        self.levels = tuple(cfg["levels"])
+        self.gpu = cfg["gpu"]
+        self.sync_gpu = bool(cfg["sync_gpu"])
+        self._run_id = cfg["run_id"]
+        self.run_dir: Path | None = None
+        self.timer = StepTimer()
+        self.files: list[Path] = []
+        self.sampler_cost: SamplerCost | None = None
+        self.report_text: str | None = None
+        self._sess: Any = None
+        self._own_session = False
+        self._sink: Any = None
+        self._sampler: HostSampler | None = None
+        self._emitter: Any = None
+        self._tracks: dict[str, int] = {}
+        self._state = State.DISABLED
+        self._window_key: tuple[int, int] | None = None
+        self._windows = 0
+        self._window_path: Path | None = None
+        self._step = 0
+        self._epoch = 0
+        self._batch = 0
+        self._in_step = False
+        self._step_blob: Any = None
+        self._summary_sink: Any = None
+        self._summary_path: Path | None = None
+        self._started = False
+        self._stopped = False
+        self._pid = os.getpid()
+        self._thread = threading.get_ident()
+        self._recording = False  # a session is on: summary events are written
+
+    # -- life cycle ---------------------------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        if self._run_id is None:
+            self._run_id = default_run_id(self.rank_info)
+        return self._run_id
+
+    @property
+    def step_num(self) -> int:
+        """Steps completed so far (the open step's number)."""
+        return self._step
+
+    @property
+    def state(self) -> State:
+        """Schedule state of the step in progress."""
+        return self._state
+
+    def start(self) -> Profiler:
+        """Start recording; the first step opens now."""
+        global _current
+        if self._started:
+            raise RuntimeError("this Profiler was already started")
+        self._started = True
+        self._pid = os.getpid()
+        self._thread = threading.get_ident()
+        if _current is not None and not _current._stopped:
+            _warn("another Profiler is running in this process; this one only times steps")
+            self.timer_only = True
+        _current = self
+        if not self.timer_only:
+            try:
+                self._start_session()
+            except Exception as exc:  # the user's run goes on, untraced
+                _warn(f"tracing could not start ({exc!r}); timing steps only")
+                self._sess = None
+                self._recording = False
+        self.timer.start()
+        self._enter_batch()
+        self._begin_step()
+        atexit.register(self._at_exit)
+        return self
+
+    def _at_exit(self) -> None:
+        """Interpreter exit without ``stop()`` (an uncaught exception, ``sys.exit``): finish."""
+        if self._started and not self._stopped and self._pid == os.getpid():
+            self.stop()
+
+    def _start_session(self) -> None:
+        from .. import _session
+
+        self.run_dir = Path(self.options["dir"]) / self.run_id
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        sess = _session.current()
+        if sess is None:
+            name = S.PROCESS_NAME.format(rank=self.rank, host=self.rank_info.host)
+            sess = _session.Session(None, detail=False, buffer_bytes=self.options["buffer_bytes"],
+                                    rank=self.rank, process_name=name)
+            self._own_session = True
+        self._sess = sess
+        if "summary" in self.levels:
+            path = self.run_dir / S.SUMMARY_FILE.format(rank=self.rank)
+            self._summary_sink = sess.add_sink(path, levels=("summary",))
+            self._summary_path = path
+        if self._own_session:
+            sess.start()
+        else:
+            sess.set_detail(False)
+        self._recording = True
+        if self.options["host_metrics"]:
+            self._emitter = sess.emitter(clock="monotonic", level=S.LEVEL_SUMMARY)
+            self._sampler = HostSampler(self._emit_host, self.options["sample_interval_s"])
+            self._sampler.start()
+
+    def _emit_host(self, ts: int, values: dict[str, float]) -> None:
+        sess, em = self._sess, self._emitter
+        if sess is None or em is None or self._stopped:
+            return
+        for name, value in values.items():
+            track = self._tracks.get(name)
+            if track is None:
+                track = self._tracks[name] = sess.counter_track(name, UNITS.get(name))
+            em.counter(ts, track, float(value))
+
+    def stop(self) -> list[Path]:
+        """End the open step, close every file, print the report; returns the files written."""
+        global _current
+        if not self._started or self._stopped:
+            return list(self.files)
+        try:
+            if self._in_step and self._recording:
+                rec.end(S.LEVEL_SUMMARY)
+            self._in_step = False
+            if self._sampler is not None:
+                self.sampler_cost = self._sampler.stop()
+            self._leave_window()
+            self._stopped = True
+            if self._sess is not None:
+                if self._own_session:
+                    self._sess.stop()
+                elif self._summary_sink is not None:
+                    self._sess.close_sink(self._summary_sink)
+            if self._sess is not None and self._summary_path is not None:
+                self.files.append(self._summary_path)
+                self._ready([self._summary_path])
+        except Exception as exc:
+            _warn(f"stopping the profiler failed: {exc!r}")
+        finally:
+            self._stopped = True
+            self._recording = False
+            if _current is self:
+                _current = None
+            atexit.unregister(self._at_exit)
+        if self.options["report"]:
+            try:
+                print(self.summary(), file=sys.stderr)
+            except Exception as exc:
+                _warn(f"summary report failed: {exc!r}")
+        return list(self.files)
+
+    def __enter__(self) -> Profiler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _ready(self, files: list[Path]) -> None:
+        if self.on_trace_ready is None:
+            return
+        try:
+            self.on_trace_ready(files)
+        except Exception as exc:
+            _warn(f"on_trace_ready failed: {exc!r}")
+
+    # -- steps ----------------------------------------------------------------------------------
+    def step(self, num_samples: float | None = None, epoch: int | None = None) -> None:
+        """End the step in progress (``num_samples`` in it, if known) and start the next.
+
+        ``epoch=k`` with a new ``k`` starts epoch ``k`` (like :meth:`epoch`) for the next step.
+        """
+        if not self._started or self._stopped:
+            return
+        self.timer.step(num_samples)
+        if self._in_step and self._recording and rec.ON:
+            if num_samples is not None:
+                rec.record_blob(rec.Blob(rec.END, 0, S.LEVEL_SUMMARY,
+                                         args={S.ARG_NUM_SAMPLES: num_samples}))
+            else:
+                rec.end(S.LEVEL_SUMMARY)
+        self._step += 1
+        if epoch is not None and epoch != self._epoch:
+            self._epoch = epoch
+            self._batch = 0
+        else:
+            self._batch += 1
+        self._enter_batch()
+        self._begin_step()
+
+    def epoch(self, epoch: int | None = None) -> None:
+        """Start epoch ``epoch`` (default: the next one) at the step in progress, which becomes
+        batch 0 of the epoch: the schedule restarts. Call it before the epoch's first batch.
+
+        ``epoch()`` without a number while the current epoch has no completed batch is a no-op,
+        so it can be called at the top of every epoch, the first included.
+        """
+        if not self._started or self._stopped:
+            return
+        if epoch is None:
+            if self._batch == 0:
+                return
+            epoch = self._epoch + 1
+        if epoch == self._epoch and self._batch == 0:
+            return
+        self._epoch = epoch
+        self._batch = 0
+        blob = self._step_blob
+        if blob is not None and blob.args is not None:
+            blob.args[S.ARG_EPOCH] = epoch  # the step's begin is usually not written yet
+        self._enter_batch()
+
+    def _begin_step(self) -> None:
+        self._in_step = True
+        if self._recording and rec.ON:
+            self._step_blob = rec.Blob(
+                rec.BEGIN, rec.event_id(S.STEP_NAME.format(step=self._step), (S.CAT_STEP,)),
+                S.LEVEL_SUMMARY, args={S.ARG_STEP: self._step, S.ARG_EPOCH: self._epoch})
+            rec.record_blob(self._step_blob)
+        else:
+            self._step_blob = None
+
+    # -- schedule -------------------------------------------------------------------------------
+    def _enter_batch(self) -> None:
+        """Apply the schedule's state for the batch now starting."""
+        sched = self.schedule
+        if sched is None or "detail" not in self.levels:
+            new = State.DISABLED
+            key = None
+        else:
+            new = sched.state(self._batch)
+            key = (self._epoch, sched.window_index(self._batch))
+        old, old_key = self._state, self._window_key
+        self._state, self._window_key = new, key
+        if self._sess is None or not self._recording:
+            return
+        try:
+            if old is State.ACTIVE and (new is not State.ACTIVE or key != old_key):
+                self._leave_window()
+            elif old is State.WARMUP and not new.tracing:
+                self._sess.set_detail(False)
+                self._sess.flush(discard_detail=True)
+            if new is State.WARMUP and not (old is State.WARMUP and key == old_key):
+                self._sess.set_detail(True)
+            elif new is State.ACTIVE and self._window_path is None:
+                self._open_window()
+        except Exception as exc:
+            _warn(f"schedule transition failed ({exc!r}); detail tracing off")
+            self.levels = tuple(lv for lv in self.levels if lv != "detail")
+
+    def _open_window(self) -> None:
+        sess = self._sess
+        sess.flush(discard_detail=True)  # warmup's detail events are dropped here
+        assert self.run_dir is not None
+        path = self.run_dir / S.DETAIL_FILE.format(rank=self.rank, window=self._windows)
+        self._windows += 1
+        self._sink = sess.add_sink(path, levels=("summary", "detail"))
+        self._window_path = path
+        sess.set_detail(True)
+
+    def _leave_window(self) -> None:
+        if self._window_path is None or self._sess is None:
+            return
+        path, sink = self._window_path, self._sink
+        self._window_path = self._sink = None
+        self._sess.set_detail(False)
+        self._sess.close_sink(sink)
+        self.files.append(path)
+        self._ready([path])
+
+    # -- phases and data loading ------------------------------------------------------------------
+    def phase(self, name: str) -> _Phase | _NoPhase:
+        """``with prof.phase("Forward"):`` — a phase slice inside the step (summary level)."""
+        if not self._recording:
+            return _NO_PHASE
+        return _Phase(name)
+
+    def dataloader(self, loader: Iterable[T]) -> Iterator[T]:
+        """Iterate ``loader``, timing each wait for the next batch (reader_cost; slice
+        ``dataloader.next``, category ``dataloader``)."""
+        it = iter(loader)
+        timer = self.timer
+        clock = time.perf_counter_ns
+        while True:
+            recording = self._recording
+            if recording:
+                rec.begin(S.DATALOADER_WAIT_NAME, S.CAT_DATALOADER, None, S.LEVEL_SUMMARY)
+            t0 = clock()
+            try:
+                batch = next(it)
+            except StopIteration:
+                if recording:
+                    rec.end(S.LEVEL_SUMMARY)
+                return
+            except BaseException:
+                if recording:
+                    rec.end(S.LEVEL_SUMMARY)
+                raise
+            timer.add_reader(clock() - t0)
+            if recording:
+                rec.end(S.LEVEL_SUMMARY)
+            yield batch
+
+    # -- reports --------------------------------------------------------------------------------
+    def timer_stats(self) -> TimerStats:
+        """reader_cost / batch_cost / ips figures of the completed steps (any mode)."""
+        return self.timer.stats()
+
+    def summary(self) -> str:
+        """The end-of-run report: step timer, sampler cost, and the analysis summary tables of
+        the summary trace (when the analysis package can open it)."""
+        parts = [self.timer.stats().format()]
+        if self.sampler_cost is not None:
+            parts.append(self.sampler_cost.format())
+        if self.files:
+            parts.append("stepscope files:\n" + "\n".join(f"  {p}" for p in self.files))
+        path = self._summary_path
+        if self._stopped and path is not None and path.exists():
+            if self.report_text is None:
+                self.report_text = _analysis_report(path)
+            if self.report_text:
+                parts.append(self.report_text)
+        return "\n".join(parts)
+
+
+def _analysis_report(path: Path) -> str:
+    """``stepscope.analysis.summaries.report`` of one file, or a note why there is none."""
+    try:
+        from .. import analysis
+        from ..analysis import summaries
+
+        opener = getattr(analysis, "open", None)
+        if opener is None:
+            return ""
+        return summaries.report(opener(str(path)))
+    except Exception as exc:
+        return f"(summary tables unavailable: {exc!r})"
+
+
+# -- module-level helpers (exported from stepscope) ---------------------------------------------
+def step(num_samples: float | None = None, epoch: int | None = None) -> None:
+    """``stepscope.step()``: end the running profiler's step (no-op without one)."""
+    p = _current
+    if p is not None:
+        p.step(num_samples, epoch)
+
+
+def phase(name: str) -> _Phase | _NoPhase:
+    """``with stepscope.phase("Forward"):`` on the running profiler (no-op without one)."""
+    p = _current
+    return p.phase(name) if p is not None else _NO_PHASE
+
+
+def dataloader(loader: Iterable[T]) -> Iterable[T]:
+    """``for b in stepscope.dataloader(loader):`` on the running profiler (plain without one)."""
+    p = _current
+    return p.dataloader(loader) if p is not None else loader
+
+
+def hostname() -> str:
+    return socket.gethostname()

@@ -1,0 +1,108 @@
+"""The live CUPTI path, driven by a stand-in for ``cupti.cupti`` that replays the fixture's records
+as activity objects; and the real thing on a GPU machine (marked ``gpu``)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+
+import numpy as np
+import pytest
+from gpu_fakes import FakeCupti
+
+from stepscope.gpu.cupti_live import CuptiTracer
+from stepscope.gpu.fixture import batch_from_records
+
+
+@pytest.fixture(scope="module")
+def records(fixture_path):
+    with gzip.open(fixture_path, "rt") as f:
+        return json.load(f)["cupti_records"]
+
+
+def _sorted(table):
+    return table[np.argsort(table["correlation"], kind="stable")]
+
+
+@pytest.mark.parametrize("per_api", [False, True])
+def test_live_path_decodes_like_the_fixture_adapter(records, per_api):
+    fake = FakeCupti(records, per_api=per_api)
+    tracer = CuptiTracer(cupti_module=fake)
+    assert tracer.start()
+    assert fake.enabled == {1, 2, 4, 5, 10, 38}
+    assert abs(tracer.offset_ns - 3000) < 1_000_000  # calibrated against time.time_ns()
+    batch = tracer.stop()
+    assert fake.enabled == set()
+    want = batch_from_records(records, api="correlated")
+    for attr in ("kernels", "memcpys", "memsets", "syncs", "runtime", "driver"):
+        np.testing.assert_array_equal(_sorted(getattr(batch, attr)), _sorted(getattr(want, attr)))
+    assert batch.kernel_names().tolist() == want.kernel_names().tolist()
+    assert batch.dropped == 2
+    names = tracer.api_names()
+    assert names[(False, 211)] == "cudaLaunchKernel" and names[(True, 307)] == "cuLaunchKernel"
+    assert (False, 17) not in names
+    if per_api:  # every callback switched explicitly: the chosen ones on, the rest off
+        on = [(d, c) for d, c, flag in fake.api_enabled if flag]
+        off = [(d, c) for d, c, flag in fake.api_enabled if not flag]
+        assert sorted(on) == sorted(
+            [("rt", c) for c in (41, 51, 131, 138, 165, 211, 430)] + [("drv", 307)]
+        )
+        assert sorted(off) == [("drv", 677), ("rt", 17)]
+
+
+def test_bounded_buffers_count_what_they_drop(records):
+    tracer = CuptiTracer(cupti_module=FakeCupti(records, dropped=0), max_records=3000)
+    assert tracer.start()
+    batch = tracer.stop()
+    # three buffers of 2809, 2809, 2808 records: the first fits, the other two are dropped
+    assert batch.dropped == 2809 + 2808
+    assert len(batch) > 0
+
+
+def test_without_cupti_it_switches_off_with_one_log_line(caplog, monkeypatch):
+    import stepscope.gpu.cupti_live as live
+
+    monkeypatch.setattr(live, "_import_cupti", lambda: None)
+    tracer = CuptiTracer()
+    with caplog.at_level(logging.INFO, logger="stepscope.gpu"):
+        assert tracer.start() is False
+    assert [r.message for r in caplog.records] == [
+        "stepscope: cupti-python not installed; GPU activity tracing off"
+    ]
+    assert len(tracer.stop()) == 0
+    ok, why = tracer.available()
+    assert not ok and "cupti-python" in why
+
+
+def test_a_failing_cupti_switches_off_cleanly(records, caplog):
+    fake = FakeCupti(records)
+
+    def boom(kind):
+        raise RuntimeError("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED")
+
+    fake.activity_enable = boom
+    with caplog.at_level(logging.INFO, logger="stepscope.gpu"):
+        assert CuptiTracer(cupti_module=fake).start() is False
+    assert "GPU activity tracing off" in caplog.records[-1].message
+
+
+@pytest.mark.gpu
+def test_real_cupti_records_a_cupy_kernel():
+    cp = pytest.importorskip("cupy")
+    pytest.importorskip("cupti")
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no GPU")
+    except Exception:
+        pytest.skip("no GPU")
+    tracer = CuptiTracer()
+    assert tracer.start()
+    x = cp.arange(1 << 20, dtype=cp.float32)
+    (x * 2).sum()
+    cp.cuda.get_current_stream().synchronize()
+    batch = tracer.stop()
+    assert batch.kernels.size >= 1
+    api = np.concatenate([batch.runtime["correlation"], batch.driver["correlation"]])
+    assert np.isin(batch.kernels["correlation"], api).all()
+    assert abs(tracer.offset_ns) < 1_000_000

@@ -1,0 +1,185 @@
+"""GpuTracing (the profiler's entry point), replaying the fixture, NVML counters, no-GPU paths."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+
+import numpy as np
+import pytest
+from gpu_fakes import FakeCupti
+from gpu_trace_decode import decode
+
+import stepscope.gpu as gpu
+from stepscope import _session
+from stepscope.gpu.cupti_live import CuptiTracer
+from stepscope.gpu.cupy_timing import CupyEventTimer, memory_pool_counters, sync_current_stream
+from stepscope.gpu.fixture import replay_fixture
+from stepscope.gpu.nvml import NvmlSampler, gpm_counters, sample_counters
+
+REALTIME = 1
+
+
+def test_import_needs_no_gpu_package():
+    import sys
+
+    assert not {"cupy", "cupti", "pynvml"} & set(sys.modules)
+    assert gpu.kernel_class("ncclDevKernel_AllReduce") == "communication"
+
+
+def test_no_gpu_switches_off_with_one_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(gpu, "detect_devices", lambda: {})
+    sess = _session.Session(tmp_path / "t.pftrace").start()
+    try:
+        gt = gpu.GpuTracing(sess, nvml=False, log_level=logging.WARNING)
+        with caplog.at_level(logging.INFO, logger="stepscope.gpu"):
+            gt.start()
+            assert gt.begin_window() is False
+            assert gt.end_window(steps=3) is None
+            assert gt.begin_window() is False  # stays off, says it once
+            gt.stop()
+    finally:
+        sess.stop()
+    assert [(r.levelno, r.message) for r in caplog.records] == [
+        (logging.WARNING, "stepscope: no CUDA device found; GPU activity tracing off")
+    ]
+
+
+def test_nvml_missing_is_one_line(tmp_path, caplog):
+    sess = _session.Session(tmp_path / "t.pftrace").start()
+    try:
+        with caplog.at_level(logging.INFO, logger="stepscope.gpu"):
+            assert NvmlSampler(sess).start() is False
+    finally:
+        sess.stop()
+    assert len(caplog.records) == 1 and "NVML counters off" in caplog.records[0].message
+
+
+def test_window_through_a_session_puts_api_calls_under_the_thread(tmp_path, fixture):
+    me = threading.get_ident() & 0xFFFFFFFF
+    t0 = 1_700_000_000_000_000_000
+    records = [
+        {"kind": "RUNTIME", "start": t0, "end": t0 + 5000, "correlation_id": 1, "cbid": 211,
+         "process_id": 1, "thread_id": me},
+        {"kind": "CONCURRENT_KERNEL", "name": "k", "start": t0 + 8000, "end": t0 + 20_000,
+         "stream_id": 7, "device_id": 0, "context_id": 1, "correlation_id": 1, "grid_x": 264,
+         "grid_y": 1, "grid_z": 1, "block_x": 64, "block_y": 1, "block_z": 1,
+         "registers_per_thread": 121, "static_shared_memory": 0,
+         "dynamic_shared_memory": 9600, "graph_id": 0},
+        {"kind": "CONCURRENT_KERNEL", "name": "malformed", "start": t0, "end": t0 + 1},
+    ]  # fmt: skip
+    path = tmp_path / "w.pftrace"
+    sess = _session.Session(path).start()
+    try:
+        gt = gpu.GpuTracing(
+            sess, nvml=False, devices={0: fixture.device},
+            tracer=CuptiTracer(cupti_module=FakeCupti(records, dropped=0)),
+        )  # fmt: skip
+        assert gt.begin_window()
+        stats = gt.end_window(steps=1)
+    finally:
+        sess.stop()
+    assert stats.kernels == 1 and stats.flows == 1
+    assert stats.dropped == 1  # the record without the kernel fields is counted, not fatal
+    tr = decode(path)
+    (api,) = tr.tracks_named("CUDA API")
+    parent = tr.tracks[tr.tracks[api].parent_uuid]
+    assert parent.thread.tid == threading.get_native_id()
+    (launch,) = [s for s in tr.slices if s.category == "cuda_runtime"]
+    (kernel,) = [s for s in tr.slices if s.category == "kernel"]
+    assert launch.name == "cudaLaunchKernel" and launch.flow_ids == kernel.terminating_flow_ids
+    # 264 blocks on 132 SMs = 2 blocks/SM, 8 active (register-limited): 2 * 64 / 2048
+    assert kernel.args["est_achieved_occupancy"] == pytest.approx(0.0625)
+    # device slices keep CUPTI's stamps plus the calibrated offset, on the REALTIME clock
+    assert kernel.clock == REALTIME
+    assert kernel.ts == t0 + 8000 + gt.tracer.offset_ns
+
+
+def test_replayed_fixture_lines_up_host_and_device(tmp_path, fixture):
+    path = tmp_path / "replay.pftrace"
+    sess = _session.Session(path).start()
+    try:
+        stats = replay_fixture(sess, fixture)
+    finally:
+        sess.stop()
+    tr = decode(path)
+    assert stats.kernels == 545
+    steps = sorted(
+        (s.ts, s.ts + s.dur) for s in tr.slices if s.name == "ProfileStep"
+    )  # host ranges, mapped to REALTIME
+    assert len(steps) == 12
+    assert {s.clock for s in tr.slices} == {REALTIME}
+    main = tr.tracks_named("CUDA API (thread 80499008)")[0]
+    launches = [s for s in tr.slices if s.track == main and s.flow_ids and s.ts >= steps[0][0]]
+    kernel_corr = set(fixture.batch.kernels["correlation"].tolist())
+    launches = [s for s in launches if s.args["correlation_id"] in kernel_corr]
+    assert len(launches) > 400
+    starts = np.array([s for s, _ in steps])
+    for s in launches:
+        i = np.searchsorted(starts, s.ts, side="right") - 1
+        assert steps[i][0] <= s.ts and s.ts + s.dur <= steps[i][1]
+    # NVML: power in W from mW, sample by sample; GPM DRAM bandwidth left out where NaN
+    power = tr.counter("nvml.gpu0.power W")
+    assert [v for _, v in power] == [s["power_mw"] / 1000 for s in fixture.nvml_samples]
+    dram = tr.counter("gpm.gpu0.dram_bw_util %")
+    assert len(dram) == sum(
+        1 for s in fixture.gpm_samples if s["DRAM_BW_UTIL"] == s["DRAM_BW_UTIL"]
+    )
+    assert len(dram) < len(fixture.gpm_samples)
+    counts = collections.Counter(tr.track_name(s.track) for s in tr.slices)
+    assert counts["loader"] == 12
+
+
+def test_nvml_sample_conversion_by_hand():
+    s = {"gpu_util": 37, "mem_used": 1 << 30, "power_mw": 126889, "sm_clock_mhz": 1980}
+    assert sample_counters(s, 1) == [
+        ("nvml.gpu1.utilization.gpu %", "%", 37),
+        ("nvml.gpu1.memory.used", "bytes", 1 << 30),
+        ("nvml.gpu1.power W", "W", 126.889),
+        ("nvml.gpu1.clocks.sm MHz", "MHz", 1980),
+    ]
+    g = {"SM_UTIL": 12.5, "SM_OCCUPANCY": 3.0, "ANY_TENSOR_UTIL": 0.0, "DRAM_BW_UTIL": float("nan")}
+    assert gpm_counters(g, 0) == [
+        ("gpm.gpu0.sm_util %", "%", 12.5),
+        ("gpm.gpu0.sm_occupancy %", "%", 3.0),
+        ("gpm.gpu0.tensor_util %", "%", 0.0),
+    ]
+
+
+def test_cupy_helpers_without_cupy(tmp_path):
+    sess = _session.Session(tmp_path / "c.pftrace").start()
+    try:
+        timer = CupyEventTimer(sess)
+        assert not timer.available
+        timer.push("x")
+        timer.pop()
+        assert timer.poll() == 0
+        sync_current_stream()  # no-op
+        assert memory_pool_counters() == []
+    finally:
+        sess.stop()
+
+
+@pytest.mark.gpu
+def test_cupy_event_ranges_on_a_gpu(tmp_path):
+    cp = pytest.importorskip("cupy")
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no GPU")
+    except Exception:
+        pytest.skip("no GPU")
+    path = tmp_path / "e.pftrace"
+    sess = _session.Session(path).start()
+    try:
+        timer = CupyEventTimer(sess)
+        timer.push("matmul")
+        a = cp.ones((2048, 2048), dtype=cp.float32)
+        (a @ a).sum()
+        timer.pop()
+        cp.cuda.get_current_stream().synchronize()
+        assert timer.poll() == 1
+    finally:
+        sess.stop()
+    (s,) = [s for s in decode(path).slices if s.name == "matmul"]
+    assert s.dur > 0 and s.category == "gpu_range"

@@ -1,0 +1,163 @@
+"""Profiler in-process: levels per schedule window, steps/phases/loader slices, host counters."""
+
+import time
+
+import pytest
+
+import stepscope
+from stepscope import _schema as S
+from stepscope.profiler import Profiler, schedule
+from tracedecode import decode
+
+
+def _user_ranges(d):
+    return sorted(s.name for s in d.slices if s.category == "")
+
+
+def _train(prof, batches, epoch_of=None, sleep=0.002):
+    for i, _ in enumerate(prof.dataloader(range(batches))):
+        with prof.phase(S.PHASE_FORWARD):
+            with stepscope.annotate(f"user {i}"):
+                time.sleep(sleep)
+        nxt = epoch_of(i + 1) if epoch_of else None
+        prof.step(num_samples=4, epoch=nxt)
+
+
+def test_detail_only_inside_windows(tmp_path):
+    ready = []
+    prof = Profiler(tmp_path, schedule(skip_first=1, wait=1, warmup=1, active=2, repeat=1),
+                    on_trace_ready=ready.append, run_id="r", host_metrics=False, report=False)
+    prof.start()
+    _train(prof, 10)
+    files = prof.stop()
+    run = tmp_path / "r"
+    d0, d1 = run / "rank0.detail.0.pftrace", run / "rank0.detail.1.pftrace"
+    summary = run / "rank0.summary.pftrace"
+    assert files == [d0, d1, summary]
+    assert ready == [[d0], [d1], [summary]]  # each file once, as soon as it is finished
+
+    s = decode(summary)
+    steps = [x for x in s.slices if x.category == S.CAT_STEP]
+    # 10 batches stepped + the open step closed by stop()
+    assert [x.name for x in steps] == [f"step {i}" for i in range(11)]
+    assert all(x.dur is not None and x.dur > 0 for x in steps)
+    assert steps[3].args == {"step": 3, "epoch": 0, "num_samples": 4}
+    assert _user_ranges(s) == []  # user ranges are detail level
+    assert len(s.by_category(S.CAT_PHASE)) == 10
+    loader = s.by_category(S.CAT_DATALOADER)
+    assert len(loader) == 11 and {x.name for x in loader} == {S.DATALOADER_WAIT_NAME}
+    # phases nest inside their step
+    for ph, st in zip(s.by_category(S.CAT_PHASE), steps, strict=False):
+        assert st.ts <= ph.ts and ph.ts + ph.dur <= st.ts + st.dur
+
+    for path, recorded in ((d0, [3, 4]), (d1, [7, 8])):
+        d = decode(path)
+        assert _user_ranges(d) == [f"user {i}" for i in recorded]  # not warmup 2 / 6
+        assert [x.name for x in d.slices if x.category == S.CAT_STEP] == [
+            f"step {i}" for i in recorded]
+        assert d.processes == s.processes
+
+
+def test_epochs_restart_the_schedule(tmp_path):
+    prof = Profiler(tmp_path, schedule(skip_first=1, warmup=1, active=2), run_id="r",
+                    host_metrics=False, report=False)
+    prof.start()
+    _train(prof, 12, epoch_of=lambda i: i // 6)  # epochs of 6 batches: steps 0-5, 6-11
+    prof.stop()
+    run = tmp_path / "r"
+    got = [_user_ranges(decode(run / f"rank0.detail.{k}.pftrace")) for k in (0, 1)]
+    assert got == [["user 2", "user 3"], ["user 8", "user 9"]]
+    assert not (run / "rank0.detail.2.pftrace").exists()
+    steps = decode(run / "rank0.summary.pftrace").by_category(S.CAT_STEP)
+    assert [x.args["epoch"] for x in steps[:12]] == [0] * 6 + [1] * 6
+
+
+def test_epoch_method_at_top_of_each_epoch(tmp_path):
+    prof = Profiler(tmp_path, schedule(warmup=0, active=1), run_id="r", host_metrics=False,
+                    report=False)
+    prof.start()
+    for _ in range(2):
+        prof.epoch()  # first call: no-op (epoch 0 has no batch yet)
+        for i, _ in enumerate(prof.dataloader(range(3))):
+            with stepscope.annotate(f"user {prof.step_num}"):
+                pass
+            prof.step()
+    prof.stop()
+    run = tmp_path / "r"
+    steps = decode(run / "rank0.summary.pftrace").by_category(S.CAT_STEP)
+    assert [x.args["epoch"] for x in steps] == [0, 0, 0, 1, 1, 1, 1]
+    assert [_user_ranges(decode(run / f"rank0.detail.{k}.pftrace")) for k in (0, 1)] == [
+        ["user 0"], ["user 3"]]
+
+
+def test_summary_only_and_no_schedule(tmp_path):
+    prof = Profiler(tmp_path, schedule=None, run_id="r", host_metrics=False, report=False)
+    prof.start()
+    _train(prof, 3)
+    prof.stop()
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["rank0.summary.pftrace"]
+
+
+def test_host_counters_present_and_sane(tmp_path):
+    prof = Profiler(tmp_path, schedule=None, run_id="r", sample_interval_s=0.05, report=False)
+    prof.start()
+    t_end = time.perf_counter() + 0.35
+    while time.perf_counter() < t_end:
+        sum(range(2000))
+        prof.step()
+    prof.stop()
+    d = decode(tmp_path / "r" / "rank0.summary.pftrace")
+    c = d.counters
+    for name in (S.HOST_CPU_USER, S.HOST_CPU_SYSTEM, S.HOST_CPU_IDLE, S.HOST_PROCESS_CPU,
+                 S.HOST_PROCESS_RSS, S.HOST_MEMORY_USED, S.HOST_PROCESS_CTX_SWITCHES,
+                 S.HOST_SAMPLER_CPU):
+        assert len(c[name]) >= 3, name
+    assert all(0 <= v <= 100 for _, v in c[S.HOST_CPU_USER] + c[S.HOST_CPU_IDLE])
+    assert max(v for _, v in c[S.HOST_PROCESS_CPU]) >= 40  # the busy loop
+    assert min(v for _, v in c[S.HOST_PROCESS_RSS]) > 10 << 20
+    # counters are on tracks under the rank's process, inside the run's time span
+    pid = next(iter(d.processes))
+    steps = d.by_category(S.CAT_STEP)
+    for name, samples in c.items():
+        track = next(t for t in d.tracks.values() if t.name == name)
+        assert d.track_pid(track.uuid) == pid
+        assert all(steps[0].ts <= ts <= steps[-1].ts + steps[-1].dur + 10**8 for ts, _ in samples)
+    assert prof.sampler_cost.samples >= 4
+
+
+def test_timer_only_writes_nothing(tmp_path):
+    prof = Profiler(tmp_path, timer_only=True, run_id="r", report=False)
+    prof.start()
+    for _ in prof.dataloader(range(4)):
+        time.sleep(0.005)
+        prof.step(num_samples=2)
+    assert prof.stop() == []
+    assert not (tmp_path / "r").exists()
+    st = prof.timer_stats()
+    assert st.steps == 4
+    assert st.batch_cost.avg == pytest.approx(0.005, abs=0.004)
+    assert st.samples_per_s.avg == pytest.approx(2 / st.batch_cost.avg)
+
+
+def test_env_options_override_and_errors(tmp_path, monkeypatch):
+    monkeypatch.setenv("STEPSCOPE_OPTIONS", f'{{"dir": "{tmp_path}", "run_id": "env", '
+                       '"schedule": [1, 2], "host_metrics": false, "report": false}')
+    prof = Profiler("ignored", schedule=None)
+    assert prof.options["dir"] == str(tmp_path) and prof.schedule.active == 1
+    prof.start()
+    _train(prof, 3)
+    prof.stop()
+    assert _user_ranges(decode(tmp_path / "env" / "rank0.detail.0.pftrace")) == ["user 1"]
+    monkeypatch.setenv("STEPSCOPE_OPTIONS", '{"schedule": {"active": -1}}')
+    with pytest.raises(ValueError, match="STEPSCOPE_OPTIONS: 'schedule': schedule: active"):
+        Profiler(tmp_path)
+
+
+def test_module_level_helpers_without_profiler():
+    from stepscope import profiler as P
+
+    assert P.current() is None
+    P.step()  # no-op
+    with P.phase("Forward"):
+        pass
+    assert list(P.dataloader([1, 2])) == [1, 2]

@@ -1,0 +1,224 @@
+"""Bad input, threads, fork, the buffer cap and abrupt endings: the trace stays valid."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+
+import pytest
+from perfetto_decode import decode
+
+import stepscope
+from stepscope import _recorder
+from stepscope._sink import Sink
+
+SRC = os.path.join(os.path.dirname(__file__), "..", "src")
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings():
+    _recorder._warned.clear()
+    yield
+    _recorder._warned.clear()
+
+
+def begins(path) -> list:
+    return [e.name for e in decode(path).events if e.type == "B"]
+
+
+def test_unbalanced_pop_warns_and_keeps_the_trace_nested(tmp_path):
+    path = str(tmp_path / "t.pftrace")
+    with pytest.warns(RuntimeWarning, match="pop_range"):
+        with stepscope.trace(path):
+            stepscope.pop_range()
+            with stepscope.annotate("ok"):
+                pass
+            stepscope.pop_range()
+    d = decode(path)
+    assert [s[:2] for s in d.slices(d.thread_track("MainThread"))] == [("ok", 0)]
+
+
+def test_end_range_of_unknown_handle_warns(tmp_path):
+    with stepscope.trace(str(tmp_path / "t.pftrace")):
+        with pytest.warns(RuntimeWarning, match="not a range handle"):
+            stepscope.end_range(12345)
+        h = stepscope.start_range("r")
+        stepscope.end_range(h)
+        with pytest.warns(RuntimeWarning, match="twice"):
+            stepscope.end_range(h)
+        stepscope.end_range(None)  # start_range returns None when tracing is off
+
+
+def test_odd_messages_become_valid_names(tmp_path):
+    class Broken:
+        def __str__(self):
+            raise RuntimeError("no")
+
+    path = str(tmp_path / "t.pftrace")
+    with stepscope.trace(path), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for msg in (17, None, b"bytes\xff", "x" * 5000, "bad \udcff utf8", Broken(), ["a"]):
+            with stepscope.annotate(msg):
+                pass
+            stepscope.push_range(msg)
+            stepscope.pop_range()
+    names = begins(path)
+    expected = ["17", "", "bytes\ufffd", "x" * 1024, "bad \ufffd utf8", "<Broken>", "['a']"]
+    assert names == [n for n in expected for _ in (0, 1)]
+    text = " ".join(str(w.message) for w in caught)
+    assert "not a str" in text and "cut" in text
+
+
+def test_start_twice_and_stop_without_start_warn(tmp_path):
+    with pytest.warns(RuntimeWarning, match="not on"):
+        stepscope.stop()
+    sess = stepscope.start(str(tmp_path / "a.pftrace"))
+    with pytest.warns(RuntimeWarning, match="already on"):
+        again = stepscope.start(str(tmp_path / "b.pftrace"))
+    assert again is sess
+    stepscope.stop()
+    assert stepscope.current() is None and not (tmp_path / "b.pftrace").exists()
+
+
+def test_many_threads_each_get_a_named_track(tmp_path):
+    path = str(tmp_path / "t.pftrace")
+    barrier = threading.Barrier(4)
+
+    def work(i):
+        barrier.wait()
+        for k in range(200):
+            with stepscope.annotate(f"t{i}"):
+                if k % 50 == 0:
+                    time.sleep(0)
+
+    with stepscope.trace(path, flush_interval_s=0.05):
+        threads = [threading.Thread(target=work, args=(i,), name=f"w{i}") for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    d = decode(path)
+    for i in range(4):
+        assert [s[0] for s in d.slices(d.thread_track(f"w{i}"))] == [f"t{i}"] * 200
+
+
+def test_forked_child_never_writes_into_the_parent_file(tmp_path):
+    path = str(tmp_path / "t.pftrace")
+    with stepscope.trace(path):
+        with stepscope.annotate("parent"):
+            pid = os.fork()
+            if pid == 0:  # child: tracing is off, nothing reaches the parent's file
+                try:
+                    ok = stepscope.current() is None
+                    with stepscope.annotate("child"):
+                        pass
+                    stepscope.stop  # noqa: B018
+                finally:
+                    os._exit(0 if ok else 3)
+            _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert begins(path) == ["parent"]
+
+
+def test_buffer_cap_drops_count_and_records_them(tmp_path, monkeypatch):
+    path = str(tmp_path / "t.pftrace")
+    real_write = Sink.write_now
+
+    def slow_write(self, data):  # a disk that cannot keep up
+        time.sleep(0.2)
+        real_write(self, data)
+
+    monkeypatch.setattr(Sink, "write_now", slow_write)
+    sess = stepscope.start(path, buffer_bytes=1 << 16, flush_interval_s=0.01, compress=False)
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and sess.dropped == 0:
+        for _ in range(2000):
+            with stepscope.annotate("x"):
+                pass
+        time.sleep(0.02)
+    stepscope.stop()
+    assert sess.dropped > 0
+    d = decode(path)
+    track = d.track_named("stepscope dropped events")
+    values = [e.value for e in d.by_track(track)]
+    assert values == sorted(values) and values[-1] == sess.dropped
+    marks = [e for e in d.events if e.name == "stepscope dropped events"]
+    assert marks[-1].args == {"dropped_events": sess.dropped}
+    main = d.thread_track("MainThread")
+    assert all(s[0] == "x" for s in d.slices(main))  # still well nested after the gaps
+
+
+SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time
+    sys.path.insert(0, {src!r})
+    import stepscope
+    mode = sys.argv[2]
+    sess = stepscope.start(sys.argv[1], flush_interval_s=0.05)
+    for i in range(3):
+        with stepscope.annotate("before"):
+            pass
+    if mode == "exception":
+        raise ValueError("boom")
+    if mode == "atexit":
+        sys.exit(0)
+    if mode == "handler":
+        signal.signal(signal.SIGTERM, lambda s, f: (print("user handler", flush=True),
+                                                    sys.exit(5)))
+        stepscope.stop(); sess = stepscope.start(sys.argv[1], flush_interval_s=0.05)
+        with stepscope.annotate("before"):
+            pass
+    time.sleep(0.5)  # several flushes
+    stepscope.push_range("never ends")
+    print("ready", flush=True)
+    time.sleep(60)
+""")
+
+
+def run_child(tmp_path, mode, sig=None):
+    path = str(tmp_path / f"{mode}.pftrace")
+    script = tmp_path / "child.py"
+    script.write_text(SCRIPT.format(src=os.path.abspath(SRC)))
+    proc = subprocess.Popen([sys.executable, str(script), path, mode], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    if sig is not None:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    return path, proc.returncode, out, err
+
+
+def test_sigkill_leaves_a_trace_with_everything_flushed(tmp_path):
+    path, code, _, _ = run_child(tmp_path, "kill", signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    assert begins(path) == ["before"] * 3
+
+
+def test_sigterm_finishes_the_file_and_still_dies_by_the_signal(tmp_path):
+    path, code, _, _ = run_child(tmp_path, "term", signal.SIGTERM)
+    assert code == -signal.SIGTERM
+    d = decode(path)
+    assert [s[0] for s in d.slices(d.thread_track("MainThread"))] == ["before"] * 3 + [
+        "never ends"]
+    assert len(d.snapshots) == 2  # the closing snapshot was written
+
+
+def test_sigterm_chains_to_the_users_handler(tmp_path):
+    path, code, out, _ = run_child(tmp_path, "handler", signal.SIGTERM)
+    assert "user handler" in out and code == 5
+    assert begins(path)[:1] == ["before"]
+
+
+def test_unhandled_exception_and_plain_exit_finish_the_file(tmp_path):
+    for mode, want in (("exception", 1), ("atexit", 0)):
+        path, code, _, err = run_child(tmp_path, mode)
+        assert code == want
+        assert begins(path) == ["before"] * 3
+        assert len(decode(path).snapshots) == 2
+        if mode == "exception":
+            assert "ValueError: boom" in err

@@ -1,0 +1,247 @@
+"""The trace writer, judged by the official Perfetto schema (see perfetto_decode.py)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+from perfetto_decode import decode, packets_of
+
+import stepscope
+from stepscope import _encoder, _recorder, _sink
+from stepscope._schema import LEVEL_DETAIL, LEVEL_SUMMARY
+from stepscope._session import Session
+
+
+@pytest.fixture
+def path(tmp_path):
+    return str(tmp_path / "t.pftrace")
+
+
+def test_ranges_threads_and_tree(path):
+    def worker():
+        with stepscope.annotate("work"):
+            stepscope.push_range("inner")
+            stepscope.pop_range()
+
+    @stepscope.annotate
+    def decorated():
+        return 7
+
+    t_before = time.perf_counter_ns()
+    with stepscope.trace(path, compress=True):
+        with stepscope.annotate("outer"):
+            with stepscope.annotate("mid", domain="train"):
+                stepscope.mark("tick")
+            assert decorated() == 7
+        th = threading.Thread(target=worker, name="loader-0")
+        th.start()
+        th.join()
+    t_after = time.perf_counter_ns()
+
+    d = decode(path)
+    procs = [t for t in d.tracks.values() if t.HasField("process")]
+    assert len(procs) == 1
+    assert procs[0].process.pid == os.getpid()
+    assert procs[0].process.process_name == f"rank 0 ({socket.gethostname()})"
+    main, loader = d.thread_track("MainThread"), d.thread_track("loader-0")
+    assert d.tracks[main].parent_uuid == procs[0].uuid
+    assert d.tracks[loader].thread.tid == th.native_id
+    assert [(n, depth) for n, depth, _, _ in d.slices(main)] == [
+        ("outer", 0), ("mid", 1), ("test_ranges_threads_and_tree.<locals>.decorated", 1)]
+    assert [(n, depth) for n, depth, _, _ in d.slices(loader)] == [("work", 0), ("inner", 1)]
+    for _, _, t0, t1 in d.slices(main) + d.slices(loader):
+        assert t_before <= t0 <= t1 <= t_after
+    mid = next(e for e in d.events if e.name == "mid")
+    assert mid.categories == ("train",)
+    tick = next(e for e in d.events if e.name == "tick")
+    assert tick.type == "I" and tick.track == main
+    deco = next(e for e in d.events if e.name and e.name.endswith("decorated"))
+    assert deco.srcloc == (__file__, "test_ranges_threads_and_tree.<locals>.decorated",
+                           decorated.__wrapped__.__code__.co_firstlineno)
+    # every event packet after a sequence's first one declares it needs incremental state
+    for p in d.packets:
+        if p.HasField("track_event"):
+            assert p.sequence_flags == 2
+
+
+def test_args_are_typed_debug_annotations(path):
+    with stepscope.trace(path):
+        with stepscope.annotate("a", step=3, lr=0.5, tag="x", ok=True, shape={"b": [1, 2]}):
+            pass
+        with stepscope.annotate("p", payload=42):
+            pass
+    d = decode(path)
+    a = next(e for e in d.events if e.name == "a")
+    assert a.args == {"step": 3, "lr": 0.5, "tag": "x", "ok": True, "shape": {"b": [1, 2]}}
+    raw = next(p for p in d.packets if p.HasField("track_event") and p.track_event.debug_annotations)
+    kinds = [x.WhichOneof("value") for x in raw.track_event.debug_annotations]
+    assert kinds[:4] == ["int_value", "double_value", "string_value", "bool_value"]
+    assert next(e for e in d.events if e.name == "p").args == {"payload": 42}
+
+
+def test_async_range_ends_on_another_thread_and_counters(path):
+    with stepscope.trace(path):
+        h1 = stepscope.start_range("fetch")
+        h2 = stepscope.start_range("fetch")  # overlaps h1: needs a sibling track
+        th = threading.Thread(target=stepscope.end_range, args=(h1,))
+        th.start()
+        th.join()
+        stepscope.end_range(h2)
+        stepscope.counter("loss", 0.25)
+        stepscope.counter("loss", 2)
+    d = decode(path)
+    async_tracks = [u for u, t in d.tracks.items() if t.name == "async ranges"]
+    assert len(async_tracks) == 2
+    for u in async_tracks:
+        assert [s[0] for s in d.slices(u)] == ["fetch"]
+    loss = d.track_named("loss")
+    assert d.tracks[loss].HasField("counter")
+    assert [e.value for e in d.by_track(loss)] == [0.25, 2]
+
+
+def test_emitter_exact_timestamps_any_order_and_flows(path):
+    sess = Session(path)
+    sess.start()
+    gpu = sess.new_track("GPU 0 (test)")
+    stream = sess.new_track("stream 7", parent=gpu)
+    ctr = sess.new_counter_track("util", unit="%")
+    em = sess.emitter(clock="realtime")
+    em.complete(1_000_150, 50, "child2", stream)
+    em.complete(1_000_100, 100, "parent", stream, category="kernel", args={"grid_x": 128},
+                terminating_flow_ids=[99])
+    em.complete(1_000_100, 50, "child1", stream)
+    em.complete(1_000_300, 0, "empty", stream)
+    em.counter(1_000_100, ctr, 0.5)
+    em.counter(1_000_200, ctr, 0.0)
+    sess.stop()
+    d = decode(path)
+    assert d.tracks[stream].parent_uuid == gpu
+    assert d.tracks[gpu].parent_uuid == sess.process_uuid
+    assert d.slices(stream) == [("parent", 0, 1_000_100, 1_000_200),
+                                ("child1", 1, 1_000_100, 1_000_150),
+                                ("child2", 1, 1_000_150, 1_000_200),
+                                ("empty", 0, 1_000_300, 1_000_300)]
+    parent = next(e for e in d.events if e.name == "parent")
+    assert parent.clock == 1  # REALTIME-based sequence clock
+    assert parent.categories == ("kernel",) and parent.args == {"grid_x": 128}
+    assert parent.tflows == (99,)
+    assert [(e.ts, e.value) for e in d.by_track(ctr)] == [(1_000_100, 0.5), (1_000_200, 0.0)]
+    assert d.tracks[ctr].counter.unit_name == "%"
+
+
+def test_clock_snapshots_relate_the_three_clocks(path):
+    with stepscope.trace(path):
+        pass
+    d = decode(path)
+    assert len(d.snapshots) == 2  # at start and at close
+    for snap in d.snapshots:
+        assert set(snap) == {1, 3, 6}
+    now_real = time.time_ns()
+    assert abs(d.snapshots[0][1] - now_real) < 60e9
+
+
+def test_interning_once_per_sequence_across_flushes(path):
+    sess = stepscope.start(path, compress=False)
+    for _ in range(3):
+        for _ in range(5):
+            with stepscope.annotate("x"):
+                pass
+        sess.flush()
+    stepscope.stop()
+    packets = packets_of(open(path, "rb").read())
+    defs = [n.name for p in packets for n in p.interned_data.event_names]
+    assert defs == ["x"]
+    firsts = [p for p in packets if p.sequence_flags & 1]
+    assert len(firsts) == 1 and firsts[0].trace_packet_defaults.timestamp_clock_id == 64
+    assert len([e for e in decode(path).events if e.name == "x"]) == 15
+
+
+def test_every_flush_leaves_a_loadable_prefix(path):
+    sess = stepscope.start(path, compress=True)
+    sizes = []
+    for i in range(4):
+        with stepscope.annotate(f"r{i}"):
+            pass
+        sess.flush()
+        sizes.append(os.path.getsize(path))
+    stepscope.stop()
+    data = open(path, "rb").read()
+    for k, size in enumerate(sizes):
+        names = [e.name for e in decode(data[:size]).events if e.type == "B"]
+        assert names == [f"r{i}" for i in range(k + 1)]
+
+
+def test_unmatched_ends_are_dropped_exactly():
+    dd = np.array([-1, 1, -1, -1, 1, 0, -1])
+    dropped, depth = _sink.unmatched_ends(dd, 0)
+    assert dropped.tolist() == [True, False, False, True, False, False, False]
+    assert depth == 0
+    dropped, depth = _sink.unmatched_ends(np.array([-1, -1, 1]), 1)
+    assert dropped.tolist() == [False, True, False] and depth == 1
+
+
+def test_assemble_matches_the_official_parser():
+    deltas = np.array([0, 127, 128, 300, 1 << 35, -1], dtype=np.int64)
+    tpl_a = bytes([0x50, 0x05, 0x5A, 0x02, 0x48, 0x02])  # seq 5, track_event{type: END}
+    tpl_b = bytes([0x50, 0x05, 0x5A, 0x02, 0x48, 0x03]) + b"\x68\x02"  # INSTANT, flags 2
+    raw = _encoder.assemble(deltas, np.array([0, 1, 0, 1, 0, 1]), [tpl_a, tpl_b])
+    trace = pb.Trace()
+    trace.ParseFromString(raw)
+    got = [(p.HasField("timestamp"), p.timestamp, p.track_event.type, p.sequence_flags)
+           for p in trace.packet]
+    assert got == [(True, 0, 2, 0), (True, 127, 3, 2), (True, 128, 2, 0), (True, 300, 3, 2),
+                   (True, 1 << 35, 2, 0), (False, 0, 3, 2)]
+
+
+def test_level_filtering_between_two_sinks(tmp_path):
+    sess = Session(detail=False)
+    summary = sess.add_sink(tmp_path / "s.pftrace", levels=("summary",))
+    sess.start()
+    _recorder.begin("step 0", category="step", level=LEVEL_SUMMARY)
+    with stepscope.annotate("hidden"):  # detail off: not recorded at all
+        pass
+    sess.set_detail(True)
+    detail = sess.add_sink(tmp_path / "d.pftrace", levels=("summary", "detail"))
+    with stepscope.annotate("seen"):
+        pass
+    _recorder.end(level=LEVEL_SUMMARY)
+    sess.close_sink(detail)
+    sess.set_detail(False)
+    sess.stop()
+    assert summary.closed and detail.closed
+    s, dd = decode(str(tmp_path / "s.pftrace")), decode(str(tmp_path / "d.pftrace"))
+    main_s, main_d = s.thread_track("MainThread"), dd.thread_track("MainThread")
+    assert [x[:2] for x in s.slices(main_s)] == [("step 0", 0)]
+    assert next(e for e in s.events if e.name == "step 0").categories == ("step",)
+    # the detail file opened inside the step: its end is unmatched there and dropped
+    assert [x[:2] for x in dd.slices(main_d)] == [("seen", 0)]
+    assert LEVEL_DETAIL in detail.levels and LEVEL_DETAIL not in summary.levels
+
+
+def test_discard_detail_drops_warmup_events(path):
+    sess = Session(path)
+    sess.start()
+    with stepscope.annotate("warmup"):
+        pass
+    sess.flush(discard_detail=True)
+    with stepscope.annotate("active"):
+        pass
+    sess.stop()
+    assert [e.name for e in decode(path).events if e.type == "B"] == ["active"]
+
+
+def test_open_ranges_are_closed_when_the_file_closes(path):
+    sess = stepscope.start(path)
+    stepscope.push_range("left open")
+    t_stop = time.perf_counter_ns()
+    stepscope.stop()
+    d = decode(path)
+    (name, depth, t0, t1), = d.slices(d.thread_track("MainThread"))
+    assert name == "left open" and t1 >= t_stop >= t0
+    stepscope.pop_range()  # no session: a no-op

@@ -31,6 +31,9 @@ except ImportError:
 from stepscope.profiler import Profiler, schedule
 
 
+BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def array_module():
     """CuPy when a GPU is usable, else numpy."""
     try:
@@ -163,8 +166,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="./stepscope")
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--batches", type=int, default=40, help="batches per epoch")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batches", type=int, default=50, help="batches per epoch")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -176,6 +179,8 @@ def main() -> int:
     for rank in range(args.ranks):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.ranks), LOCAL_RANK=str(rank),
                    STEPSCOPE_RUN_ID=run_id)
+        for var in BLAS_THREADS:  # one core per rank: BLAS thread pools would oversubscribe
+            env.setdefault(var, "1")
         procs.append(subprocess.Popen(
             [sys.executable, __file__, "--worker", "--out", args.out, "--epochs",
              str(args.epochs), "--batches", str(args.batches)], env=env))

@@ -74,15 +74,37 @@ def assemble(deltas: np.ndarray, tidx: np.ndarray, templates: Sequence[bytes]) -
         out[ts_pos[sel]] = _TS_TAG
         _put_varints(out, ts_pos[sel] + 1, d[sel], vl[sel])
     tp_pos = ts_pos + 1 + vl
-    # template bytes: one gather/scatter over all of them
-    cum = np.zeros(n, dtype=np.int64)
-    np.cumsum(tl[:-1], out=cum[1:])
-    nbytes = int(cum[-1] + tl[-1])
-    ramp = np.arange(nbytes, dtype=np.int64)
-    dst = np.repeat(tp_pos - cum, tl) + ramp
-    src = np.repeat(toff_all[tidx] - cum, tl) + ramp
-    out[dst] = tpl[src]
+    _put_templates(out, tp_pos, tidx, templates, tpl, tl, toff_all)
     return out.tobytes()
+
+
+BROADCAST_MIN = 32  # a template used this often is written by one broadcast assignment
+
+
+def _put_templates(out, tp_pos, tidx, templates, tpl, tl, toff_all) -> None:
+    """Copy each event's template bytes to its packet.
+
+    Templates shared by many events (the fast BEGIN/END/INSTANT kinds) are written with one
+    broadcast assignment each; the rest (blobs) with one gather/scatter over their bytes.
+    """
+    counts = np.bincount(tidx, minlength=len(templates))
+    rest = np.ones(len(tidx), dtype=bool) if (counts < BROADCAST_MIN).any() else None
+    for t in np.nonzero(counts >= BROADCAST_MIN)[0]:
+        sel = tidx == t
+        if rest is not None:
+            rest &= ~sel
+        length = len(templates[t])
+        if length:
+            idx = tp_pos[sel][:, None] + np.arange(length)
+            out[idx] = np.frombuffer(templates[t], dtype=np.uint8)
+    if rest is None or not rest.any():
+        return
+    pos, ti, ln = tp_pos[rest], tidx[rest], tl[rest]
+    cum = np.zeros(len(ln), dtype=np.int64)
+    np.cumsum(ln[:-1], out=cum[1:])
+    nbytes = int(cum[-1] + ln[-1])
+    ramp = np.arange(nbytes, dtype=np.int64)
+    out[np.repeat(pos - cum, ln) + ramp] = tpl[np.repeat(toff_all[ti] - cum, ln) + ramp]
 
 
 def packet(*fields: bytes) -> bytes:

@@ -1,8 +1,9 @@
 """Bridges to the ``nvtx`` package, in both directions.
 
 *Forwarding* sends every stepscope range to real NVTX too, so Nsight Systems shows the same
-ranges: the core calls :func:`forward_push` / :func:`forward_pop` / :func:`forward_start` /
-:func:`forward_end` / :func:`forward_mark` while :data:`forwarding` is true.
+ranges: while forwarding is on (``stepscope._api._forward``, or :func:`enable_forwarding`), the
+core calls :func:`forward_push` / :func:`forward_pop` / :func:`forward_start` /
+:func:`forward_end` / :func:`forward_mark`, which call nvtx's original functions.
 
 *Capture* records the ``nvtx`` calls that user code and libraries already make:
 :func:`capture_nvtx` replaces ``annotate``, ``push_range``, ``pop_range``, ``start_range``,
@@ -53,6 +54,10 @@ def _warn_once(what: str, exc: BaseException | None = None) -> None:
         )
 
 
+class _NoApi:  # stands in for stepscope._api when it is not loaded (tests with a fake core)
+    _forward = False
+
+
 def _import_nvtx() -> ModuleType | None:
     try:
         import nvtx
@@ -78,26 +83,39 @@ def _originals() -> dict[str, Any] | None:
 # Forwarding: stepscope ranges -> real NVTX
 # ---------------------------------------------------------------------------------------------
 
-forwarding = False  # read by the core before calling forward_*; set by enable/disable_forwarding
-_fwd: dict[str, Any] = {}
+forwarding = False  # enable_forwarding() is in effect (the core may also gate with its own flag)
+_fwd: dict[str, Any] | None = None  # the original nvtx functions, resolved on first use
+
+
+def available() -> bool:
+    """Whether the ``nvtx`` package can be imported."""
+    return _import_nvtx() is not None
 
 
 def enable_forwarding() -> bool:
-    """Forward stepscope ranges to NVTX from now on. False (and off) when nvtx is not installed."""
+    """Mark forwarding on and resolve nvtx's functions. False (and off) without nvtx."""
     global forwarding, _fwd
     with _lock:
-        functions = _originals()
-        if functions is None:
-            forwarding = False
-            return False
-        _fwd = functions
-        forwarding = True
-        return True
+        _fwd = _originals()
+        forwarding = _fwd is not None
+        return forwarding
 
 
 def disable_forwarding() -> None:
-    global forwarding
+    global forwarding, _fwd
     forwarding = False
+    _fwd = None
+
+
+def _forward_to(name: str) -> Any:
+    """nvtx's own ``name`` function, or None (nvtx missing, or this thread is recording a
+    captured nvtx call, which nvtx already received)."""
+    global _fwd
+    if getattr(_tls, "capturing", False):
+        return None
+    if _fwd is None:
+        _fwd = _originals() or {}
+    return _fwd.get(name)
 
 
 def _text(message: Any) -> str | None:
@@ -112,21 +130,21 @@ def forward_push(
     payload: Any = None,
 ) -> None:
     """``nvtx.push_range`` with the same arguments (per-thread NVTX stack of the domain)."""
-    if not forwarding or getattr(_tls, "capturing", False):
-        return
-    try:
-        _fwd["push_range"](_text(message), color, domain, category, payload)
-    except Exception as exc:
-        _warn_once("forwarding a range to nvtx failed", exc)
+    fn = _forward_to("push_range")
+    if fn is not None:
+        try:
+            fn(_text(message), color, domain, category, payload)
+        except Exception as exc:
+            _warn_once("forwarding a range to nvtx failed", exc)
 
 
 def forward_pop(domain: str | None = None) -> None:
-    if not forwarding or getattr(_tls, "capturing", False):
-        return
-    try:
-        _fwd["pop_range"](domain)
-    except Exception as exc:
-        _warn_once("forwarding a range to nvtx failed", exc)
+    fn = _forward_to("pop_range")
+    if fn is not None:
+        try:
+            fn(domain)
+        except Exception as exc:
+            _warn_once("forwarding a range to nvtx failed", exc)
 
 
 def forward_start(
@@ -137,23 +155,23 @@ def forward_start(
     payload: Any = None,
 ) -> Any:
     """``nvtx.start_range``: returns its id (None when not forwarded), for :func:`forward_end`."""
-    if not forwarding or getattr(_tls, "capturing", False):
-        return None
-    try:
-        return _fwd["start_range"](_text(message), color, domain, category, payload)
-    except Exception as exc:
-        _warn_once("forwarding a range to nvtx failed", exc)
-        return None
+    fn = _forward_to("start_range")
+    if fn is not None:
+        try:
+            return fn(_text(message), color, domain, category, payload)
+        except Exception as exc:
+            _warn_once("forwarding a range to nvtx failed", exc)
+    return None
 
 
 def forward_end(range_id: Any, domain: str | None = None) -> None:
     """``nvtx.end_range`` of an id from :func:`forward_start` (nvtx's id carries the domain)."""
-    if range_id is None or not forwarding or getattr(_tls, "capturing", False):
-        return
-    try:
-        _fwd["end_range"](range_id)
-    except Exception as exc:
-        _warn_once("forwarding a range to nvtx failed", exc)
+    fn = _forward_to("end_range") if range_id is not None else None
+    if fn is not None:
+        try:
+            fn(range_id)
+        except Exception as exc:
+            _warn_once("forwarding a range to nvtx failed", exc)
 
 
 def forward_mark(
@@ -163,12 +181,12 @@ def forward_mark(
     category: Any = None,
     payload: Any = None,
 ) -> None:
-    if not forwarding or getattr(_tls, "capturing", False):
-        return
-    try:
-        _fwd["mark"](_text(message), color, domain, category, payload)
-    except Exception as exc:
-        _warn_once("forwarding a mark to nvtx failed", exc)
+    fn = _forward_to("mark")
+    if fn is not None:
+        try:
+            fn(_text(message), color, domain, category, payload)
+        except Exception as exc:
+            _warn_once("forwarding a mark to nvtx failed", exc)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,6 +198,7 @@ _capture_depth = 0
 _saved_functions: dict[str, Any] | None = None
 _patched: list[tuple[ModuleType, str, Any, Any]] = []  # (module, name, original, wrapper)
 _target: Any = None  # the stepscope package (resolved lazily: it imports this module)
+_api: Any = None  # stepscope._api, whose _forward flag says whether the core forwards
 
 
 _NV = _schema.CAT_NVTX
@@ -190,7 +209,7 @@ def _record(method: str, *args: Any) -> Any:
     forwarding on, this thread's forwarding is suppressed meanwhile: nvtx already has the call."""
     try:
         fn = getattr(_target, method)
-        if not forwarding:
+        if not (forwarding or _api._forward):
             return fn(*args)
         _tls.capturing = True
         try:
@@ -406,7 +425,7 @@ def capture_nvtx() -> NvtxCapture:
     Calls nest: each ``capture_nvtx()`` needs one ``release_nvtx()`` (or use it as a context
     manager). Without the ``nvtx`` package it warns and returns an inactive handle.
     """
-    global _capturing, _capture_depth, _saved_functions, _target
+    global _capturing, _capture_depth, _saved_functions, _target, _api
     with _lock:
         nvtx = _import_nvtx()
         if nvtx is None:
@@ -420,6 +439,9 @@ def capture_nvtx() -> NvtxCapture:
             import stepscope
 
             _target = stepscope
+            _api = sys.modules.get("stepscope._api")
+            if not hasattr(_api, "_forward"):
+                _api = _NoApi
             _saved_functions = _functions_of(nvtx)
             wrappers = _make_wrappers(_saved_functions)
             for module in _modules_to_patch(nvtx):

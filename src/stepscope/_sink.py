@@ -156,9 +156,12 @@ class Sink:
         tidx = np.empty(n, dtype=np.int64)
         fast = ~is_blob
         if fast.any():
-            uniq, inv = np.unique(codes[fast], return_inverse=True)
+            fc = codes[fast]
+            uniq = np.nonzero(np.bincount(fc))[0]  # codes are small ints: no sort needed
+            lut = np.zeros(int(uniq[-1]) + 1, dtype=np.int64)
+            lut[uniq] = np.arange(len(uniq))
             templates.extend(seq.fast_template(int(c)) for c in uniq)
-            tidx[fast] = inv
+            tidx[fast] = lut[fc]
         if is_blob.any():
             base = len(templates)
             for j, i in enumerate(np.nonzero(is_blob)[0]):

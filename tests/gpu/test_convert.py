@@ -250,7 +250,7 @@ def test_each_device_uses_its_own_sm_count(tmp_path):
 
 def test_counters_reach_a_summary_only_file(tmp_path, fixture):
     path = tmp_path / "summary.pftrace"
-    sess = _session.Session(detail=True)
+    sess = _session.Session(tmp_path / "all.pftrace", detail=True)
     sess.add_sink(path, levels=("summary",))
     sess.start()
     try:
@@ -260,3 +260,11 @@ def test_counters_reach_a_summary_only_file(tmp_path, fixture):
     tr = decode(path)
     assert tr.slices == []
     assert len(tr.counter("GPU 0 utilization")) > 12
+
+
+def test_empty_batch_writes_nothing(tmp_path):
+    from stepscope.gpu.records import ActivityBatch
+
+    tr, stats, _ = run(tmp_path, ActivityBatch(), {0: H100})
+    assert stats.records == 0 and stats.counter_samples == 0
+    assert tr.slices == [] and tr.events == []

@@ -38,14 +38,15 @@ def test_detail_only_inside_windows(tmp_path):
 
     s = decode(summary)
     steps = [x for x in s.slices if x.category == S.CAT_STEP]
-    # 10 batches stepped + the open step closed by stop()
-    assert [x.name for x in steps] == [f"step {i}" for i in range(11)]
+    # 10 batches: the step opened by the 10th step() only waited for the exhausted loader, so
+    # it was withdrawn with that wait
+    assert [x.name for x in steps] == [f"step {i}" for i in range(10)]
     assert all(x.dur is not None and x.dur > 0 for x in steps)
     assert steps[3].args == {"step": 3, "epoch": 0, "num_samples": 4}
     assert _user_ranges(s) == []  # user ranges are detail level
     assert len(s.by_category(S.CAT_PHASE)) == 10
     loader = s.by_category(S.CAT_DATALOADER)
-    assert len(loader) == 11 and {x.name for x in loader} == {S.DATALOADER_WAIT_NAME}
+    assert len(loader) == 10 and {x.name for x in loader} == {S.DATALOADER_WAIT_NAME}
     # phases nest inside their step
     for ph, st in zip(s.by_category(S.CAT_PHASE), steps, strict=False):
         assert st.ts <= ph.ts and ph.ts + ph.dur <= st.ts + st.dur
@@ -85,9 +86,12 @@ def test_epoch_method_at_top_of_each_epoch(tmp_path):
     prof.stop()
     run = tmp_path / "r"
     steps = decode(run / "rank0.summary.pftrace").by_category(S.CAT_STEP)
-    assert [x.args["epoch"] for x in steps] == [0, 0, 0, 1, 1, 1, 1]
-    assert [_user_ranges(decode(run / f"rank0.detail.{k}.pftrace")) for k in (0, 1)] == [
-        ["user 0"], ["user 3"]]
+    assert [x.args["epoch"] for x in steps] == [0, 0, 0, 1, 1, 1]
+    assert [x.name for x in steps] == [f"step {i}" for i in range(6)]
+    for k, i in ((0, 0), (1, 3)):
+        d = decode(run / f"rank0.detail.{k}.pftrace")
+        assert _user_ranges(d) == [f"user {i}"]
+        assert [x.name for x in d.by_category(S.CAT_STEP)] == [f"step {i}"]
 
 
 def test_summary_only_and_no_schedule(tmp_path):

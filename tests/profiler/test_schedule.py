@@ -37,8 +37,9 @@ def test_paddle_range_shorthand():
     assert coerce([2, 4]) == from_range(2, 4)
 
 
-def test_always():
+def test_always_is_one_window_per_epoch():
     assert ALWAYS.table(5) == [A] * 5
+    assert {ALWAYS.window_index(b) for b in (0, 1, 10**9)} == {0}
 
 
 def test_coerce_dict_and_errors():

@@ -36,7 +36,8 @@ Progress = Callable[[str, float], None]
 
 # TracePacket fields
 P_CLOCK_SNAPSHOT, P_TIMESTAMP, P_SEQ_ID, P_TRACK_EVENT, P_INTERNED = 6, 8, 10, 11, 12
-P_FLAGS, P_STATE_CLEARED, P_COMPRESSED, P_CLOCK_ID, P_DEFAULTS, P_DESCRIPTOR = 13, 41, 50, 58, 59, 60
+P_FLAGS, P_STATE_CLEARED, P_COMPRESSED, P_CLOCK_ID = 13, 41, 50, 58
+P_DEFAULTS, P_DESCRIPTOR = 59, 60
 # fields that carry no data of their own for the tables (markers, bookkeeping)
 _BENIGN = {36, 42, 87, 41, 13, 10, 8, 58}
 _HANDLED = {P_CLOCK_SNAPSHOT, P_TRACK_EVENT, P_INTERNED, P_DEFAULTS, P_DESCRIPTOR, P_COMPRESSED}
@@ -1044,9 +1045,6 @@ def _build_args(buf, E: _Acc, st: _State, egen, ev_slice, sl: dict, stats) -> li
             ival[simple], sval[simple], rval[simple])
         if cx.any():
             pb = _pb()
-
-            def argname(iid, _g=0):
-                return ""
 
             crow = []
             for i in np.flatnonzero(cx & (names >= 0)).tolist():

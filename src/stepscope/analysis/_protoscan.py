@@ -138,12 +138,13 @@ def scan(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Fields:
         pos[active] = np.where(err, end, nxt)
         active = active[good & (nxt < end)]
     if parts:
-        cols = [np.concatenate(c) for c in zip(*parts)]
+        cols = [np.concatenate(c) for c in zip(*parts, strict=True)]
         # Rows come out grouped by field index; order them by message, keeping wire order.
         order = np.argsort(cols[0], kind="stable")
         cols = [c[order] for c in cols]
     else:
-        cols = [np.zeros(0, t) for t in (np.int64, np.int64, np.int8, np.uint64, np.int64, np.int64)]
+        types = (np.int64, np.int64, np.int8, np.uint64, np.int64, np.int64)
+        cols = [np.zeros(0, t) for t in types]
     return Fields(*cols, bad=bad)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+import time
 from typing import Any
 
 from .convert import ConvertStats, GpuTraceConverter
@@ -131,6 +132,7 @@ class GpuTracing:
         self._window_open = False
         self.last_stats: ConvertStats | None = None
         self._off = False
+        self._window_t0 = 0
 
     def start(self) -> None:
         if self.sampler is not None and not self.sampler.start():
@@ -148,6 +150,7 @@ class GpuTracing:
         self._window_open = self.tracer.start()
         if not self._window_open:
             self._off = True
+        self._window_t0 = time.time_ns()
         return self._window_open
 
     def end_window(self, steps: int = 0) -> ConvertStats | None:
@@ -163,7 +166,9 @@ class GpuTracing:
                 )  # fmt: skip
             tids = set(batch.runtime["thread"].tolist()) | set(batch.driver["thread"].tolist())
             self._conv.thread_tracks.update(self._thread_tracks(tids))
-            self.last_stats = self._conv.convert(batch, steps=steps)
+            off = self.tracer.offset_ns  # window bounds in CUPTI's clock
+            window = (self._window_t0 - off, time.time_ns() - off)
+            self.last_stats = self._conv.convert(batch, window=window, steps=steps)
             return self.last_stats
         except Exception as exc:  # never break the program
             log.warning("stepscope: converting GPU activity failed (%s)", exc)

@@ -401,8 +401,12 @@ class GpuTraceConverter:
         return KernelEstimates(**merged)
 
     def _flows(self, corr: np.ndarray, linked: np.ndarray) -> list[list[int] | None]:
+        """Terminating flow per record whose launch call is in the batch. A graph launch has one
+        correlation id for all its kernels: only the first (in record order) gets the arrow."""
         fids = flow_ids_for(corr, self.pid).tolist()
-        has = np.isin(corr, linked).tolist()
+        first = np.zeros(corr.size, dtype=bool)
+        first[np.unique(corr, return_index=True)[1]] = True
+        has = (np.isin(corr, linked) & first).tolist()
         return [[f] if h else None for f, h in zip(fids, has, strict=False)]
 
     def _context_devices(self, batch: ActivityBatch) -> dict[int, int]:
@@ -449,10 +453,15 @@ class GpuTraceConverter:
         self, batch: ActivityBatch, window: tuple[int, int] | None, steps: int
     ) -> tuple[int, dict[int, BucketMetrics]]:
         k = batch.kernels
-        t0, t1 = window if window else (int(k["start"].min()), int(k["end"].max()))
-        bucket = self.bucket_ns or choose_bucket_ns(
-            max(t1 - t0, 1) // max(steps, 1), target_buckets=self.buckets_per_step
-        )
+        t0, t1 = int(k["start"].min()), int(k["end"].max())
+        if window:  # the window's idle edges count too; kernels outside it are never cut off
+            t0, t1 = min(t0, int(window[0])), max(t1, int(window[1]))
+        if self.bucket_ns:
+            bucket = self.bucket_ns
+        elif steps > 0:  # tens of buckets per step
+            bucket = choose_bucket_ns((t1 - t0) // steps, target_buckets=self.buckets_per_step)
+        else:  # the TensorBoard plugin's rule: a round bucket, at most 100 over the window
+            bucket = choose_bucket_ns(t1 - t0, target_buckets=100)
         edges = bucket_edges(t0, t1, bucket)
         est = self._estimates(k)
         n = 0

@@ -51,6 +51,14 @@ def current() -> Profiler | None:
     return _current
 
 
+def _record_keyed(blob: Any) -> int:
+    """``rec.record_blob`` that returns the blob's key (to withdraw it before it is written)."""
+    k = next(rec._blob_ids)  # noqa: SLF001
+    rec.blobs[k] = blob
+    rec._ext((-k, time.perf_counter_ns(), threading.get_ident()))  # noqa: SLF001
+    return k
+
+
 def _forget_in_child() -> None:
     """A forked child (e.g. a data-loader worker) has no running profiler."""
     global _current
@@ -193,6 +201,8 @@ class Profiler:
         self._epoch = 0
         self._batch = 0
         self._in_step = False
+        self._pending = False  # the step's begin waits for its first activity (see _cancel_step)
+        self._step_key: int | None = None
         self._step_blob: Any = None
         self._summary_sink: Any = None
         self._summary_path: Path | None = None
@@ -343,6 +353,8 @@ class Profiler:
         """
         if not self._started or self._stopped:
             return
+        if self._pending:
+            self._resume()
         self.timer.step(num_samples)
         if self._in_step and self._recording and rec.ON:
             if num_samples is not None:
@@ -380,16 +392,44 @@ class Profiler:
         if blob is not None and blob.args is not None:
             blob.args[S.ARG_EPOCH] = epoch  # the step's begin is usually not written yet
         self._enter_batch()
+        if self._pending:
+            self._resume()
 
     def _begin_step(self) -> None:
         self._in_step = True
+        self._pending = False
         if self._recording and rec.ON:
-            self._step_blob = rec.Blob(
+            blob = self._step_blob = rec.Blob(
                 rec.BEGIN, rec.event_id(S.STEP_NAME.format(step=self._step), (S.CAT_STEP,)),
                 S.LEVEL_SUMMARY, args={S.ARG_STEP: self._step, S.ARG_EPOCH: self._epoch})
-            rec.record_blob(self._step_blob)
+            self._step_key = _record_keyed(blob)
         else:
             self._step_blob = None
+            self._step_key = None
+
+    def _cancel_step(self, loader_key: int | None) -> None:
+        """The loader is exhausted: the open step holds no work, only the final wait (the slice
+        whose begin is ``loader_key``). Withdraw both begins if the writer has not taken them yet
+        (else end them), and begin the step again at the next fetch, phase, ``epoch()`` or
+        ``step()``; the step timer restarts there too."""
+        in_step = self._in_step
+        self._in_step = False
+        self._pending = True
+        if not (self._recording and rec.ON):
+            return
+        keys = [loader_key] + ([self._step_key] if in_step else [])
+        sess = self._sess
+        withdrawn = [False] * len(keys)
+        if sess is not None:
+            with sess._lock:  # noqa: SLF001 - no flush may be encoding while we look
+                withdrawn = [k is not None and rec.blobs.pop(k, None) is not None for k in keys]
+        for w in withdrawn:
+            if not w:
+                rec.end(S.LEVEL_SUMMARY)
+
+    def _resume(self) -> None:
+        self.timer.start()
+        self._begin_step()
 
     # -- schedule -------------------------------------------------------------------------------
     def _enter_batch(self) -> None:
@@ -444,6 +484,8 @@ class Profiler:
         """``with prof.phase("Forward"):`` — a phase slice inside the step (summary level)."""
         if not self._recording:
             return _NO_PHASE
+        if self._pending:
+            self._resume()
         return _Phase(name)
 
     def dataloader(self, loader: Iterable[T]) -> Iterator[T]:
@@ -452,15 +494,23 @@ class Profiler:
         it = iter(loader)
         timer = self.timer
         clock = time.perf_counter_ns
+        wait = rec.event_id(S.DATALOADER_WAIT_NAME, (S.CAT_DATALOADER,))
+        main = threading.get_ident() == self._thread
         while True:
-            recording = self._recording
+            if self._pending:
+                self._resume()
+            key = None
+            recording = self._recording and rec.ON
             if recording:
-                rec.begin(S.DATALOADER_WAIT_NAME, S.CAT_DATALOADER, None, S.LEVEL_SUMMARY)
+                # keyed, so that the wait of an exhausted loader can be withdrawn with its step
+                key = _record_keyed(rec.Blob(rec.BEGIN, wait, S.LEVEL_SUMMARY))
             t0 = clock()
             try:
                 batch = next(it)
             except StopIteration:
-                if recording:
+                if main and self._started and not self._stopped:
+                    self._cancel_step(key)
+                elif recording:
                     rec.end(S.LEVEL_SUMMARY)
                 return
             except BaseException:

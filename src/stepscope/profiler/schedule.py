@@ -114,8 +114,8 @@ def from_range(start: int, end: int) -> Schedule:
     return Schedule(skip_first=0, wait=start - warmup, warmup=warmup, active=end - start, repeat=0)
 
 
-ALWAYS = Schedule(skip_first=0, wait=0, warmup=0, active=1, repeat=-1)
-"""Every batch is active (detail level for the whole run)."""
+ALWAYS = Schedule(skip_first=0, wait=0, warmup=0, active=1 << 62, repeat=0)
+"""Every batch is active: detail level for the whole run, one window (file) per epoch."""
 
 
 def coerce(value: object) -> Schedule | None:

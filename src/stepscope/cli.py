@@ -1,0 +1,47 @@
+"""The ``stepscope`` command: each area adds its own subcommands (``add_parsers``)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# modules that define add_parsers(subparsers); each subcommand sets func=handler(args) -> int
+_COMMAND_MODULES = (
+    "stepscope.analysis.cli_summary",  # summary
+    "stepscope.analysis.cli_sql",  # sql, export-csv
+    "stepscope.profiler.cli_profiler",  # run, merge
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="stepscope",
+        description="Perfetto-native tracing for ML training: summaries, SQL, merge, run.",
+    )
+    parser.add_argument("--version", action="version", version=f"stepscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        importlib.import_module(name).add_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # e.g. piped into head
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Benchmark: load a trace with the embedded engine and run every summary.
+
+Traces of N events are written with stepscope's own writer (the core API, compressed packets):
+each training step is a ``step`` slice holding Dataloader / Forward / Backward / Optimization
+phases, the phases hold nested user ranges, a second thread runs its own ranges, and a counter is
+sampled every step. One *event* is one TrackEvent packet (a begin, an end, an instant or a
+counter value): a range is two events.
+
+    PYTHONPATH=src python tools/bench_analysis.py            # 100k and 1M events
+    PYTHONPATH=src python tools/bench_analysis.py --10m      # and 10M events
+    PYTHONPATH=src python tools/bench_analysis.py --sizes 200000 --keep /tmp/traces
+
+Each size runs in a fresh subprocess so that peak memory (ru_maxrss) is that of one load.
+Targets (issue 3): 10M events loaded and summarized in <= 20 s, peak memory <= 2 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+RANGES_PER_PHASE = 8  # leaf ranges inside each phase
+# events per step on the main thread: step + 4 phases + 4*R ranges (2 events each) + 1 counter
+EVENTS_PER_STEP = 2 * (1 + 4 + 4 * RANGES_PER_PHASE) + 1
+
+
+def generate(path: str, n_events: int) -> dict:
+    """Write a trace of about ``n_events`` events with the stepscope writer."""
+    import stepscope
+    from stepscope import _schema
+
+    steps = max(1, n_events * 4 // (5 * EVENTS_PER_STEP))  # 80 % main thread, 20 % worker
+    worker_events = n_events - steps * EVENTS_PER_STEP
+    t0 = time.perf_counter()
+    stop = threading.Event()
+
+    def worker() -> None:
+        for _ in range(max(0, worker_events // 2)):
+            with stepscope.annotate("worker.prefetch"):
+                pass
+        stop.set()
+
+    with stepscope.trace(path):
+        th = threading.Thread(target=worker, name="loader-worker")
+        th.start()
+        for s in range(steps):
+            with stepscope.annotate(_schema.STEP_NAME.format(step=s), category=_schema.CAT_STEP,
+                                    args={_schema.ARG_STEP: s} if s % 100 == 0 else None):
+                for phase in _schema.PHASES:
+                    with stepscope.annotate(phase, category=_schema.CAT_PHASE):
+                        for r in range(RANGES_PER_PHASE):
+                            with stepscope.annotate(f"op{r}"):
+                                pass
+                stepscope.counter("loss", 1.0 / (s + 1))
+        th.join()
+    return {"steps": steps, "write_s": time.perf_counter() - t0,
+            "bytes": os.path.getsize(path)}
+
+
+def measure(path: str) -> dict:
+    """Load + all summaries in this process; returns timings and peak memory."""
+    from stepscope import analysis
+
+    t0 = time.perf_counter()
+    db = analysis.open(path, engine="embedded")
+    t1 = time.perf_counter()
+    n_slices = db.query("SELECT COUNT(*) AS n FROM slice")[0]["n"]
+    n_counters = db.query("SELECT COUNT(*) AS n FROM counter")[0]["n"]
+    t2 = time.perf_counter()
+    try:
+        from stepscope.analysis import summaries
+
+        tables = {}
+        for name in summaries.TABLES:
+            ts = time.perf_counter()
+            try:
+                summaries.table(db, name)
+                tables[name] = round(time.perf_counter() - ts, 2)
+            except Exception as e:  # report, keep measuring the others
+                tables[name] = f"error: {type(e).__name__}: {str(e)[:80]}"
+    except ImportError:  # summaries not there: a few aggregate queries instead
+        tables = {}
+        for sql in ("SELECT name, COUNT(*), SUM(dur) FROM slice GROUP BY name",
+                    "SELECT track_id, MAX(depth) FROM slice GROUP BY track_id",
+                    "SELECT AVG(value) FROM counter"):
+            db.query(sql)
+    t3 = time.perf_counter()
+    db.close()
+    return {
+        "load_s": t1 - t0, "summaries_s": t3 - t2, "total_s": (t1 - t0) + (t3 - t2),
+        "slices": n_slices, "counters": n_counters, "tables": tables,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[100_000, 1_000_000])
+    ap.add_argument("--10m", dest="ten", action="store_true", help="also 10M events")
+    ap.add_argument("--keep", help="directory to write/keep the traces in (reused if present)")
+    ap.add_argument("--measure", help=argparse.SUPPRESS)  # child mode
+    ap.add_argument("--per-table", action="store_true", help="print each summary's seconds")
+    a = ap.parse_args(argv)
+    if a.measure:
+        print(json.dumps(measure(a.measure)))
+        return 0
+    sizes = list(a.sizes) + ([10_000_000] if a.ten else [])
+    tmp = a.keep or tempfile.mkdtemp(prefix="stepscope-bench-")
+    os.makedirs(tmp, exist_ok=True)
+    rows = []
+    for n in sizes:
+        path = os.path.join(tmp, f"bench_{n}.pftrace")
+        if not os.path.exists(path):
+            info = generate(path, n)
+            print(f"wrote {path}: {info['bytes'] / 1e6:.1f} MB in {info['write_s']:.1f} s",
+                  file=sys.stderr)
+        env = dict(os.environ)
+        out = subprocess.run([sys.executable, __file__, "--measure", path], env=env,
+                             capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            print(out.stderr, file=sys.stderr)
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        r["events"] = n
+        r["mb"] = os.path.getsize(path) / 1e6
+        rows.append(r)
+        if a.per_table:
+            print(f"{n}: {r['tables']}", file=sys.stderr)
+    hdr = f"{'events':>11} {'file MB':>8} {'slices':>10} {'load s':>7} {'summ. s':>8} " \
+          f"{'total s':>8} {'peak MB':>8}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r['events']:>11,} {r['mb']:>8.1f} {r['slices']:>10,} {r['load_s']:>7.2f} "
+              f"{r['summaries_s']:>8.2f} {r['total_s']:>8.2f} {r['peak_rss_mb']:>8.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -30,7 +30,6 @@ except ImportError:
 
 from stepscope.profiler import Profiler, schedule
 
-
 BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 

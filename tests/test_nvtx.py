@@ -352,7 +352,7 @@ def test_capture_calls_the_originals(rec, fake_nvtx):
 
 def test_forwarding_calls_nvtx_with_the_same_arguments(rec, fake_nvtx):
     mod, log = fake_nvtx
-    assert _nvtx.enable_forwarding() and _nvtx.forwarding
+    assert _nvtx.available() and _nvtx.enable_forwarding() and _nvtx.forwarding
     _nvtx.forward_push("fwd", "red", "d", "c", 5)
     _nvtx.forward_pop("d")
     rid = _nvtx.forward_start(123, None, "io")  # non-string message: sent as its str()
@@ -430,6 +430,7 @@ def test_forwarding_errors_warn_once(fake_nvtx):
 
 def test_without_nvtx_everything_is_a_no_op(rec, monkeypatch):
     monkeypatch.setitem(sys.modules, "nvtx", None)  # import nvtx -> ImportError
+    assert _nvtx.available() is False
     assert _nvtx.enable_forwarding() is False and _nvtx.forwarding is False
     _nvtx.forward_push("x")
     _nvtx.forward_pop()
@@ -445,3 +446,128 @@ def test_without_nvtx_everything_is_a_no_op(rec, monkeypatch):
         with cap:
             pass
     assert rec.events == []
+
+
+# --- end to end with the core: the trace decoded with the official schema ----------------------
+
+
+def decode(path) -> dict[str, list[tuple]]:
+    """Events per track name (thread name for thread tracks) in time order, names and categories
+    resolved through each sequence's interning, delta timestamps (clock 64) made absolute
+    (MONOTONIC) through the sequence's ClockSnapshot."""
+    import zlib
+
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    def packets(data):
+        for p in pb.Trace.FromString(data).packet:
+            if p.HasField("compressed_packets"):
+                yield from packets(zlib.decompress(p.compressed_packets))
+            else:
+                yield p
+
+    tracks, events, seq = {}, [], {}
+    for p in packets(Path(path).read_bytes()):
+        state = seq.setdefault(p.trusted_packet_sequence_id, {"ts": 0})
+        if p.sequence_flags & 1:
+            state.clear()
+            state["ts"] = 0
+        clocks = {c.clock_id: c.timestamp for c in p.clock_snapshot.clocks}
+        if 64 in clocks:  # incremental clock: starts at clocks[64], which is clocks[3] MONOTONIC
+            state["ts"] = clocks[64]
+            state["base"] = clocks[3] - clocks[64]
+        if p.HasField("trace_packet_defaults"):
+            state["track"] = p.trace_packet_defaults.track_event_defaults.track_uuid
+            state["clock"] = p.trace_packet_defaults.timestamp_clock_id
+        for e in p.interned_data.event_names:
+            state[("name", e.iid)] = e.name
+        for e in p.interned_data.event_categories:
+            state[("cat", e.iid)] = e.name
+        if p.HasField("track_descriptor"):
+            d = p.track_descriptor
+            tracks[d.uuid] = d.thread.thread_name if d.HasField("thread") else d.name
+        if p.HasField("track_event"):
+            ev = p.track_event
+            if p.HasField("timestamp_clock_id") or state.get("clock") != 64:
+                ts = p.timestamp
+            else:
+                state["ts"] += p.timestamp
+                ts = state["ts"] + state["base"]
+            track = ev.track_uuid if ev.HasField("track_uuid") else state["track"]
+            kind = {1: "B", 2: "E", 3: "I"}[ev.type]
+            if kind == "E":
+                item = ("E",)
+            else:
+                name = state[("name", ev.name_iid)] if ev.HasField("name_iid") else ev.name
+                cats = ",".join([state[("cat", i)] for i in ev.category_iids] + list(ev.categories))
+                item = (kind, name, cats)
+            events.append((track, ts, item))
+    out: dict[str, list[tuple]] = {}
+    for track, _, item in sorted(events, key=lambda e: e[1]):  # stable: same-ts keeps file order
+        out.setdefault(tracks[track], []).append(item)
+    return out
+
+
+def test_captured_ranges_in_the_trace(tmp_path):
+    path = tmp_path / "capture.pftrace"
+    with stepscope.trace(path):
+        with stepscope.capture_nvtx():
+
+            @nvtx.annotate()
+            def step():
+                nvtx.push_range("load", domain="data")
+                nvtx.pop_range(domain="data")
+
+            with nvtx.annotate("outer"):
+                with nvtx.annotate("inner", domain="io", category="read"):
+                    nvtx.mark("m")
+                step()
+            rid = nvtx.start_range("async")
+            t = threading.Thread(target=nvtx.end_range, args=(rid,), name="ender")
+            t.start()
+            t.join()
+        nvtx.mark("released: not recorded")
+    events = decode(path)
+    assert events["MainThread"] == [
+        ("B", "outer", NV),
+        ("B", "inner", "io,read"),
+        ("I", "m", NV),
+        ("E",),
+        ("B", "step", NV),
+        ("B", "load", "data"),
+        ("E",),
+        ("E",),
+        ("E",),
+    ]
+    assert events[_schema.ASYNC_TRACK_NAME] == [("B", "async", NV), ("E",)]
+
+
+def test_capture_and_forwarding_through_the_core(tmp_path, fake_nvtx):
+    mod, log = fake_nvtx
+    path = tmp_path / "both.pftrace"
+    with stepscope.trace(path, nvtx=True):
+        with stepscope.capture_nvtx():
+            mod.push_range("captured", domain="d")
+            with stepscope.annotate("own"):
+                pass
+            mod.pop_range(domain="d")
+            with mod.annotate("cm"):
+                mod.mark("m")
+    assert log == [
+        ("nvtx.push", "captured", "blue", "d", None, None),
+        ("nvtx.push", "own", None, None, None, None),
+        ("nvtx.pop", None),
+        ("nvtx.pop", "d"),
+        ("nvtx.push", "cm", None, None, None, None),
+        ("nvtx.mark", "m", "blue", None, None, None),
+        ("nvtx.pop", None),
+    ]
+    assert decode(path)["MainThread"] == [
+        ("B", "captured", "d"),
+        ("B", "own", ""),
+        ("E",),
+        ("E",),
+        ("B", "cm", NV),
+        ("I", "m", NV),
+        ("E",),
+    ]

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import _nvtx
 from . import _recorder as rec
 from ._recorder import BEGIN, END, INSTANT, Blob, code, event_id, warn_once
 from ._schema import LEVEL_DETAIL
@@ -38,14 +39,14 @@ class _Range:
 
     def _enter_forwarding(self):
         self.begin()
-        _nvtx().forward_push(self.message, self.color, self.domain, self.category)
+        _nvtx.forward_push(self.message, self.color, self.domain, self.category)
 
     def _exit(self, exc_type, exc, tb):
         rec.end_detail()
 
     def _exit_forwarding(self, exc_type, exc, tb):
         rec.end_detail()
-        _nvtx().forward_pop(self.domain)
+        _nvtx.forward_pop(self.domain)
 
     __enter__ = _NOOP
     __exit__ = _NOOP
@@ -103,14 +104,14 @@ class _SlowRange(_Range):
         if _on:
             self.begin()
             if _forward:
-                _nvtx().forward_push(self.message, self.color, self.domain, self.category)
+                _nvtx.forward_push(self.message, self.color, self.domain, self.category)
         return self
 
     def __exit__(self, exc_type, exc, tb):
         if _on:
             rec.end_detail()
             if _forward:
-                _nvtx().forward_pop(self.domain)
+                _nvtx.forward_pop(self.domain)
 
 
 def _bind_class(cls: type, begin) -> None:
@@ -199,13 +200,13 @@ def _decorate(func, message, color, domain, category, payload, args):
                 return await func(*a, **k)
             begin()
             if _forward:
-                _nvtx().forward_push(clean, color, domain, category)
+                _nvtx.forward_push(clean, color, domain, category)
             try:
                 return await func(*a, **k)
             finally:
                 end()
                 if _forward:
-                    _nvtx().forward_pop(domain)
+                    _nvtx.forward_pop(domain)
         return async_wrapper
 
     @functools.wraps(func)
@@ -214,13 +215,13 @@ def _decorate(func, message, color, domain, category, payload, args):
             return func(*a, **k)
         begin()
         if _forward:
-            _nvtx().forward_push(clean, color, domain, category)
+            _nvtx.forward_push(clean, color, domain, category)
         try:
             return func(*a, **k)
         finally:
             end()
             if _forward:
-                _nvtx().forward_pop(domain)
+                _nvtx.forward_pop(domain)
     return wrapper
 
 
@@ -247,7 +248,7 @@ def push_range(message: Any = None, color: Any = None, domain: Any = None, categ
                                                     _categories(domain, category)), payload,
                                    None))
     if _forward:
-        _nvtx().forward_push(_name(message), color, domain, category)
+        _nvtx.forward_push(_name(message), color, domain, category)
 
 
 def _name(message) -> Any:
@@ -278,7 +279,7 @@ def pop_range(domain: Any = None) -> None:
         return
     rec._ext((rec.END_DETAIL, rec.perf_counter_ns(), rec.get_ident()))
     if _forward:
-        _nvtx().forward_pop(domain)
+        _nvtx.forward_pop(domain)
 
 
 class RangeHandle:
@@ -304,7 +305,7 @@ def start_range(message: Any = None, color: Any = None, domain: Any = None,
     blob = _args_blob(BEGIN, eid, payload, None)
     blob.track = track
     rec.record_blob(blob)
-    fwd = _nvtx().forward_start(_name(message), color, domain, category) if _forward else None
+    fwd = _nvtx.forward_start(_name(message), color, domain, category) if _forward else None
     return RangeHandle(track, fwd, domain)
 
 
@@ -326,7 +327,7 @@ def end_range(handle: RangeHandle | None) -> None:
     if sess is not None:
         sess.release_async_track(track)
     if handle.fwd is not None and _forward:
-        _nvtx().forward_end(handle.fwd, handle.domain)
+        _nvtx.forward_end(handle.fwd, handle.domain)
 
 
 def mark(message: Any = None, color: Any = None, domain: Any = None, category: Any = None,
@@ -340,7 +341,7 @@ def mark(message: Any = None, color: Any = None, domain: Any = None, category: A
     else:
         rec.record_blob(_args_blob(INSTANT, eid, payload, args))
     if _forward:
-        _nvtx().forward_mark(_name(message), color, domain, category)
+        _nvtx.forward_mark(_name(message), color, domain, category)
 
 
 def counter(name: str, value: float, unit: str | None = None) -> None:
@@ -406,13 +407,10 @@ def trace(path: str | os.PathLike | None = None, **options: Any) -> Iterator:
 def set_forwarding(on: bool) -> None:
     """Send every range to NVTX as well (needs the ``nvtx`` package)."""
     global _forward
-    if on and not _nvtx().available():
+    if on and not _nvtx.enable_forwarding():
         warn_once("nvtx_missing", "nvtx forwarding asked for but the nvtx package is missing")
         on = False
+    if not on:
+        _nvtx.disable_forwarding()
     _forward = bool(on)
     _on_state(rec.ON, rec.DETAIL)
-
-
-def _nvtx():
-    from . import _nvtx as mod
-    return mod

@@ -122,6 +122,7 @@ class Interner:
         self.srclocs: dict[tuple, int] = {}
         self.arg_names: dict[str, int] = {}
         self.pending: list[bytes] = []  # InternedData fields to attach to the next packet
+        self.arg_cache: dict = {}  # (name, type, value) -> encoded DebugAnnotation field
 
     def event(self, eid: int) -> tuple[int, list[int], int | None]:
         """iids (name, categories, source location) of an event kind, defining new ones."""
@@ -201,12 +202,28 @@ def debug_value(interner: Interner, value, depth: int = 0) -> bytes:
     return w.f_str(w.DA_STRING, text[:4096])
 
 
+_SCALARS = (int, float, str, bool)
+ARG_CACHE_SIZE = 8192
+
+
 def debug_annotations(interner: Interner, args: dict) -> bytes:
-    return b"".join(
-        w.f_bytes(w.TE_DEBUG_ANNOTATIONS,
-                  w.f_varint(w.DA_NAME_IID, interner.arg_name(str(k)))
-                  + debug_value(interner, v))
-        for k, v in args.items())
+    """Encoded ``debug_annotations`` fields; scalar (name, value) pairs are cached per sequence,
+    since GPU records repeat the same grid/block/register values for every kernel of a name."""
+    cache = interner.arg_cache
+    out = []
+    for k, v in args.items():
+        key = (k, type(v), v) if type(v) in _SCALARS else None
+        data = cache.get(key) if key is not None else None
+        if data is None:
+            data = w.f_bytes(w.TE_DEBUG_ANNOTATIONS,
+                             w.f_varint(w.DA_NAME_IID, interner.arg_name(str(k)))
+                             + debug_value(interner, v))
+            if key is not None:
+                if len(cache) >= ARG_CACHE_SIZE:
+                    cache.clear()
+                cache[key] = data
+        out.append(data)
+    return b"".join(out)
 
 
 def track_event(interner: Interner, kind: int, eid: int = 0, track: int | None = None,

@@ -38,7 +38,13 @@ from stepscope import _schema
 _NAMES = ("annotate", "push_range", "pop_range", "start_range", "end_range", "mark")
 
 _lock = threading.RLock()
-_tls = threading.local()  # _tls.capturing: a captured call is recording (do not forward it)
+
+
+class _ThreadState(threading.local):
+    capturing = False  # this thread is recording a captured nvtx call: do not forward it
+
+
+_tls = _ThreadState()
 _warned: set[str] = set()
 
 
@@ -84,7 +90,18 @@ def _originals() -> dict[str, Any] | None:
 # ---------------------------------------------------------------------------------------------
 
 forwarding = False  # enable_forwarding() is in effect (the core may also gate with its own flag)
-_fwd: dict[str, Any] | None = None  # the original nvtx functions, resolved on first use
+_fwd: dict[str, Any] | None = None  # nvtx's original functions (no-ops if missing), on first use
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _resolve() -> dict[str, Any]:
+    global _fwd
+    functions = _originals() or {}
+    _fwd = {name: functions.get(name) or _noop for name in _NAMES}
+    return _fwd
 
 
 def available() -> bool:
@@ -94,10 +111,10 @@ def available() -> bool:
 
 def enable_forwarding() -> bool:
     """Mark forwarding on and resolve nvtx's functions. False (and off) without nvtx."""
-    global forwarding, _fwd
+    global forwarding
     with _lock:
-        _fwd = _originals()
-        forwarding = _fwd is not None
+        forwarding = _originals() is not None
+        _resolve()
         return forwarding
 
 
@@ -107,21 +124,8 @@ def disable_forwarding() -> None:
     _fwd = None
 
 
-def _forward_to(name: str) -> Any:
-    """nvtx's own ``name`` function, or None (nvtx missing, or this thread is recording a
-    captured nvtx call, which nvtx already received)."""
-    global _fwd
-    if getattr(_tls, "capturing", False):
-        return None
-    if _fwd is None:
-        _fwd = _originals() or {}
-    return _fwd.get(name)
-
-
-def _text(message: Any) -> str | None:
-    return message if message is None or type(message) is str else str(message)
-
-
+# Each forward_* calls nvtx's original function with the same arguments, unless this thread is
+# recording a captured nvtx call (nvtx already has it). Non-string messages are sent as str().
 def forward_push(
     message: Any,
     color: Any = None,
@@ -129,22 +133,25 @@ def forward_push(
     category: Any = None,
     payload: Any = None,
 ) -> None:
-    """``nvtx.push_range`` with the same arguments (per-thread NVTX stack of the domain)."""
-    fn = _forward_to("push_range")
-    if fn is not None:
-        try:
-            fn(_text(message), color, domain, category, payload)
-        except Exception as exc:
-            _warn_once("forwarding a range to nvtx failed", exc)
+    """``nvtx.push_range`` (per-thread NVTX stack of the domain)."""
+    if _tls.capturing:
+        return
+    if message is not None and type(message) is not str:
+        message = str(message)
+    try:
+        (_fwd or _resolve())["push_range"](message, color, domain, category, payload)
+    except Exception as exc:
+        _warn_once("forwarding a range to nvtx failed", exc)
 
 
 def forward_pop(domain: str | None = None) -> None:
-    fn = _forward_to("pop_range")
-    if fn is not None:
-        try:
-            fn(domain)
-        except Exception as exc:
-            _warn_once("forwarding a range to nvtx failed", exc)
+    """``nvtx.pop_range``."""
+    if _tls.capturing:
+        return
+    try:
+        (_fwd or _resolve())["pop_range"](domain)
+    except Exception as exc:
+        _warn_once("forwarding a range to nvtx failed", exc)
 
 
 def forward_start(
@@ -155,23 +162,25 @@ def forward_start(
     payload: Any = None,
 ) -> Any:
     """``nvtx.start_range``: returns its id (None when not forwarded), for :func:`forward_end`."""
-    fn = _forward_to("start_range")
-    if fn is not None:
-        try:
-            return fn(_text(message), color, domain, category, payload)
-        except Exception as exc:
-            _warn_once("forwarding a range to nvtx failed", exc)
-    return None
+    if _tls.capturing:
+        return None
+    if message is not None and type(message) is not str:
+        message = str(message)
+    try:
+        return (_fwd or _resolve())["start_range"](message, color, domain, category, payload)
+    except Exception as exc:
+        _warn_once("forwarding a range to nvtx failed", exc)
+        return None
 
 
 def forward_end(range_id: Any, domain: str | None = None) -> None:
     """``nvtx.end_range`` of an id from :func:`forward_start` (nvtx's id carries the domain)."""
-    fn = _forward_to("end_range") if range_id is not None else None
-    if fn is not None:
-        try:
-            fn(range_id)
-        except Exception as exc:
-            _warn_once("forwarding a range to nvtx failed", exc)
+    if range_id is None or _tls.capturing:
+        return
+    try:
+        (_fwd or _resolve())["end_range"](range_id)
+    except Exception as exc:
+        _warn_once("forwarding a range to nvtx failed", exc)
 
 
 def forward_mark(
@@ -181,12 +190,15 @@ def forward_mark(
     category: Any = None,
     payload: Any = None,
 ) -> None:
-    fn = _forward_to("mark")
-    if fn is not None:
-        try:
-            fn(_text(message), color, domain, category, payload)
-        except Exception as exc:
-            _warn_once("forwarding a mark to nvtx failed", exc)
+    """``nvtx.mark``."""
+    if _tls.capturing:
+        return
+    if message is not None and type(message) is not str:
+        message = str(message)
+    try:
+        (_fwd or _resolve())["mark"](message, color, domain, category, payload)
+    except Exception as exc:
+        _warn_once("forwarding a mark to nvtx failed", exc)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -481,6 +493,7 @@ def is_capturing() -> bool:
 
 
 __all__ = [
+    "available",
     "CapturedRange",
     "NvtxCapture",
     "capture_nvtx",

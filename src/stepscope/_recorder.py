@@ -130,7 +130,7 @@ def event_id(name: Any, categories: tuple[str, ...] = (), srcloc: tuple | None =
 class Blob:
     """An event with a track, arguments, flows or a counter value, encoded later."""
 
-    __slots__ = ("kind", "eid", "level", "track", "args", "flows", "tflows", "value", "_id")
+    __slots__ = ("kind", "eid", "level", "track", "args", "flows", "tflows", "value")
 
     def __init__(self, kind, eid=0, level=LEVEL_DETAIL, track=None, args=None, flows=None,
                  tflows=None, value=None):

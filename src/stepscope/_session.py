@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import random
@@ -59,14 +60,12 @@ class Emitter:
         self.session = session
         self.clock_id = _clock.base_clock_id(clock)
         self.level = level
-        self._events: list[tuple] = []  # (ts, order, tiebreak, blob)
-        self._lock = threading.Lock()
-        self._n = 0
+        self._events: list[tuple] = []  # (ts, order, tiebreak, seq no, blob)
+        self._count = itertools.count()
 
     def _add(self, ts: int, order: int, tiebreak: int, blob: Blob) -> None:
-        with self._lock:
-            self._n += 1
-            self._events.append((int(ts), order, tiebreak, self._n, blob))
+        # list.append and next(count) are atomic: producers on several threads need no lock
+        self._events.append((int(ts), order, tiebreak, next(self._count), blob))
 
     def begin(self, ts: int, name: str, track: int, category: str | None = None,
               args: dict | None = None, flow_ids=None, terminating_flow_ids=None) -> None:
@@ -97,8 +96,9 @@ class Emitter:
         self._add(ts, 1, 0, Blob(COUNTER, 0, self.level, track, value=value))
 
     def take(self) -> list[tuple]:
-        with self._lock:
-            events, self._events = self._events, []
+        n = len(self._events)
+        events = self._events[:n]
+        del self._events[:n]
         events.sort(key=lambda e: e[:4])
         return events
 
@@ -208,6 +208,11 @@ class Session:
 
     def release_async_track(self, uuid: int) -> None:
         self._async_free.append(uuid)
+
+    def thread_track(self, ident: int | None = None) -> int:
+        """The track of a thread (``threading.get_ident()``; default: the calling thread)."""
+        with self._lock:
+            return self._thread_track(threading.get_ident() if ident is None else ident)
 
     def _thread_track(self, ident: int) -> int:
         known = self._threads.get(ident)
@@ -368,7 +373,12 @@ class Session:
     def _flush_locked(self, discard_detail: bool) -> None:
         self._last_flush = time.monotonic()
         chunk = _recorder.drain()
-        emitted = [(em, em.take()) for em in self._emitters]
+        emitted = []
+        for em in self._emitters:
+            events = em.take()
+            if events:  # one blob id per event, shared by every file that takes it
+                ids = -np.array([self._blob_id(e[4]) for e in events], dtype=np.int64)
+                emitted.append((em, ids, np.array([e[0] for e in events], dtype=np.int64)))
         if chunk and self._io_pending > self.buffer_bytes // 2:
             self.dropped += len(chunk) // 3  # the disk cannot keep up: drop, count, move on
             for k in chunk[0::3]:
@@ -388,31 +398,23 @@ class Session:
                     codes, ts = codes[mask], ts[mask]
                 seq = sink.sequence(("thread", ident), self._threads[ident][0], _clock.MONOTONIC)
                 sink.add_events(seq, codes, ts)
-            for em, events in emitted:
-                if em.level not in sink.levels or not events or (
-                        discard_detail and em.level == LEVEL_DETAIL):
+            for em, codes, ts in emitted:
+                if em.level not in sink.levels or (discard_detail and em.level == LEVEL_DETAIL):
                     continue
-                ids = [self._blob_id(e[4]) for e in events]
                 seq = sink.sequence(("emitter", id(em)), None, em.clock_id)
-                sink.add_events(seq, -np.array(ids, dtype=np.int64),
-                                np.array([e[0] for e in events], dtype=np.int64),
-                                default_track_depth=False)
+                sink.add_events(seq, codes, ts, default_track_depth=False)
             self._write_dropped(sink)
         self._dropped_written = self.dropped
         for sink in self.sinks:
             self._send(sink)
-        for _, codes, _, _ in groups:
-            for k in codes[codes < 0]:
-                _recorder.blobs.pop(int(-k), None)
-        for _, events in emitted:
-            for e in events:
-                _recorder.blobs.pop(e[4]._id, None)
+        for codes in [g[1] for g in groups] + [e[1] for e in emitted]:
+            for k in codes[codes < 0].tolist():
+                _recorder.blobs.pop(-k, None)
 
     @staticmethod
     def _blob_id(blob: Blob) -> int:
         k = next(_recorder._blob_ids)  # noqa: SLF001
         _recorder.blobs[k] = blob
-        blob._id = k
         return k
 
     def _split(self, chunk: list[int], discard_detail: bool):

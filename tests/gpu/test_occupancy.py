@@ -130,3 +130,24 @@ def test_fixture_kernels_estimates(fixture):
     assert maximum.sum() == 12
     np.testing.assert_allclose(est.est_achieved_occupancy[maximum], 1.0)
     assert np.all((est.est_achieved_occupancy > 0) & (est.est_achieved_occupancy <= 1))
+
+
+def test_limits_from_cupy_style_properties():
+    props = {
+        "name": b"NVIDIA A10", "major": 8, "minor": 6, "multiProcessorCount": 72,
+        "maxThreadsPerMultiProcessor": 1536, "regsPerMultiprocessor": 65536,
+        "sharedMemPerMultiprocessor": 102400, "sharedMemPerBlockOptin": 101376,
+        "maxBlocksPerMultiProcessor": 16, "reservedSharedMemPerBlock": 1024,
+        "sharedMemPerBlock": 49152, "regsPerBlock": 65536, "warpSize": 32,
+        "maxThreadsPerBlock": 1024,
+    }  # fmt: skip
+    dev = DeviceLimits.from_attributes(props)
+    assert (dev.name, dev.compute_capability, dev.sm_count) == ("NVIDIA A10", (8, 6), 72)
+    assert dev.max_warps_per_sm == 48 and dev.max_blocks_per_sm == 16
+    # 1024-thread blocks on sm_86: 32 warps -> 48 // 32 = 1 block
+    r = active_blocks_per_sm(dev, block_size=1024, registers_per_thread=32)
+    assert int(r.active_blocks) == 1
+    with pytest.raises(ValueError, match="SM count"):
+        DeviceLimits.from_attributes({"major": 9, "minor": 0})
+    with pytest.raises(ValueError, match="compute capability"):
+        DeviceLimits.from_attributes({"multiProcessorCount": 1})

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -183,3 +185,76 @@ def test_cupy_event_ranges_on_a_gpu(tmp_path):
         sess.stop()
     (s,) = [s for s in decode(path).slices if s.name == "matmul"]
     assert s.dur > 0 and s.category == "gpu_range"
+
+
+class _FakeCuda:
+    """CuPy's cuda namespace, with a GPU clock the test moves by hand."""
+
+    def __init__(self):
+        self.gpu_now = 0
+        self.synced = 0
+        cuda = self
+
+        class Event:
+            def __init__(self):
+                self.t, self.done = None, False
+
+            def record(self, stream=None):
+                self.t = cuda.gpu_now
+
+            def synchronize(self):
+                cuda.synced += 1
+                self.done = True
+
+        class Stream:
+            ptr = 0x1234
+
+            def synchronize(self):
+                cuda.synced += 1
+
+        class Device:
+            id = 0
+
+        self.Event, self.Device, self._stream = Event, Device, Stream()
+        self.runtime = SimpleNamespace(getDeviceProperties=lambda d: {"name": b"Fake GPU"})
+
+    def get_current_stream(self):
+        return self._stream
+
+    @staticmethod
+    def get_elapsed_time(a, b):
+        return (b.t - a.t) / 1e6  # ms, as cudaEventElapsedTime
+
+
+def test_cuda_event_ranges_resolve_later_without_waiting(tmp_path, monkeypatch):
+    cuda = _FakeCuda()
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=cuda))
+    path = tmp_path / "ev.pftrace"
+    sess = _session.Session(path).start()
+    try:
+        timer = CupyEventTimer(sess, host_clock=lambda: 5_000_000)
+        cuda.gpu_now = 100_000  # the anchor is taken at the first begin: GPU 100 us = host 5 ms
+        timer.push("outer")
+        cuda.gpu_now = 150_000
+        timer.push("inner")
+        cuda.gpu_now = 400_000
+        timer.pop()
+        cuda.gpu_now = 900_000
+        timer.pop()
+        assert cuda.synced == 1  # only the anchor waited
+        assert timer.poll() == 0  # the GPU has not reached the end events yet
+        for p in timer._pending:
+            p.end.done = True
+        assert timer.poll() == 2
+        sync_current_stream()
+        assert cuda.synced == 2
+    finally:
+        sess.stop()
+    tr = decode(path)
+    got = sorted((s.name, s.ts, s.dur, s.clock) for s in tr.slices)
+    # outer: begin recorded at GPU 100 us (the anchor instant) -> 5_000_000, 800 us long;
+    # inner: 5_000_000 + 50 us, 250 us long
+    assert got == [("inner", 5_050_000, 250_000, 3), ("outer", 5_000_000, 800_000, 3)]
+    (track,) = {s.track for s in tr.slices}
+    assert tr.track_name(track) == "CUDA events (stream 0x1234)"
+    assert tr.track_name(tr.tracks[track].parent_uuid) == "GPU 0 (Fake GPU)"

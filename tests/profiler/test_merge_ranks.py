@@ -5,11 +5,11 @@ import socket
 import time
 
 import pytest
+from tracedecode import decode
 
 from stepscope import _schema as S
 from stepscope.profiler import cli_profiler
 from stepscope.profiler import merge as M
-from tracedecode import decode
 
 RANKS = 4
 

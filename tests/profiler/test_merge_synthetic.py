@@ -4,9 +4,9 @@ import zlib
 
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+from tracedecode import decode
 
 from stepscope.profiler import merge as M
-from tracedecode import decode
 
 S = 1_000_000_000
 

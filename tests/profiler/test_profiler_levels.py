@@ -3,11 +3,11 @@
 import time
 
 import pytest
+from tracedecode import decode
 
 import stepscope
 from stepscope import _schema as S
 from stepscope.profiler import Profiler, schedule
-from tracedecode import decode
 
 
 def _user_ranges(d):
@@ -79,7 +79,7 @@ def test_epoch_method_at_top_of_each_epoch(tmp_path):
     prof.start()
     for _ in range(2):
         prof.epoch()  # first call: no-op (epoch 0 has no batch yet)
-        for i, _ in enumerate(prof.dataloader(range(3))):
+        for _ in prof.dataloader(range(3)):
             with stepscope.annotate(f"user {prof.step_num}"):
                 pass
             prof.step()

@@ -8,9 +8,9 @@ import textwrap
 from pathlib import Path
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+from tracedecode import decode
 
 from stepscope import _schema as S
-from tracedecode import decode
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 

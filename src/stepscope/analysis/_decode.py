@@ -98,8 +98,8 @@ class Tables:
     strings: Strings
     slice: dict[str, np.ndarray]
     counter: dict[str, np.ndarray]
-    args: list[tuple]  # (arg_set_id, flat_key, key, int, str, real, type)
-    flows: list[tuple[int, int]]
+    args: dict[str, np.ndarray]  # args columns (string ids), {} when there are none
+    flows: list[tuple[int, int]]  # (slice_out, slice_in)
     tracks: list[Track]
     processes: list[tuple[int, int | None, str | None]]  # (upid, pid, name)
     threads: list[tuple[int, int | None, str | None, int | None]]  # (utid, tid, name, upid)
@@ -292,84 +292,190 @@ class _Acc:
         return np.concatenate(parts) if parts else np.zeros(0, dtype)
 
 
+# event columns with one row per track event, and the multi-row arrays that point at them
+_EV_COLS = ("typ", "name_iid", "name_off", "name_len", "track", "has_track", "cval", "has_cval",
+            "srcloc")
+_MULTI = {"cat": ("cat_ev", "cat_iid"), "catl": ("catl_ev", "catl_off", "catl_len"),
+          "flow": ("flow_ev", "flow_id", "flow_term"), "ann": ("ann_ev", "ann_off", "ann_len"),
+          "sl": ("sl_ev", "sl_off", "sl_len")}
+_TPL_MAX = 40  # packets whose body after the timestamp is at most this long are deduplicated
+
+
+def _scan_set(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> dict:
+    """Decode the packets ``buf[starts[i]:ends[i]]``: packet columns, event columns, rare rows.
+
+    Event rows carry ``pkt`` = index of their packet in this set; multi-row arrays point at
+    event rows through ``*_ev``.
+    """
+    m = len(starts)
+    f = ps.scan(buf, starts, ends)
+    ts, has_ts = _last(f, P_TIMESTAMP, m)
+    seq, _ = _last(f, P_SEQ_ID, m)
+    flags, _ = _last(f, P_FLAGS, m)
+    cleared, _ = _last(f, P_STATE_CLEARED, m)
+    clk, _ = _last(f, P_CLOCK_ID, m)
+    te_off, te_len = _last_len(f, P_TRACK_EVENT, m)
+    out: dict = {
+        "ts": _as_i64(ts), "has_ts": has_ts, "seq": seq.astype(np.int64),
+        "flags": flags.astype(np.int64) | np.where(cleared != 0, 1, 0),
+        "clk": clk.astype(np.int64), "bad": f.bad,
+    }
+    sel = np.flatnonzero(np.isin(f.fid, (P_CLOCK_SNAPSHOT, P_INTERNED, P_DEFAULTS, P_DESCRIPTOR))
+                         & (f.wt == ps.WT_LEN))
+    out["rare"] = (f.msg[sel], f.fid[sel], f.off[sel], f.ln[sel])
+    # packets holding nothing we read: their first unknown field
+    known = np.zeros(m, bool)
+    known[f.msg[np.isin(f.fid, list(_HANDLED))]] = True
+    unknown = np.zeros(m, np.int64)
+    rows = np.flatnonzero(~np.isin(f.fid, list(_HANDLED | _BENIGN)))
+    rows = rows[~known[f.msg[rows]]][::-1]  # reversed: the first occurrence is written last
+    unknown[f.msg[rows]] = f.fid[rows]
+    out["unknown"] = unknown
+    ev = np.flatnonzero(te_off >= 0)
+    k = len(ev)
+    g = ps.scan(buf, te_off[ev], te_off[ev] + te_len[ev])
+    typ, _ = _last(g, TE_TYPE, k, dtype=np.int64)
+    name_iid, has_name_iid = _last(g, TE_NAME_IID, k, dtype=np.int64)
+    name_off, name_len = _last_len(g, TE_NAME, k)
+    track, has_track = _last(g, TE_TRACK, k)
+    cval, has_cval = _last(g, TE_COUNTER, k)
+    dval, has_dval = _last(g, TE_DCOUNTER, k)
+    sl_iid, _ = _last(g, TE_SRCLOC_IID, k, dtype=np.int64)
+    out.update(
+        pkt=ev, typ=typ, name_iid=np.where(has_name_iid, name_iid, 0), name_off=name_off,
+        name_len=name_len, track=_as_i64(track), has_track=has_track,
+        cval=np.where(has_dval, dval.view(np.float64), _as_i64(cval).astype(np.float64)),
+        has_cval=has_cval | has_dval, srcloc=sl_iid)
+    cm, cv = _repeated_varints(buf, g, TE_CAT_IIDS, 0)
+    out.update(cat_ev=cm, cat_iid=cv.astype(np.int64))
+    rows = g.select(TE_CATS)
+    out.update(catl_ev=g.msg[rows], catl_off=g.off[rows], catl_len=g.ln[rows])
+    fl = [_repeated_fixed64(buf, g, TE_FLOW, 0) + (0,), _repeated_fixed64(buf, g, TE_TFLOW, 0)
+          + (1,), _repeated_varints(buf, g, TE_FLOW_OLD, 0) + (0,),
+          _repeated_varints(buf, g, TE_TFLOW_OLD, 0) + (1,)]
+    out.update(flow_ev=np.concatenate([a for a, _, _ in fl]),
+               flow_id=np.concatenate([b for _, b, _ in fl]).astype(np.uint64),
+               flow_term=np.concatenate([np.full(len(a), t) for a, _, t in fl]))
+    for fid, name in ((TE_ANNOT, "ann"), (TE_SRCLOC, "sl")):
+        rows = g.select(fid)
+        rows = rows[g.wt[rows] == ps.WT_LEN]
+        out.update({f"{name}_ev": g.msg[rows], f"{name}_off": g.off[rows],
+                    f"{name}_len": g.ln[rows]})
+    return out
+
+
+def _expand(t: dict, inv: np.ndarray, ts: np.ndarray) -> dict:
+    """Results for packets that are copies of template packets ``inv`` (+ their timestamps)."""
+    out = {k: t[k][inv] for k in ("seq", "flags", "clk", "bad", "unknown")}
+    out["ts"], out["has_ts"] = ts, np.ones(len(inv), bool)
+    tev = np.full(len(t["seq"]), -1, np.int64)  # template -> its event row
+    tev[t["pkt"]] = np.arange(len(t["pkt"]))
+    pev = tev[inv]
+    pk = np.flatnonzero(pev >= 0)  # packets with an event; new event rows in packet order
+    r = pev[pk]
+    out["pkt"] = pk
+    for c in _EV_COLS:
+        out[c] = t[c][r]
+    # multi-row arrays: each template row is copied once per packet using its event
+    order = np.argsort(r, kind="stable")
+    cnt = np.bincount(r, minlength=len(t["pkt"]))
+    first = np.zeros(len(cnt), np.int64)
+    np.cumsum(cnt[:-1], out=first[1:])
+    for cols in _MULTI.values():
+        ev = t[cols[0]]
+        c = cnt[ev]
+        rep = np.repeat(np.arange(len(ev)), c)
+        k = np.arange(len(rep)) - np.repeat(np.cumsum(c) - c, c)
+        out[cols[0]] = order[first[ev[rep]] + k]
+        for col in cols[1:]:
+            out[col] = t[col][rep]
+    out["rare"] = tuple(np.zeros(0, np.int64) for _ in range(4))
+    if len(t["rare"][0]):  # rare fields inside repeated bodies: keep every occurrence
+        tm = t["rare"][0]
+        users = [np.flatnonzero(inv == x) for x in tm.tolist()]
+        cnts = np.array([len(u) for u in users], np.int64)
+        out["rare"] = (np.concatenate(users), *(np.repeat(a, cnts) for a in t["rare"][1:]))
+    return out
+
+
 def scan_packets(pk: _Packets, stats: dict, progress: Progress):
-    """Per packet and per track event columns, plus the rare packets to decode one by one."""
+    """Per packet and per track event columns, plus the rare packets to decode one by one.
+
+    Most packets are ``timestamp`` + a body repeated byte for byte (same sequence, flags and
+    event kind); those bodies are decoded once per distinct body and copied.
+    """
     buf = pk.buf
     n = len(pk.start)
     P, E = _Acc(), _Acc()
-    rare: list[tuple[int, int, int, int]] = []  # (packet, field, off, len)
-    unknown: dict[int, int] = defaultdict(int)
+    rare: list[tuple[int, int, int, int]] = []
+    unknown = np.zeros(0, np.int64)
+    nev = 0
     for c0 in range(0, n, _CHUNK):
         progress("decode", c0 / max(n, 1))
         c1 = min(n, c0 + _CHUNK)
-        m = c1 - c0
-        f = ps.scan(buf, pk.start[c0:c1], pk.end[c0:c1])
-        if f.bad.any():
-            stats["corrupt_packets"] = stats.get("corrupt_packets", 0) + int(f.bad.sum())
-        ts, has_ts = _last(f, P_TIMESTAMP, m)
-        seq, _ = _last(f, P_SEQ_ID, m)
-        flags, _ = _last(f, P_FLAGS, m)
-        cleared, _ = _last(f, P_STATE_CLEARED, m)
-        clk, _ = _last(f, P_CLOCK_ID, m)
-        te_off, te_len = _last_len(f, P_TRACK_EVENT, m)
-        flags = flags.astype(np.int64) | np.where(cleared != 0, 1, 0)
-        seqk = seq.astype(np.int64) | (pk.file[c0:c1].astype(np.int64) << 32)
-        P.add(ts=_as_i64(ts), has_ts=has_ts, seq=seqk, flags=flags, clk=clk.astype(np.int64),
-              bad=f.bad)
-        # rare packet contents, decoded one by one later
-        sel = np.flatnonzero(np.isin(f.fid, (P_CLOCK_SNAPSHOT, P_INTERNED, P_DEFAULTS,
-                                             P_DESCRIPTOR)) & (f.wt == ps.WT_LEN))
-        rare.extend(zip((f.msg[sel] + c0).tolist(), f.fid[sel].tolist(), f.off[sel].tolist(),
-                        f.ln[sel].tolist(), strict=True))
-        # packets holding nothing we read: count them by their first unknown field
-        known = np.zeros(m, bool)
-        known[f.msg[np.isin(f.fid, list(_HANDLED))]] = True
-        other = ~np.isin(f.fid, list(_HANDLED | _BENIGN))
-        if other.any():
-            rows = np.flatnonzero(other & ~known[f.msg])
-            msgs, first = np.unique(f.msg[rows], return_index=True)
-            for fid in f.fid[rows[first]].tolist():
-                unknown[fid] += 1
-        # track events
-        ev = np.flatnonzero(te_off >= 0)
-        if not ev.size:
-            continue
-        g = ps.scan(buf, te_off[ev], te_off[ev] + te_len[ev])
-        k = len(ev)
-        base = int(len(E.cols["pkt"]) and sum(len(a) for a in E.cols["pkt"]))
-        typ, _ = _last(g, TE_TYPE, k, dtype=np.int64)
-        name_iid, has_name_iid = _last(g, TE_NAME_IID, k, dtype=np.int64)
-        name_off, name_len = _last_len(g, TE_NAME, k)
-        track, has_track = _last(g, TE_TRACK, k)
-        cval, has_cval = _last(g, TE_COUNTER, k)
-        dval, has_dval = _last(g, TE_DCOUNTER, k)
-        sl_iid, _ = _last(g, TE_SRCLOC_IID, k, dtype=np.int64)
-        E.add(pkt=ev + c0, typ=typ, name_iid=np.where(has_name_iid, name_iid, 0),
-              name_off=name_off, name_len=name_len, track=_as_i64(track), has_track=has_track,
-              cval=np.where(has_dval, dval.view(np.float64),
-                            _as_i64(cval).astype(np.float64)),
-              has_cval=has_cval | has_dval, srcloc=sl_iid)
-        cm, cv = _repeated_varints(buf, g, TE_CAT_IIDS, base)
-        E.add(cat_ev=cm, cat_iid=cv.astype(np.int64))
-        rows = g.select(TE_CATS)
-        E.add(catl_ev=g.msg[rows] + base, catl_off=g.off[rows], catl_len=g.ln[rows])
-        for fid, term in ((TE_FLOW, 0), (TE_TFLOW, 1)):
-            fm, fv = _repeated_fixed64(buf, g, fid, base)
-            E.add(flow_ev=fm, flow_id=fv, flow_term=np.full(len(fm), term))
-        for fid, term in ((TE_FLOW_OLD, 0), (TE_TFLOW_OLD, 1)):
-            fm, fv = _repeated_varints(buf, g, fid, base)
-            E.add(flow_ev=fm, flow_id=fv, flow_term=np.full(len(fm), term))
-        rows = g.select(TE_ANNOT)
-        rows = rows[g.wt[rows] == ps.WT_LEN]
-        E.add(ann_ev=g.msg[rows] + base, ann_off=g.off[rows], ann_len=g.ln[rows])
-        rows = g.select(TE_SRCLOC)
-        rows = rows[g.wt[rows] == ps.WT_LEN]
-        E.add(sl_ev=g.msg[rows] + base, sl_off=g.off[rows], sl_len=g.ln[rows])
+        st, en = pk.start[c0:c1], pk.end[c0:c1]
+        # fast path: leading timestamp varint, short body
+        lead = (buf[st] == 0x40) & (en > st + 1)  # TracePacket.timestamp tag
+        tsv, tsl = ps.varints(buf, st + 1)
+        bstart = st + 1 + np.maximum(tsl, 1)
+        blen = en - bstart
+        fast = lead & (tsl > 0) & (blen > 0) & (blen <= _TPL_MAX)
+        fi = np.flatnonzero(fast)
+        parts = []
+        if len(fi):
+            w = _TPL_MAX
+            rows = buf[bstart[fi][:, None] + np.arange(w)]
+            rows[np.arange(w)[None, :] >= blen[fi][:, None]] = 0
+            words = rows.view(np.uint64).reshape(len(fi), w // 8)
+            h = _mix(blen[fi].astype(np.uint64))
+            for j in range(w // 8):
+                h = _mix(h ^ words[:, j])
+            _, rep, inv = np.unique(h, return_index=True, return_inverse=True)
+            same = (rows == rows[rep[inv]]).all(axis=1) & (blen[fi] == blen[fi][rep[inv]])
+            del rows, words
+            fi_ok, inv = fi[same], inv[same]
+            tpl = _scan_set(buf, bstart[fi][rep], en[fi][rep])
+            res = _expand(tpl, inv, _as_i64(tsv[fi_ok]))
+            parts.append((fi_ok, res))
+            fast[:] = False
+            fast[fi_ok] = True
+        slow = np.flatnonzero(~fast)
+        if len(slow):
+            parts.append((slow, _scan_set(buf, st[slow], en[slow])))
+        for idx, res in parts:
+            gpk = idx + c0  # global packet index of each row of res
+            seqk = res["seq"] | (pk.file[gpk].astype(np.int64) << 32)
+            P.add(idx=gpk, ts=res["ts"], has_ts=res["has_ts"], seq=seqk, flags=res["flags"],
+                  clk=res["clk"], bad=res["bad"])
+            unknown = np.r_[unknown, res["unknown"][res["unknown"] > 0]]
+            rm, rf, ro, rl = res["rare"]
+            rare.extend(zip(gpk[rm].tolist(), rf.tolist(), ro.tolist(), rl.tolist(),
+                            strict=True))
+            E.add(pkt=gpk[res["pkt"]], **{c: res[c] for c in _EV_COLS})
+            for cols in _MULTI.values():
+                E.add(**{cols[0]: res[cols[0]] + nev}, **{c: res[c] for c in cols[1:]})
+            nev += len(res["pkt"])
     progress("decode", 1.0)
-    if unknown:
-        stats["unknown_packets"] = int(sum(unknown.values()))
-        for fid, c in unknown.items():
-            stats[f"unknown_packet_field_{fid}"] = c
+    # packet rows came in two groups per chunk: put them (and their events) in packet order
+    idx = P.get("idx")
+    if len(idx) and (np.diff(idx) < 0).any():
+        order = np.argsort(idx, kind="stable")
+        for k in list(P.cols):
+            P.cols[k] = [P.get(k, bool if k in ("has_ts", "bad") else np.int64)[order]]
+        epkt = E.get("pkt")
+        eorder = np.argsort(epkt, kind="stable")
+        new_row = np.empty(len(eorder), np.int64)
+        new_row[eorder] = np.arange(len(eorder))
+        for c in ("pkt", *_EV_COLS):
+            if c in E.cols:
+                E.cols[c] = [E.get(c)[eorder]]
+        for cols in _MULTI.values():
+            if cols[0] in E.cols:
+                E.cols[cols[0]] = [new_row[E.get(cols[0])]]
+    if len(unknown):
+        stats["unknown_packets"] = int(len(unknown))
+        for fid, c in zip(*np.unique(unknown, return_counts=True), strict=True):
+            stats[f"unknown_packet_field_{int(fid)}"] = int(c)
     return P, E, rare
 
 
@@ -980,7 +1086,7 @@ def _flatten(pb_ann, key: str, flat: str, rows: list, strings: Strings, argname)
         rows.append((k, fk, V_STRING, 0, strings.id(str(getattr(pb_ann, which))), 0.0))
 
 
-def _build_args(buf, E: _Acc, st: _State, egen, ev_slice, sl: dict, stats) -> list[tuple]:
+def _build_args(buf, E: _Acc, st: _State, egen, ev_slice, sl: dict, stats) -> dict:
     """Debug annotations and source locations -> args rows, identical arg sets shared."""
     strings = st.strings
     cols: dict[str, list] = defaultdict(list)
@@ -1104,7 +1210,7 @@ def _build_args(buf, E: _Acc, st: _State, egen, ev_slice, sl: dict, stats) -> li
             add(ls, np.full(k, big + j), np.full(k, kid), np.full(k, kid), np.full(k, vt), iv,
                 sv, np.zeros(k))
     if not cols:
-        return []
+        return {}
     c = {k: np.concatenate(v) for k, v in cols.items()}
     o = np.lexsort((c["order"], c["slice"]))
     c = {k: v[o] for k, v in c.items()}
@@ -1126,22 +1232,32 @@ def _build_args(buf, E: _Acc, st: _State, egen, ev_slice, sl: dict, stats) -> li
     rep_slices = s[starts[first]]
     rep[np.isin(s, rep_slices)] = True
     srow = np.repeat(set_id, np.diff(np.r_[starts, len(s)]))
-    out = []
-    lst = strings.list
-    for sid, key, flat, vt, iv, sv, rv in zip(
-        srow[rep].tolist(), c["key"][rep].tolist(), c["flat"][rep].tolist(),
-        c["type"][rep].tolist(), c["ival"][rep].tolist(), c["sval"][rep].tolist(),
-        c["rval"][rep].tolist(), strict=True,
-    ):
-        if vt in (V_STRING, V_JSON):
-            iv, sv, rv = None, (lst[sv] if sv >= 0 else None), None
-        elif vt == V_REAL:
-            iv, sv = None, None
-        else:
-            sv, rv = None, None
-        out.append((sid, lst[flat], lst[key], iv, sv, rv, VALUE_TYPES[vt]))
-    out.sort(key=lambda r: r[0])
-    return out
+    vt = c["type"][rep]
+    ival, sval, rval = c["ival"][rep], c["sval"][rep], c["rval"][rep]
+    is_str = (vt == V_STRING) | (vt == V_JSON)
+    is_real = vt == V_REAL
+    is_int = ~is_str & ~is_real
+    # display_value: the value as text (trace processor's args.display_value)
+    disp = np.where(is_str, sval, _NONE)
+    if is_int.any():
+        u, inv = np.unique(ival[is_int], return_inverse=True)
+        ids = np.array([strings.id(str(v)) for v in u.tolist()], np.int64)
+        disp[is_int] = ids[inv]
+        b = vt == V_BOOL
+        disp[b] = np.where(ival[b] != 0, strings.id("true"), strings.id("false"))
+    if is_real.any():
+        u, inv = np.unique(rval[is_real], return_inverse=True)
+        ids = np.array([strings.id(repr(v)) for v in u.tolist()], np.int64)
+        disp[is_real] = ids[inv]
+    vt_ids = np.array([strings.id(v) for v in VALUE_TYPES], np.int64)
+    o = np.argsort(srow[rep], kind="stable")
+    cols_out = {
+        "arg_set_id": srow[rep], "flat_key": c["flat"][rep], "key": c["key"][rep],
+        "int_value": ival, "int_null": ~is_int, "string_value": np.where(is_str, sval, _NONE),
+        "real_value": rval, "real_null": ~is_real, "value_type": vt_ids[vt],
+        "display_value": disp,
+    }
+    return {k: v[o] for k, v in cols_out.items()}
 
 
 def _build_processes(tracks: list[Track]):

@@ -63,7 +63,7 @@ def fixed32(buf: np.ndarray, pos: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Fields:
-    """Every field of a set of messages, one row per field occurrence, in wire order per message.
+    """Every field of a set of messages, one row per field occurrence (in wire order per message).
 
     ``msg`` indexes the scanned messages; ``val`` holds varint / fixed values; ``off``/``ln`` locate
     a length-delimited payload in the buffer. ``bad`` flags messages that are malformed.
@@ -138,10 +138,9 @@ def scan(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Fields:
         pos[active] = np.where(err, end, nxt)
         active = active[good & (nxt < end)]
     if parts:
+        # Rows come out grouped by field position: the k-th field of every message, then the
+        # (k+1)-th; so for one message they are in wire order, and later rows override earlier.
         cols = [np.concatenate(c) for c in zip(*parts, strict=True)]
-        # Rows come out grouped by field index; order them by message, keeping wire order.
-        order = np.argsort(cols[0], kind="stable")
-        cols = [c[order] for c in cols]
     else:
         types = (np.int64, np.int64, np.int8, np.uint64, np.int64, np.int64)
         cols = [np.zeros(0, t) for t in types]

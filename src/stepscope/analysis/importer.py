@@ -31,12 +31,27 @@ from os import PathLike, fspath
 
 import numpy as np
 
+from . import _sqlimage as si
 from ._decode import Tables, decode, read_file
 from ._errors import TraceError
 
 Progress = Callable[[str, float], None]
 
-SCHEMA = """
+# Big tables: written as an SQLite file image (see _sqlimage), no per-row Python work.
+BIG_SCHEMA = {
+    "slice": "CREATE TABLE slice(id INTEGER PRIMARY KEY, ts INTEGER, dur INTEGER,"
+             " track_id INTEGER, category TEXT, name TEXT, depth INTEGER, parent_id INTEGER,"
+             " arg_set_id INTEGER, thread_ts INTEGER, thread_dur INTEGER)",
+    "counter": "CREATE TABLE counter(id INTEGER PRIMARY KEY, ts INTEGER, track_id INTEGER,"
+               " value REAL, arg_set_id INTEGER)",
+    "args": "CREATE TABLE args(id INTEGER PRIMARY KEY, arg_set_id INTEGER, flat_key TEXT,"
+            " key TEXT, int_value INTEGER, string_value TEXT, real_value REAL,"
+            " value_type TEXT, display_value TEXT)",
+    "flow": "CREATE TABLE flow(id INTEGER PRIMARY KEY, slice_out INTEGER, slice_in INTEGER,"
+            " trace_id INTEGER, arg_set_id INTEGER)",
+}
+
+SMALL_SCHEMA = """
 CREATE TABLE track(id INTEGER PRIMARY KEY, name TEXT, type TEXT, classification TEXT,
                    parent_id INTEGER, dimension_arg_set_id INTEGER, source_arg_set_id INTEGER,
                    machine_id INTEGER);
@@ -52,30 +67,17 @@ CREATE TABLE process(upid INTEGER PRIMARY KEY, id INTEGER, pid INTEGER, name TEX
 CREATE TABLE thread(utid INTEGER PRIMARY KEY, id INTEGER, tid INTEGER, name TEXT,
                     start_ts INTEGER, end_ts INTEGER, upid INTEGER, is_main_thread INTEGER,
                     machine_id INTEGER);
-CREATE TABLE slice(id INTEGER PRIMARY KEY, ts INTEGER, dur INTEGER, track_id INTEGER,
-                   category TEXT, name TEXT, depth INTEGER, parent_id INTEGER,
-                   arg_set_id INTEGER, thread_ts INTEGER, thread_dur INTEGER);
-CREATE TABLE counter(id INTEGER PRIMARY KEY, ts INTEGER, track_id INTEGER, value REAL,
-                     arg_set_id INTEGER);
-CREATE TABLE args(id INTEGER PRIMARY KEY, arg_set_id INTEGER, flat_key TEXT, key TEXT,
-                  int_value INTEGER, string_value TEXT, real_value REAL, value_type TEXT,
-                  display_value TEXT);
-CREATE TABLE flow(id INTEGER PRIMARY KEY, slice_out INTEGER, slice_in INTEGER,
-                  trace_id INTEGER, arg_set_id INTEGER);
 CREATE TABLE stats(name TEXT, idx INTEGER, severity TEXT, source TEXT, value INTEGER);
 """
 
-# Indexes created after loading (cheaper than maintaining them row by row).
+# Indexes created after loading.
 INDEXES = """
 CREATE INDEX slice_track_ts ON slice(track_id, ts);
-CREATE INDEX slice_parent ON slice(parent_id);
 CREATE INDEX counter_track_ts ON counter(track_id, ts);
 CREATE INDEX args_set ON args(arg_set_id);
 CREATE INDEX flow_out ON flow(slice_out);
 CREATE INDEX flow_in ON flow(slice_in);
 """
-
-_ROWS_PER_BATCH = 1 << 18
 
 
 def _noop(stage: str, frac: float) -> None:
@@ -107,64 +109,73 @@ def load(
     """Load trace file(s) into a new SQLite database; returns (connection, decoder stats)."""
     progress = progress or _noop
     tables = decode_files(path_or_paths, progress)
-    conn = sqlite3.connect(db, check_same_thread=False)
-    try:
-        write_tables(conn, tables, progress, indexes=indexes)
-    except BaseException:
-        conn.close()
-        raise
+    conn = write_tables(tables, db, progress, indexes=indexes)
     return conn, tables.stats
 
 
-def _nullable(a: np.ndarray) -> list:
-    """Column as a Python list with -1 -> None."""
-    lst = a.tolist()
-    if (a < 0).any():
-        lst = [None if v < 0 else v for v in lst]
-    return lst
+def _image_tables(t: Tables) -> list[si.Table]:
+    s, c, a = t.slice, t.counter, t.args
+    n = len(s["id"])
+    none = np.full(n, -1, np.int64)
+    out = [si.Table("slice", BIG_SCHEMA["slice"], s["id"], [
+        si.Column("rowid"), si.Column("int", s["ts"]), si.Column("int", s["dur"]),
+        si.Column("int", s["track_id"]), si.Column("text", s["category"]),
+        si.Column("text", s["name"]), si.Column("int", s["depth"]),
+        si.Column("int", s["parent_id"], s["parent_id"] < 0),
+        si.Column("int", s["arg_set_id"], s["arg_set_id"] < 0),
+        si.Column("int", none, none < 0), si.Column("int", none, none < 0)])]
+    nc = len(c["id"])
+    out.append(si.Table("counter", BIG_SCHEMA["counter"], c["id"], [
+        si.Column("rowid"), si.Column("int", c["ts"]), si.Column("int", c["track_id"]),
+        si.Column("real", c["value"]), si.Column("int", np.zeros(nc, np.int64),
+                                                  np.ones(nc, bool))]))
+    na = len(a.get("arg_set_id", ()))
+    if na:
+        cols = [si.Column("rowid"), si.Column("int", a["arg_set_id"]),
+                si.Column("text", a["flat_key"]), si.Column("text", a["key"]),
+                si.Column("int", a["int_value"], a["int_null"]),
+                si.Column("text", a["string_value"]),
+                si.Column("real", a["real_value"], a["real_null"]),
+                si.Column("text", a["value_type"]), si.Column("text", a["display_value"])]
+    else:
+        z = np.zeros(0, np.int64)
+        cols = [si.Column("rowid")] + [si.Column("int", z) for _ in range(8)]
+    out.append(si.Table("args", BIG_SCHEMA["args"], np.arange(1, na + 1), cols))
+    fl = np.array(t.flows, np.int64).reshape(-1, 2)
+    nf = len(fl)
+    out.append(si.Table("flow", BIG_SCHEMA["flow"], np.arange(1, nf + 1), [
+        si.Column("rowid"), si.Column("int", fl[:, 0]), si.Column("int", fl[:, 1]),
+        si.Column("int", np.zeros(nf, np.int64), np.ones(nf, bool)),
+        si.Column("int", np.zeros(nf, np.int64), np.ones(nf, bool))]))
+    return out
 
 
-def write_tables(conn: sqlite3.Connection, t: Tables, progress: Progress = _noop,
-                 indexes: bool = True) -> None:
-    conn.execute("PRAGMA journal_mode=OFF")
-    conn.execute("PRAGMA synchronous=OFF")
-    conn.execute("PRAGMA temp_store=MEMORY")
-    conn.execute("PRAGMA cache_size=-262144")
-    conn.executescript(SCHEMA)
-    strs = t.strings.list + [None]  # index -1 -> NULL
-    with conn:
-        _write_tracks(conn, t)
-        _write_slices(conn, t, strs, progress)
-        c = t.counter
-        conn.executemany(
-            "INSERT INTO counter(id, ts, track_id, value) VALUES (?, ?, ?, ?)",
-            zip(c["id"].tolist(), c["ts"].tolist(), c["track_id"].tolist(),
-                c["value"].tolist(), strict=True),
-        )
-        conn.executemany(
-            "INSERT INTO args(arg_set_id, flat_key, key, int_value, string_value, real_value,"
-            " value_type, display_value) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            ((*r, _display(r)) for r in t.args),
-        )
-        conn.executemany("INSERT INTO flow(slice_out, slice_in) VALUES (?, ?)", t.flows)
-        conn.executemany(
-            "INSERT INTO stats(name, idx, severity, source, value) VALUES (?, NULL, ?, ?, ?)",
-            ((k, "info", "stepscope", v) for k, v in sorted(t.stats.items())),
-        )
-    if indexes:
-        progress("index", 0.0)
-        conn.executescript(INDEXES)
-        progress("index", 1.0)
-
-
-def _display(r: tuple) -> str | None:
-    _, _, _, iv, sv, rv, vt = r
-    if vt == "bool":
-        return "true" if iv else "false"
-    for v in (sv, iv, rv):
-        if v is not None:
-            return str(v)
-    return None
+def write_tables(t: Tables, db: str = ":memory:", progress: Progress = _noop,
+                 indexes: bool = True) -> sqlite3.Connection:
+    """A database (in memory or at path ``db``) holding the decoded tables."""
+    progress("load", 0.0)
+    image = si.build(_image_tables(t), t.strings.list)
+    progress("load", 0.5)
+    conn = si.connect(image, db)
+    del image
+    try:
+        conn.execute("PRAGMA synchronous=OFF")
+        conn.execute("PRAGMA temp_store=MEMORY")
+        conn.executescript(SMALL_SCHEMA)
+        with conn:
+            _write_tracks(conn, t)
+            conn.executemany(
+                "INSERT INTO stats(name, idx, severity, source, value)"
+                " VALUES (?, NULL, 'info', 'stepscope', ?)", sorted(t.stats.items()))
+        progress("load", 1.0)
+        if indexes:
+            progress("index", 0.0)
+            conn.executescript(INDEXES)
+            progress("index", 1.0)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def _write_tracks(conn: sqlite3.Connection, t: Tables) -> None:
@@ -195,23 +206,3 @@ def _write_tracks(conn: sqlite3.Connection, t: Tables) -> None:
         ((u, u, tid, n, up, None if u == 0 else int(pid_of.get(up) == tid))
          for u, tid, n, up in t.threads),
     )
-
-
-def _write_slices(conn: sqlite3.Connection, t: Tables, strs: list, progress: Progress) -> None:
-    s = t.slice
-    n = len(s["id"])
-    for b0 in range(0, n, _ROWS_PER_BATCH):
-        progress("load", b0 / max(n, 1))
-        b1 = min(n, b0 + _ROWS_PER_BATCH)
-        cat = s["category"][b0:b1].tolist()
-        name = s["name"][b0:b1].tolist()
-        conn.executemany(
-            "INSERT INTO slice(id, ts, dur, track_id, category, name, depth, parent_id,"
-            " arg_set_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            zip(range(b0, b1), s["ts"][b0:b1].tolist(), s["dur"][b0:b1].tolist(),
-                s["track_id"][b0:b1].tolist(), [strs[i] for i in cat],
-                [strs[i] for i in name], s["depth"][b0:b1].tolist(),
-                _nullable(s["parent_id"][b0:b1]), _nullable(s["arg_set_id"][b0:b1]),
-                strict=True),
-        )
-    progress("load", 1.0)

@@ -175,17 +175,21 @@ class GpuTracing:
             return None
 
     def _thread_tracks(self, tids: set[int]) -> dict[int, int]:
-        """CUPTI thread id (pthread_self truncated to 32 bits) → the thread's track."""
+        """CUPTI thread id → the thread's track. CUPTI's default thread id is ``pthread_self()``
+        (``threading.get_ident()``) cut to 32 bits; the system thread id is matched too."""
         make = getattr(self.sess, "thread_track", None) or getattr(self.sess, "_thread_track", None)
         if make is None:
             return {}
         out = {}
         for t in threading.enumerate():
-            if t.ident is not None and (t.ident & 0xFFFFFFFF) in tids:
-                try:
-                    out[t.ident & 0xFFFFFFFF] = make(t.ident)
-                except Exception:
-                    pass
+            if t.ident is None:
+                continue
+            for key in (t.ident & 0xFFFFFFFF, t.native_id):
+                if key in tids:
+                    try:
+                        out[key] = make(t.ident)
+                    except Exception:
+                        pass
         return out
 
     def stop(self) -> None:

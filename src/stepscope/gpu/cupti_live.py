@@ -174,13 +174,6 @@ class CuptiTracer:
             int(kinds.RUNTIME): ("rt", attrgetter(*_API_ATTRS)),
             int(kinds.DRIVER): ("drv", attrgetter(*_API_ATTRS)),
         }
-        thread_type = _enum(cupti, "ActivityThreadIdType")
-        setter = getattr(cupti, "activity_set_thread_id_type", None)
-        if thread_type is not None and setter is not None:
-            try:  # gettid() values, as threading.get_native_id() gives
-                setter(thread_type.SYSTEM)
-            except Exception:
-                pass
         self.runtime_names, self.driver_names = api_cbids(cupti)
         cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
         self._registered = True

@@ -5,7 +5,7 @@ current stream at range begin and at range end. Nothing waits: :meth:`CupyEventT
 (called at flush time) emits the ranges whose end event has completed and keeps the others.
 
 GPU times are placed on the host clock through an *anchor*: an event recorded and synchronized
-once, with ``perf_counter_ns()`` read right after; a range's start is
+once (at the first range begin), with ``perf_counter_ns()`` read right after; a range's start is
 ``anchor_host + elapsed(anchor, begin event)``. ``cudaEventElapsedTime`` has ~0.5 µs resolution and
 float precision, so the anchor is renewed every ``reanchor_s`` seconds (one short synchronize).
 
@@ -60,15 +60,16 @@ class CupyEventTimer:
 
     def __init__(
         self, sess: Any, *, reanchor_s: float = 10.0, category: str = _schema.CAT_GPU_RANGE,
-        max_pending: int = 100_000,
+        max_pending: int = 100_000, host_clock: Any = time.perf_counter_ns,
     ) -> None:  # fmt: skip
         self.sess = sess
         self.category = category
         self.reanchor_s = reanchor_s
         self.max_pending = max_pending
+        self._host_clock = host_clock
         self.dropped = 0
         self._cp = cupy_module()
-        self._stack: list[tuple[str, Any, int, int]] = []
+        self._stack: list[tuple[str, Any, int, int, tuple[Any, int]]] = []
         self._pending: list[_Pending] = []
         self._anchor: tuple[Any, int] | None = None
         self._anchor_wall = 0.0
@@ -86,7 +87,7 @@ class CupyEventTimer:
             ev = self._cp.cuda.Event()
             ev.record()
             ev.synchronize()
-            self._anchor = (ev, time.perf_counter_ns())
+            self._anchor = (ev, self._host_clock())
             self._anchor_wall = now
         return self._anchor
 
@@ -96,10 +97,11 @@ class CupyEventTimer:
             return
         try:
             cp = self._cp
+            anchor = self._get_anchor()  # before the begin event, so elapsed times are >= 0
             stream = cp.cuda.get_current_stream()
             ev = cp.cuda.Event()
             ev.record(stream)
-            self._stack.append((name, ev, int(stream.ptr), int(cp.cuda.Device().id)))
+            self._stack.append((name, ev, int(stream.ptr), int(cp.cuda.Device().id), anchor))
         except Exception as exc:
             log.debug("stepscope: CUDA event begin failed: %s", exc)
 
@@ -107,7 +109,7 @@ class CupyEventTimer:
         """Record the end event of the innermost range; resolved later by :meth:`poll`."""
         if self._cp is None or not self._stack:
             return
-        name, begin, stream_ptr, device = self._stack.pop()
+        name, begin, stream_ptr, device, anchor = self._stack.pop()
         try:
             cp = self._cp
             ev = cp.cuda.Event()
@@ -115,7 +117,7 @@ class CupyEventTimer:
             if len(self._pending) >= self.max_pending:
                 self.dropped += 1
                 return
-            self._pending.append(_Pending(name, begin, ev, stream_ptr, device, self._get_anchor()))
+            self._pending.append(_Pending(name, begin, ev, stream_ptr, device, anchor))
         except Exception as exc:
             log.debug("stepscope: CUDA event end failed: %s", exc)
 
@@ -131,8 +133,8 @@ class CupyEventTimer:
                     keep.append(p)
                     continue
                 anchor_ev, anchor_ns = p.anchor
-                t0 = anchor_ns + int(get_elapsed(anchor_ev, p.begin) * 1e6)
-                t1 = anchor_ns + int(get_elapsed(anchor_ev, p.end) * 1e6)
+                t0 = anchor_ns + round(get_elapsed(anchor_ev, p.begin) * 1e6)
+                t1 = anchor_ns + round(get_elapsed(anchor_ev, p.end) * 1e6)
             except Exception:
                 self.dropped += 1
                 continue

@@ -51,12 +51,30 @@ def current() -> Profiler | None:
     return _current
 
 
-def _record_keyed(blob: Any) -> int:
-    """``rec.record_blob`` that returns the blob's key (to withdraw it before it is written)."""
-    k = next(rec._blob_ids)  # noqa: SLF001
-    rec.blobs[k] = blob
-    rec._ext((-k, time.perf_counter_ns(), threading.get_ident()))  # noqa: SLF001
-    return k
+def _withdraw(event: tuple[int, int, int], lookback: int = 1 << 16) -> bool:
+    """Neutralise a recorded event the writer has not taken yet (caller holds the session lock,
+    so no flush runs): its code becomes the key of a blob that does not exist, which the writer
+    leaves out of summary files (an empty packet in detail files). False if already taken."""
+    ev = rec.events
+    code, ts, ident = event
+    n = len(ev) - len(ev) % 3
+    for i in range(n - 3, max(-1, n - 3 * lookback - 1), -3):
+        if ev[i + 1] == ts and ev[i] == code and ev[i + 2] == ident:
+            ev[i] = -next(rec._blob_ids)  # noqa: SLF001
+            return True
+    return False
+
+
+_STEP_CATS = (S.CAT_STEP,)
+
+
+def _step_event(step: int) -> int:
+    """Event id of ``step <n>``: appended to the recorder's event table without the lookup-table
+    entry ``rec.event_id`` would add (each step name is used once)."""
+    kinds = rec.kinds
+    with rec._kinds_lock:  # noqa: SLF001
+        kinds.append(rec.EventKind(S.STEP_NAME.format(step=step), _STEP_CATS, None))
+        return len(kinds) - 1
 
 
 def _forget_in_child() -> None:
@@ -73,19 +91,26 @@ def _warn(message: str) -> None:
 
 
 class _Phase:
-    """Context manager for one phase slice; cheap enough to create per use."""
+    """Context manager of one phase name, cached: its begin is a C-level recorder chain."""
 
-    __slots__ = ("name",)
+    __slots__ = ("begin",)
 
     def __init__(self, name: str) -> None:
-        self.name = name
+        eid = rec.event_id(name, (S.CAT_PHASE,))
+        self.begin = rec.chain(rec.code(eid, S.LEVEL_SUMMARY, rec.BEGIN))
 
     def __enter__(self) -> _Phase:
-        rec.begin(self.name, S.CAT_PHASE, None, S.LEVEL_SUMMARY)
+        if rec.ON:
+            self.begin()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        rec.end(S.LEVEL_SUMMARY)
+        if rec.ON:
+            _end_summary()
+
+
+_end_summary = rec.end_summary
+_phases: dict[str, _Phase] = {}
 
 
 class _NoPhase:
@@ -202,8 +227,7 @@ class Profiler:
         self._batch = 0
         self._in_step = False
         self._pending = False  # the step's begin waits for its first activity (see _cancel_step)
-        self._step_key: int | None = None
-        self._step_blob: Any = None
+        self._step_begin: tuple[int, int, int] | None = None
         self._summary_sink: Any = None
         self._summary_path: Path | None = None
         self._started = False
@@ -301,8 +325,8 @@ class Profiler:
         if not self._started or self._stopped:
             return list(self.files)
         try:
-            if self._in_step and self._recording:
-                rec.end(S.LEVEL_SUMMARY)
+            if self._in_step and self._recording and rec.ON:
+                self._end_step(None)
             self._in_step = False
             if self._sampler is not None:
                 self.sampler_cost = self._sampler.stop()
@@ -357,11 +381,7 @@ class Profiler:
             self._resume()
         self.timer.step(num_samples)
         if self._in_step and self._recording and rec.ON:
-            if num_samples is not None:
-                rec.record_blob(rec.Blob(rec.END, 0, S.LEVEL_SUMMARY,
-                                         args={S.ARG_NUM_SAMPLES: num_samples}))
-            else:
-                rec.end(S.LEVEL_SUMMARY)
+            self._end_step(num_samples)
         self._step += 1
         if epoch is not None and epoch != self._epoch:
             self._epoch = epoch
@@ -388,9 +408,6 @@ class Profiler:
             return
         self._epoch = epoch
         self._batch = 0
-        blob = self._step_blob
-        if blob is not None and blob.args is not None:
-            blob.args[S.ARG_EPOCH] = epoch  # the step's begin is usually not written yet
         self._enter_batch()
         if self._pending:
             self._resume()
@@ -399,33 +416,43 @@ class Profiler:
         self._in_step = True
         self._pending = False
         if self._recording and rec.ON:
-            blob = self._step_blob = rec.Blob(
-                rec.BEGIN, rec.event_id(S.STEP_NAME.format(step=self._step), (S.CAT_STEP,)),
-                S.LEVEL_SUMMARY, args={S.ARG_STEP: self._step, S.ARG_EPOCH: self._epoch})
-            self._step_key = _record_keyed(blob)
+            # a plain event (cheapest to encode); the args ride on the end event
+            ev = self._step_begin = (rec.code(_step_event(self._step), S.LEVEL_SUMMARY, rec.BEGIN),
+                                     time.perf_counter_ns(), threading.get_ident())
+            rec._ext(ev)  # noqa: SLF001 - the recorder's atomic append
         else:
-            self._step_blob = None
-            self._step_key = None
+            self._step_begin = None
 
-    def _cancel_step(self, loader_key: int | None) -> None:
-        """The loader is exhausted: the open step holds no work, only the final wait (the slice
-        whose begin is ``loader_key``). Withdraw both begins if the writer has not taken them yet
-        (else end them), and begin the step again at the next fetch, phase, ``epoch()`` or
-        ``step()``; the step timer restarts there too."""
+    def _end_step(self, num_samples: float | None) -> None:
+        """End the step slice; its args (step, epoch, num_samples) are on the end event, which
+        trace processor merges into the slice's args (the epoch is then known for sure)."""
+        args: dict[str, Any] = {S.ARG_STEP: self._step, S.ARG_EPOCH: self._epoch}
+        if num_samples is not None:
+            args[S.ARG_NUM_SAMPLES] = num_samples
+        rec.record_blob(rec.Blob(rec.END, 0, S.LEVEL_SUMMARY, args=args))
+
+    def _cancel_step(self, wait_event: tuple[int, int, int] | None) -> None:
+        """The loader is exhausted: the open step holds no work, only the final wait (recorded
+        as ``wait_event``). Withdraw both begins if the writer has not taken them yet (else end
+        them), and begin the step again at the next fetch, phase, ``epoch()`` or ``step()``;
+        the step timer restarts there too."""
         in_step = self._in_step
         self._in_step = False
         self._pending = True
         if not (self._recording and rec.ON):
             return
-        keys = [loader_key] + ([self._step_key] if in_step else [])
         sess = self._sess
-        withdrawn = [False] * len(keys)
+        wait_gone = step_gone = False
         if sess is not None:
             with sess._lock:  # noqa: SLF001 - no flush may be encoding while we look
-                withdrawn = [k is not None and rec.blobs.pop(k, None) is not None for k in keys]
-        for w in withdrawn:
-            if not w:
-                rec.end(S.LEVEL_SUMMARY)
+                if wait_event is not None:
+                    wait_gone = _withdraw(wait_event)
+                if in_step and self._step_begin is not None:
+                    step_gone = _withdraw(self._step_begin)
+        if wait_event is not None and not wait_gone:
+            rec.end(S.LEVEL_SUMMARY)
+        if in_step and not step_gone:
+            rec.end(S.LEVEL_SUMMARY)
 
     def _resume(self) -> None:
         self.timer.start()
@@ -436,12 +463,16 @@ class Profiler:
         """Apply the schedule's state for the batch now starting."""
         sched = self.schedule
         if sched is None or "detail" not in self.levels:
+            if self._state is State.DISABLED and self._window_path is None:
+                return
             new = State.DISABLED
             key = None
         else:
             new = sched.state(self._batch)
             key = (self._epoch, sched.window_index(self._batch))
         old, old_key = self._state, self._window_key
+        if new is old and key == old_key:
+            return
         self._state, self._window_key = new, key
         if self._sess is None or not self._recording:
             return
@@ -486,40 +517,45 @@ class Profiler:
             return _NO_PHASE
         if self._pending:
             self._resume()
-        return _Phase(name)
+        ph = _phases.get(name)
+        if ph is None:
+            ph = _phases[name] = _Phase(name)
+        return ph
 
     def dataloader(self, loader: Iterable[T]) -> Iterator[T]:
         """Iterate ``loader``, timing each wait for the next batch (reader_cost; slice
         ``dataloader.next``, category ``dataloader``)."""
         it = iter(loader)
-        timer = self.timer
+        add_reader = self.timer.add_reader
         clock = time.perf_counter_ns
-        wait = rec.event_id(S.DATALOADER_WAIT_NAME, (S.CAT_DATALOADER,))
-        main = threading.get_ident() == self._thread
+        ident = threading.get_ident()
+        main = ident == self._thread
+        wait_begin = rec.code(rec.event_id(S.DATALOADER_WAIT_NAME, (S.CAT_DATALOADER,)),
+                              S.LEVEL_SUMMARY, rec.BEGIN)
+        ext = rec._ext  # noqa: SLF001 - the recorder's atomic append
+        end = _end_summary
         while True:
             if self._pending:
                 self._resume()
-            key = None
             recording = self._recording and rec.ON
-            if recording:
-                # keyed, so that the wait of an exhausted loader can be withdrawn with its step
-                key = _record_keyed(rec.Blob(rec.BEGIN, wait, S.LEVEL_SUMMARY))
             t0 = clock()
+            if recording:
+                ext((wait_begin, t0, ident))
             try:
                 batch = next(it)
             except StopIteration:
                 if main and self._started and not self._stopped:
-                    self._cancel_step(key)
+                    self._cancel_step((wait_begin, t0, ident) if recording else None)
                 elif recording:
-                    rec.end(S.LEVEL_SUMMARY)
+                    end()
                 return
             except BaseException:
                 if recording:
-                    rec.end(S.LEVEL_SUMMARY)
+                    end()
                 raise
-            timer.add_reader(clock() - t0)
+            add_reader(clock() - t0)
             if recording:
-                rec.end(S.LEVEL_SUMMARY)
+                end()
             yield batch
 
     # -- reports --------------------------------------------------------------------------------

@@ -12,9 +12,9 @@ import time
 import warnings
 
 import pytest
-from perfetto_decode import decode
 
 import stepscope
+from perfetto_decode import decode
 from stepscope import _recorder
 from stepscope._sink import Sink
 

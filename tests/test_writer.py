@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
-from perfetto_decode import decode, packets_of
 
 import stepscope
+from perfetto_decode import decode, packets_of
 from stepscope import _encoder, _recorder, _sink
 from stepscope._schema import LEVEL_DETAIL, LEVEL_SUMMARY
 from stepscope._session import Session
@@ -79,7 +79,8 @@ def test_args_are_typed_debug_annotations(path):
     d = decode(path)
     a = next(e for e in d.events if e.name == "a")
     assert a.args == {"step": 3, "lr": 0.5, "tag": "x", "ok": True, "shape": {"b": [1, 2]}}
-    raw = next(p for p in d.packets if p.HasField("track_event") and p.track_event.debug_annotations)
+    raw = next(p for p in d.packets
+               if p.HasField("track_event") and p.track_event.debug_annotations)
     kinds = [x.WhichOneof("value") for x in raw.track_event.debug_annotations]
     assert kinds[:4] == ["int_value", "double_value", "string_value", "bool_value"]
     assert next(e for e in d.events if e.name == "p").args == {"payload": 42}
@@ -237,7 +238,7 @@ def test_discard_detail_drops_warmup_events(path):
 
 
 def test_open_ranges_are_closed_when_the_file_closes(path):
-    sess = stepscope.start(path)
+    stepscope.start(path)
     stepscope.push_range("left open")
     t_stop = time.perf_counter_ns()
     stepscope.stop()

@@ -216,6 +216,10 @@ def main() -> int:
         total = (main_us + writer_us) / (step_cpu * 1e6) * 100 + sampler
         print(f"{mode:<11} {main_us:>8.2f} {writer_us:>10.2f} {sampler:>10.3f} {total:>8.2f} "
               f"{targets[mode]:>7}")
+    for mode, limit in (("summary", 1.0), ("detail", 3.0)):
+        us = sum(costs[mode])
+        print(f"  {mode}: within {limit:.0f}% for steps of {us / (limit - pct) * 100 / 1e3:.2f} ms "
+              f"or longer ({us:.1f} us per step + the sampler's {pct:.2f}%)")
     print(f"\n2) A/B timing of the whole step, {args.steps} steps x {args.rounds} interleaved "
           "rounds per mode (wall: loop time per step; CPU: process CPU per step, all threads, "
           "start/stop included). Noisy on a shared machine: trust 1) for the small ratios.")

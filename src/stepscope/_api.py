@@ -226,7 +226,7 @@ def _decorate(func, message, color, domain, category, payload, args):
 
 
 # --- push/pop, start/end, mark ------------------------------------------------------------------
-_push_codes: dict = {}
+_push_chains: dict = {}  # message or (message, domain, category) -> C chain recording a begin
 
 
 def push_range(message: Any = None, color: Any = None, domain: Any = None, category: Any = None,
@@ -234,15 +234,12 @@ def push_range(message: Any = None, color: Any = None, domain: Any = None, categ
     """Open a range on this thread; close it with ``pop_range``."""
     if not _on:
         return
-    if domain is None and category is None and payload is None:
+    if payload is None:
         try:
-            c = _push_codes[message]
+            (_push_chains[message] if domain is None and category is None
+             else _push_chains[message, domain, category])()
         except (KeyError, TypeError):
-            c = _push_code(message, None, None)
-        rec._ext((c, rec.perf_counter_ns(), rec.get_ident()))
-    elif payload is None:
-        rec._ext((_push_code(message, domain, category), rec.perf_counter_ns(),
-                  rec.get_ident()))
+            _push_chain(message, domain, category)()
     else:
         rec.record_blob(_args_blob(BEGIN, event_id(_name(message),
                                                     _categories(domain, category)), payload,
@@ -255,18 +252,20 @@ def _name(message) -> Any:
     return "" if message is None else message
 
 
-def _push_code(message, domain, category) -> int:
+def _push_chain(message, domain, category):
+    plain = domain is None and category is None
     try:
-        key = (message, domain, category)
+        key = message if plain else (message, domain, category)
         hash(key)
-    except TypeError:
+    except TypeError:  # unhashable message: clean it (str) and key on that
         message = rec.clean_name(message)
-        key = (message, domain if domain is None else str(domain), category)
-    c = _push_codes.get(key if domain is not None or category is not None else message)
+        key = message if plain else (message, str(domain), str(category))
+    c = _push_chains.get(key)
     if c is None:
-        c = code(event_id(_name(message), _categories(domain, category)), LEVEL_DETAIL, BEGIN)
-        if len(_push_codes) < MAX_CACHED_RANGES:
-            _push_codes[key if domain is not None or category is not None else message] = c
+        c = rec.chain(code(event_id(_name(message), _categories(domain, category)),
+                           LEVEL_DETAIL, BEGIN))
+        if len(_push_chains) < MAX_CACHED_RANGES:
+            _push_chains[key] = c
     return c
 
 
@@ -275,11 +274,10 @@ def pop_range(domain: Any = None) -> None:
 
     A pop with nothing open is reported once and ignored (the trace stays well nested).
     """
-    if not _on:
-        return
-    rec._ext((rec.END_DETAIL, rec.perf_counter_ns(), rec.get_ident()))
-    if _forward:
-        _nvtx.forward_pop(domain)
+    if _on:
+        rec.end_detail()
+        if _forward:
+            _nvtx.forward_pop(domain)
 
 
 class RangeHandle:

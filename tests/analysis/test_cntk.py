@@ -47,7 +47,7 @@ def test_detail_rows_are_relative_ms(files):
         ["name", "thread_id", "begin_ms", "end_ms"],
         ["step 1", "201", "0.0", "0.0015"],
         ["gemm", "stream 7", "0.0001", "0.0006"],
-        ["ncclAllReduce", "stream 7", "0.0005", "0.001"],
+        ["ncclAllReduce", "stream 8", "0.0005", "0.001"],
         ["step 2", "201", "0.0015", "0.003"],
     ]
     with open(out / f"{STAMP}_detail_0.csv", newline="") as f:

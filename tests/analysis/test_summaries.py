@@ -367,6 +367,24 @@ def test_report_and_all_tables(db):
     )
 
 
+def test_shared_base_gives_the_same_tables_and_cleans_up():
+    db = scenario()
+    for kw in ({}, {"steps": "2"}, {"threads": ["worker"], "ranks": [0]}, {"by_thread": True}):
+        shared = S.all_tables(db, **kw)
+        for name, t in shared.items():
+            assert t.rows == S.table(db, name, **kw).rows, (name, kw)
+    with S.shared_base(db, S.Filters()) as base:
+        assert base is not None
+        # rank 0: 26 slices; rank 1: 2 steps, 2 device, 1 bookkeeping (the unfinished one: out)
+        assert db.query("SELECT COUNT(*) AS n FROM temp.ss_slice") == [{"n": 31}]
+    assert db.query("SELECT name FROM sqlite_temp_master") == []
+    db.conn.execute("CREATE TEMP TABLE ss_frame(x)")  # a taken name: the CTEs are used
+    with S.shared_base(db, S.Filters()) as base:
+        assert base is None
+    assert db.query("SELECT name FROM sqlite_temp_master") == [{"name": "ss_frame"}]
+    assert S.all_tables(db)["model"].rows == S.table(db, "model").rows
+
+
 def test_bad_input_is_explained(db):
     with pytest.raises(S.SummaryError, match="unknown table 'nope'"):
         S.table(db, "nope")

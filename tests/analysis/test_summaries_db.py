@@ -199,10 +199,11 @@ def scenario(streams_as_process_tracks: bool = False) -> TraceDB:
     up1 = r1 if streams_as_process_tracks else None
     gpu1 = db.track("GPU 0 (A100)", db.process_track(r1), upid=up1)
     s17 = db.track("stream 7", gpu1, upid=up1)
+    s18 = db.track("stream 8", gpu1, upid=up1)
     db.slice(main1, 1000, 1500, "step 1", "step", {"step": 1})
     db.slice(main1, 2500, 1500, "step 2", "step", {"step": 2})
     db.slice(s17, 1100, 500, "gemm", "kernel")
-    db.slice(s17, 1500, 500, "ncclAllReduce", "communication")
+    db.slice(s18, 1500, 500, "ncclAllReduce", "communication")
     pcpu = db.counter_track("host.process.cpu %", db.process_track(r1))
     db.counter(pcpu, 1500, 75.0)
     # an unfinished slice and profiler bookkeeping: ignored by every table
@@ -223,4 +224,4 @@ def test_builder_nests_slices_and_links_tracks():
         "SELECT t.name, p.name AS parent FROM track t JOIN track p "
         "ON p.id = t.parent_id WHERE t.name LIKE 'stream %' ORDER BY t.id"
     )
-    assert [r["parent"] for r in streams] == ["GPU 0 (H100)", "GPU 0 (H100)", "GPU 0 (A100)"]
+    assert [r["parent"] for r in streams] == ["GPU 0 (H100)"] * 2 + ["GPU 0 (A100)"] * 2

@@ -115,7 +115,7 @@ def test_host_counters_present_and_sane(tmp_path):
     for name in (S.HOST_CPU_USER, S.HOST_CPU_SYSTEM, S.HOST_CPU_IDLE, S.HOST_PROCESS_CPU,
                  S.HOST_PROCESS_RSS, S.HOST_MEMORY_USED, S.HOST_PROCESS_CTX_SWITCHES,
                  S.HOST_SAMPLER_CPU):
-        assert len(c[name]) >= 3, name
+        assert len(c.get(name, ())) >= 3, (name, {k: len(v) for k, v in c.items()}, prof.sampler_cost)
     assert all(0 <= v <= 100 for _, v in c[S.HOST_CPU_USER] + c[S.HOST_CPU_IDLE])
     assert max(v for _, v in c[S.HOST_PROCESS_CPU]) >= 40  # the busy loop
     assert min(v for _, v in c[S.HOST_PROCESS_RSS]) > 10 << 20
@@ -165,3 +165,27 @@ def test_module_level_helpers_without_profiler():
     with P.phase("Forward"):
         pass
     assert list(P.dataloader([1, 2])) == [1, 2]
+
+
+def test_profiler_inside_a_users_session(tmp_path):
+    """A session the user started keeps running and keeps its detail setting."""
+    user_file = tmp_path / "mine.pftrace"
+    stepscope.start(user_file)
+    try:
+        prof = Profiler(tmp_path, schedule(warmup=1, active=1), run_id="r", host_metrics=False,
+                        report=False)
+        prof.start()
+        _train(prof, 4)
+        prof.stop()
+        assert stepscope.current() is not None
+        with stepscope.annotate("after"):
+            pass
+    finally:
+        stepscope.stop()
+    mine = decode(user_file)
+    assert _user_ranges(mine) == ["after"] + [f"user {i}" for i in range(4)]
+    assert len(mine.by_category(S.CAT_STEP)) == 4
+    summary = decode(tmp_path / "r" / "rank0.summary.pftrace")
+    assert [x.name for x in summary.by_category(S.CAT_STEP)] == [f"step {i}" for i in range(4)]
+    assert _user_ranges(summary) == []
+    assert _user_ranges(decode(tmp_path / "r" / "rank0.detail.0.pftrace")) == ["user 1"]

@@ -148,7 +148,7 @@ def scan(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Fields:
 
 
 def split_repeated(
-    buf: np.ndarray, start: int, end: int, tag: int = 0x0A, window: int = 1 << 20
+    buf: np.ndarray, start: int, end: int, tag: int = 0x0A, window: int = 1 << 16
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Split ``buf[start:end]``, a run of one repeated length-delimited field, into its items.
 
@@ -201,3 +201,14 @@ def split_repeated(
         nodes = nodes[:-1]
         stop = int(cand[last])
     return body[nodes], nxt[nodes], stop
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """A 64-bit finaliser (splitmix64): hashes whole arrays."""
+    x = x.astype(np.uint64, copy=True)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x

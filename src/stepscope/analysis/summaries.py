@@ -15,6 +15,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import sqlite3
@@ -103,12 +104,14 @@ def _placeholders(f: Filters) -> dict[str, str]:
         is_tid = [isinstance(t, int) or str(t).isdigit() for t in f.threads]
         tids = [str(int(t)) for t, i in zip(f.threads, is_tid, strict=True) if i]
         names = [_sql_str(str(t)) for t, i in zip(f.threads, is_tid, strict=True) if not i]
-        conds = ["s.utid IS NULL"]
+        conds = []
         if tids:
-            conds.append(f"s.tid IN ({', '.join(tids)})")
+            conds.append(f"tid IN ({', '.join(tids)})")
         if names:
-            conds.append(f"s.thread_name IN ({', '.join(names)})")
-        p["thread_filter"] = " OR ".join(conds)
+            conds.append(f"name IN ({', '.join(names)})")
+        p["thread_filter"] = (
+            f"ti.utid IS NULL OR ti.utid IN (SELECT utid FROM thread WHERE {' OR '.join(conds)})"
+        )
     if f.steps is not None:
         first, stop = f.steps
         conds = []
@@ -118,7 +121,7 @@ def _placeholders(f: Filters) -> dict[str, str]:
             conds.append(f"step < {int(stop)}")
         p["step_filter"] = " AND ".join(conds) or "1"
         p["window_filter"] = (
-            "EXISTS (SELECT 1 FROM ss_window w WHERE w.upid = s.upid "
+            "EXISTS (SELECT 1 FROM ss_window w WHERE w.upid = ti.upid "
             "AND s.ts >= w.w_start AND s.ts < w.w_end)"
         )
     return p
@@ -137,15 +140,84 @@ def sql_text(name: str) -> str:
         raise SummaryError(f"no SQL file for {name!r}") from None
 
 
-def render(name: str, filters: Filters | None = None, **extra: str) -> str:
+def render(
+    name: str, filters: Filters | None = None, *, base: str | None = None, **extra: str
+) -> str:
     """The runnable SQL of one table: ``_base.sql`` and the filters filled in.
 
-    The result can be pasted into trace processor's shell or UI as-is.
+    The result can be pasted into trace processor's shell or UI as-is. ``base`` replaces the
+    base CTEs (used when they were materialized as temporary tables, see shared_base()).
     """
     values = _placeholders(filters or Filters())
-    base = _fill(_strip_comments(sql_text("_base")), values)
+    if base is None:
+        base = _fill(_strip_comments(sql_text("_base")), values)
     values = {**values, **extra, "base": base.strip()}
     return _fill(sql_text(name), values)
+
+
+# The base CTEs of _base.sql start at column 0 as "name AS (" or "name(cols) AS (".
+_CTE_HEAD = re.compile(r"^(\w+)(\([^)]*\))? AS \($", re.M)
+_SHARED_BASE = "WITH RECURSIVE ss_shared AS (SELECT 1)"
+
+
+def _base_ctes(filters: Filters) -> list[tuple[str, str, str]]:
+    """(name, column list, body) of each base CTE, filters filled in, in definition order."""
+    text = _fill(_strip_comments(sql_text("_base")), _placeholders(filters))
+    heads = list(_CTE_HEAD.finditer(text))
+    out = []
+    for i, m in enumerate(heads):
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
+        body = text[m.end() : end].rstrip().rstrip(",").rstrip()
+        if not body.endswith(")"):
+            raise SummaryError(f"cannot split _base.sql at {m.group(1)}")
+        out.append((m.group(1), m.group(2) or "", body[:-1]))
+    return out
+
+
+def _sqlite_conn(db: Any) -> sqlite3.Connection | None:
+    if isinstance(db, sqlite3.Connection):
+        return db
+    conn = getattr(db, "conn", None)
+    return conn if isinstance(conn, sqlite3.Connection) else None
+
+
+@contextlib.contextmanager
+def shared_base(db: Any, filters: Filters):
+    """On an SQLite engine, compute the base CTEs once as TEMP tables for several tables.
+
+    Yields the ``base`` to pass to render() (the table SQL then reads the temporary tables of
+    the same names), or None where this does not apply (trace processor, a name already
+    taken): the tables are then computed from the CTEs, with the same results.
+    """
+    conn = _sqlite_conn(db)
+    made: list[str] = []
+    base = None
+    if conn is not None:
+        try:
+            for name, cols, body in _base_ctes(filters):
+                if re.search(rf"\b{name}\b", body):  # recursive
+                    sql = f"WITH RECURSIVE {name}{cols} AS ({body}) SELECT * FROM {name}"
+                else:
+                    sql = body
+                conn.execute(f"CREATE TEMP TABLE {name} AS {sql}")
+                made.append(name)
+            base = _SHARED_BASE
+        except sqlite3.Error:
+            _drop(conn, made)
+            made, base = [], None
+    try:
+        yield base
+    finally:
+        if made:
+            _drop(conn, made)
+
+
+def _drop(conn: sqlite3.Connection, names: list[str]) -> None:
+    for n in reversed(names):
+        try:
+            conn.execute(f"DROP TABLE IF EXISTS temp.{n}")
+        except sqlite3.Error:  # pragma: no cover - a closed connection
+            pass
 
 
 def _fill(text: str, values: dict[str, str]) -> str:
@@ -383,14 +455,26 @@ def table(
     ``straggler_margin``: a rank is a straggler when its mean step time exceeds the median of the
     ranks' mean step times by more than this fraction.
     """
+    filters = Filters.make(threads, ranks, steps)
+    return _table(db, name, filters, None, sort, by_thread, straggler_margin)
+
+
+def _table(
+    db: Any,
+    name: str,
+    filters: Filters,
+    base: str | None,
+    sort: str | None,
+    by_thread: bool,
+    straggler_margin: float,
+) -> Table:
     if name not in _SPECS:
         raise SummaryError(f"unknown table {name!r}: choose from {', '.join(TABLES)}")
-    filters = Filters.make(threads, ranks, steps)
     spec = _SPECS[name]
     columns = list(spec.columns)
     extra: dict[str, str] = {}
     if spec.sql == "operators":
-        keys = ("rank", "tid", "thread_name") if by_thread else ("NULL",) * 3
+        keys = ("COALESCE(p.rank, s.upid)", "th.tid", "th.name") if by_thread else ("NULL",) * 3
         extra = {
             "op_rank": keys[0],
             "op_tid": keys[1],
@@ -399,7 +483,7 @@ def table(
         }
         if by_thread:
             columns[1:1] = _OPERATOR_THREAD_COLS
-    rows = _run(db, name, render(spec.sql, filters, **extra))
+    rows = _run(db, name, render(spec.sql, filters, base=base, **extra))
     notes: list[str] = []
     post = _POST.get(name)
     if post is not None:
@@ -417,12 +501,23 @@ def all_tables(
     :func:`table`.
     """
     wanted = list(names) if names else list(TABLES)
-    out = {}
     for n in wanted:
-        t = table(db, n, **kwargs)
-        if sort and t.column(sort) is not None:
-            t = t.sorted(sort)
-        out[n] = t
+        if n not in _SPECS:
+            raise SummaryError(f"unknown table {n!r}: choose from {', '.join(TABLES)}")
+    filters = Filters.make(
+        kwargs.pop("threads", None), kwargs.pop("ranks", None), kwargs.pop("steps", None)
+    )
+    by_thread = kwargs.pop("by_thread", False)
+    margin = kwargs.pop("straggler_margin", 0.10)
+    if kwargs:
+        raise TypeError(f"unexpected arguments: {', '.join(kwargs)}")
+    out = {}
+    with shared_base(db, filters) as base:
+        for n in wanted:
+            t = _table(db, n, filters, base, None, by_thread, margin)
+            if sort and t.column(sort) is not None:
+                t = t.sorted(sort)
+            out[n] = t
     return out
 
 

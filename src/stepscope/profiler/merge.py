@@ -286,6 +286,7 @@ class _Rewriter:
         self.shift = info.mono_shift != 0 or info.boot_shift != 0
         self.packets = 0
         self._pending_default: int | None = None
+        self._seq_bytes: dict[int, bytes] = {}
 
     def _new_seq(self, old: int) -> int:
         new = self.seq_map.get(old)
@@ -304,7 +305,7 @@ class _Rewriter:
             rep = None
             if field == F_SEQ_ID and wt == 0:
                 seq = s
-                rep = _var_field(F_SEQ_ID, self._new_seq(s))
+                rep = self._seq_field(s)
             elif field == F_COMPRESSED and wt == 2:
                 self.packets -= 1
                 rep = _len_field(F_COMPRESSED, self._batch(pkt[s:e]))
@@ -353,10 +354,87 @@ class _Rewriter:
             return self.info.boot_shift
         return 0
 
+    def _seq_field(self, old: int) -> bytes:
+        rep = self._seq_bytes.get(old)
+        if rep is None:
+            rep = self._seq_bytes[old] = _var_field(F_SEQ_ID, self._new_seq(old))
+        return rep
+
     def _batch(self, deflated: bytes) -> bytes:
+        """Rewrite one compressed batch (inflate, rewrite each packet, deflate)."""
         data = zlib.decompress(deflated)
+        if not self.shift and not self.info.pid_map:
+            patched = self._batch_in_place(data)
+            if patched is not None:
+                return zlib.compress(patched, 1)
         parts = [_len_field(1, self.packet(p)) for p in iter_trace_bytes(data)]
+        self.packets -= len(parts)  # packet() counted them; the batch is counted by its caller
+        self.packets += len(parts)
         return zlib.compress(b"".join(parts), 1)
+
+    def _batch_in_place(self, data: bytes) -> bytes | None:
+        """Fast path for the layout stepscope's writer uses, every packet being
+        ``[timestamp (8)] trusted_packet_sequence_id (10) ...`` with one-byte ids: find each id
+        byte with a tight scan and swap old ids for new ones with one numpy gather; lengths do
+        not change. None when the batch does not have that shape or a new id needs two bytes."""
+        n = len(data)
+        positions = []
+        add = positions.append
+        pos = 0
+        try:
+            while pos < n:
+                if data[pos] != 0x0A:
+                    return None
+                b = data[pos + 1]
+                if b < 0x80:
+                    ln, p = b, pos + 2
+                else:
+                    ln, p = _varint(data, pos + 1)
+                q = p
+                if data[q] == 0x40:  # timestamp varint
+                    q += 1
+                    while data[q] & 0x80:
+                        q += 1
+                    q += 1
+                if data[q] != 0x50:  # rarely: other fields first (interned data); walk them
+                    end = p + ln
+                    while q < end:
+                        key, r = _varint(data, q)
+                        if key == 0x50:
+                            break
+                        wt = key & 7
+                        if wt == 0:
+                            _, q = _varint(data, r)
+                        elif wt == 2:
+                            fl, r = _varint(data, r)
+                            q = r + fl
+                        elif wt in (1, 5):
+                            q = r + (8 if wt == 1 else 4)
+                        else:
+                            return None
+                    else:
+                        return None  # no sequence id in this packet
+                if data[q + 1] >= 0x80:
+                    return None
+                add(q + 1)
+                pos = p + ln
+        except IndexError:
+            return None
+        if pos != n:
+            return None
+        import numpy as np
+
+        arr = np.frombuffer(data, dtype=np.uint8).copy()
+        idx = np.array(positions, dtype=np.int64)
+        table = np.arange(256, dtype=np.uint8)
+        for old in np.unique(arr[idx]).tolist():
+            new = self._new_seq(old)
+            if new >= 0x80:
+                return None
+            table[old] = new
+        arr[idx] = table[arr[idx]]
+        self.packets += len(positions)
+        return arr.tobytes()
 
     def _snapshot(self, snap: bytes) -> bytes:
         out = []

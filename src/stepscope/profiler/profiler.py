@@ -14,8 +14,15 @@ active part starts, pending events are flushed with ``discard_detail=True`` (war
 dropped, so start-up cost does not distort the window) and the window's sink is opened; at the
 window's end detail recording is turned off and the sink closed (open slices are ended there).
 
-The step in progress is the slice ``step <n>`` (category ``step``, args step/epoch, and
-num_samples on its end event when ``step(num_samples=...)`` gives it) on the training thread.
+Steps: ``start()`` opens step 0 and each ``step()`` ends one and opens the next, as the slice
+``step <n>`` (category ``step``) on the calling thread. Its args (step, epoch, and num_samples when
+``step(num_samples=...)`` gives it) ride on the end event, which trace processor merges into the
+slice: the end is the cheapest place to encode them, and the epoch is known for sure there. When
+the ``prof.dataloader`` wrapper finds its loader exhausted, the step just opened holds no work:
+its begin and the final wait are withdrawn (if not yet written), and the step opens again at the
+next fetch, phase, ``epoch()`` or ``step()``. So there is no empty trailing step per epoch.
+Phases (category ``phase``) and data-loader waits (category ``dataloader``, name
+``dataloader.next``) are summary-level slices inside the step.
 """
 
 from __future__ import annotations
@@ -301,8 +308,6 @@ class Profiler:
             self._summary_path = path
         if self._own_session:
             sess.start()
-        else:
-            sess.set_detail(False)
         self._recording = True
         if self.options["host_metrics"]:
             self._emitter = sess.emitter(clock="monotonic", level=S.LEVEL_SUMMARY)
@@ -477,12 +482,13 @@ class Profiler:
         if self._sess is None or not self._recording:
             return
         try:
+            own = self._own_session  # a session the user started keeps its own detail setting
             if old is State.ACTIVE and (new is not State.ACTIVE or key != old_key):
                 self._leave_window()
-            elif old is State.WARMUP and not new.tracing:
+            elif old is State.WARMUP and not new.tracing and own:
                 self._sess.set_detail(False)
                 self._sess.flush(discard_detail=True)
-            if new is State.WARMUP and not (old is State.WARMUP and key == old_key):
+            if new is State.WARMUP and not (old is State.WARMUP and key == old_key) and own:
                 self._sess.set_detail(True)
             elif new is State.ACTIVE and self._window_path is None:
                 self._open_window()
@@ -492,20 +498,25 @@ class Profiler:
 
     def _open_window(self) -> None:
         sess = self._sess
-        sess.flush(discard_detail=True)  # warmup's detail events are dropped here
+        if self._own_session:
+            sess.flush(discard_detail=True)  # warmup's detail events are dropped here
+        else:
+            sess.flush()
         assert self.run_dir is not None
         path = self.run_dir / S.DETAIL_FILE.format(rank=self.rank, window=self._windows)
         self._windows += 1
         self._sink = sess.add_sink(path, levels=("summary", "detail"))
         self._window_path = path
-        sess.set_detail(True)
+        if self._own_session:
+            sess.set_detail(True)
 
     def _leave_window(self) -> None:
         if self._window_path is None or self._sess is None:
             return
         path, sink = self._window_path, self._sink
         self._window_path = self._sink = None
-        self._sess.set_detail(False)
+        if self._own_session:
+            self._sess.set_detail(False)
         self._sess.close_sink(sink)
         self.files.append(path)
         self._ready([path])
@@ -563,9 +574,10 @@ class Profiler:
         """reader_cost / batch_cost / ips figures of the completed steps (any mode)."""
         return self.timer.stats()
 
-    def summary(self) -> str:
+    def summary(self, **report_options: Any) -> str:
         """The end-of-run report: step timer, sampler cost, and the analysis summary tables of
-        the summary trace (when the analysis package can open it)."""
+        the summary trace (after ``stop()``, when the analysis package can open it);
+        ``report_options`` go to ``stepscope.analysis.summaries.report`` (unit, fmt, names...)."""
         parts = [self.timer.stats().format()]
         if self.sampler_cost is not None:
             parts.append(self.sampler_cost.format())
@@ -573,14 +585,17 @@ class Profiler:
             parts.append("stepscope files:\n" + "\n".join(f"  {p}" for p in self.files))
         path = self._summary_path
         if self._stopped and path is not None and path.exists():
-            if self.report_text is None:
-                self.report_text = _analysis_report(path)
-            if self.report_text:
-                parts.append(self.report_text)
+            if report_options:
+                parts.append(_analysis_report(path, **report_options))
+            else:
+                if self.report_text is None:
+                    self.report_text = _analysis_report(path)
+                if self.report_text:
+                    parts.append(self.report_text)
         return "\n".join(parts)
 
 
-def _analysis_report(path: Path) -> str:
+def _analysis_report(path: Path, **options: Any) -> str:
     """``stepscope.analysis.summaries.report`` of one file, or a note why there is none."""
     try:
         from .. import analysis
@@ -589,7 +604,7 @@ def _analysis_report(path: Path) -> str:
         opener = getattr(analysis, "open", None)
         if opener is None:
             return ""
-        return summaries.report(opener(str(path)))
+        return summaries.report(opener(str(path)), **options)
     except Exception as exc:
         return f"(summary tables unavailable: {exc!r})"
 

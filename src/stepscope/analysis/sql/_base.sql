@@ -6,15 +6,16 @@
 -- (always valid SQL; "1" when no filter is set).
 --
 -- Definitions used by every table:
---   * owner of a track (ss_track_info): the nearest track at or above it (following
+--   * owner of a track (ss_track_info): upid of the nearest track at or above it (following
 --     track.parent_id) that is a thread track (-> thread.upid) or a process track (-> upid).
 --     GPU "stream <id>" tracks sit under a "GPU <id> (<name>)" track under the rank's process
 --     track, so device slices belong to the rank that launched them. upid -1 = no process.
 --     utid: the thread of the nearest thread track at or above the track (host slices, also
---     those on child tracks of a thread such as "CUDA API"); NULL under a process track.
+--     those on child tracks of a thread such as "CUDA API", whether the engine lists such a
+--     child as a thread track or as a process track); NULL when no thread track is above.
 --   * rank of a process: the <N> of its name "rank <N> (<host>)", else its pid.
 --   * unfinished slices (dur < 0) are ignored everywhere.
---   * kind of a slice (ss_slice_all.kind), used by the Overview:
+--   * kind of a slice (ss_slice.kind), used by the Overview:
 --       Step            category 'step'
 --       Dataloader      category 'dataloader' (consumer waits) or a 'phase' named 'Dataloader'
 --       Forward / Backward / Optimization   a 'phase' slice with that name
@@ -25,11 +26,18 @@
 --       GPU ranges      category 'gpu_range'       (none)         category 'stepscope'
 --       User ranges     anything else (no category, 'nvtx', or a user's domain/category)
 --   * device activity (is_device = 1): kernel, communication, memcpy, memset slices.
---   * filters: rank filter -> ss_slice_all; selected steps (step number in [A, B)) -> ss_step;
---     with a step range set, slices are kept when they START inside the rank's window
---     [start of its first selected step, end of its last selected step) -> ss_slice;
---     the thread filter keeps host slices of the named threads (tid or thread name) and never
---     removes device/process-track slices -> ss_slice. Steps and windows ignore the thread filter.
+--   * filters: rank filter -> ss_track_sel (tracks of the selected ranks); selected steps (step
+--     number in [A, B)) -> ss_step; with a step range set, slices are kept when they START
+--     inside the rank's window [start of its first selected step, end of its last selected
+--     step) -> ss_slice; the thread filter keeps host slices of the named threads (tid or
+--     thread name) and never removes device/process-track slices -> ss_slice. Steps and
+--     windows ignore the thread filter.
+--   * union length ("time covered", overlaps merged): with a group's intervals ordered by start,
+--     an interval adds max(0, end - max(start, M)) where M is the largest end before it
+--     (earlier intervals all start no later, so what they cover of [start, end) is exactly
+--     [start, min(end, M))). One window pass:
+--       MAX(end_ts) OVER (PARTITION BY g ORDER BY ts ROWS BETWEEN UNBOUNDED PRECEDING
+--                         AND 1 PRECEDING) AS m,  then  SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))).
 --   * frame (ss_frame): the time ratios refer to: the selected step slices of each rank; a rank
 --     with no step slices gets one frame from its first slice start to its last slice end.
 WITH RECURSIVE
@@ -50,11 +58,11 @@ ss_track_hop AS (
   WHERE tt.id IS NOT NULL OR pt.id IS NOT NULL
 ),
 ss_track_owner AS (
-  SELECT track_id, upid, utid FROM (
-    SELECT track_id, upid, utid,
-           ROW_NUMBER() OVER (PARTITION BY track_id ORDER BY hops) AS rn
-    FROM ss_track_hop
-  ) WHERE rn = 1
+  SELECT DISTINCT track_id,
+         FIRST_VALUE(upid) OVER (PARTITION BY track_id ORDER BY hops) AS upid,
+         FIRST_VALUE(utid) OVER (PARTITION BY track_id
+                                 ORDER BY CASE WHEN utid IS NULL THEN 1 ELSE 0 END, hops) AS utid
+  FROM ss_track_hop
 ),
 ss_track_info AS (
   SELECT t.id AS track_id, t.name AS track_name, COALESCE(o.upid, -1) AS upid, o.utid
@@ -65,10 +73,31 @@ ss_process AS (
          CASE WHEN name LIKE 'rank %' THEN CAST(substr(name, 6) AS INTEGER) ELSE pid END AS rank
   FROM process
 ),
-ss_slice_all AS (
-  SELECT s.id, s.ts, s.dur, s.ts + s.dur AS end_ts, s.track_id, s.category, s.name, s.depth,
-         s.parent_id, s.arg_set_id, ti.upid, ti.utid, ti.track_name,
-         COALESCE(p.rank, ti.upid) AS rank, p.process_name, th.tid, th.name AS thread_name,
+ss_track_sel AS (
+  SELECT ti.track_id, ti.track_name, ti.upid, ti.utid, COALESCE(p.rank, ti.upid) AS rank
+  FROM ss_track_info ti LEFT JOIN ss_process p ON p.upid = ti.upid
+  WHERE ({{rank_filter}})
+),
+ss_step_all AS (
+  SELECT s.id, s.ts, s.dur, s.ts + s.dur AS end_ts, ti.upid, ti.rank, ti.utid,
+         COALESCE(a.int_value, CAST(a.real_value AS INTEGER),
+                  CAST(substr(s.name, 6) AS INTEGER)) AS step,
+         COALESCE(n.int_value, n.real_value) AS num_samples
+  FROM slice s
+  JOIN ss_track_sel ti ON ti.track_id = s.track_id
+  LEFT JOIN args a ON a.arg_set_id = s.arg_set_id AND a.key = 'debug.step'
+  LEFT JOIN args n ON n.arg_set_id = s.arg_set_id AND n.key = 'debug.num_samples'
+  WHERE s.category = 'step' AND s.dur >= 0
+),
+ss_step AS (
+  SELECT * FROM ss_step_all WHERE ({{step_filter}})
+),
+ss_window AS (
+  SELECT upid, MIN(ts) AS w_start, MAX(end_ts) AS w_end FROM ss_step GROUP BY upid
+),
+ss_slice AS (
+  SELECT s.id, s.ts, s.dur, s.ts + s.dur AS end_ts, s.track_id, s.category, s.name,
+         s.parent_id, s.arg_set_id, ti.upid, ti.utid,
          CASE
            WHEN s.category = 'step' THEN 'Step'
            WHEN s.category = 'dataloader' THEN 'Dataloader'
@@ -88,30 +117,8 @@ ss_slice_all AS (
          CASE WHEN s.category IN ('kernel', 'communication', 'memcpy', 'memset')
               THEN 1 ELSE 0 END AS is_device
   FROM slice s
-  JOIN ss_track_info ti ON ti.track_id = s.track_id
-  LEFT JOIN ss_process p ON p.upid = ti.upid
-  LEFT JOIN thread th ON th.utid = ti.utid
-  WHERE s.dur >= 0 AND ({{rank_filter}})
-),
-ss_step_all AS (
-  SELECT s.id, s.ts, s.dur, s.end_ts, s.upid, s.rank, s.utid, s.tid, s.process_name,
-         COALESCE(a.int_value, CAST(a.real_value AS INTEGER),
-                  CAST(substr(s.name, 6) AS INTEGER)) AS step,
-         COALESCE(n.int_value, n.real_value) AS num_samples
-  FROM ss_slice_all s
-  LEFT JOIN args a ON a.arg_set_id = s.arg_set_id AND a.key = 'debug.step'
-  LEFT JOIN args n ON n.arg_set_id = s.arg_set_id AND n.key = 'debug.num_samples'
-  WHERE s.category = 'step'
-),
-ss_step AS (
-  SELECT * FROM ss_step_all WHERE ({{step_filter}})
-),
-ss_window AS (
-  SELECT upid, MIN(ts) AS w_start, MAX(end_ts) AS w_end FROM ss_step GROUP BY upid
-),
-ss_slice AS (
-  SELECT s.* FROM ss_slice_all s
-  WHERE ({{thread_filter}}) AND ({{window_filter}})
+  JOIN ss_track_sel ti ON ti.track_id = s.track_id
+  WHERE s.dur >= 0 AND ({{thread_filter}}) AND ({{window_filter}})
 ),
 ss_frame AS (
   SELECT upid, ts, end_ts FROM ss_step

@@ -4,8 +4,12 @@
 --   stat_name  the name the summary groups by: 'step' for every step slice ("step <n>"),
 --            else the slice's name. Statistics are computed in Python (analysis/cntk.py).
 {{base}}
-SELECT rank, name, CASE WHEN category = 'step' THEN 'step' ELSE name END AS stat_name,
-       COALESCE(CAST(tid AS TEXT), track_name) AS thread, ts, end_ts, dur
-FROM ss_slice
-WHERE kind IS NOT NULL
-ORDER BY rank, ts, id
+SELECT COALESCE(p.rank, s.upid) AS rank, s.name,
+       CASE WHEN s.category = 'step' THEN 'step' ELSE s.name END AS stat_name,
+       COALESCE(CAST(th.tid AS TEXT), t.name) AS thread, s.ts, s.end_ts, s.dur
+FROM ss_slice s
+JOIN track t ON t.id = s.track_id
+LEFT JOIN ss_process p ON p.upid = s.upid
+LEFT JOIN thread th ON th.utid = s.utid
+WHERE s.kind IS NOT NULL
+ORDER BY rank, s.ts, s.id

@@ -14,17 +14,11 @@
 --                   The GPU of a device slice is its track's parent when that is named 'GPU ...',
 --                   else its own track.
 {{base}},
-dv_raw AS (
-  SELECT c.track_id, c.ts, c.value, ti.upid, ti.track_name AS name,
-         COALESCE(p.rank, ti.upid) AS rank
-  FROM counter c
-  JOIN ss_track_info ti ON ti.track_id = c.track_id
-  LEFT JOIN ss_process p ON p.upid = ti.upid
-  WHERE ({{rank_filter}})
-),
 dv_ctr AS (
-  SELECT s.*, LEAD(s.ts) OVER (PARTITION BY s.track_id ORDER BY s.ts) AS next_ts
-  FROM dv_raw s WHERE ({{window_filter}})
+  SELECT s.track_id, s.ts, s.value, ti.rank, ti.track_name AS name,
+         LEAD(s.ts) OVER (PARTITION BY s.track_id ORDER BY s.ts) AS next_ts
+  FROM counter s JOIN ss_track_sel ti ON ti.track_id = s.track_id
+  WHERE ({{window_filter}})
 ),
 dv_counters AS (
   SELECT rank, name, COUNT(*) AS samples,
@@ -35,14 +29,15 @@ dv_counters AS (
   FROM dv_ctr GROUP BY track_id, rank, name
 ),
 dv_gpu AS (
-  SELECT s.upid, s.rank, CASE WHEN gp.name LIKE 'GPU %' THEN gp.id ELSE t.id END AS gpu_id,
+  SELECT s.upid, CASE WHEN gp.name LIKE 'GPU %' THEN gp.id ELSE t.id END AS gpu_id,
          CASE WHEN gp.name LIKE 'GPU %' THEN gp.name ELSE t.name END AS gpu_name,
          s.ts, s.end_ts
   FROM ss_slice s JOIN track t ON t.id = s.track_id LEFT JOIN track gp ON gp.id = t.parent_id
   WHERE s.category IN ('kernel', 'communication')
 ),
 dv_gpus AS (
-  SELECT DISTINCT upid, rank, gpu_id, gpu_name FROM dv_gpu
+  SELECT DISTINCT g.upid, COALESCE(p.rank, g.upid) AS rank, g.gpu_id, g.gpu_name
+  FROM dv_gpu g LEFT JOIN ss_process p ON p.upid = g.upid
 ),
 dv_ev AS (
   SELECT gpu_id, ts AS t, 1 AS dk, 0 AS df FROM dv_gpu

@@ -64,49 +64,55 @@ md_dev_attr AS (
   LEFT JOIN md_steps ms ON ms.upid = d.upid AND ms.sseq = d.cur_s AND d.t < ms.end_ts
   WHERE d.ord = 2
 ),
-md_items AS (
-  SELECT 'frame' AS g1, upid AS g2, ts, end_ts FROM ss_frame
-  UNION ALL
-  SELECT 'device', upid, ts, end_ts FROM md_dev
-  UNION ALL
-  SELECT 'phase', phase_id, ts, end_ts FROM md_dev_attr WHERE phase_id IS NOT NULL
-  UNION ALL
-  SELECT 'others', step_id, ts, end_ts FROM md_dev_attr
-  WHERE phase_id IS NULL AND step_id IS NOT NULL
-  UNION ALL
-  SELECT 'cover', ms.step_id, MAX(mp.ts, ms.ts), MIN(mp.end_ts, ms.end_ts)
-  FROM md_phases mp JOIN md_steps ms ON ms.upid = mp.upid AND ms.sseq = mp.cur_s
-  WHERE MIN(mp.end_ts, ms.end_ts) > MAX(mp.ts, ms.ts)
+-- unions (see _base.sql): per phase instance, per step (Others), per step (phase cover)
+md_phase_gpu AS (
+  SELECT phase_id, SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) AS ns FROM (
+    SELECT phase_id, ts, end_ts,
+           MAX(end_ts) OVER (PARTITION BY phase_id ORDER BY ts
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
+    FROM md_dev_attr WHERE phase_id IS NOT NULL
+  ) GROUP BY phase_id
 ),
-md_prev AS (
-  SELECT g1, g2, ts, end_ts,
-         MAX(end_ts) OVER (PARTITION BY g1, g2 ORDER BY ts, end_ts
-                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-  FROM md_items
+md_others_gpu AS (
+  SELECT step_id, SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) AS ns FROM (
+    SELECT step_id, ts, end_ts,
+           MAX(end_ts) OVER (PARTITION BY step_id ORDER BY ts
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
+    FROM md_dev_attr WHERE phase_id IS NULL AND step_id IS NOT NULL
+  ) GROUP BY step_id
 ),
-md_island AS (
-  SELECT g1, g2, ts, end_ts,
-         SUM(CASE WHEN prev_end IS NULL OR ts > prev_end THEN 1 ELSE 0 END)
-           OVER (PARTITION BY g1, g2 ORDER BY ts, end_ts ROWS UNBOUNDED PRECEDING) AS island
-  FROM md_prev
-),
-md_union AS (
-  SELECT g1, g2, SUM(len) AS ns FROM (
-    SELECT g1, g2, MAX(end_ts) - MIN(ts) AS len FROM md_island GROUP BY g1, g2, island
-  ) GROUP BY g1, g2
+md_cover AS (
+  SELECT step_id, SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) AS ns FROM (
+    SELECT step_id, ts, end_ts,
+           MAX(end_ts) OVER (PARTITION BY step_id ORDER BY ts
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
+    FROM (
+      SELECT ms.step_id, MAX(mp.ts, ms.ts) AS ts, MIN(mp.end_ts, ms.end_ts) AS end_ts
+      FROM md_phases mp JOIN md_steps ms ON ms.upid = mp.upid AND ms.sseq = mp.cur_s
+    ) WHERE end_ts > ts
+  ) GROUP BY step_id
 ),
 md_totals AS (
-  SELECT (SELECT SUM(ns) FROM md_union WHERE g1 = 'frame') AS frame_ns,
-         (SELECT SUM(ns) FROM md_union WHERE g1 = 'device') AS device_ns
+  SELECT SUM(CASE WHEN g = 0 THEN len ELSE 0 END) AS frame_ns,
+         SUM(CASE WHEN g = 1 THEN len ELSE 0 END) AS device_ns
+  FROM (
+    SELECT g, MAX(0, end_ts - MAX(ts, COALESCE(m, ts))) AS len FROM (
+      SELECT g, ts, end_ts,
+             MAX(end_ts) OVER (PARTITION BY g, upid ORDER BY ts
+                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
+      FROM (SELECT 0 AS g, upid, ts, end_ts FROM ss_frame
+            UNION ALL SELECT 1, upid, ts, end_ts FROM md_dev)
+    )
+  )
 ),
 md_inst AS (
-  SELECT mp.phase, 1 AS is_phase, mp.dur AS cpu_ns, COALESCE(u.ns, 0) AS gpu_ns
-  FROM md_phases mp LEFT JOIN md_union u ON u.g1 = 'phase' AND u.g2 = mp.phase_id
+  SELECT mp.phase, 1 AS is_phase, mp.dur AS cpu_ns, COALESCE(g.ns, 0) AS gpu_ns
+  FROM md_phases mp LEFT JOIN md_phase_gpu g ON g.phase_id = mp.phase_id
   UNION ALL
   SELECT 'Others', 0, ms.dur - COALESCE(c.ns, 0), COALESCE(o.ns, 0)
   FROM md_steps ms
-  LEFT JOIN md_union c ON c.g1 = 'cover' AND c.g2 = ms.step_id
-  LEFT JOIN md_union o ON o.g1 = 'others' AND o.g2 = ms.step_id
+  LEFT JOIN md_cover c ON c.step_id = ms.step_id
+  LEFT JOIN md_others_gpu o ON o.step_id = ms.step_id
 )
 SELECT phase, COUNT(*) AS calls,
        SUM(cpu_ns) AS cpu_total_ns, CAST(SUM(cpu_ns) AS REAL) / COUNT(*) AS cpu_avg_ns,

@@ -21,8 +21,12 @@
 --   gpu_ratio       gpu_total_ns / device time (union of all device slices per rank, summed).
 {{base}},
 op_range AS (
-  SELECT id, name, {{op_rank}} AS rank, {{op_tid}} AS tid, {{op_thread}} AS thread_name, ts, dur
-  FROM ss_slice WHERE kind = 'User ranges'
+  SELECT s.id, s.name, {{op_rank}} AS rank, {{op_tid}} AS tid, {{op_thread}} AS thread_name,
+         s.ts, s.dur
+  FROM ss_slice s
+  LEFT JOIN ss_process p ON p.upid = s.upid
+  LEFT JOIN thread th ON th.utid = s.utid
+  WHERE s.kind = 'User ranges'
 ),
 op_child AS (
   SELECT parent_id AS id, SUM(dur) AS child_ns FROM slice
@@ -40,7 +44,7 @@ op_launch AS (
 op_seq AS (
   SELECT utid, ts AS t, 0 AS ord, id, NULL AS dts, NULL AS dend,
          ROW_NUMBER() OVER (PARTITION BY utid ORDER BY ts, id) AS rseq
-  FROM ss_slice_all WHERE kind = 'User ranges' AND utid IS NOT NULL
+  FROM ss_slice WHERE kind = 'User ranges' AND utid IS NOT NULL
   UNION ALL
   SELECT utid, launch_ts, 1, dev_id, ts, end_ts, NULL FROM op_launch
 ),
@@ -61,34 +65,29 @@ op_anc(dev_id, t, dts, dend, anc_id, hops) AS (
   FROM op_anc a JOIN slice s ON s.id = a.anc_id
   WHERE s.parent_id IS NOT NULL AND a.hops < 256
 ),
-op_items AS (
-  SELECT 'range' AS g1, a.anc_id AS g2, a.dts AS ts, a.dend AS end_ts
-  FROM op_anc a JOIN op_range r ON r.id = a.anc_id AND a.t < r.ts + r.dur
-  UNION ALL
-  SELECT 'device', upid, ts, end_ts FROM ss_slice WHERE is_device = 1
-  UNION ALL
-  SELECT 'frame', upid, ts, end_ts FROM ss_frame
-),
-op_prev AS (
-  SELECT g1, g2, ts, end_ts,
-         MAX(end_ts) OVER (PARTITION BY g1, g2 ORDER BY ts, end_ts
-                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-  FROM op_items
-),
-op_island AS (
-  SELECT g1, g2, ts, end_ts,
-         SUM(CASE WHEN prev_end IS NULL OR ts > prev_end THEN 1 ELSE 0 END)
-           OVER (PARTITION BY g1, g2 ORDER BY ts, end_ts ROWS UNBOUNDED PRECEDING) AS island
-  FROM op_prev
-),
-op_union AS (
-  SELECT g1, g2, SUM(len) AS ns FROM (
-    SELECT g1, g2, MAX(end_ts) - MIN(ts) AS len FROM op_island GROUP BY g1, g2, island
-  ) GROUP BY g1, g2
+op_range_gpu AS (
+  SELECT range_id, SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) AS ns FROM (
+    SELECT range_id, ts, end_ts,
+           MAX(end_ts) OVER (PARTITION BY range_id ORDER BY ts
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
+    FROM (
+      SELECT a.anc_id AS range_id, a.dts AS ts, a.dend AS end_ts
+      FROM op_anc a JOIN op_range r ON r.id = a.anc_id AND a.t < r.ts + r.dur
+    )
+  ) GROUP BY range_id
 ),
 op_totals AS (
-  SELECT (SELECT SUM(ns) FROM op_union WHERE g1 = 'frame') AS frame_ns,
-         (SELECT SUM(ns) FROM op_union WHERE g1 = 'device') AS device_ns
+  SELECT SUM(CASE WHEN g = 0 THEN len ELSE 0 END) AS frame_ns,
+         SUM(CASE WHEN g = 1 THEN len ELSE 0 END) AS device_ns
+  FROM (
+    SELECT g, MAX(0, end_ts - MAX(ts, COALESCE(m, ts))) AS len FROM (
+      SELECT g, ts, end_ts,
+             MAX(end_ts) OVER (PARTITION BY g, upid ORDER BY ts
+                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
+      FROM (SELECT 0 AS g, upid, ts, end_ts FROM ss_frame
+            UNION ALL SELECT 1, upid, ts, end_ts FROM ss_slice WHERE is_device = 1)
+    )
+  )
 ),
 op_inst AS (
   SELECT r.name, r.rank, r.tid, r.thread_name, r.dur,
@@ -96,7 +95,7 @@ op_inst AS (
          AVG(r.dur) OVER (PARTITION BY r.name, r.rank, r.tid, r.thread_name) AS grp_avg
   FROM op_range r
   LEFT JOIN op_child c ON c.id = r.id
-  LEFT JOIN op_union g ON g.g1 = 'range' AND g.g2 = r.id
+  LEFT JOIN op_range_gpu g ON g.range_id = r.id
 )
 SELECT name, rank, tid, thread_name, COUNT(*) AS calls,
        SUM(dur) AS total_ns, AVG(dur) AS avg_ns, MAX(dur) AS max_ns, MIN(dur) AS min_ns,

@@ -14,21 +14,14 @@ ov_items AS (
   SELECT '__frame__', upid, ts, end_ts FROM ss_frame
 ),
 ov_prev AS (
-  SELECT grp, upid, ts, end_ts,
-         MAX(end_ts) OVER (PARTITION BY grp, upid ORDER BY ts, end_ts
-                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+  SELECT grp, ts, end_ts,
+         MAX(end_ts) OVER (PARTITION BY grp, upid ORDER BY ts
+                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
   FROM ov_items
 ),
-ov_island AS (
-  SELECT grp, upid, ts, end_ts,
-         SUM(CASE WHEN prev_end IS NULL OR ts > prev_end THEN 1 ELSE 0 END)
-           OVER (PARTITION BY grp, upid ORDER BY ts, end_ts ROWS UNBOUNDED PRECEDING) AS island
-  FROM ov_prev
-),
 ov_union AS (
-  SELECT grp, SUM(len) AS total_ns FROM (
-    SELECT grp, upid, MAX(end_ts) - MIN(ts) AS len FROM ov_island GROUP BY grp, upid, island
-  ) GROUP BY grp
+  SELECT grp, SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) AS total_ns
+  FROM ov_prev GROUP BY grp
 ),
 ov_calls AS (
   SELECT s.kind AS grp, COUNT(*) AS calls

@@ -32,24 +32,15 @@ st_clip AS (
   FROM st_carry r JOIN st_steps ms ON ms.upid = r.upid AND ms.sseq = r.cur_s
   WHERE r.ord = 1 AND r.t < ms.end_ts
 ),
-st_prev AS (
-  SELECT step_id, ts, end_ts,
-         MAX(end_ts) OVER (PARTITION BY step_id ORDER BY ts, end_ts
-                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-  FROM st_clip
-),
-st_island AS (
-  SELECT step_id, ts, end_ts,
-         SUM(CASE WHEN prev_end IS NULL OR ts > prev_end THEN 1 ELSE 0 END)
-           OVER (PARTITION BY step_id ORDER BY ts, end_ts ROWS UNBOUNDED PRECEDING) AS island
-  FROM st_prev
-),
 st_union AS (
-  SELECT step_id, SUM(len) AS ns FROM (
-    SELECT step_id, MAX(end_ts) - MIN(ts) AS len FROM st_island GROUP BY step_id, island
+  SELECT step_id, SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) AS ns FROM (
+    SELECT step_id, ts, end_ts,
+           MAX(end_ts) OVER (PARTITION BY step_id ORDER BY ts
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
+    FROM st_clip
   ) GROUP BY step_id
 )
-SELECT st.rank, st.process_name, st.step, st.ts, st.dur AS batch_cost_ns,
+SELECT st.rank, st.step, st.ts, st.dur AS batch_cost_ns,
        COALESCE(u.ns, 0) AS reader_cost_ns, st.num_samples
 FROM ss_step st LEFT JOIN st_union u ON u.step_id = st.id
 ORDER BY st.rank, st.ts, st.id

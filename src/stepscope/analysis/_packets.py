@@ -1,0 +1,438 @@
+"""Packets of a trace file, decoded in bulk: per packet and per TrackEvent numpy columns.
+
+``compressed_packets`` batches (field 50, zlib) are inflated and their packets put in place of
+the batch. Packets that are a timestamp plus a body repeated byte for byte (the common case: same
+sequence, flags and event kind) are decoded once per distinct body and copied.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _protoscan as ps
+from ._errors import TraceError
+
+Progress = Callable[[str, float], None]
+
+P_CLOCK_SNAPSHOT, P_TIMESTAMP, P_SEQ_ID, P_TRACK_EVENT, P_INTERNED = 6, 8, 10, 11, 12
+P_FLAGS, P_STATE_CLEARED, P_COMPRESSED, P_CLOCK_ID = 13, 41, 50, 58
+P_DEFAULTS, P_DESCRIPTOR = 59, 60
+# fields that carry no data of their own for the tables (markers, bookkeeping)
+_BENIGN = {36, 42, 87, 41, 13, 10, 8, 58}
+_HANDLED = {P_CLOCK_SNAPSHOT, P_TRACK_EVENT, P_INTERNED, P_DEFAULTS, P_DESCRIPTOR, P_COMPRESSED}
+
+# TrackEvent fields
+TE_CAT_IIDS, TE_ANNOT, TE_TYPE, TE_NAME_IID, TE_TRACK, TE_CATS, TE_NAME = 3, 4, 9, 10, 11, 22, 23
+TE_COUNTER, TE_SRCLOC, TE_SRCLOC_IID, TE_FLOW_OLD, TE_TFLOW_OLD = 30, 33, 34, 36, 42
+TE_DCOUNTER, TE_FLOW, TE_TFLOW = 44, 47, 48
+T_BEGIN, T_END, T_INSTANT, T_COUNTER = 1, 2, 3, 4
+
+BOOTTIME = 6
+_CHUNK = 1 << 19  # packets scanned per numpy pass (bounds temporary memory)
+_PIECE = 8 << 20  # bytes of inflated batches split into packets at a time
+
+
+def _as_i64(u: np.ndarray) -> np.ndarray:
+    return u.astype(np.uint64, copy=False).view(np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def read_file(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise TraceError(f"{path}: is a directory, not a trace file") from None
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
+    if data[:2] == b"\x1f\x8b":  # gzip-compressed trace file
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:
+            raise TraceError(f"{path}: corrupt gzip data ({e})") from None
+    return data
+
+
+@dataclass
+class _Packets:
+    buf: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    file: np.ndarray
+
+
+def _split_checked(buf: np.ndarray, n: int, name: str, stats: dict, top: bool) -> tuple:
+    st, en, stop = ps.split_repeated(buf, 0, n)
+    if stop < n:
+        truncated = buf[stop] == 0x0A and len(st) >= 0 and _runs_past(buf, stop, n)
+        if truncated and top:
+            stats["truncated_packets"] = stats.get("truncated_packets", 0) + 1
+        elif len(st) == 0:
+            raise TraceError(f"{name}: not a Perfetto protobuf trace (no packet at offset 0)")
+        else:
+            stats["corrupt_bytes"] = stats.get("corrupt_bytes", 0) + (n - stop)
+    return st, en
+
+
+def _runs_past(buf: np.ndarray, pos: int, n: int) -> bool:
+    ln, nl = ps.varints(buf, np.array([pos + 1]))
+    return nl[0] < 0 or pos + 1 + int(nl[0]) + int(ln[0]) > n
+
+
+def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progress) -> _Packets:
+    """All packets of all files in import order, compressed batches expanded in place."""
+    bufs: list[bytes] = []
+    starts, ends, files, keys = [], [], [], []
+    base = 0
+    for fidx, (name, data) in enumerate(datas):
+        if not data:
+            continue
+        progress("read", fidx / max(len(datas), 1))
+        buf = ps.padded(data)
+        st, en = _split_checked(buf, len(data), name, stats, top=True)
+        if len(st) == 0:
+            continue
+        f = ps.scan(buf, st, en)
+        if f.bad[0] and len(st) == 1 and len(data) > 1:
+            raise TraceError(f"{name}: not a Perfetto protobuf trace (first packet is corrupt)")
+        if f.bad.any():
+            stats["corrupt_packets"] = stats.get("corrupt_packets", 0) + int(f.bad.sum())
+        sub = 0  # order of packets from compressed batches, across pieces
+        pieces: list[tuple[list[bytes], list[tuple[int, int]]]] = []
+        comp = f.select(P_COMPRESSED)
+        comp = comp[f.wt[comp] == ps.WT_LEN]
+        is_comp = np.zeros(len(st), bool)
+        is_comp[f.msg[comp]] = True
+        plain = np.flatnonzero(~is_comp & ~f.bad)
+        bufs.append(data)
+        starts.append(st[plain] + base)
+        ends.append(en[plain] + base)
+        files.append(np.full(len(plain), fidx))
+        keys.append(np.stack([plain, np.full(len(plain), -1)], 1))
+        base += len(data)
+        inflated: list[bytes] = []
+        owner: list[tuple[int, int]] = []
+        size = 0
+        for k, (m, off, ln) in enumerate(zip(f.msg[comp], f.off[comp], f.ln[comp], strict=True)):
+            if k % 64 == 0:
+                progress("inflate", k / max(len(comp), 1))
+            try:
+                raw = zlib.decompress(data[off : off + ln])
+            except zlib.error:
+                stats["corrupt_compressed_batches"] = stats.get("corrupt_compressed_batches", 0) + 1
+                continue
+            inflated.append(raw)
+            owner.append((int(m), len(raw)))
+            size += len(raw)
+            if size >= _PIECE or k == len(comp) - 1:
+                pieces.append((inflated, owner))
+                inflated, owner, size = [], [], 0
+        if inflated:
+            pieces.append((inflated, owner))
+        for inflated, owner in pieces:  # split a piece at a time: bounded temporary memory
+            blob = b"".join(inflated)
+            ibuf = ps.padded(blob)
+            ist, ien = _split_checked(ibuf, len(blob), name, stats, top=False)
+            bounds = np.cumsum([0] + [n for _, n in owner])
+            batch = np.searchsorted(bounds, ist, side="right") - 1
+            top_idx = np.array([o for o, _ in owner])[batch]
+            bufs.append(blob)
+            starts.append(ist + base)
+            ends.append(ien + base)
+            files.append(np.full(len(ist), fidx, np.int32))
+            keys.append(np.stack([top_idx, np.arange(len(ist)) + sub], 1))
+            sub += len(ist)
+            base += len(blob)
+            del ibuf
+    if not bufs:
+        z = np.zeros(0, np.int64)
+        return _Packets(ps.padded(b""), z, z, z)
+    buf = ps.padded(b"".join(bufs))
+    bufs.clear()
+    start, end = np.concatenate(starts), np.concatenate(ends)
+    file = np.concatenate(files)
+    key = np.concatenate(keys)
+    order = np.lexsort((key[:, 1], key[:, 0], file))
+    return _Packets(buf, start[order], end[order], file[order])
+
+
+# --------------------------------------------------------------------------------------------
+# Scanning packets and track events
+# --------------------------------------------------------------------------------------------
+
+
+def _last(f: ps.Fields, fid: int, n: int, default=0, dtype=np.uint64) -> tuple:
+    """Per message: the last value of field ``fid`` and whether it is present."""
+    rows = f.select(fid)
+    out = np.full(n, default, dtype)
+    has = np.zeros(n, bool)
+    out[f.msg[rows]] = f.val[rows].astype(dtype) if dtype != np.uint64 else f.val[rows]
+    has[f.msg[rows]] = True
+    return out, has
+
+
+def _last_len(f: ps.Fields, fid: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    rows = f.select(fid)
+    rows = rows[f.wt[rows] == ps.WT_LEN]
+    off = np.full(n, -1, np.int64)
+    ln = np.zeros(n, np.int64)
+    off[f.msg[rows]] = f.off[rows]
+    ln[f.msg[rows]] = f.ln[rows]
+    return off, ln
+
+
+def _repeated_varints(buf, f: ps.Fields, fid: int, base: int) -> tuple[np.ndarray, np.ndarray]:
+    """(message, value) pairs of a repeated varint field, packed or not."""
+    rows = f.select(fid)
+    plain = rows[f.wt[rows] == ps.WT_VARINT]
+    msgs, vals = [f.msg[plain] + base], [f.val[plain]]
+    for r in rows[f.wt[rows] == ps.WT_LEN]:  # packed encoding (rare)
+        p, e = int(f.off[r]), int(f.off[r] + f.ln[r])
+        while p < e:
+            v, n = ps.varints(buf, np.array([p]))
+            if n[0] <= 0:
+                break
+            msgs.append(np.array([f.msg[r] + base]))
+            vals.append(v)
+            p += int(n[0])
+    return np.concatenate(msgs), np.concatenate(vals)
+
+
+def _repeated_fixed64(buf, f: ps.Fields, fid: int, base: int) -> tuple[np.ndarray, np.ndarray]:
+    rows = f.select(fid)
+    plain = rows[f.wt[rows] == ps.WT_I64]
+    msgs, vals = [f.msg[plain] + base], [f.val[plain]]
+    for r in rows[f.wt[rows] == ps.WT_LEN]:
+        k = int(f.ln[r]) // 8
+        if k:
+            msgs.append(np.full(k, f.msg[r] + base))
+            vals.append(ps.fixed64(buf, f.off[r] + 8 * np.arange(k)))
+    return np.concatenate(msgs), np.concatenate(vals)
+
+
+class _Acc:
+    """Column lists appended chunk by chunk, concatenated at the end."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[np.ndarray]] = defaultdict(list)
+
+    def add(self, **cols: np.ndarray) -> None:
+        for k, v in cols.items():
+            self.cols[k].append(v)
+
+    def get(self, k: str, dtype=np.int64) -> np.ndarray:
+        parts = self.cols.get(k)
+        return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
+# event columns with one row per track event, and the multi-row arrays that point at them
+_EV_COLS = ("typ", "name_iid", "name_off", "name_len", "track", "has_track", "cval", "has_cval",
+            "srcloc")
+_MULTI = {"cat": ("cat_ev", "cat_iid"), "catl": ("catl_ev", "catl_off", "catl_len"),
+          "flow": ("flow_ev", "flow_id", "flow_term"), "ann": ("ann_ev", "ann_off", "ann_len"),
+          "sl": ("sl_ev", "sl_off", "sl_len")}
+_TPL_MAX = 24  # packets whose body after the timestamp is at most this long are deduplicated
+
+
+def _scan_set(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> dict:
+    """Decode the packets ``buf[starts[i]:ends[i]]``: packet columns, event columns, rare rows.
+
+    Event rows carry ``pkt`` = index of their packet in this set; multi-row arrays point at
+    event rows through ``*_ev``.
+    """
+    m = len(starts)
+    f = ps.scan(buf, starts, ends)
+    ts, has_ts = _last(f, P_TIMESTAMP, m)
+    seq, _ = _last(f, P_SEQ_ID, m)
+    flags, _ = _last(f, P_FLAGS, m)
+    cleared, _ = _last(f, P_STATE_CLEARED, m)
+    clk, _ = _last(f, P_CLOCK_ID, m)
+    te_off, te_len = _last_len(f, P_TRACK_EVENT, m)
+    out: dict = {
+        "ts": _as_i64(ts), "has_ts": has_ts, "seq": seq.astype(np.int64),
+        "flags": flags.astype(np.int64) | np.where(cleared != 0, 1, 0),
+        "clk": clk.astype(np.int64), "bad": f.bad,
+    }
+    sel = np.flatnonzero(np.isin(f.fid, (P_CLOCK_SNAPSHOT, P_INTERNED, P_DEFAULTS, P_DESCRIPTOR))
+                         & (f.wt == ps.WT_LEN))
+    out["rare"] = (f.msg[sel], f.fid[sel], f.off[sel], f.ln[sel])
+    # packets holding nothing we read: their first unknown field
+    known = np.zeros(m, bool)
+    known[f.msg[np.isin(f.fid, list(_HANDLED))]] = True
+    unknown = np.zeros(m, np.int64)
+    rows = np.flatnonzero(~np.isin(f.fid, list(_HANDLED | _BENIGN)))
+    rows = rows[~known[f.msg[rows]]][::-1]  # reversed: the first occurrence is written last
+    unknown[f.msg[rows]] = f.fid[rows]
+    out["unknown"] = unknown
+    ev = np.flatnonzero(te_off >= 0)
+    k = len(ev)
+    g = ps.scan(buf, te_off[ev], te_off[ev] + te_len[ev])
+    typ, _ = _last(g, TE_TYPE, k, dtype=np.int64)
+    name_iid, has_name_iid = _last(g, TE_NAME_IID, k, dtype=np.int64)
+    name_off, name_len = _last_len(g, TE_NAME, k)
+    track, has_track = _last(g, TE_TRACK, k)
+    cval, has_cval = _last(g, TE_COUNTER, k)
+    dval, has_dval = _last(g, TE_DCOUNTER, k)
+    sl_iid, _ = _last(g, TE_SRCLOC_IID, k, dtype=np.int64)
+    out.update(
+        pkt=ev, typ=typ, name_iid=np.where(has_name_iid, name_iid, 0), name_off=name_off,
+        name_len=name_len, track=_as_i64(track), has_track=has_track,
+        cval=np.where(has_dval, dval.view(np.float64), _as_i64(cval).astype(np.float64)),
+        has_cval=has_cval | has_dval, srcloc=sl_iid)
+    cm, cv = _repeated_varints(buf, g, TE_CAT_IIDS, 0)
+    out.update(cat_ev=cm, cat_iid=cv.astype(np.int64))
+    rows = g.select(TE_CATS)
+    out.update(catl_ev=g.msg[rows], catl_off=g.off[rows], catl_len=g.ln[rows])
+    fl = [_repeated_fixed64(buf, g, TE_FLOW, 0) + (0,), _repeated_fixed64(buf, g, TE_TFLOW, 0)
+          + (1,), _repeated_varints(buf, g, TE_FLOW_OLD, 0) + (0,),
+          _repeated_varints(buf, g, TE_TFLOW_OLD, 0) + (1,)]
+    out.update(flow_ev=np.concatenate([a for a, _, _ in fl]),
+               flow_id=np.concatenate([b for _, b, _ in fl]).astype(np.uint64),
+               flow_term=np.concatenate([np.full(len(a), t) for a, _, t in fl]))
+    for fid, name in ((TE_ANNOT, "ann"), (TE_SRCLOC, "sl")):
+        rows = g.select(fid)
+        rows = rows[g.wt[rows] == ps.WT_LEN]
+        out.update({f"{name}_ev": g.msg[rows], f"{name}_off": g.off[rows],
+                    f"{name}_len": g.ln[rows]})
+    return out
+
+
+def _expand(t: dict, inv: np.ndarray, ts: np.ndarray) -> dict:
+    """Results for packets that are copies of template packets ``inv`` (+ their timestamps)."""
+    out = {k: t[k][inv] for k in ("seq", "flags", "clk", "bad", "unknown")}
+    out["ts"], out["has_ts"] = ts, np.ones(len(inv), bool)
+    tev = np.full(len(t["seq"]), -1, np.int64)  # template -> its event row
+    tev[t["pkt"]] = np.arange(len(t["pkt"]))
+    pev = tev[inv]
+    pk = np.flatnonzero(pev >= 0)  # packets with an event; new event rows in packet order
+    r = pev[pk]
+    out["pkt"] = pk
+    for c in _EV_COLS:
+        out[c] = t[c][r]
+    # multi-row arrays: each template row is copied once per packet using its event
+    order = np.argsort(r, kind="stable")
+    cnt = np.bincount(r, minlength=len(t["pkt"]))
+    first = np.zeros(len(cnt), np.int64)
+    np.cumsum(cnt[:-1], out=first[1:])
+    for cols in _MULTI.values():
+        ev = t[cols[0]]
+        c = cnt[ev]
+        rep = np.repeat(np.arange(len(ev)), c)
+        k = np.arange(len(rep)) - np.repeat(np.cumsum(c) - c, c)
+        out[cols[0]] = order[first[ev[rep]] + k]
+        for col in cols[1:]:
+            out[col] = t[col][rep]
+    out["rare"] = tuple(np.zeros(0, np.int64) for _ in range(4))
+    if len(t["rare"][0]):  # rare fields inside repeated bodies: keep every occurrence
+        tm = t["rare"][0]
+        users = [np.flatnonzero(inv == x) for x in tm.tolist()]
+        cnts = np.array([len(u) for u in users], np.int64)
+        out["rare"] = (np.concatenate(users), *(np.repeat(a, cnts) for a in t["rare"][1:]))
+    return out
+
+
+def _merge_parts(parts: list[tuple[np.ndarray, dict]], m: int) -> dict:
+    """Results for packets ``idx`` of each part, merged into one result in packet order."""
+    if len(parts) == 1 and len(parts[0][0]) == m:
+        return parts[0][1]
+    out: dict = {}
+    for k in ("ts", "has_ts", "seq", "flags", "clk", "bad", "unknown"):
+        col = np.zeros(m, parts[0][1][k].dtype)
+        for idx, r in parts:
+            col[idx] = r[k]
+        out[k] = col
+    pkt = np.concatenate([idx[r["pkt"]] for idx, r in parts])
+    order = np.argsort(pkt, kind="stable")
+    new_row = np.empty(len(order), np.int64)
+    new_row[order] = np.arange(len(order))
+    out["pkt"] = pkt[order]
+    for c in _EV_COLS:
+        out[c] = np.concatenate([r[c] for _, r in parts])[order]
+    base = np.cumsum([0] + [len(r["pkt"]) for _, r in parts])
+    for cols in _MULTI.values():
+        out[cols[0]] = new_row[np.concatenate([r[cols[0]] + b for (_, r), b in
+                                               zip(parts, base, strict=False)])]
+        for c in cols[1:]:
+            out[c] = np.concatenate([r[c] for _, r in parts])
+    rare = [np.concatenate([idx[r["rare"][0]] for idx, r in parts])]
+    rare += [np.concatenate([r["rare"][i] for _, r in parts]) for i in (1, 2, 3)]
+    out["rare"] = tuple(rare)
+    return out
+
+
+def scan_packets(pk: _Packets, stats: dict, progress: Progress):
+    """Per packet and per track event columns, plus the rare packets to decode one by one.
+
+    Most packets are ``timestamp`` + a body repeated byte for byte (same sequence, flags and
+    event kind); those bodies are decoded once per distinct body and copied.
+    """
+    buf = pk.buf
+    n = len(pk.start)
+    P, E = _Acc(), _Acc()
+    rare: list[tuple[int, int, int, int]] = []
+    unknown = np.zeros(0, np.int64)
+    nev = 0
+    for c0 in range(0, n, _CHUNK):
+        progress("decode", c0 / max(n, 1))
+        c1 = min(n, c0 + _CHUNK)
+        st, en = pk.start[c0:c1], pk.end[c0:c1]
+        # fast path: leading timestamp varint, short body
+        lead = (buf[st] == 0x40) & (en > st + 1)  # TracePacket.timestamp tag
+        tsv, tsl = ps.varints(buf, st + 1)
+        bstart = st + 1 + np.maximum(tsl, 1)
+        blen = en - bstart
+        fast = lead & (tsl > 0) & (blen > 0) & (blen <= _TPL_MAX)
+        fi = np.flatnonzero(fast)
+        parts = []
+        if len(fi):
+            w = _TPL_MAX
+            win = np.lib.stride_tricks.sliding_window_view(buf, w)
+            rows = win[bstart[fi]]  # (n, w) copy without an (n, w) index matrix
+            rows *= (np.arange(w, dtype=np.uint8)[None, :] < blen[fi][:, None])
+            words = rows.view(np.uint64).reshape(len(fi), w // 8)
+            h = ps.mix64(blen[fi].astype(np.uint64))
+            for j in range(w // 8):
+                h = ps.mix64(h ^ words[:, j])
+            _, rep, inv = np.unique(h, return_index=True, return_inverse=True)
+            same = (rows == rows[rep[inv]]).all(axis=1) & (blen[fi] == blen[fi][rep[inv]])
+            del rows, words
+            fi_ok, inv = fi[same], inv[same]
+            tpl = _scan_set(buf, bstart[fi][rep], en[fi][rep])
+            res = _expand(tpl, inv, _as_i64(tsv[fi_ok]))
+            parts.append((fi_ok, res))
+            fast[:] = False
+            fast[fi_ok] = True
+        slow = np.flatnonzero(~fast)
+        if len(slow):
+            parts.append((slow, _scan_set(buf, st[slow], en[slow])))
+        res = _merge_parts(parts, c1 - c0)
+        gpk = np.arange(c0, c1)
+        seqk = res["seq"] | (pk.file[c0:c1].astype(np.int64) << 32)
+        P.add(ts=res["ts"], has_ts=res["has_ts"], seq=seqk, flags=res["flags"].astype(np.int8),
+              clk=res["clk"].astype(np.int32), bad=res["bad"])
+        unknown = np.r_[unknown, res["unknown"][res["unknown"] > 0]]
+        rm, rf, ro, rl = res["rare"]
+        rare.extend(zip(gpk[rm].tolist(), rf.tolist(), ro.tolist(), rl.tolist(), strict=True))
+        E.add(pkt=gpk[res["pkt"]], **{c: res[c] for c in _EV_COLS})
+        for cols in _MULTI.values():
+            E.add(**{cols[0]: res[cols[0]] + nev}, **{c: res[c] for c in cols[1:]})
+        nev += len(res["pkt"])
+    progress("decode", 1.0)
+    if len(unknown):
+        stats["unknown_packets"] = int(len(unknown))
+        for fid, c in zip(*np.unique(unknown, return_counts=True), strict=True):
+            stats[f"unknown_packet_field_{int(fid)}"] = int(c)
+    return P, E, rare
+
+
+# --------------------------------------------------------------------------------------------

@@ -1,0 +1,343 @@
+"""Per-sequence state decoded in file order: descriptors, defaults, interning, clocks.
+
+Follows trace processor: ``SEQ_INCREMENTAL_STATE_CLEARED`` starts a new generation of interned
+data and ``TracePacketDefaults``; packets needing incremental state before the first clear are
+skipped. Timestamps are in ``timestamp_clock_id`` (or the defaults' clock, or the trace clock);
+sequence-scoped clocks (64..127) declared ``is_incremental`` accumulate deltas from the value a
+``ClockSnapshot`` of that sequence gave them, scaled by ``unit_multiplier_ns``; then each
+timestamp is converted to the trace clock (BOOTTIME unless ``primary_trace_clock`` says
+otherwise) hop by hop along the clock graph the snapshots build, each hop using the snapshot with
+the largest source value <= the timestamp (the first snapshot for earlier ones).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from ._model import Strings, Track
+from ._packets import (
+    P_CLOCK_SNAPSHOT,
+    P_DEFAULTS,
+    P_DESCRIPTOR,
+    P_INTERNED,
+    _Acc,
+)
+
+BOOTTIME = 6
+
+# Sequence state: generations, defaults, interning
+# --------------------------------------------------------------------------------------------
+
+
+def _pb():
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2
+
+    return perfetto_trace_pb2
+
+
+def _segmented_cumsum(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
+    """Cumulative sum restarting where ``seg`` (sorted group labels) changes."""
+    cs = np.cumsum(values)
+    if not len(values):
+        return cs
+    starts = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])
+    before = cs[starts] - values[starts]
+    return cs - np.repeat(before, np.diff(np.r_[starts, len(values)]))
+
+
+def _generations(seq: np.ndarray, flags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per packet: its sequence rank and its generation id (-1 before the first clear)."""
+    n = len(seq)
+    _, srank = np.unique(seq, return_inverse=True)
+    order = np.argsort(srank, kind="stable")
+    clear = ((flags & 1) != 0).astype(np.int64)
+    gl = np.empty(n, np.int64)
+    gl[order] = _segmented_cumsum(clear[order], srank[order])
+    key = srank.astype(np.int64) * (n + 1) + gl
+    _, gen = np.unique(key, return_inverse=True)
+    gen = np.where(gl > 0, gen, -1)
+    return srank.astype(np.int64), gen.astype(np.int64)
+
+
+def _lookup_last(owner_gen: np.ndarray, owner_pkt: np.ndarray, gen: np.ndarray,
+                 pkt: np.ndarray, n: int) -> np.ndarray:
+    """Index into owners of the last owner in the same generation at or before each packet."""
+    if not len(owner_pkt):
+        return np.full(len(pkt), -1, np.int64)
+    comb = owner_gen * (n + 1) + owner_pkt
+    order = np.argsort(comb, kind="stable")
+    sc = comb[order]
+    q = gen * (n + 1) + pkt
+    pos = np.searchsorted(sc, q, side="right") - 1
+    ok = (pos >= 0) & (gen >= 0)
+    posc = np.maximum(pos, 0)
+    ok &= owner_gen[order][posc] == gen
+    return np.where(ok, order[posc], -1)
+
+
+class _Interned:
+    """(generation, iid) -> value tables, looked up for whole arrays at once."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, list[int]] = defaultdict(list)
+        self.vals: dict[str, list] = defaultdict(list)
+        self._sorted: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def add(self, kind: str, gen: int, iid: int, value) -> None:
+        self.keys[kind].append((gen << 32) | iid)
+        self.vals[kind].append(value)
+
+    def lookup(self, kind: str, gen: np.ndarray, iid: np.ndarray) -> np.ndarray:
+        """Index into ``vals[kind]`` for each (gen, iid), -1 where undefined."""
+        if kind not in self._sorted:
+            k = np.array(self.keys.get(kind, []), np.int64)
+            # the last definition of a key wins
+            order = np.argsort(k, kind="stable")[::-1]
+            uk, first = np.unique(k[order], return_index=True)
+            self._sorted[kind] = (uk, order[first])
+        uk, idx = self._sorted[kind]
+        if not len(uk):
+            return np.full(len(iid), -1, np.int64)
+        q = (gen.astype(np.int64) << 32) | iid.astype(np.int64)
+        pos = np.minimum(np.searchsorted(uk, q), len(uk) - 1)
+        ok = (uk[pos] == q) & (gen >= 0) & (iid > 0)
+        return np.where(ok, idx[pos], -1)
+
+
+# --------------------------------------------------------------------------------------------
+# Clocks
+# --------------------------------------------------------------------------------------------
+
+
+class _Clocks:
+    """Clock snapshots and conversion to the trace clock, as trace processor's ClockTracker."""
+
+    def __init__(self) -> None:
+        self.snapshots: list[dict[int, int]] = []
+        self.groups: dict[frozenset, list[int]] = {}
+        self.incremental: dict[int, bool] = {}
+        self.multiplier: dict[int, int] = {}
+        self.anchors: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        self.trace_clock: int | None = None
+        self._paths: dict[int, list | None] = {}
+
+    def add(self, pkt: int, clocks: list[tuple[int, int, int, bool]], primary: int) -> None:
+        snap = {}
+        for ck, ts, mult, incr in clocks:
+            ns = ts * mult
+            snap[ck] = ns
+            self.multiplier[ck] = mult
+            self.incremental[ck] = incr
+            if incr:
+                self.anchors[ck].append((pkt, ns))
+        if primary:
+            self.trace_clock = primary
+        elif BOOTTIME in snap and self.trace_clock is None:
+            self.trace_clock = BOOTTIME
+        if len(snap) >= 2:
+            self.groups.setdefault(frozenset(snap), []).append(len(self.snapshots))
+        self.snapshots.append(snap)
+
+    def path(self, src: int) -> list | None:
+        """Hops (a, b, snapshot group) from ``src`` to the trace clock, breadth first."""
+        if src in self._paths:
+            return self._paths[src]
+        dst = self.trace_clock
+        prev: dict[int, tuple] = {src: None}
+        frontier = [src]
+        while frontier and dst not in prev:
+            nxt = []
+            for a in frontier:
+                for grp in self.groups:
+                    if a not in grp:
+                        continue
+                    for b in grp:
+                        if b not in prev:
+                            prev[b] = (a, grp)
+                            nxt.append(b)
+            frontier = nxt
+        if dst not in prev:
+            self._paths[src] = None
+            return None
+        hops = []
+        c = dst
+        while prev[c] is not None:
+            a, grp = prev[c]
+            hops.append((a, c, grp))
+            c = a
+        self._paths[src] = hops[::-1]
+        return self._paths[src]
+
+    def convert(self, src: int, ns: np.ndarray) -> np.ndarray | None:
+        if self.trace_clock is None or src == self.trace_clock or src == 0:
+            return ns
+        hops = self.path(src)
+        if hops is None:
+            return None
+        for a, b, grp in hops:
+            snaps = [self.snapshots[i] for i in self.groups[grp]]
+            av = np.array([s[a] for s in snaps], np.int64)
+            bv = np.array([s[b] for s in snaps], np.int64)
+            order = np.argsort(av, kind="stable")
+            av, bv = av[order], bv[order]
+            i = np.maximum(np.searchsorted(av, ns, side="right") - 1, 0)
+            ns = ns - av[i] + bv[i]
+        return ns
+
+
+def _clock_key(clock_id: int, srank: int) -> int:
+    """Sequence-scoped clocks (64..127) are distinct per sequence."""
+    if 64 <= clock_id <= 127:
+        return ((srank + 1) << 8) | clock_id
+    return clock_id
+
+
+# --------------------------------------------------------------------------------------------
+# The decoder
+# --------------------------------------------------------------------------------------------
+
+_UNITS = {1: "ns", 2: "count", 3: "bytes"}
+
+
+def _text(buf: np.ndarray, off: int, ln: int) -> str:
+    return buf[off : off + ln].tobytes().decode("utf-8", "replace")
+
+
+class _State:
+    """Rare packets decoded in file order: descriptors, defaults, interning, snapshots."""
+
+    def __init__(self, buf, rare, srank, gen, stats):
+        pb = _pb()
+        self.interned = _Interned()
+        self.clocks = _Clocks()
+        self.tracks: dict[int, Track] = {}
+        self.strings = Strings()
+        def_pkt, def_clock, def_track = [], [], []
+        self.snapshot_pkts: list[int] = []
+        for pkt, fid, off, ln in sorted(rare):
+            raw = buf[off : off + ln].tobytes()
+            try:
+                if fid == P_DESCRIPTOR:
+                    self._descriptor(pb.TrackDescriptor.FromString(raw))
+                elif fid == P_DEFAULTS:
+                    if gen[pkt] < 0:
+                        continue
+                    d = pb.TracePacketDefaults.FromString(raw)
+                    te = d.track_event_defaults
+                    def_pkt.append(pkt)
+                    def_clock.append(d.timestamp_clock_id)
+                    def_track.append(te.track_uuid if te.HasField("track_uuid") else -1)
+                elif fid == P_INTERNED:
+                    if gen[pkt] < 0:
+                        stats["interned_data_skipped"] = stats.get("interned_data_skipped", 0) + 1
+                        continue
+                    self._interned(int(gen[pkt]), pb.InternedData.FromString(raw))
+                elif fid == P_CLOCK_SNAPSHOT:
+                    cs = pb.ClockSnapshot.FromString(raw)
+                    clocks = [(_clock_key(c.clock_id, int(srank[pkt])), c.timestamp,
+                               c.unit_multiplier_ns or 1, c.is_incremental) for c in cs.clocks]
+                    self.clocks.add(pkt, clocks, cs.primary_trace_clock)
+                    self.snapshot_pkts.append(pkt)
+            except Exception:  # a corrupt message: count it, never fail the load
+                stats["corrupt_messages"] = stats.get("corrupt_messages", 0) + 1
+        self.def_pkt = np.array(def_pkt, np.int64)
+        self.def_clock = np.array(def_clock, np.int64)
+        self.def_track = np.array([t if t < (1 << 63) else t - (1 << 64) for t in def_track],
+                                  np.int64)
+
+    def _descriptor(self, d) -> None:
+        uuid = d.uuid if d.uuid < (1 << 63) else d.uuid - (1 << 64)
+        t = self.tracks.get(uuid)
+        if t is None:
+            t = self.tracks[uuid] = Track(id=len(self.tracks), uuid=uuid)
+        if d.HasField("name"):
+            t.name = d.name
+        elif d.HasField("static_name"):
+            t.name = d.static_name
+        if d.HasField("parent_uuid"):
+            p = d.parent_uuid
+            t.parent_uuid = p if p < (1 << 63) else p - (1 << 64)
+        if d.HasField("thread"):
+            t.kind, t.pid, t.tid = "thread", d.thread.pid, d.thread.tid
+            if d.thread.HasField("thread_name"):
+                t.thread_name = d.thread.thread_name
+        elif d.HasField("process"):
+            t.kind, t.pid = "process", d.process.pid
+            if d.process.HasField("process_name"):
+                t.process_name = d.process.process_name
+        elif d.HasField("counter"):
+            c = d.counter
+            t.kind = "counter"
+            t.unit = c.unit_name or _UNITS.get(c.unit)
+            t.multiplier = c.unit_multiplier or 1
+            t.incremental = c.is_incremental
+
+    def _interned(self, g: int, d) -> None:
+        s = self.strings
+        for e in d.event_names:
+            self.interned.add("name", g, e.iid, s.id(e.name))
+        for e in d.event_categories:
+            self.interned.add("cat", g, e.iid, s.id(e.name))
+        for e in d.debug_annotation_names:
+            self.interned.add("arg", g, e.iid, s.id(e.name))
+        for e in d.debug_annotation_string_values:
+            self.interned.add("argstr", g, e.iid, s.id(e.str.decode("utf-8", "replace")))
+        for e in d.source_locations:
+            self.interned.add("srcloc", g, e.iid, (e.file_name, e.function_name, e.line_number))
+
+
+def _resolve_timestamps(P: _Acc, st: _State, srank, gen, skip, stats) -> np.ndarray:
+    """Trace-clock timestamp of every packet (INT64_MIN where it cannot be resolved)."""
+    n = len(skip)
+    lo = np.iinfo(np.int64).min
+    ts, has_ts, clk = P.get("ts"), P.get("has_ts", bool), P.get("clk")
+    d = _lookup_last(gen[st.def_pkt] if len(st.def_pkt) else st.def_pkt, st.def_pkt, gen,
+                     np.arange(n), n)
+    dclk = np.where(d >= 0, st.def_clock[np.maximum(d, 0)] if len(st.def_clock) else 0, 0)
+    clock = np.where(clk != 0, clk, dclk)
+    is_snap = np.zeros(n, bool)
+    is_snap[st.snapshot_pkts] = True
+    elig = has_ts & ~skip & ~is_snap
+    seqclk = (clock >= 64) & (clock <= 127)
+    ck = np.where(seqclk, ((srank + 1) << 8) | clock, clock)
+    out = np.full(n, lo, np.int64)
+    ce = ck[elig]
+    idx_all = np.flatnonzero(elig)
+    order = np.argsort(ce, kind="stable")
+    ce_sorted = ce[order]
+    bounds = np.flatnonzero(np.r_[True, ce_sorted[1:] != ce_sorted[:-1], True])
+    failed = 0
+    for b0, b1 in zip(bounds[:-1], bounds[1:], strict=True):
+        key = int(ce_sorted[b0])
+        idx = idx_all[order[b0:b1]]
+        mult = st.clocks.multiplier.get(key, 1)
+        raw = ts[idx] * mult
+        if st.clocks.incremental.get(key, False):
+            anc = st.clocks.anchors[key]
+            apkt = np.array([a for a, _ in anc], np.int64)
+            aval = np.array([v for _, v in anc], np.int64)
+            a = np.searchsorted(apkt, idx, side="right") - 1
+            ok = a >= 0
+            failed += int((~ok).sum())
+            idx, raw, a = idx[ok], raw[ok], a[ok]
+            ns = _segmented_cumsum(raw, a) + aval[a]
+        elif 64 <= (key & 0xFF) <= 127 and key > 0xFF and key not in st.clocks.multiplier:
+            failed += len(idx)  # a sequence clock never declared by a snapshot
+            continue
+        else:
+            ns = raw
+        conv = st.clocks.convert(key, ns)
+        if conv is None:
+            failed += len(idx)
+            continue
+        out[idx] = conv
+    if failed:
+        stats["clock_sync_failure"] = failed
+    # packets without a timestamp take the latest timestamp seen so far (as trace processor)
+    notime = ~has_ts & ~skip
+    if notime.any():
+        latest = np.maximum.accumulate(out)
+        out = np.where(notime, np.where(latest == lo, 0, latest), out)
+    return out

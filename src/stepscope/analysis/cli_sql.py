@@ -1,0 +1,180 @@
+"""``stepscope sql PATH... "SELECT ..."`` and ``stepscope export-csv PATH...``.
+
+The lead's ``stepscope/cli.py`` calls :func:`add_parsers` with its subparsers; each parser sets
+``func`` to a handler that returns the exit status (0 ok, 1 query failed, 2 bad input or an
+unreadable trace). Loading a large trace prints its progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from typing import Any
+
+from . import engines
+from ._errors import EngineError, TraceError
+
+_ENGINES = engines.ENGINES
+_FORMATS = ("text", "csv", "json")
+EXPORT_TABLES = ("slice", "counter", "args", "flow", "track", "thread_track", "process_track",
+                 "counter_track", "thread", "process")
+_PROGRESS_BYTES = 32 << 20  # show loading progress for inputs bigger than this
+
+
+def add_parsers(subparsers: Any) -> None:
+    """Add the ``sql`` and ``export-csv`` subcommands to an ``argparse`` subparsers object."""
+    p = subparsers.add_parser(
+        "sql", help="run an SQL query on traces",
+        description="Run a query (PerfettoSQL / SQLite syntax) over trace processor's tables "
+        "(slice, track, thread, process, counter, args, flow, ...). Several traces are loaded "
+        "into one database.")
+    p.add_argument("args", nargs="+", metavar="PATH... QUERY",
+                   help="trace file(s) then the query (or give the query with -f)")
+    p.add_argument("-f", "--file", metavar="SQL_FILE", help="read the query from this file")
+    p.add_argument("--format", choices=_FORMATS, default="text")
+    _common(p)
+    p.set_defaults(func=run_sql)
+    e = subparsers.add_parser(
+        "export-csv", help="write the trace's tables as CSV files",
+        description="Write trace processor's tables (slice, counter, args, flow, tracks, "
+        "threads, processes) as one CSV file each.")
+    e.add_argument("paths", nargs="+", metavar="PATH", help="trace file(s)")
+    e.add_argument("-o", "--output", metavar="DIR",
+                   help="directory for the CSV files (default: <first trace>_csv)")
+    e.add_argument("--tables", metavar="T[,T]",
+                   help="tables to write (default: " + ",".join(EXPORT_TABLES) + ")")
+    _common(e)
+    e.set_defaults(func=run_export_csv)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", choices=_ENGINES, default="auto")
+    p.add_argument("--trace-processor-bin", metavar="PATH",
+                   help=f"trace_processor_shell to use (else ${engines.ENV_BIN}, PATH)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no loading progress")
+
+
+def _fail(cmd: str, msg: str, code: int = 2) -> int:
+    print(f"stepscope {cmd}: error: {msg}", file=sys.stderr)
+    return code
+
+
+def _open(cmd: str, paths: list[str], args: argparse.Namespace):
+    size = sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
+    progress = None if args.quiet or size < _PROGRESS_BYTES else engines.print_progress()
+    return engines.open(paths, engine=args.engine, trace_processor_bin=args.trace_processor_bin,
+                        progress=progress)
+
+
+def run_sql(args: argparse.Namespace) -> int:
+    if args.file:
+        paths = list(args.args)
+        try:
+            with open(args.file, encoding="utf-8") as f:
+                query = f.read()
+        except OSError as e:
+            return _fail("sql", f"cannot read {args.file}: {e.strerror or e}")
+    else:
+        if len(args.args) < 2:
+            return _fail("sql", "give trace file(s) and then the query (or -f SQL_FILE)")
+        paths, query = list(args.args[:-1]), args.args[-1]
+    if not query.strip():
+        return _fail("sql", "empty query")
+    try:
+        db = _open("sql", paths, args)
+    except (TraceError, EngineError, ValueError) as e:
+        return _fail("sql", str(e))
+    try:
+        rows = db.query(query)
+    except engines.QueryError as e:
+        return _fail("sql", str(e), 1)
+    finally:
+        db.close()
+    write_rows(rows, rows.columns, args.format, sys.stdout)
+    return 0
+
+
+def write_rows(rows: list[dict], columns: list[str], fmt: str, out) -> None:
+    if fmt == "json":
+        json.dump(rows, out, indent=1, default=str)
+        out.write("\n")
+    elif fmt == "csv":
+        w = csv.writer(out, lineterminator="\n")
+        w.writerow(columns)
+        w.writerows([r[c] for c in columns] for r in rows)
+    else:
+        cells = [[_text(r[c]) for c in columns] for r in rows]
+        widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+        out.write("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()
+                  + "\n")
+        out.write("  ".join("-" * w for w in widths) + "\n")
+        for row in cells:
+            out.write("  ".join(v.rjust(w) if _numeric(v) else v.ljust(w)
+                                for v, w in zip(row, widths, strict=True)).rstrip() + "\n")
+        out.write(f"({len(rows)} row{'s' if len(rows) != 1 else ''})\n")
+
+
+def _text(v: Any) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def _numeric(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def run_export_csv(args: argparse.Namespace) -> int:
+    tables = EXPORT_TABLES
+    if args.tables:
+        tables = tuple(t.strip() for t in args.tables.split(",") if t.strip())
+        bad = [t for t in tables if t not in EXPORT_TABLES]
+        if bad:
+            return _fail("export-csv", f"unknown table {bad[0]!r}: choose from "
+                         + ", ".join(EXPORT_TABLES))
+    out_dir = args.output or os.path.splitext(args.paths[0])[0] + "_csv"
+    try:
+        db = _open("export-csv", list(args.paths), args)
+    except (TraceError, EngineError, ValueError) as e:
+        return _fail("export-csv", str(e))
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        for t in tables:
+            path = os.path.join(out_dir, f"{t}.csv")
+            n = export_table(db, t, path)
+            print(f"{path}: {n} rows", file=sys.stderr)
+    except OSError as e:
+        return _fail("export-csv", f"cannot write {out_dir}: {e.strerror or e}")
+    except engines.QueryError as e:
+        return _fail("export-csv", str(e), 1)
+    finally:
+        db.close()
+    return 0
+
+
+def export_table(db: Any, table: str, path: str) -> int:
+    """Write one table as CSV (streamed from SQLite on the embedded engine); returns rows."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, lineterminator="\n")
+        conn = getattr(db, "conn", None)
+        if conn is not None:
+            cur = conn.execute(f"SELECT * FROM {table}")
+            w.writerow([d[0] for d in cur.description])
+            n = 0
+            while batch := cur.fetchmany(65536):
+                w.writerows(batch)
+                n += len(batch)
+            return n
+        rows = db.query(f"SELECT * FROM {table}")
+        w.writerow(rows.columns)
+        w.writerows([r[c] for c in rows.columns] for r in rows)
+        return len(rows)

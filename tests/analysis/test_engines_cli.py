@@ -1,0 +1,77 @@
+"""``stepscope sql`` and ``stepscope export-csv`` (parsers from cli_sql, wired here by hand)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+
+import pytest
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+from stepscope.analysis import cli_sql
+
+
+def run(*argv: str) -> int:
+    ap = argparse.ArgumentParser(prog="stepscope")
+    cli_sql.add_parsers(ap.add_subparsers())
+    args = ap.parse_args(list(argv))
+    return args.func(args)
+
+
+@pytest.fixture
+def trace(tmp_path):
+    t = pb.Trace()
+    d = t.packet.add(trusted_packet_sequence_id=1).track_descriptor
+    d.uuid, d.name = 5, "lane"
+    for ts, typ, name in ((10, 1, "a"), (30, 2, None), (40, 1, "b"), (45, 2, None)):
+        p = t.packet.add(timestamp=ts, trusted_packet_sequence_id=2)
+        p.track_event.type = typ
+        p.track_event.track_uuid = 5
+        if name:
+            p.track_event.name = name
+    path = tmp_path / "x.pftrace"
+    path.write_bytes(t.SerializeToString())
+    return str(path)
+
+
+def test_sql_text_csv_json(trace, capsys):
+    q = "SELECT name, dur FROM slice ORDER BY ts"
+    assert run("sql", trace, q, "--engine", "embedded") == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "name  dur", "----  ---", "a      20", "b       5", "(2 rows)"]
+    assert run("sql", trace, q, "--engine", "embedded", "--format", "csv") == 0
+    assert capsys.readouterr().out == "name,dur\na,20\nb,5\n"
+    assert run("sql", trace, q, "--engine", "embedded", "--format", "json") == 0
+    assert json.loads(capsys.readouterr().out) == [{"name": "a", "dur": 20},
+                                                   {"name": "b", "dur": 5}]
+
+
+def test_sql_errors(trace, tmp_path, capsys):
+    assert run("sql", trace, "SELECT * FROM nope", "--engine", "embedded") == 1
+    assert "no such table: nope" in capsys.readouterr().err
+    assert run("sql", str(tmp_path / "missing.pftrace"), "SELECT 1", "--engine",
+               "embedded") == 2
+    assert "no such file" in capsys.readouterr().err
+    assert run("sql", trace) == 2
+    assert "give trace file(s) and then the query" in capsys.readouterr().err
+
+
+def test_sql_query_from_file(trace, tmp_path, capsys):
+    f = tmp_path / "q.sql"
+    f.write_text("SELECT COUNT(*) AS n FROM slice")
+    assert run("sql", trace, "-f", str(f), "--engine", "embedded", "--format", "csv") == 0
+    assert capsys.readouterr().out == "n\n2\n"
+
+
+def test_export_csv(trace, tmp_path, capsys):
+    out = tmp_path / "csv"
+    assert run("export-csv", trace, "-o", str(out), "--tables", "slice,track",
+               "--engine", "embedded") == 0
+    with open(out / "slice.csv") as f:
+        got = list(csv.DictReader(f))
+    assert [(r["name"], r["ts"], r["dur"]) for r in got] == [("a", "10", "20"), ("b", "40", "5")]
+    with open(out / "track.csv") as f:
+        assert [r["name"] for r in csv.DictReader(f)] == ["lane"]
+    assert run("export-csv", trace, "--tables", "bogus", "--engine", "embedded") == 2
+    assert "unknown table 'bogus'" in capsys.readouterr().err

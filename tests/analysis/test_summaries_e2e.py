@@ -1,0 +1,184 @@
+"""End to end: the scenario of test_summaries_db written through stepscope's writer, read back.
+
+Rank 0 is written by this process, rank 1 by a child process (its own pid), both with exact
+timestamps through the internal emitter API (docs/internals.md) on CLOCK_MONOTONIC from a shared
+origin T0. Loaded with ``stepscope.analysis.open([rank0, rank1])``, every table must equal the
+table computed from the hand-made database, whose numbers test_summaries.py derives by hand.
+The same tests run on trace processor when ``STEPSCOPE_TRACE_PROCESSOR`` names a binary.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_summaries_db import scenario  # noqa: E402
+
+from stepscope import _schema, _session  # noqa: E402
+from stepscope.analysis import cntk  # noqa: E402
+from stepscope.analysis import summaries as S  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write_rank(path: str, rank: int, t0: int) -> None:
+    """Write one rank of the scenario (times: t0 + the scenario's ns)."""
+    sess = _session.Session(path, rank=rank, process_name=f"rank {rank} (host{'AB'[rank]})")
+    sess.start()
+    try:
+        em = sess.emitter(clock="monotonic", level=_schema.LEVEL_SUMMARY)
+        main = sess.thread_track()
+
+        def c(track, ts, dur, name, cat=None, args=None, **kw):
+            em.complete(t0 + ts, dur, name, track, cat, args, **kw)
+
+        if rank == 0:
+            _rank0(sess, em, main, c, t0)
+        else:
+            gpu = sess.new_track("GPU 0 (A100)", parent=sess.process_uuid)
+            s7 = sess.new_track("stream 7", parent=gpu)
+            s8 = sess.new_track("stream 8", parent=gpu)
+            c(main, 1000, 1500, "step 1", "step", {"step": 1})
+            c(main, 2500, 1500, "step 2", "step", {"step": 2})
+            c(s7, 1100, 500, "gemm", "kernel")
+            c(s8, 1500, 500, "ncclAllReduce", "communication")
+            c(main, 1000, 5, "stepscope flush", "stepscope")
+            ctr = sess.new_counter_track("host.process.cpu %", unit="%")
+            em.counter(t0 + 1500, ctr, 75.0)
+    finally:
+        sess.stop()
+
+
+def _rank0(sess, em, main, c, t0: int) -> None:
+    ready, done = threading.Event(), threading.Event()
+    th = threading.Thread(target=lambda: (ready.set(), done.wait(10)), name="worker")
+    th.start()
+    ready.wait(10)
+    worker = sess.thread_track(th.ident)
+    gpu = sess.new_track("GPU 0 (H100)", parent=sess.process_uuid)
+    s7 = sess.new_track("stream 7", parent=gpu)
+    s8 = sess.new_track("stream 8", parent=gpu)
+    api = sess.new_track(_schema.API_TRACK_NAME, parent=main)
+    c(main, 1000, 1000, "step 1", "step", {"step": 1, "num_samples": 32})
+    c(main, 1000, 200, "Dataloader", "phase")
+    c(main, 1000, 150, "dataloader.next", "dataloader")
+    c(main, 1200, 300, "Forward", "phase")
+    c(main, 1250, 150, "matmul")
+    c(main, 1300, 20, "cudaLaunchKernel", "cuda_runtime", flow_ids=[1])
+    c(main, 1320, 60, "inner", "mydomain")
+    c(main, 1500, 300, "Backward", "phase")
+    c(api, 1600, 10, "cudaLaunchKernel", "cuda_runtime", flow_ids=[2])
+    c(main, 2000, 1000, "step 2", "step", {"step": 2, "num_samples": 32})
+    c(main, 2000, 100, "dataloader.next", "dataloader")
+    c(main, 2100, 300, "Forward", "phase")
+    c(main, 2150, 100, "matmul")
+    c(main, 2400, 300, "Backward", "phase")
+    c(main, 2700, 200, "Optimization", "phase")
+    c(api, 2750, 10, "cudaMemcpyAsync", "cuda_runtime", flow_ids=[3])
+    c(worker, 1350, 100, "matmul")
+    c(worker, 1900, 150, "load")
+    occ = {"blocks_per_sm": 2.0, "est_achieved_occupancy": 0.5}
+    c(s7, 1330, 200, "gemm", "kernel", occ, terminating_flow_ids=[1])
+    occ = {"blocks_per_sm": 4.0, "est_achieved_occupancy": 0.25}
+    c(s7, 1620, 100, "gemm", "kernel", occ, terminating_flow_ids=[2])
+    c(s8, 1650, 100, "relu", "kernel")
+    c(s8, 2750, 200, "ncclAllReduce", "communication")
+    hd = {"bytes": 4000, "copy_kind": "HtoD"}
+    c(s7, 2760, 40, "Memcpy HtoD", "memcpy", hd, terminating_flow_ids=[3])
+    c(s7, 2850, 100, "Memcpy DtoH", "memcpy", {"bytes": 2000, "copy_kind": "DtoH"})
+    c(s7, 2960, 20, "Memset", "memset", {"bytes": 1000})
+    c(s7, 3100, 100, "gemm", "kernel")
+    ctr = sess.new_counter_track("host.cpu.user %", unit="%")
+    for ts, v in ((1000, 10.0), (2000, 30.0), (3000, 50.0)):
+        em.counter(t0 + ts, ctr, v)
+    done.set()
+    th.join()
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    d = tmp_path_factory.mktemp("e2e")
+    p0, p1 = str(d / "rank0.pftrace"), str(d / "rank1.pftrace")
+    t0 = time.monotonic_ns()
+    code = (
+        f"import sys; sys.path.insert(0, {HERE!r}); "
+        f"import test_summaries_e2e as m; m.write_rank({p1!r}, 1, {t0})"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert child.returncode == 0, child.stderr
+    write_rank(p0, 0, t0)
+    return p0, p1
+
+
+@pytest.fixture(scope="module", params=["embedded", "trace_processor"])
+def db(request, traces):
+    if request.param == "trace_processor" and not os.environ.get("STEPSCOPE_TRACE_PROCESSOR"):
+        pytest.skip("set STEPSCOPE_TRACE_PROCESSOR to a trace_processor_shell binary")
+    from stepscope import analysis
+
+    conn = analysis.open(list(traces), engine=request.param)
+    yield conn
+    conn.close()
+
+
+# Columns that depend on the machine (real thread ids) or on absolute time.
+_VOLATILE = {"ts", "tid"}
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if k not in _VOLATILE} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return scenario()
+
+
+@pytest.mark.parametrize("name", S.TABLES)
+def test_every_table_matches_the_hand_checked_database(db, expected, name):
+    got, want = S.table(db, name), S.table(expected, name)
+    assert _strip(got.rows) == _strip(want.rows), name
+
+
+def test_exact_numbers_from_the_writer(db):
+    rows = {r["kind"]: (r["calls"], r["total_ns"]) for r in S.table(db, "overview").rows}
+    assert rows["User ranges"] == (5, 450) and rows["Kernels"] == (5, 930)
+    dist = {r["rank"]: r for r in S.table(db, "distributed").rows}
+    assert (dist[1]["overlap_ns"], dist[1]["straggler"]) == (100, True)
+    ops = {
+        (r["name"], r["thread_name"]): r["total_ns"]
+        for r in S.table(db, "operators", by_thread=True).rows
+    }
+    assert ops[("matmul", "worker")] == 100 and ops[("matmul", "MainThread")] == 250
+
+
+def test_filters_match(db, expected):
+    for kw in ({"steps": "2"}, {"ranks": [1]}, {"threads": ["worker"]}):
+        for name in ("overview", "model", "step_times", "operators"):
+            assert _strip(S.table(db, name, **kw).rows) == _strip(
+                S.table(expected, name, **kw).rows
+            ), (name, kw)
+
+
+def test_cntk_from_the_writer(db, tmp_path):
+    paths = cntk.write_cntk(db, tmp_path, timestamp="t")
+    assert sorted(p.name for p in paths) == [
+        "t_detail_0.csv",
+        "t_detail_1.csv",
+        "t_summary_0.txt",
+        "t_summary_1.txt",
+    ]
+    lines = (tmp_path / "t_detail_1.csv").read_text().splitlines()
+    assert lines[1:] == [
+        f"step 1,{lines[1].split(',')[1]},0.0,0.0015",
+        "gemm,stream 7,0.0001,0.0006",
+        "ncclAllReduce,stream 8,0.0005,0.001",
+        f"step 2,{lines[1].split(',')[1]},0.0015,0.003",
+    ]

@@ -151,7 +151,8 @@ def worker(out: str, epochs: int, batches: int) -> None:
     rank = int(os.environ.get("RANK", "0"))
     model = MLP(xp, seed=rank)
     sched = schedule(skip_first=5, wait=4, warmup=1, active=5, repeat=1)
-    with Profiler(out, sched, sample_interval_s=0.25) as prof:
+    # report=False: each rank prints its step timer only; the parent prints the merged summary
+    with Profiler(out, sched, sample_interval_s=0.25, report=False) as prof:
         for epoch in range(epochs):
             prof.epoch(epoch)
             loader = PrefetchLoader(xp, batches, seed=rank * 1000 + epoch, make_cost_s=0.001)
@@ -159,6 +160,7 @@ def worker(out: str, epochs: int, batches: int) -> None:
                 loss = train_step(model, batch, prof)
                 prof.step(num_samples=len(batch[1]))
             print(f"rank {rank} epoch {epoch}: loss {float(loss):.3f}", flush=True)
+    print(f"rank {rank}: " + prof.timer_stats().format(), flush=True)
 
 
 def main() -> int:

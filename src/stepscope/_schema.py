@@ -85,6 +85,7 @@ HOST_CPU_USER = "host.cpu.user %"  # system-wide CPU time in user mode (+nice), 
 HOST_CPU_SYSTEM = "host.cpu.system %"  # system-wide kernel time (+irq, softirq), % of all cores
 HOST_CPU_IDLE = "host.cpu.idle %"
 HOST_CPU_IOWAIT = "host.cpu.iowait %"
+HOST_CPU_STEAL = "host.cpu.steal %"  # time a VM's vCPUs waited for the hypervisor
 HOST_PROCESS_CPU = "host.process.cpu %"  # this process, % of one core (can exceed 100)
 HOST_PROCESS_CTX_SWITCHES = "host.process.ctx_switches/s"  # voluntary + involuntary
 HOST_CTX_SWITCHES = "host.cpu.ctx_switches/s"  # system-wide

@@ -46,7 +46,7 @@ def test_csv_of_one_table(trace, capsys):
         "Memcpy HtoD,1,0.04,0.04,0.04,0.04,4000,100.0\n"
         "Memset,1,0.02,0.02,0.02,0.02,1000,50.0\n"
     )
-    assert opened == [(path, "auto")]
+    assert opened == [([path], "auto")]
 
 
 def test_json_with_filters_and_sort(trace, capsys):
@@ -128,3 +128,12 @@ def test_unreadable_trace_is_one_line(monkeypatch, capsys, tmp_path):
     rc, _, err = run([str(path)], capsys)
     assert rc == 2
     assert err == f"stepscope summary: error: cannot read {path}: not a Perfetto trace\n"
+
+
+def test_several_paths_load_into_one_database(trace, capsys, tmp_path):
+    path, opened = trace
+    other = tmp_path / "rank1.pftrace"
+    other.write_bytes(b"x")
+    rc, out, _ = run([path, str(other), "--table", "distributed", "--format", "csv"], capsys)
+    assert rc == 0 and opened == [([path, str(other)], "auto")]
+    assert out.splitlines()[0] == "# distributed" and len(out.splitlines()) == 4

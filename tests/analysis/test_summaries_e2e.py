@@ -9,6 +9,7 @@ The same tests run on trace processor when ``STEPSCOPE_TRACE_PROCESSOR`` names a
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -182,3 +183,22 @@ def test_cntk_from_the_writer(db, tmp_path):
         "ncclAllReduce,stream 8,0.0005,0.001",
         f"step 2,{lines[1].split(',')[1]},0.0015,0.003",
     ]
+
+
+def test_cli_on_written_traces(traces, tmp_path, capsys):
+    from stepscope.analysis import cli_summary
+
+    argv = ["summary", *traces, "--engine", "embedded", "--table", "kernels", "--unit", "ns"]
+    assert cli_summary.main([*argv, "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["kernels"]["rows"]
+    assert [(r["name"], r["calls"], r["total_ns"]) for r in rows] == [
+        ("gemm", 4, 900),
+        ("ncclAllReduce", 2, 700),
+        ("relu", 1, 100),
+    ]
+    garbage = tmp_path / "garbage.pftrace"
+    garbage.write_bytes(b"\x0f\xff\xfe not a trace \x00" * 10)
+    assert cli_summary.main(["summary", str(garbage), "--engine", "embedded"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"stepscope summary: error: cannot read {garbage}: ")
+    assert len(err.splitlines()) == 1

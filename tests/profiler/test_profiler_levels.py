@@ -104,20 +104,24 @@ def test_summary_only_and_no_schedule(tmp_path):
 
 def test_host_counters_present_and_sane(tmp_path):
     prof = Profiler(tmp_path, schedule=None, run_id="r", sample_interval_s=0.05, report=False)
+    c0, t0 = time.process_time(), time.perf_counter()
     prof.start()
     t_end = time.perf_counter() + 0.35
     while time.perf_counter() < t_end:
         sum(range(2000))
         prof.step()
+        time.sleep(0)  # let the sampler thread have the GIL
     prof.stop()
+    measured = 100 * (time.process_time() - c0) / (time.perf_counter() - t0)
     d = decode(tmp_path / "r" / "rank0.summary.pftrace")
     c = d.counters
     for name in (S.HOST_CPU_USER, S.HOST_CPU_SYSTEM, S.HOST_CPU_IDLE, S.HOST_PROCESS_CPU,
                  S.HOST_PROCESS_RSS, S.HOST_MEMORY_USED, S.HOST_PROCESS_CTX_SWITCHES,
                  S.HOST_SAMPLER_CPU):
-        assert len(c.get(name, ())) >= 3, (name, {k: len(v) for k, v in c.items()}, prof.sampler_cost)
+        assert len(c.get(name, ())) >= 3, (name, sorted(c), prof.sampler_cost)
     assert all(0 <= v <= 100 for _, v in c[S.HOST_CPU_USER] + c[S.HOST_CPU_IDLE])
-    assert max(v for _, v in c[S.HOST_PROCESS_CPU]) >= 40  # the busy loop
+    cpu = [v for _, v in c[S.HOST_PROCESS_CPU]]
+    assert abs(sum(cpu) / len(cpu) - measured) < 25.0, (cpu, measured)  # the busy loop
     assert min(v for _, v in c[S.HOST_PROCESS_RSS]) > 10 << 20
     # counters are on tracks under the rank's process, inside the run's time span
     pid = next(iter(d.processes))
@@ -132,14 +136,16 @@ def test_host_counters_present_and_sane(tmp_path):
 def test_timer_only_writes_nothing(tmp_path):
     prof = Profiler(tmp_path, timer_only=True, run_id="r", report=False)
     prof.start()
+    t0 = time.perf_counter()
     for _ in prof.dataloader(range(4)):
         time.sleep(0.005)
         prof.step(num_samples=2)
+    elapsed = time.perf_counter() - t0
     assert prof.stop() == []
     assert not (tmp_path / "r").exists()
     st = prof.timer_stats()
     assert st.steps == 4
-    assert st.batch_cost.avg == pytest.approx(0.005, abs=0.004)
+    assert 0.005 <= st.batch_cost.min and st.batch_cost.avg == pytest.approx(elapsed / 4, rel=0.1)
     assert st.samples_per_s.avg == pytest.approx(2 / st.batch_cost.avg)
 
 
@@ -189,3 +195,28 @@ def test_profiler_inside_a_users_session(tmp_path):
     assert [x.name for x in summary.by_category(S.CAT_STEP)] == [f"step {i}" for i in range(4)]
     assert _user_ranges(summary) == []
     assert _user_ranges(decode(tmp_path / "r" / "rank0.detail.0.pftrace")) == ["user 1"]
+
+
+def test_open_step_at_stop_dropped_unless_it_failed(tmp_path):
+    prof = Profiler(tmp_path, schedule=None, run_id="ok", host_metrics=False, report=False)
+    prof.start()
+    for _ in range(3):
+        with prof.phase("Forward"):
+            pass
+        prof.step()
+    prof.stop()  # the tail after the 3rd step() is no step
+    steps = decode(tmp_path / "ok" / "rank0.summary.pftrace").by_category(S.CAT_STEP)
+    assert [x.name for x in steps] == ["step 0", "step 1", "step 2"]
+
+    with pytest.raises(RuntimeError, match="in step 2"):
+        with Profiler(tmp_path, schedule=None, run_id="bad", host_metrics=False,
+                      report=False) as prof:
+            for i in range(5):
+                with prof.phase("Forward"):
+                    if i == 2:
+                        raise RuntimeError("in step 2")
+                prof.step()
+    d = decode(tmp_path / "bad" / "rank0.summary.pftrace")
+    steps = d.by_category(S.CAT_STEP)
+    assert [x.name for x in steps] == ["step 0", "step 1", "step 2"]  # the failed one is kept
+    assert steps[2].args == {"step": 2, "epoch": 0} and steps[2].dur is not None

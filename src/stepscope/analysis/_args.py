@@ -144,11 +144,12 @@ def _build_args(buf, E: _Acc, st: _State, egen, ev_slice, sl: dict, stats) -> di
                 add(*(np.array(c) for c in a[:6]), np.array(a[6], np.int64),
                     np.array(a[7], np.float64))
     # source locations: interned (by iid) or inline
-    siid = E.get("srcloc")
-    sev = np.flatnonzero((siid > 0) & (ev_slice >= 0)) if len(siid) else np.zeros(0, np.int64)
+    sev, siid = E.get("sli_ev"), E.get("sli_iid")
+    keep = (siid > 0) & (ev_slice[sev] >= 0) if len(sev) else np.zeros(0, bool)
+    sev, siid = sev[keep], siid[keep]
     locs: list[tuple[int, tuple]] = []
     if len(sev):
-        idx = st.interned.lookup("srcloc", egen[sev], siid[sev])
+        idx = st.interned.lookup("srcloc", egen[sev], siid)
         vals = st.interned.vals.get("srcloc", [])
         locs.extend((int(ev_slice[e]), vals[j]) for e, j in zip(sev.tolist(), idx.tolist(),
                                                                  strict=True) if j >= 0)

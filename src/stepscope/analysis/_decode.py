@@ -78,6 +78,7 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
     P, E, rare = scan_packets(pk, stats, progress)
     buf = pk.buf
     n = len(pk.start)
+    pk.start = pk.end = pk.file = None  # only the bytes are needed from here on
     stats["packets"] = n
     seq, flags, bad = P.get("seq"), P.get("flags"), P.get("bad", bool)
     srank, gen = _generations(seq, flags) if n else (np.zeros(0, _I64), np.zeros(0, _I64))
@@ -88,18 +89,25 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
     st = _State(buf, rare, srank, gen, stats)
     strings = st.strings
     pts = _resolve_timestamps(P, st, srank, gen, skip, stats) if n else np.zeros(0, _I64)
+    del P, seq, flags, bad
 
     # ---- events: timestamp, track, type -------------------------------------------------
     progress("events", 0.0)
     epkt = E.get("pkt")
     m = len(epkt)
-    etyp = E.get("typ")
+    etyp = E.pop("typ")
     ets = pts[epkt] if m else np.zeros(0, _I64)
     egen = gen[epkt] if m else np.zeros(0, _I64)
-    etrack = E.get("track")
-    has_track = E.get("has_track", bool)
+    eskip = skip[epkt] if m else np.zeros(0, bool)
+    def_gen = gen[st.def_pkt] if len(st.def_pkt) else st.def_pkt
+    del pts, skip, gen, srank
+    etrack = np.zeros(m, np.int64)
+    has_track = np.zeros(m, bool)
+    tr_ev = E.pop("tr_ev")
+    etrack[tr_ev] = E.pop("tr_uuid")
+    has_track[tr_ev] = True
     if len(st.def_pkt) and m:
-        d = _lookup_last(gen[st.def_pkt], st.def_pkt, egen, epkt, n)
+        d = _lookup_last(def_gen, st.def_pkt, egen, epkt, n)
         dtrack = np.where(d >= 0, st.def_track[np.maximum(d, 0)], -1)
         etrack = np.where(has_track, etrack, dtrack)
         has_track = has_track | (d >= 0) & (dtrack != -1)
@@ -114,7 +122,9 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
     else:
         known = np.zeros(m, bool)
         etid = np.full(m, -1, np.int64)
-    valid = ~skip[epkt] & (ets != np.iinfo(np.int64).min) if m else np.zeros(0, bool)
+    del etrack, has_track
+    valid = ~eskip & (ets != np.iinfo(np.int64).min)
+    del eskip
     if (valid & ~known).any():
         stats["track_event_unknown_track"] = int((valid & ~known).sum())
     valid &= known
@@ -126,12 +136,12 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
         stats["track_event_unsupported"] = int(wrong.sum())
 
     # ---- names and categories -----------------------------------------------------------
-    name_idx = st.interned.lookup("name", egen, E.get("name_iid"))
+    name_idx = st.interned.lookup("name", egen, E.pop("name_iid"))
     name_vals = np.array(st.interned.vals.get("name", []) + [NONE], np.int64)
     ename = name_vals[name_idx]
-    noff, nlen = E.get("name_off"), E.get("name_len")
-    for i in np.flatnonzero(noff >= 0).tolist():
-        ename[i] = strings.id(_text(buf, int(noff[i]), int(nlen[i])))
+    for i, o, ln in zip(E.get("nm_ev").tolist(), E.get("nm_off").tolist(),
+                        E.get("nm_len").tolist(), strict=True):
+        ename[i] = strings.id(_text(buf, o, ln))
     cat_vals = np.array(st.interned.vals.get("cat", []) + [NONE], np.int64)
     cev = E.get("cat_ev")
     csid = cat_vals[st.interned.lookup("cat", egen[cev], E.get("cat_iid"))] if len(cev) else cev
@@ -151,11 +161,17 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
     ecat = _per_event_single(cev, csid, m, join_cats)
 
     # ---- global time order ----------------------------------------------------------------
-    order = np.lexsort((epkt, ets))
+    order = np.argsort(ets, kind="stable")  # events are in packet order: ties keep it
     order = order[is_slice_ev[order] | is_counter_ev[order]]
     tables_slice, ev_slice = _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats)
-    tables_counter = _build_counters(order, ets, etid, E.get("cval", np.float64),
-                                     E.get("has_cval", bool), is_counter_ev, tracks)
+    del ename, ecat, is_slice_ev, valid, known
+    cval = np.zeros(m, np.float64)
+    has_cval = np.zeros(m, bool)
+    cv_ev = E.get("cv_ev")
+    cval[cv_ev] = E.get("cv_val", np.float64)
+    has_cval[cv_ev] = True
+    tables_counter = _build_counters(order, ets, etid, cval, has_cval, is_counter_ev, tracks)
+    del cval, has_cval, ets, etid, etyp, is_counter_ev
     progress("args", 0.0)
     flows = _build_flows(E, ev_slice, order)
     args = _build_args(buf, E, st, egen, ev_slice, tables_slice, stats)
@@ -193,28 +209,36 @@ def _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats):
     prev_min = np.r_[0, runmin[:-1]]
     prev_min[np.r_[True, t_o[1:] != t_o[:-1]] if k else []] = 0
     eff = raw - runmin  # open slices after each event
+    del raw, seg_no, delta
     typ_o = typ[o]
     unmatched_end = (typ_o == T_END) & (runmin < prev_min)
+    del runmin, prev_min
     if unmatched_end.any():
         stats["slice_end_without_begin"] = int(unmatched_end.sum())
     depth_o = np.where(typ_o == T_BEGIN, eff - 1, eff)  # begin/instant: depth; end: its level
+    del eff
     pos_o = np.arange(k)
     # pair each begin with the next end at the same level on the same track
     pair = (typ_o == T_BEGIN) | ((typ_o == T_END) & ~unmatched_end)
     pi = np.flatnonzero(pair)
-    po = pi[np.lexsort((pi, depth_o[pi], t_o[pi]))]
+    span = np.int64(k + 1)
+    dmax = np.int64(int(depth_o.max()) + 2 if k else 2)
+    po = pi[np.argsort((t_o[pi] * dmax + depth_o[pi]) * span + pi)]  # unique keys
     nxt_is_end = np.zeros(len(po), bool)
     if len(po) > 1:
         same = (t_o[po[1:]] == t_o[po[:-1]]) & (depth_o[po[1:]] == depth_o[po[:-1]])
         nxt_is_end[:-1] = same & (typ_o[po[1:]] == T_END) & (typ_o[po[:-1]] == T_BEGIN)
+        del same
     b_o = po[nxt_is_end]
     e_o = po[1:][nxt_is_end[:-1]] if len(po) > 1 else po[:0]
+    del po, pi, pair, nxt_is_end
     ts_o = ets[ev][o]
     sid_o = sid[o]
     n_sl = int(is_open.sum())
     dur = np.full(n_sl, -1, np.int64)
     dur[sid_o[b_o]] = ts_o[e_o] - ts_o[b_o]
     ev_slice[ev[o][e_o]] = sid_o[b_o]
+    del ts_o, b_o, e_o
     # parents: the latest begin one level up on the same track
     opn = np.flatnonzero((typ_o == T_BEGIN) | (typ_o == T_INSTANT))
     depth = np.zeros(n_sl, np.int64)

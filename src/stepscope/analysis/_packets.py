@@ -94,6 +94,7 @@ def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progre
     bufs: list[bytes] = []
     starts, ends, files, keys = [], [], [], []
     base = 0
+    top_base = 0  # top-level packet numbers, continued across files
     for fidx, (name, data) in enumerate(datas):
         if not data:
             continue
@@ -103,12 +104,11 @@ def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progre
         if len(st) == 0:
             continue
         f = ps.scan(buf, st, en)
+        del buf
         if f.bad[0] and len(st) == 1 and len(data) > 1:
             raise TraceError(f"{name}: not a Perfetto protobuf trace (first packet is corrupt)")
         if f.bad.any():
             stats["corrupt_packets"] = stats.get("corrupt_packets", 0) + int(f.bad.sum())
-        sub = 0  # order of packets from compressed batches, across pieces
-        pieces: list[tuple[list[bytes], list[tuple[int, int]]]] = []
         comp = f.select(P_COMPRESSED)
         comp = comp[f.wt[comp] == ps.WT_LEN]
         is_comp = np.zeros(len(st), bool)
@@ -117,12 +117,30 @@ def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progre
         bufs.append(data)
         starts.append(st[plain] + base)
         ends.append(en[plain] + base)
-        files.append(np.full(len(plain), fidx))
-        keys.append(np.stack([plain, np.full(len(plain), -1)], 1))
+        files.append(np.full(len(plain), fidx, np.int32))
+        keys.append(plain + top_base)
         base += len(data)
         inflated: list[bytes] = []
         owner: list[tuple[int, int]] = []
         size = 0
+
+        def flush(name=name, fidx=fidx, top_base=top_base) -> None:
+            """Split the batches inflated so far (a piece at a time: bounded memory)."""
+            nonlocal base, inflated, owner, size
+            blob = b"".join(inflated)
+            ibuf = ps.padded(blob)
+            ist, ien = _split_checked(ibuf, len(blob), name, stats, top=False)
+            del ibuf
+            bounds = np.cumsum([0] + [n for _, n in owner])
+            batch = np.searchsorted(bounds, ist, side="right") - 1
+            bufs.append(blob)
+            starts.append(ist + base)
+            ends.append(ien + base)
+            files.append(np.full(len(ist), fidx, np.int32))
+            keys.append(np.array([o for o, _ in owner], np.int64)[batch] + top_base)
+            base += len(blob)
+            inflated, owner, size = [], [], 0
+
         for k, (m, off, ln) in enumerate(zip(f.msg[comp], f.off[comp], f.ln[comp], strict=True)):
             if k % 64 == 0:
                 progress("inflate", k / max(len(comp), 1))
@@ -134,35 +152,25 @@ def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progre
             inflated.append(raw)
             owner.append((int(m), len(raw)))
             size += len(raw)
-            if size >= _PIECE or k == len(comp) - 1:
-                pieces.append((inflated, owner))
-                inflated, owner, size = [], [], 0
+            if size >= _PIECE:
+                flush()
         if inflated:
-            pieces.append((inflated, owner))
-        for inflated, owner in pieces:  # split a piece at a time: bounded temporary memory
-            blob = b"".join(inflated)
-            ibuf = ps.padded(blob)
-            ist, ien = _split_checked(ibuf, len(blob), name, stats, top=False)
-            bounds = np.cumsum([0] + [n for _, n in owner])
-            batch = np.searchsorted(bounds, ist, side="right") - 1
-            top_idx = np.array([o for o, _ in owner])[batch]
-            bufs.append(blob)
-            starts.append(ist + base)
-            ends.append(ien + base)
-            files.append(np.full(len(ist), fidx, np.int32))
-            keys.append(np.stack([top_idx, np.arange(len(ist)) + sub], 1))
-            sub += len(ist)
-            base += len(blob)
-            del ibuf
+            flush()
+        top_base += len(st)
     if not bufs:
         z = np.zeros(0, np.int64)
         return _Packets(ps.padded(b""), z, z, z)
-    buf = ps.padded(b"".join(bufs))
+    # one buffer for everything, filled piece by piece (no joined copy)
+    buf = np.zeros(base + ps.PAD, np.uint8)
+    pos = 0
+    for b in bufs:
+        buf[pos : pos + len(b)] = np.frombuffer(b, np.uint8)
+        pos += len(b)
     bufs.clear()
     start, end = np.concatenate(starts), np.concatenate(ends)
     file = np.concatenate(files)
-    key = np.concatenate(keys)
-    order = np.lexsort((key[:, 1], key[:, 0], file))
+    # packets of a compressed batch take its place; within a batch they keep their order
+    order = np.argsort(np.concatenate(keys), kind="stable")
     return _Packets(buf, start[order], end[order], file[order])
 
 
@@ -232,15 +240,25 @@ class _Acc:
 
     def get(self, k: str, dtype=np.int64) -> np.ndarray:
         parts = self.cols.get(k)
-        return np.concatenate(parts) if parts else np.zeros(0, dtype)
+        if not parts:
+            return np.zeros(0, dtype)
+        if len(parts) > 1:  # concatenate once, and free the chunks
+            parts[:] = [np.concatenate(parts)]
+        return parts[0]
+
+    def pop(self, k: str, dtype=np.int64) -> np.ndarray:
+        out = self.get(k, dtype)
+        self.cols.pop(k, None)
+        return out
 
 
 # event columns with one row per track event, and the multi-row arrays that point at them
-_EV_COLS = ("typ", "name_iid", "name_off", "name_len", "track", "has_track", "cval", "has_cval",
-            "srcloc")
+_EV_COLS = ("typ", "name_iid")
+# sparse per-event values (most events have none): (event row, value) arrays
 _MULTI = {"cat": ("cat_ev", "cat_iid"), "catl": ("catl_ev", "catl_off", "catl_len"),
           "flow": ("flow_ev", "flow_id", "flow_term"), "ann": ("ann_ev", "ann_off", "ann_len"),
-          "sl": ("sl_ev", "sl_off", "sl_len")}
+          "sl": ("sl_ev", "sl_off", "sl_len"), "nm": ("nm_ev", "nm_off", "nm_len"),
+          "tr": ("tr_ev", "tr_uuid"), "cv": ("cv_ev", "cv_val"), "sli": ("sli_ev", "sli_iid")}
 _TPL_MAX = 24  # packets whose body after the timestamp is at most this long are deduplicated
 
 
@@ -277,18 +295,23 @@ def _scan_set(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> dict:
     ev = np.flatnonzero(te_off >= 0)
     k = len(ev)
     g = ps.scan(buf, te_off[ev], te_off[ev] + te_len[ev])
-    typ, _ = _last(g, TE_TYPE, k, dtype=np.int64)
-    name_iid, has_name_iid = _last(g, TE_NAME_IID, k, dtype=np.int64)
-    name_off, name_len = _last_len(g, TE_NAME, k)
-    track, has_track = _last(g, TE_TRACK, k)
-    cval, has_cval = _last(g, TE_COUNTER, k)
-    dval, has_dval = _last(g, TE_DCOUNTER, k)
-    sl_iid, _ = _last(g, TE_SRCLOC_IID, k, dtype=np.int64)
-    out.update(
-        pkt=ev, typ=typ, name_iid=np.where(has_name_iid, name_iid, 0), name_off=name_off,
-        name_len=name_len, track=_as_i64(track), has_track=has_track,
-        cval=np.where(has_dval, dval.view(np.float64), _as_i64(cval).astype(np.float64)),
-        has_cval=has_cval | has_dval, srcloc=sl_iid)
+    typ, _ = _last(g, TE_TYPE, k, dtype=np.int8)
+    name_iid, _ = _last(g, TE_NAME_IID, k, dtype=np.int32)
+    out.update(pkt=ev, typ=typ, name_iid=name_iid)
+
+    def sparse(fid: int, wt: int) -> np.ndarray:
+        rows = g.select(fid)
+        return rows[g.wt[rows] == wt]
+
+    r = sparse(TE_NAME, ps.WT_LEN)
+    out.update(nm_ev=g.msg[r], nm_off=g.off[r], nm_len=g.ln[r])
+    r = sparse(TE_TRACK, ps.WT_VARINT)
+    out.update(tr_ev=g.msg[r], tr_uuid=_as_i64(g.val[r]))
+    ri, rd = sparse(TE_COUNTER, ps.WT_VARINT), sparse(TE_DCOUNTER, ps.WT_I64)
+    out.update(cv_ev=np.r_[g.msg[ri], g.msg[rd]],
+               cv_val=np.r_[_as_i64(g.val[ri]).astype(np.float64), g.val[rd].view(np.float64)])
+    r = sparse(TE_SRCLOC_IID, ps.WT_VARINT)
+    out.update(sli_ev=g.msg[r], sli_iid=g.val[r].astype(np.int64))
     cm, cv = _repeated_varints(buf, g, TE_CAT_IIDS, 0)
     out.update(cat_ev=cm, cat_iid=cv.astype(np.int64))
     rows = g.select(TE_CATS)

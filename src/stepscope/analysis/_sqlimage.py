@@ -55,8 +55,13 @@ def _vlen(v: np.ndarray) -> np.ndarray:
 
 def _put_varint(out: np.ndarray, pos: np.ndarray, v: np.ndarray, ln: np.ndarray) -> None:
     """SQLite varints are big-endian groups of 7 bits (values < 2**56 here)."""
+    if not len(ln):
+        return
+    if int(ln.max()) == 1:  # the common case: one byte each
+        out[pos] = v.astype(np.uint8)
+        return
     v = v.astype(np.uint64)
-    for k in range(int(ln.max()) if len(ln) else 0):
+    for k in range(int(ln.max())):
         sel = np.flatnonzero(ln > k)
         shift = (ln[sel] - 1 - k) * 7
         byte = (v[sel] >> shift.astype(np.uint64)) & np.uint64(0x7F)
@@ -65,8 +70,10 @@ def _put_varint(out: np.ndarray, pos: np.ndarray, v: np.ndarray, ln: np.ndarray)
 
 
 def _put_be64(out: np.ndarray, pos: np.ndarray, v: np.ndarray) -> None:
-    b = np.ascontiguousarray(v).astype(">i8" if v.dtype.kind in "iu" else ">f8")
-    out[pos[:, None] + np.arange(8)] = b.view(np.uint8).reshape(-1, 8)
+    b = v.astype(">i8" if v.dtype.kind in "iu" else ">f8").view(np.uint8).reshape(-1, 8)
+    # 8-byte windows starting at every offset of ``out``: rows are copied whole
+    win = np.lib.stride_tricks.as_strided(out, shape=(len(out) - 7, 8), strides=(1, 1))
+    win[pos] = b
 
 
 class _Strings:
@@ -79,28 +86,32 @@ class _Strings:
         self.blob = np.frombuffer(b"".join(enc) or b"\0", np.uint8)
 
 
+def _serial(c: Column, st: _Strings, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Serial types and value sizes of one column (0: NULL / the rowid alias)."""
+    if c.kind == "rowid":
+        z = np.zeros(n, np.int64)
+        return z, z
+    if c.kind in ("int", "real"):
+        if c.null is None:
+            return np.full(n, 6 if c.kind == "int" else 7, np.int64), np.full(n, 8, np.int64)
+        return (np.where(c.null, 0, 6 if c.kind == "int" else 7),
+                np.where(c.null, 0, 8))
+    ids = c.values
+    ln = st.len[np.maximum(ids, 0)]
+    return np.where(ids < 0, 0, 2 * ln + 13), np.where(ids < 0, 0, ln)
+
+
 def _leaf_pages(t: Table, st: _Strings, first_page: int) -> tuple[np.ndarray, np.ndarray]:
     """Leaf pages of a table B-tree; returns (page bytes, last rowid of each page)."""
     n = len(t.rowid)
-    serial, size = [], []
+    # pass 1: record header and body sizes (columns' serial types recomputed in pass 2, so
+    # that only a few n-sized arrays are alive at a time)
+    hdr = np.ones(n, np.int64)
+    body = np.zeros(n, np.int64)
     for c in t.columns:
-        if c.kind == "rowid":
-            s = np.zeros(n, np.int64)
-            z = s
-        elif c.kind in ("int", "real"):
-            null = c.null if c.null is not None else np.zeros(n, bool)
-            s = np.where(null, 0, 6 if c.kind == "int" else 7)
-            z = np.where(null, 0, 8)
-        else:
-            ids = c.values
-            ln = st.len[np.maximum(ids, 0)]
-            s = np.where(ids < 0, 0, 2 * ln + 13)
-            z = np.where(ids < 0, 0, ln)
-        serial.append(s)
-        size.append(z)
-    slen = [_vlen(s) for s in serial]
-    hdr = 1 + np.sum(slen, axis=0) if slen else np.ones(n, np.int64)
-    body = np.sum(size, axis=0) if size else np.zeros(n, np.int64)
+        s, z = _serial(c, st, n)
+        hdr += _vlen(s)
+        body += z
     payload = hdr + body
     rowid = t.rowid.astype(np.int64)
     cell = _vlen(payload) + _vlen(rowid) + payload
@@ -151,7 +162,9 @@ def _leaf_pages(t: Table, st: _Strings, first_page: int) -> tuple[np.ndarray, np
     out[p] = hdr.astype(np.uint8)
     q = p + hdr  # values start after the header
     p = p + 1
-    for c, s, sl, z in zip(t.columns, serial, slen, size, strict=True):
+    for c in t.columns:
+        s, z = _serial(c, st, n)
+        sl = _vlen(s)
         _put_varint(out, p, s, sl)
         p = p + sl
         if c.kind in ("int", "real"):
@@ -169,6 +182,7 @@ def _leaf_pages(t: Table, st: _Strings, first_page: int) -> tuple[np.ndarray, np
                 dst = np.repeat(q[sel] - cum, ln) + ramp
                 src = np.repeat(st.off[c.values[sel]] - cum, ln) + ramp
                 out[dst] = st.blob[src]
+                del dst, src, ramp
         q = q + z
     last_rowid = rowid[np.r_[pfirst[1:] - 1, n - 1]]
     return out, last_rowid
@@ -262,8 +276,7 @@ def build(tables: list[Table], strings: list[str | None]) -> bytes:
     page1 = bytearray(_page(13, cells, offset=100))
     n_pages = next_page - 1
     page1[:100] = _header(n_pages)
-    return b"".join([bytes(page1), *[c.tobytes() if isinstance(c, np.ndarray) else c
-                                     for c in chunks]])
+    return b"".join([bytes(page1), *chunks])  # numpy pages join through the buffer protocol
 
 
 def _header(n_pages: int) -> bytes:

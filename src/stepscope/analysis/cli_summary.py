@@ -100,14 +100,15 @@ def _options(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
     return names, kw
 
 
-def _open(path: str, engine: str) -> Any:
+def _open(paths: list[str], engine: str) -> Any:
     from . import open as open_trace  # the engines (importer / trace processor)
 
-    return open_trace(path, engine=engine)
+    return open_trace(paths, engine=engine, progress=True if sys.stderr.isatty() else None)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Handler of ``stepscope summary``."""
+    """Handler of ``stepscope summary``: all PATHs are loaded into one database (one rank per
+    file, typically), so the distributed table compares them."""
     try:
         names, kw = _options(args)
     except summaries.SummaryError as e:
@@ -117,56 +118,38 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"no such file: {path}")
         if os.path.isdir(path):
             return _fail(f"{path} is a directory, not a trace file")
-    chunks = []
-    for path in args.paths:
-        try:
-            db = _open(path, args.engine)
-        except Exception as e:  # the engines' own messages say what is wrong with the file
-            return _fail(f"cannot read {path}: {e}")
-        try:
-            tables = summaries.all_tables(db, names=names, sort=args.sort, **kw)
-            if args.cntk:
-                from .cntk import write_cntk
+    shown = ", ".join(args.paths)
+    try:
+        db = _open(list(args.paths), args.engine)
+    except Exception as e:  # the engines' own messages say what is wrong with the file
+        return _fail(f"cannot read {shown}: {e}")
+    try:
+        tables = summaries.all_tables(db, names=names, sort=args.sort, **kw)
+        if args.cntk:
+            from .cntk import write_cntk
 
-                kw_f = {k: kw[k] for k in ("threads", "ranks", "steps")}
-                for p in write_cntk(db, args.cntk, **kw_f):
-                    print(f"wrote {p}", file=sys.stderr)
-        except summaries.SummaryError as e:
-            return _fail(f"{path}: {e}")
-        finally:
-            close = getattr(db, "close", None)
-            if callable(close):
-                close()
-        chunks.append((path, [t for t in tables.values() if t]))
-    text = _render(chunks, args.format, args.unit)
+            kw_f = {k: kw[k] for k in ("threads", "ranks", "steps")}
+            for p in write_cntk(db, args.cntk, **kw_f):
+                print(f"wrote {p}", file=sys.stderr)
+    except summaries.SummaryError as e:
+        return _fail(f"{shown}: {e}")
+    finally:
+        close = getattr(db, "close", None)
+        if callable(close):
+            close()
+    shown_tables = [t for t in tables.values() if t]
+    if shown_tables:
+        text = render_many(shown_tables, args.format, args.unit)
+    elif args.format == "json":
+        text = "{}\n"
+    else:
+        text = "No events to summarize.\n" if args.format == "text" else ""
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)
     else:
         sys.stdout.write(text)
     return 0
-
-
-def _render(chunks: list[tuple[str, list]], fmt: str, unit: str) -> str:
-    if fmt == "json" and len(chunks) > 1:
-        import json
-
-        return (
-            json.dumps(
-                {path: {t.name: t.to_dict(unit) for t in tables} for path, tables in chunks},
-                indent=2,
-            )
-            + "\n"
-        )
-    out = []
-    for path, tables in chunks:
-        if len(chunks) > 1 and fmt != "json":
-            out.append(f"# {path}\n" if fmt in ("csv", "md") else f"== {path} ==\n")
-        if not tables and fmt == "text":
-            out.append("No events to summarize.\n")
-        else:
-            out.append(render_many(tables, fmt, unit))
-    return "".join(out) if fmt != "text" else "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:

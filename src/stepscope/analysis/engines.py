@@ -131,12 +131,12 @@ class TraceProcessorDB(_Base):
 
     def query(self, sql: str) -> Rows:
         try:
-            df = self.tp.query(sql).as_pandas_dataframe()
+            it = self.tp.query(sql)
+            cols = list(it.column_names)
+            rows = [{c: _py(getattr(r, c)) for c in cols} for r in it]
         except Exception as e:
-            raise QueryError(f"query failed: {e}") from None
-        cols = [str(c) for c in df.columns]
-        return Rows(({c: _py(v) for c, v in zip(cols, r, strict=True)}
-                     for r in df.itertuples(index=False, name=None)), cols)
+            raise QueryError(f"query failed: {_one_line(e)}") from None
+        return Rows(rows, cols)
 
     def close(self) -> None:
         if self.tp is not None:
@@ -166,16 +166,7 @@ def _quiet_fds():
 
 
 def _py(v: Any) -> Any:
-    """numpy / pandas scalars -> plain Python values (NaN/NA -> None)."""
-    if v is None:
-        return None
-    try:
-        import pandas as pd
-
-        if pd.isna(v):
-            return None
-    except (ImportError, TypeError, ValueError):
-        pass
+    """numpy scalars -> plain Python values."""
     return v.item() if hasattr(v, "item") else v
 
 

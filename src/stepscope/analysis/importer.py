@@ -152,9 +152,13 @@ def _image_tables(t: Tables) -> list[si.Table]:
 
 def write_tables(t: Tables, db: str = ":memory:", progress: Progress = _noop,
                  indexes: bool = True) -> sqlite3.Connection:
-    """A database (in memory or at path ``db``) holding the decoded tables."""
+    """A database (in memory or at path ``db``) holding the decoded tables.
+
+    The big columns of ``t`` (slice, counter, args) are released once written.
+    """
     progress("load", 0.0)
     image = si.build(_image_tables(t), t.strings.list)
+    t.slice, t.counter, t.args = {}, {}, {}  # now in the image: free the columns
     progress("load", 0.5)
     conn = si.connect(image, db)
     del image

@@ -6,7 +6,8 @@ from ``STEPSCOPE_OPTIONS``. Steps come from ``stepscope.step()`` calls in the pr
 ``step_range`` option, from a named range: the profiler starts at the first begin of a range of that
 name (``stepscope.annotate``/``push_range``, or ``nvtx.annotate``/``push_range``) on any thread,
 and every later begin starts the next step. The profiler is stopped (files closed, report
-printed) however the program ends; its exit status is kept.
+printed) however the program ends; its exit status is kept. After the last ``stepscope.step()``
+the program's tail is no step, so that open step is dropped, unless the program failed in it.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         prof.start()
     code = 0
+    failed = False
     try:
         if argv[0] == "-m":
             if len(argv) < 2:
@@ -139,9 +141,12 @@ def main(argv: list[str] | None = None) -> int:
 
         traceback.print_exc()
         code = 1
+        failed = True
     finally:
         if hook is None or hook.started:
-            prof.stop()
+            # a failed program's open step is the one that failed; with step_range the open
+            # step is the last range's; otherwise it is only the program's tail
+            prof._stop(keep_open_step=failed or hook is not None)  # noqa: SLF001
     return code
 
 

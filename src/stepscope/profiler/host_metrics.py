@@ -3,8 +3,9 @@
 Every ``interval_s`` the sampler reads cumulative counters and turns them into values over the
 interval since the previous sample (definitions beside the names in ``_schema``):
 
-* CPU user/system/idle/iowait %: deltas of ``psutil.cpu_times()`` over their total delta (all
-  cores), user includes nice, system includes irq and softirq.
+* CPU user/system/idle/iowait/steal %: deltas of ``psutil.cpu_times()`` over their total delta
+  (all cores; guest time is already inside user), user includes nice, system includes irq and
+  softirq; the five add up to 100.
 * process CPU %: delta of the process's user+system CPU time over wall time (100 = one core).
 * context switches/s: process (voluntary+involuntary) and system-wide, delta over wall time.
 * process RSS and system memory used: instantaneous, bytes.
@@ -30,6 +31,7 @@ UNITS: dict[str, str] = {
     S.HOST_CPU_SYSTEM: "%",
     S.HOST_CPU_IDLE: "%",
     S.HOST_CPU_IOWAIT: "%",
+    S.HOST_CPU_STEAL: "%",
     S.HOST_PROCESS_CPU: "%",
     S.HOST_PROCESS_CTX_SWITCHES: "1/s",
     S.HOST_CTX_SWITCHES: "1/s",
@@ -51,6 +53,8 @@ class SamplerCost:
     """The sampler's own cost: CPU time of its thread and wall time inside sampling."""
 
     samples: int = 0
+    errors: int = 0  # samples that failed (psutil errors); the sampler goes on
+    last_error: str = ""
     cpu_ns: int = 0
     wall_ns: int = 0
     elapsed_ns: int = 0  # wall time the sampler has been running
@@ -65,10 +69,13 @@ class SamplerCost:
         return self.cpu_ns / self.samples / 1e3 if self.samples else 0.0
 
     def format(self) -> str:
-        return (
+        text = (
             f"host sampler: {self.samples} samples, {self.cpu_us_per_sample:.0f} us CPU per "
             f"sample, {self.cpu_percent:.3f}% of one core"
         )
+        if self.errors:
+            text += f"; {self.errors} failed samples (last: {self.last_error})"
+        return text
 
 
 def _io(fn: Callable[[], object]) -> object | None:
@@ -142,6 +149,8 @@ class HostSampler:
             v[S.HOST_CPU_IDLE] = 100.0 * d["idle"] / total
             if "iowait" in d:
                 v[S.HOST_CPU_IOWAIT] = 100.0 * d["iowait"] / total
+            if "steal" in d:
+                v[S.HOST_CPU_STEAL] = 100.0 * d["steal"] / total
         if dt <= 0:
             return v
         v[S.HOST_PROCESS_CPU] = 100.0 * (b["pcpu"] - a["pcpu"]) / dt  # type: ignore[operator]
@@ -172,16 +181,21 @@ class HostSampler:
     def _run(self) -> None:
         cpu_before = self.cost.cpu_ns
         last_t = time.perf_counter_ns()
-        try:
-            self.sample()
-            while not self._stop.wait(self.interval_s):
-                self._tick(cpu_before, last_t)
-                cpu_before, last_t = self.cost.cpu_ns, time.perf_counter_ns()
-            self._tick(cpu_before, last_t)  # final sample at stop
-        except Exception:  # never take the user's program down
-            pass
+        self._tick(cpu_before, last_t)  # baseline reading
+        while not self._stop.wait(self.interval_s):
+            self._tick(cpu_before, last_t)
+            cpu_before, last_t = self.cost.cpu_ns, time.perf_counter_ns()
+        self._tick(cpu_before, last_t)  # final sample at stop
 
     def _tick(self, cpu_before: int, last_t: int) -> None:
+        """One sample, emitted; errors are counted, never raised (the user's run goes on)."""
+        try:
+            self._tick_unsafe(cpu_before, last_t)
+        except Exception as exc:
+            self.cost.errors += 1
+            self.cost.last_error = repr(exc)
+
+    def _tick_unsafe(self, cpu_before: int, last_t: int) -> None:
         s = self.sample()
         if s is None or self.emit is None:
             return
@@ -189,10 +203,7 @@ class HostSampler:
         now = time.perf_counter_ns()
         # cost of the previous interval, including this sample
         values[S.HOST_SAMPLER_CPU] = 100.0 * (self.cost.cpu_ns - cpu_before) / max(1, now - last_t)
-        try:
-            self.emit(ts, values)
-        except Exception:
-            pass
+        self.emit(ts, values)
 
     def stop(self) -> SamplerCost:
         """Stop the thread (after one final sample) and return the sampler's cost."""

@@ -288,7 +288,7 @@ class Profiler:
     def _at_exit(self) -> None:
         """Interpreter exit without ``stop()`` (an uncaught exception, ``sys.exit``): finish."""
         if self._started and not self._stopped and self._pid == os.getpid():
-            self.stop()
+            self._stop(keep_open_step=True)
 
     def _start_session(self) -> None:
         from .. import _session
@@ -325,13 +325,23 @@ class Profiler:
             em.counter(ts, track, float(value))
 
     def stop(self) -> list[Path]:
-        """End the open step, close every file, print the report; returns the files written."""
+        """Close every file and print the report; returns the files written.
+
+        The step opened by the last ``step()`` holds no step's work when the loop is over (it is
+        the time after the last step ended), so it is dropped when it has not been written yet
+        (else ended there). Leaving a ``with Profiler()`` block by an exception, or exiting the
+        interpreter without ``stop()``, keeps it: it is the step that failed.
+        """
+        return self._stop(keep_open_step=False)
+
+    def _stop(self, keep_open_step: bool) -> list[Path]:
         global _current
         if not self._started or self._stopped:
             return list(self.files)
         try:
             if self._in_step and self._recording and rec.ON:
-                self._end_step(None)
+                if keep_open_step or not self._drop_open_step():
+                    self._end_step(None)
             self._in_step = False
             if self._sampler is not None:
                 self.sampler_cost = self._sampler.stop()
@@ -363,8 +373,16 @@ class Profiler:
     def __enter__(self) -> Profiler:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self._stop(keep_open_step=exc_type is not None)
+
+    def _drop_open_step(self) -> bool:
+        """Withdraw the open step's begin if the writer has not taken it yet."""
+        sess, ev = self._sess, self._step_begin
+        if sess is None or ev is None:
+            return False
+        with sess._lock:  # noqa: SLF001 - no flush may be encoding while we look
+            return _withdraw(ev)
 
     def _ready(self, files: list[Path]) -> None:
         if self.on_trace_ready is None:

@@ -15,7 +15,8 @@
 --     child as a thread track or as a process track); NULL when no thread track is above.
 --   * rank of a process: the <N> of its name "rank <N> (<host>)", else its pid.
 --   * unfinished slices (dur < 0) are ignored everywhere.
---   * kind of a slice (ss_slice.kind), used by the Overview:
+--   * kind of a slice (ss_slice.kind_id, an integer: sorting on it is much cheaper than on text;
+--     names in ss_kind, listed here in that order), used by the Overview:
 --       Step            category 'step'
 --       Dataloader      category 'dataloader' (consumer waits) or a 'phase' named 'Dataloader'
 --       Forward / Backward / Optimization   a 'phase' slice with that name
@@ -36,8 +37,9 @@
 --     an interval adds max(0, end - max(start, M)) where M is the largest end before it
 --     (earlier intervals all start no later, so what they cover of [start, end) is exactly
 --     [start, min(end, M))). One window pass:
---       MAX(end_ts) OVER (PARTITION BY g ORDER BY ts ROWS BETWEEN UNBOUNDED PRECEDING
---                         AND 1 PRECEDING) AS m,  then  SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))).
+--       m = MAX(end_ts) OVER (PARTITION BY g ORDER BY ts
+--                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+--       union = SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))).
 --   * frame (ss_frame): the time ratios refer to: the selected step slices of each rank; a rank
 --     with no step slices gets one frame from its first slice start to its last slice end.
 WITH RECURSIVE
@@ -73,6 +75,14 @@ ss_process AS (
          CASE WHEN name LIKE 'rank %' THEN CAST(substr(name, 6) AS INTEGER) ELSE pid END AS rank
   FROM process
 ),
+ss_kind AS (
+  SELECT 0 AS kind_id, 'Step' AS kind UNION ALL SELECT 1, 'Dataloader'
+  UNION ALL SELECT 2, 'Forward' UNION ALL SELECT 3, 'Backward' UNION ALL SELECT 4, 'Optimization'
+  UNION ALL SELECT 5, 'Other phases' UNION ALL SELECT 6, 'User ranges'
+  UNION ALL SELECT 7, 'Runtime API' UNION ALL SELECT 8, 'Synchronization'
+  UNION ALL SELECT 9, 'Kernels' UNION ALL SELECT 10, 'Communication'
+  UNION ALL SELECT 11, 'Memcpy' UNION ALL SELECT 12, 'Memset' UNION ALL SELECT 13, 'GPU ranges'
+),
 ss_track_sel AS (
   SELECT ti.track_id, ti.track_name, ti.upid, ti.utid, COALESCE(p.rank, ti.upid) AS rank
   FROM ss_track_info ti LEFT JOIN ss_process p ON p.upid = ti.upid
@@ -99,21 +109,21 @@ ss_slice AS (
   SELECT s.id, s.ts, s.dur, s.ts + s.dur AS end_ts, s.track_id, s.category, s.name,
          s.parent_id, s.arg_set_id, ti.upid, ti.utid,
          CASE
-           WHEN s.category = 'step' THEN 'Step'
-           WHEN s.category = 'dataloader' THEN 'Dataloader'
+           WHEN s.category = 'step' THEN 0
+           WHEN s.category = 'dataloader' THEN 1
            WHEN s.category = 'phase' THEN
-             CASE WHEN s.name IN ('Dataloader', 'Forward', 'Backward', 'Optimization')
-                  THEN s.name ELSE 'Other phases' END
-           WHEN s.category = 'kernel' THEN 'Kernels'
-           WHEN s.category = 'communication' THEN 'Communication'
-           WHEN s.category = 'memcpy' THEN 'Memcpy'
-           WHEN s.category = 'memset' THEN 'Memset'
-           WHEN s.category = 'sync' THEN 'Synchronization'
-           WHEN s.category IN ('cuda_runtime', 'cuda_driver') THEN 'Runtime API'
-           WHEN s.category = 'gpu_range' THEN 'GPU ranges'
+             CASE s.name WHEN 'Dataloader' THEN 1 WHEN 'Forward' THEN 2 WHEN 'Backward' THEN 3
+                         WHEN 'Optimization' THEN 4 ELSE 5 END
+           WHEN s.category IN ('cuda_runtime', 'cuda_driver') THEN 7
+           WHEN s.category = 'sync' THEN 8
+           WHEN s.category = 'kernel' THEN 9
+           WHEN s.category = 'communication' THEN 10
+           WHEN s.category = 'memcpy' THEN 11
+           WHEN s.category = 'memset' THEN 12
+           WHEN s.category = 'gpu_range' THEN 13
            WHEN s.category = 'stepscope' THEN NULL
-           ELSE 'User ranges'
-         END AS kind,
+           ELSE 6
+         END AS kind_id,
          CASE WHEN s.category IN ('kernel', 'communication', 'memcpy', 'memset')
               THEN 1 ELSE 0 END AS is_device
   FROM slice s

@@ -1,4 +1,5 @@
--- CNTK-style detail rows: every finished slice of the selection (kind not NULL), in time order.
+-- CNTK-style detail rows: every finished slice of the selection (kind_id not NULL: not the
+-- profiler's bookkeeping), in time order.
 --   thread   the thread id (tid) of a host slice; for slices on other tracks (GPU streams,
 --            async ranges) the track's name.
 --   stat_name  the name the summary groups by: 'step' for every step slice ("step <n>"),
@@ -11,5 +12,5 @@ FROM ss_slice s
 JOIN track t ON t.id = s.track_id
 LEFT JOIN ss_process p ON p.upid = s.upid
 LEFT JOIN thread th ON th.utid = s.utid
-WHERE s.kind IS NOT NULL
+WHERE s.kind_id IS NOT NULL
 ORDER BY rank, s.ts, s.id

@@ -12,10 +12,12 @@
 --                   memcpy, memset) launched inside it: the device slice's flow starts at a
 --                   launch slice of the range's thread (on the thread's track or a child track
 --                   such as "CUDA API") whose start lies inside the range. Found without a
---                   range x launch join: R = the range of that thread that started last at or
---                   before the launch; the ranges containing the launch are R and its ancestors
---                   (parent_id) that end after it. Device slices without a flow count for no
---                   range.
+--                   range x launch join: S = the slice of the thread's own track (the thread
+--                   track that is not a child of another thread track) that started last at or
+--                   before the launch (the deepest one on ties); as slices on one track nest
+--                   strictly, the ranges containing the launch are S and those of its ancestors
+--                   (parent_id) that end after the launch (ancestors are walked once per
+--                   distinct S). Device slices without a flow count for no range.
 --   gpu_total_ns    sum over ranges; gpu_avg = gpu_total / calls; gpu_max/min over ranges
 --                   (ranges without device work count 0).
 --   gpu_ratio       gpu_total_ns / device time (union of all device slices per rank, summed).
@@ -26,7 +28,7 @@ op_range AS (
   FROM ss_slice s
   LEFT JOIN ss_process p ON p.upid = s.upid
   LEFT JOIN thread th ON th.utid = s.utid
-  WHERE s.kind = 'User ranges'
+  WHERE s.kind_id = 6  -- User ranges
 ),
 op_child AS (
   SELECT parent_id AS id, SUM(dur) AS child_ns FROM slice
@@ -41,29 +43,28 @@ op_launch AS (
   JOIN ss_track_info li ON li.track_id = l.track_id
   WHERE d.is_device = 1 AND li.utid IS NOT NULL
 ),
-op_seq AS (
-  SELECT utid, ts AS t, 0 AS ord, id, NULL AS dts, NULL AS dend,
-         ROW_NUMBER() OVER (PARTITION BY utid ORDER BY ts, id) AS rseq
-  FROM ss_slice WHERE kind = 'User ranges' AND utid IS NOT NULL
-  UNION ALL
-  SELECT utid, launch_ts, 1, dev_id, ts, end_ts, NULL FROM op_launch
-),
-op_carry AS (
-  SELECT utid, t, ord, id, dts, dend, rseq,
-         MAX(rseq) OVER (PARTITION BY utid ORDER BY t, ord ROWS UNBOUNDED PRECEDING) AS cur
-  FROM op_seq
+op_root AS (
+  SELECT tt.utid, tt.id AS track_id
+  FROM thread_track tt JOIN track t ON t.id = tt.id
+  WHERE t.parent_id IS NULL OR t.parent_id NOT IN (SELECT id FROM thread_track)
 ),
 op_start AS (
-  SELECT c.id AS dev_id, c.t, c.dts, c.dend, r.id AS start_id
-  FROM op_carry c JOIN op_carry r ON r.utid = c.utid AND r.rseq = c.cur AND r.ord = 0
-  WHERE c.ord = 1
+  SELECT l.dev_id, l.launch_ts AS t, l.ts AS dts, l.end_ts AS dend,
+         (SELECT s.id FROM slice s
+          WHERE s.track_id = r.track_id AND s.ts <= l.launch_ts
+          ORDER BY s.ts DESC, s.depth DESC LIMIT 1) AS start_id
+  FROM op_launch l JOIN op_root r ON r.utid = l.utid
 ),
-op_anc(dev_id, t, dts, dend, anc_id, hops) AS (
-  SELECT dev_id, t, dts, dend, start_id, 0 FROM op_start
+op_walk(start_id, anc_id, hops) AS (
+  SELECT DISTINCT start_id, start_id, 0 FROM op_start WHERE start_id IS NOT NULL
   UNION ALL
-  SELECT a.dev_id, a.t, a.dts, a.dend, s.parent_id, a.hops + 1
-  FROM op_anc a JOIN slice s ON s.id = a.anc_id
-  WHERE s.parent_id IS NOT NULL AND a.hops < 256
+  SELECT w.start_id, s.parent_id, w.hops + 1
+  FROM op_walk w JOIN slice s ON s.id = w.anc_id
+  WHERE s.parent_id IS NOT NULL AND w.hops < 256
+),
+op_hit AS (
+  SELECT w.start_id, r.id AS range_id, r.ts + r.dur AS range_end
+  FROM op_walk w JOIN op_range r ON r.id = w.anc_id
 ),
 op_range_gpu AS (
   SELECT range_id, SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) AS ns FROM (
@@ -71,8 +72,8 @@ op_range_gpu AS (
            MAX(end_ts) OVER (PARTITION BY range_id ORDER BY ts
                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
     FROM (
-      SELECT a.anc_id AS range_id, a.dts AS ts, a.dend AS end_ts
-      FROM op_anc a JOIN op_range r ON r.id = a.anc_id AND a.t < r.ts + r.dur
+      SELECT h.range_id, st.dts AS ts, st.dend AS end_ts
+      FROM op_hit h JOIN op_start st ON st.start_id = h.start_id AND st.t < h.range_end
     )
   ) GROUP BY range_id
 ),

@@ -9,34 +9,27 @@
 --              (the selected steps; a rank without steps: its whole span).
 {{base}},
 ov_items AS (
-  SELECT kind AS grp, upid, ts, end_ts FROM ss_slice WHERE kind IS NOT NULL
+  SELECT kind_id AS grp, upid, ts, end_ts,
+         CASE WHEN category = 'dataloader' AND EXISTS (
+                SELECT 1 FROM slice p WHERE p.id = ss_slice.parent_id
+                AND p.category = 'phase' AND p.name = 'Dataloader')
+              THEN 0 ELSE 1 END AS cnt
+  FROM ss_slice WHERE kind_id IS NOT NULL
   UNION ALL
-  SELECT '__frame__', upid, ts, end_ts FROM ss_frame
+  SELECT -1, upid, ts, end_ts, 0 FROM ss_frame
 ),
 ov_prev AS (
-  SELECT grp, ts, end_ts,
+  SELECT grp, ts, end_ts, cnt,
          MAX(end_ts) OVER (PARTITION BY grp, upid ORDER BY ts
                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
   FROM ov_items
 ),
 ov_union AS (
-  SELECT grp, SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) AS total_ns
+  SELECT grp, SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) AS total_ns, SUM(cnt) AS calls
   FROM ov_prev GROUP BY grp
-),
-ov_calls AS (
-  SELECT s.kind AS grp, COUNT(*) AS calls
-  FROM ss_slice s LEFT JOIN slice p ON p.id = s.parent_id
-  WHERE s.kind IS NOT NULL
-    AND NOT (COALESCE(s.category, '') = 'dataloader' AND COALESCE(p.category, '') = 'phase'
-             AND COALESCE(p.name, '') = 'Dataloader')
-  GROUP BY s.kind
 )
-SELECT c.grp AS kind, c.calls, u.total_ns,
-       CAST(u.total_ns AS REAL) / NULLIF((SELECT total_ns FROM ov_union WHERE grp = '__frame__'), 0)
+SELECT k.kind, u.calls, u.total_ns,
+       CAST(u.total_ns AS REAL) / NULLIF((SELECT total_ns FROM ov_union WHERE grp = -1), 0)
          AS ratio
-FROM ov_calls c JOIN ov_union u ON u.grp = c.grp
-ORDER BY CASE c.grp
-  WHEN 'Step' THEN 0 WHEN 'Dataloader' THEN 1 WHEN 'Forward' THEN 2 WHEN 'Backward' THEN 3
-  WHEN 'Optimization' THEN 4 WHEN 'Other phases' THEN 5 WHEN 'User ranges' THEN 6
-  WHEN 'Runtime API' THEN 7 WHEN 'Synchronization' THEN 8 WHEN 'Kernels' THEN 9
-  WHEN 'Communication' THEN 10 WHEN 'Memcpy' THEN 11 WHEN 'Memset' THEN 12 ELSE 13 END
+FROM ov_union u JOIN ss_kind k ON k.kind_id = u.grp
+ORDER BY u.grp

@@ -22,6 +22,16 @@ from ._api import (
     trace,
 )
 from ._session import Session, current
+from .profiler import (
+    ALWAYS,
+    Profiler,
+    Schedule,
+    dataloader,
+    epoch,
+    phase,
+    schedule,
+    step,
+)
 
 __version__ = "0.1.0"
 
@@ -40,20 +50,28 @@ def release_nvtx() -> None:
 
 
 __all__ = [
+    "ALWAYS",
+    "Profiler",
     "RangeHandle",
+    "Schedule",
     "Session",
     "annotate",
     "capture_nvtx",
     "counter",
     "current",
+    "dataloader",
     "end_range",
+    "epoch",
     "mark",
+    "phase",
     "pop_range",
     "push_range",
     "release_nvtx",
+    "schedule",
     "set_forwarding",
     "start",
     "start_range",
+    "step",
     "stop",
     "trace",
 ]

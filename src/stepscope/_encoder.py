@@ -9,6 +9,7 @@ of template bytes. Python runs once per distinct template, not once per event; o
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 
 import numpy as np
@@ -123,6 +124,7 @@ class Interner:
         self.arg_names: dict[str, int] = {}
         self.pending: list[bytes] = []  # InternedData fields to attach to the next packet
         self.arg_cache: dict = {}  # (name, type, value) -> encoded DebugAnnotation field
+        self.heads: dict = {}  # (kind, eid, track) -> encoded type/name/categories/track fields
 
     def event(self, eid: int) -> tuple[int, list[int], int | None]:
         """iids (name, categories, source location) of an event kind, defining new ones."""
@@ -226,18 +228,41 @@ def debug_annotations(interner: Interner, args: dict) -> bytes:
     return b"".join(out)
 
 
+HEAD_CACHE_SIZE = 65536
+_TE_TAG = w.tag(w.PKT_TRACK_EVENT, w.LEN)
+_FLOW_TAG = w.tag(w.TE_FLOW_IDS, w.FIXED64)
+_TFLOW_TAG = w.tag(w.TE_TERMINATING_FLOW_IDS, w.FIXED64)
+_pack_q = struct.Struct("<Q").pack
+
+
 def track_event(interner: Interner, kind: int, eid: int = 0, track: int | None = None,
-                args: dict | None = None, flows=None, tflows=None, value=None) -> bytes:
-    """The TrackEvent field of a packet (name/categories interned in this sequence)."""
-    parts = [w.f_varint(w.TE_TYPE, _TYPE_OF_KIND[kind])]
-    if eid:
-        name_iid, cats, loc = interner.event(eid)
-        parts.append(w.f_varint(w.TE_NAME_IID, name_iid))
-        parts.extend(w.f_varint(w.TE_CATEGORY_IIDS, c) for c in cats)
-        if loc is not None:
-            parts.append(w.f_varint(w.TE_SOURCE_LOCATION_IID, loc))
-    if track is not None:
-        parts.append(w.f_varint(w.TE_TRACK_UUID, track))
+                args: dict | None = None, flows=None, tflows=None, value=None,
+                name: str | None = None) -> bytes:
+    """The TrackEvent field of a packet (name/categories interned in this sequence).
+
+    ``name`` is written inline instead of interned: for names used once (``step 123``), so
+    that no table grows with the length of the run.
+    """
+    key = (kind, eid, track, name is None)
+    head = interner.heads.get(key)
+    if head is None:
+        parts = [w.f_varint(w.TE_TYPE, _TYPE_OF_KIND[kind])]
+        if eid:
+            name_iid, cats, loc = interner.event(eid)
+            if name is None:  # an inline name replaces the interned one (a oneof)
+                parts.append(w.f_varint(w.TE_NAME_IID, name_iid))
+            parts.extend(w.f_varint(w.TE_CATEGORY_IIDS, c) for c in cats)
+            if loc is not None:
+                parts.append(w.f_varint(w.TE_SOURCE_LOCATION_IID, loc))
+        if track is not None:
+            parts.append(w.f_varint(w.TE_TRACK_UUID, track))
+        head = b"".join(parts)
+        if len(interner.heads) >= HEAD_CACHE_SIZE:
+            interner.heads.clear()
+        interner.heads[key] = head
+    parts = [head]
+    if name is not None:
+        parts.append(w.f_str(w.TE_NAME, name))
     if value is not None:
         if isinstance(value, float):
             parts.append(w.f_double(w.TE_DOUBLE_COUNTER_VALUE, value))
@@ -246,10 +271,11 @@ def track_event(interner: Interner, kind: int, eid: int = 0, track: int | None =
     if args:
         parts.append(debug_annotations(interner, args))
     if flows:
-        parts.extend(w.f_fixed64(w.TE_FLOW_IDS, f) for f in flows)
+        parts.extend(_FLOW_TAG + _pack_q(f & 0xFFFFFFFFFFFFFFFF) for f in flows)
     if tflows:
-        parts.extend(w.f_fixed64(w.TE_TERMINATING_FLOW_IDS, f) for f in tflows)
-    return w.f_bytes(w.PKT_TRACK_EVENT, b"".join(parts))
+        parts.extend(_TFLOW_TAG + _pack_q(f & 0xFFFFFFFFFFFFFFFF) for f in tflows)
+    body = b"".join(parts)
+    return _TE_TAG + w.varint(len(body)) + body
 
 
 def blob_event(interner: Interner, blob: Blob) -> bytes:
@@ -257,4 +283,4 @@ def blob_event(interner: Interner, blob: Blob) -> bytes:
     if value is not None and not isinstance(value, (int, float)):
         value = float(value)
     return track_event(interner, blob.kind, blob.eid, blob.track, blob.args, blob.flows,
-                       blob.tflows, value)
+                       blob.tflows, value, blob.name)

@@ -130,10 +130,10 @@ def event_id(name: Any, categories: tuple[str, ...] = (), srcloc: tuple | None =
 class Blob:
     """An event with a track, arguments, flows or a counter value, encoded later."""
 
-    __slots__ = ("kind", "eid", "level", "track", "args", "flows", "tflows", "value")
+    __slots__ = ("kind", "eid", "level", "track", "args", "flows", "tflows", "value", "name")
 
     def __init__(self, kind, eid=0, level=LEVEL_DETAIL, track=None, args=None, flows=None,
-                 tflows=None, value=None):
+                 tflows=None, value=None, name=None):
         self.kind = kind
         self.eid = eid
         self.level = level
@@ -142,33 +142,75 @@ class Blob:
         self.flows = flows
         self.tflows = tflows
         self.value = value
+        self.name = name  # inline (not interned) name, for names used once
 
 
 blobs: dict[int, Blob] = {}
 _blob_ids = itertools.count(1)
 
 
-def record_blob(blob: Blob, ts: int | None = None) -> None:
+def record_blob(blob: Blob, ts: int | None = None) -> tuple[int, int, int]:
     k = next(_blob_ids)
     blobs[k] = blob
-    _ext((-k, perf_counter_ns() if ts is None else ts, get_ident()))
+    event = (-k, perf_counter_ns() if ts is None else ts, get_ident())
+    _ext(event)
+    return event
+
+
+NULL = 3  # a fast code of no kind: what a withdrawn event becomes (files skip it)
+
+
+def record(code_: int) -> tuple[int, int, int]:
+    """Record a fast event now; returns it, e.g. to ``withdraw`` it later."""
+    event = (code_, perf_counter_ns(), get_ident())
+    _ext(event)
+    return event
+
+
+def withdraw(event: tuple[int, int, int], lookback: int = 1 << 16) -> bool:
+    """Turn a recorded event that no file has taken yet into nothing. False if already taken.
+
+    The caller must hold the session's flush lock (``Session.withdraw`` does), so that no flush
+    copies the buffer meanwhile. Only the last ``lookback`` events are searched.
+    """
+    code_, ts, ident = event
+    ev = events
+    n = len(ev) - len(ev) % 3
+    for i in range(n - 3, max(-1, n - 3 * lookback - 1), -3):
+        if ev[i + 1] == ts and ev[i] == code_ and ev[i + 2] == ident:
+            ev[i] = NULL
+            if code_ < 0:
+                blobs.pop(-code_, None)
+            return True
+    return False
 
 
 # --- internal API for the profiler and others (events on the calling thread's track) -----------
 def begin(name: str, category: str | None = None, args: dict | None = None,
-          level: int = LEVEL_SUMMARY) -> None:
-    """Open a slice on the calling thread's track (closed by ``end`` with the same level)."""
+          level: int = LEVEL_SUMMARY, intern: bool = True) -> tuple[int, int, int] | None:
+    """Open a slice on the calling thread's track (closed by ``end`` with the same level).
+
+    ``intern=False`` writes the name inline: for names used once (``step 123``), so that no
+    table grows with the length of the run. Returns the recorded event (for ``withdraw``).
+    """
     if not ON or (level == LEVEL_DETAIL and not DETAIL):
-        return
+        return None
+    if not intern:
+        return record_blob(Blob(BEGIN, event_id("", (category,) if category else ()), level,
+                                args=args, name=clean_name(name)))
     eid = event_id(name, (category,) if category else ())
     if args:
-        record_blob(Blob(BEGIN, eid, level, args=args))
+        return record_blob(Blob(BEGIN, eid, level, args=args))
+    return record(code(eid, level, BEGIN))
+
+
+def end(level: int = LEVEL_SUMMARY, args: dict | None = None) -> None:
+    """Close the innermost slice of that level; ``args`` are merged into the slice's args."""
+    if not ON:
+        return
+    if args:
+        record_blob(Blob(END, 0, level, args=args))
     else:
-        _ext((code(eid, level, BEGIN), perf_counter_ns(), get_ident()))
-
-
-def end(level: int = LEVEL_SUMMARY) -> None:
-    if ON:
         _ext((END_SUMMARY if level == LEVEL_SUMMARY else END_DETAIL, perf_counter_ns(),
               get_ident()))
 

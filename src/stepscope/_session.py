@@ -14,6 +14,7 @@ import os
 import queue
 import random
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -221,6 +222,8 @@ class Session:
             tid, name = thread.native_id or (ident & 0x7FFFFFFF), thread.name
         elif known is not None:
             return known[0]
+        elif ident in _started_threads:  # ended before the writer saw it
+            tid, name = _started_threads[ident]
         else:
             tid, name = ident & 0x7FFFFFFF, f"thread {ident:#x}"
         if known is not None and known[1:] == (tid, name):
@@ -299,6 +302,8 @@ class Session:
         self._io_thread.start()
         self._writer.start()
         _recorder.set_state(True, self.detail)
+        if threading.getprofile() is None:  # never displace a user's profiler
+            threading.setprofile(_note_thread_start)
         from . import _lifecycle
         _lifecycle.install(self)
         return self
@@ -327,8 +332,15 @@ class Session:
             self._io_thread.join(timeout=30)
         if _current is self:
             _current = None
+        if threading.getprofile() is _note_thread_start:
+            threading.setprofile(None)
         from . import _lifecycle
         _lifecycle.uninstall(self)
+
+    def withdraw(self, event: tuple[int, int, int]) -> bool:
+        """Undo a recorded event (from ``_recorder.record``/``begin``) that no file has taken."""
+        with self._lock:
+            return _recorder.withdraw(event)
 
     def flush(self, discard_detail: bool = False, timeout: float | None = None) -> bool:
         """Encode and write everything recorded so far; ``discard_detail`` drops detail events.
@@ -423,6 +435,9 @@ class Session:
             return []
         arr = np.array(chunk, dtype=np.int64).reshape(-1, 3)
         codes, ts, tids = arr[:, 0], arr[:, 1], arr[:, 2]
+        if (codes == _recorder.NULL).any():  # withdrawn events
+            keep = codes != _recorder.NULL
+            codes, ts, tids = codes[keep], ts[keep], tids[keep]
         levels = (codes >> 2) & 1
         neg = np.nonzero(codes < 0)[0]
         for i in neg:
@@ -529,6 +544,17 @@ class Session:
 
 def _bad_level(x) -> int:
     raise ValueError(f"unknown level {x!r}: use 'summary' or 'detail'")
+
+
+_started_threads: dict[int, tuple[int, str]] = {}  # ident -> (native id, name) at thread start
+
+
+def _note_thread_start(frame, event, arg) -> None:
+    """Profile hook run once at the start of every new thread while tracing: remembers its
+    name, so a thread that ends before the next flush still gets a named track."""
+    t = threading.current_thread()
+    _started_threads[t.ident] = (t.native_id or (t.ident & 0x7FFFFFFF), t.name)
+    sys.setprofile(None)
 
 
 def _find_thread(ident: int) -> threading.Thread | None:

@@ -14,12 +14,17 @@ _pack_d = struct.Struct("<d").pack
 _pack_q = struct.Struct("<Q").pack
 
 
+_SMALL = [bytes((i,)) for i in range(0x80)]
+
+
 def varint(value: int) -> bytes:
     """Unsigned LEB128; negative ints are written as 64-bit two's complement (protobuf int64)."""
+    if 0 <= value < 0x80:
+        return _SMALL[value]
     if value < 0:
         value += 1 << 64
-    if value < 0x80:
-        return bytes((value,))
+    if value < 0x4000:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)

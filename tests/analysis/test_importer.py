@@ -418,3 +418,13 @@ def test_several_files_load_into_one_database(tmp_path):
     assert rows(conn, "SELECT t.tid FROM slice s JOIN thread_track tt ON tt.id = s.track_id "
                       "JOIN thread t USING (utid) WHERE s.name = 'x'") == [dict(tid=201)]
     assert rows(conn, "PRAGMA integrity_check") == [dict(integrity_check="ok")]
+
+
+def test_gzip_compressed_file(tmp_path):
+    import gzip
+
+    path = write(tmp_path, nesting_trace())
+    gz = tmp_path / "t.pftrace.gz"
+    gz.write_bytes(gzip.compress(open(path, "rb").read()))
+    conn, _ = load(str(gz))
+    assert rows(conn, "SELECT COUNT(*) AS n FROM slice") == [dict(n=6)]

@@ -161,6 +161,11 @@ def test_env_options_override_and_errors(tmp_path, monkeypatch):
     monkeypatch.setenv("STEPSCOPE_OPTIONS", '{"schedule": {"active": -1}}')
     with pytest.raises(ValueError, match="STEPSCOPE_OPTIONS: 'schedule': schedule: active"):
         Profiler(tmp_path)
+    monkeypatch.delenv("STEPSCOPE_OPTIONS")
+    with pytest.raises(ValueError, match="levels must be a non-empty subset"):
+        Profiler(tmp_path, levels=("full",))
+    with pytest.raises(ValueError, match="buffer_bytes must be an integer >= 65536"):
+        Profiler(tmp_path, buffer_bytes=10)
 
 
 def test_module_level_helpers_without_profiler():
@@ -220,3 +225,42 @@ def test_open_step_at_stop_dropped_unless_it_failed(tmp_path):
     steps = d.by_category(S.CAT_STEP)
     assert [x.name for x in steps] == ["step 0", "step 1", "step 2"]  # the failed one is kept
     assert steps[2].args == {"step": 2, "epoch": 0} and steps[2].dur is not None
+
+
+def test_gpu_tracing_follows_the_windows(tmp_path, monkeypatch):
+    """NVML for the run, CUPTI only inside active windows, converted before the file closes."""
+    import stepscope.gpu as gpu
+
+    calls = []
+
+    class FakeGpu:
+        def __init__(self, sess, log_level):
+            self.sess = sess
+
+        def start(self):
+            calls.append("start")
+
+        def begin_window(self):
+            calls.append(("begin", prof.step_num))
+
+        def end_window(self, steps=0):
+            # the window's file is still open: device events land in it
+            em = self.sess.emitter(clock="monotonic", level=S.LEVEL_DETAIL)
+            em.complete(time.perf_counter_ns() - 1000, 500, "kernel", self.sess.process_uuid,
+                        S.CAT_KERNEL)
+            calls.append(("end", prof.step_num, steps))
+
+        def stop(self):
+            calls.append("stop")
+
+    monkeypatch.setattr(gpu, "GpuTracing", FakeGpu)
+    prof = Profiler(tmp_path, schedule(skip_first=1, wait=1, warmup=1, active=2, repeat=1),
+                    run_id="r", host_metrics=False, report=False, gpu=True)
+    prof.start()
+    _train(prof, 10)
+    prof.stop()
+    assert calls == ["start", ("begin", 3), ("end", 5, 2), ("begin", 7), ("end", 9, 2), "stop"]
+    for k in (0, 1):
+        d = decode(tmp_path / "r" / f"rank0.detail.{k}.pftrace")
+        assert [x.name for x in d.by_category(S.CAT_KERNEL)] == ["kernel"]
+    assert decode(tmp_path / "r" / "rank0.summary.pftrace").by_category(S.CAT_KERNEL) == []

@@ -19,6 +19,8 @@ class Strings:
     def id(self, s: str | None) -> int:
         if s is None:
             return NONE
+        if not isinstance(s, str):  # bytes from a string field with invalid UTF-8
+            s = bytes(s).decode("utf-8", "replace")
         i = self.ids.get(s)
         if i is None:
             i = self.ids[s] = len(self.list)

@@ -201,6 +201,11 @@ def _clock_key(clock_id: int, srank: int) -> int:
 _UNITS = {1: "ns", 2: "count", 3: "bytes"}
 
 
+def _s(v) -> str:
+    """A string field's value (bytes when the field held invalid UTF-8)."""
+    return v if isinstance(v, str) else bytes(v).decode("utf-8", "replace")
+
+
 def _text(buf: np.ndarray, off: int, ln: int) -> str:
     return buf[off : off + ln].tobytes().decode("utf-8", "replace")
 
@@ -253,24 +258,24 @@ class _State:
         if t is None:
             t = self.tracks[uuid] = Track(id=len(self.tracks), uuid=uuid)
         if d.HasField("name"):
-            t.name = d.name
+            t.name = _s(d.name)
         elif d.HasField("static_name"):
-            t.name = d.static_name
+            t.name = _s(d.static_name)
         if d.HasField("parent_uuid"):
             p = d.parent_uuid
             t.parent_uuid = p if p < (1 << 63) else p - (1 << 64)
         if d.HasField("thread"):
             t.kind, t.pid, t.tid = "thread", d.thread.pid, d.thread.tid
             if d.thread.HasField("thread_name"):
-                t.thread_name = d.thread.thread_name
+                t.thread_name = _s(d.thread.thread_name)
         elif d.HasField("process"):
             t.kind, t.pid = "process", d.process.pid
             if d.process.HasField("process_name"):
-                t.process_name = d.process.process_name
+                t.process_name = _s(d.process.process_name)
         elif d.HasField("counter"):
             c = d.counter
             t.kind = "counter"
-            t.unit = c.unit_name or _UNITS.get(c.unit)
+            t.unit = _s(c.unit_name) or _UNITS.get(c.unit)
             t.multiplier = c.unit_multiplier or 1
             t.incremental = c.is_incremental
 
@@ -307,7 +312,8 @@ def _resolve_timestamps(P: _Acc, st: _State, srank, gen, skip, stats) -> np.ndar
     idx_all = np.flatnonzero(elig)
     order = np.argsort(ce, kind="stable")
     ce_sorted = ce[order]
-    bounds = np.flatnonzero(np.r_[True, ce_sorted[1:] != ce_sorted[:-1], True])
+    bounds = np.flatnonzero(np.r_[True, ce_sorted[1:] != ce_sorted[:-1], True]) if len(ce) \
+        else np.zeros(1, np.int64)
     failed = 0
     for b0, b1 in zip(bounds[:-1], bounds[1:], strict=True):
         key = int(ce_sorted[b0])

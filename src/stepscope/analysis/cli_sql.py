@@ -21,7 +21,7 @@ _ENGINES = engines.ENGINES
 _FORMATS = ("text", "csv", "json")
 EXPORT_TABLES = ("slice", "counter", "args", "flow", "track", "thread_track", "process_track",
                  "counter_track", "thread", "process")
-_PROGRESS_BYTES = 32 << 20  # show loading progress for inputs bigger than this
+_PROGRESS_BYTES = 8 << 20  # show loading progress for inputs bigger than this (a few seconds)
 
 
 def add_parsers(subparsers: Any) -> None:

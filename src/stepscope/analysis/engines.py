@@ -205,7 +205,8 @@ def open(  # noqa: A001 - mirrors the builtin on purpose: stepscope.analysis.ope
 
     engine: ``"embedded"`` (stepscope's importer, always available), ``"trace_processor"``
     (Perfetto's trace processor; raises :class:`EngineError` if it cannot start) or ``"auto"``
-    (trace processor when a binary is found, else the embedded engine). Several paths are
+    (trace processor when its binary is found or can be downloaded, else the embedded engine,
+    after one line on stderr saying why; a failed download is not retried). Several paths are
     loaded into one database. ``progress``: a ``callback(stage, fraction)`` or True to print
     progress to stderr (the embedded engine only).
     """
@@ -229,8 +230,8 @@ def open(  # noqa: A001 - mirrors the builtin on purpose: stepscope.analysis.ope
                 return TraceProcessorDB(paths, explicit)
             except Exception as e:
                 if explicit is None:  # the perfetto package's own download failed
-                    _download_failed = f"no trace_processor_shell found and the download " \
-                        f"failed ({_one_line(e)}); set {ENV_BIN}"
+                    _download_failed = (f"no trace_processor_shell found and downloading it "
+                                        f"failed ({type(e).__name__}); set {ENV_BIN}")
                     raise EngineError(_download_failed) from None
                 raise
         except TraceError:

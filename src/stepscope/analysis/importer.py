@@ -96,8 +96,15 @@ def _paths(path_or_paths: str | PathLike | Iterable[str | PathLike]) -> list[str
 def decode_files(path_or_paths, progress: Progress | None = None) -> Tables:
     """Decode one or several trace files (concatenable traces) into one set of tables."""
     progress = progress or _noop
-    datas = [(p, read_file(p)) for p in _paths(path_or_paths)]
-    return decode(datas, progress)
+    paths = _paths(path_or_paths)
+    datas = [(p, read_file(p)) for p in paths]
+    try:
+        return decode(datas, progress)
+    except (TraceError, MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # corrupt input the checks above did not catch: still a clear error
+        raise TraceError(f"{', '.join(paths)}: cannot decode the trace "
+                         f"({type(e).__name__}: {e})") from e
 
 
 def load(

@@ -35,9 +35,11 @@ __all__ = [
     "all_tables",
     "has_column",
     "parse_steps",
+    "percentile",
     "query_rows",
     "render",
     "report",
+    "shared_base",
     "sql_text",
     "table",
 ]
@@ -64,7 +66,13 @@ class Filters:
     steps: tuple[int | None, int | None] | None = None
 
     @classmethod
-    def make(cls, threads=None, ranks=None, steps=None) -> Filters:
+    def make(
+        cls,
+        threads: Iterable[int | str] | int | str | None = None,
+        ranks: Iterable[int] | int | None = None,
+        steps: str | tuple[int | None, int | None] | None = None,
+    ) -> Filters:
+        """Filters from loose arguments (one value or a list; steps as ``"A:B"`` or a tuple)."""
         if isinstance(steps, str):
             steps = parse_steps(steps)
         if isinstance(threads, (str, int)):
@@ -467,6 +475,7 @@ def _table(
     sort: str | None,
     by_thread: bool,
     straggler_margin: float,
+    cache: dict[str, list[dict]] | None = None,
 ) -> Table:
     if name not in _SPECS:
         raise SummaryError(f"unknown table {name!r}: choose from {', '.join(TABLES)}")
@@ -483,7 +492,13 @@ def _table(
         }
         if by_thread:
             columns[1:1] = _OPERATOR_THREAD_COLS
-    rows = _run(db, name, render(spec.sql, filters, base=base, **extra))
+    sql = render(spec.sql, filters, base=base, **extra)
+    if cache is not None and sql in cache:  # steps and step_times share one query
+        rows = [dict(r) for r in cache[sql]]
+    else:
+        rows = _run(db, name, sql)
+        if cache is not None:
+            cache[sql] = [dict(r) for r in rows]
     notes: list[str] = []
     post = _POST.get(name)
     if post is not None:
@@ -511,10 +526,11 @@ def all_tables(
     margin = kwargs.pop("straggler_margin", 0.10)
     if kwargs:
         raise TypeError(f"unexpected arguments: {', '.join(kwargs)}")
-    out = {}
+    out: dict[str, Table] = {}
+    cache: dict[str, list[dict]] = {}
     with shared_base(db, filters) as base:
         for n in wanted:
-            t = _table(db, n, filters, base, None, by_thread, margin)
+            t = _table(db, n, filters, base, None, by_thread, margin, cache)
             if sort and t.column(sort) is not None:
                 t = t.sorted(sort)
             out[n] = t
@@ -612,12 +628,13 @@ def _step_stats(rows: list[dict], **kw: Any) -> tuple[list[dict], list[str]]:
 
 
 def _operators(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
-    """stddev = sqrt(population variance)."""
+    """stddev = sqrt(E[dur^2] - E[dur]^2), the population standard deviation, clamped at 0."""
     out = []
     for r in rows:
         r = dict(r)
-        var = r.pop("var_ns2", None)
-        r["stddev_ns"] = math.sqrt(max(var, 0.0)) if var is not None else None
+        sq = r.pop("sumsq_ns2", None)
+        n, avg = r.get("calls") or 0, r.get("avg_ns")
+        r["stddev_ns"] = math.sqrt(max(sq / n - avg * avg, 0.0)) if n and sq is not None else None
         out.append(r)
     return out, []
 

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from .profiler import DEFAULT_SCHEDULE, Profiler, current, dataloader, phase, step
+from .profiler import DEFAULT_SCHEDULE, Profiler, current, dataloader, epoch, phase, step
 from .schedule import ALWAYS, Schedule, State, from_range, schedule
 from .timer import StepTimer, TimerStats
 
@@ -19,6 +19,7 @@ __all__ = [
     "TimerStats",
     "current",
     "dataloader",
+    "epoch",
     "from_range",
     "phase",
     "schedule",

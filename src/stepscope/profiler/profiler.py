@@ -58,32 +58,6 @@ def current() -> Profiler | None:
     return _current
 
 
-def _withdraw(event: tuple[int, int, int], lookback: int = 1 << 16) -> bool:
-    """Neutralise a recorded event the writer has not taken yet (caller holds the session lock,
-    so no flush runs): its code becomes the key of a blob that does not exist, which the writer
-    leaves out of summary files (an empty packet in detail files). False if already taken."""
-    ev = rec.events
-    code, ts, ident = event
-    n = len(ev) - len(ev) % 3
-    for i in range(n - 3, max(-1, n - 3 * lookback - 1), -3):
-        if ev[i + 1] == ts and ev[i] == code and ev[i + 2] == ident:
-            ev[i] = -next(rec._blob_ids)  # noqa: SLF001
-            return True
-    return False
-
-
-_STEP_CATS = (S.CAT_STEP,)
-
-
-def _step_event(step: int) -> int:
-    """Event id of ``step <n>``: appended to the recorder's event table without the lookup-table
-    entry ``rec.event_id`` would add (each step name is used once)."""
-    kinds = rec.kinds
-    with rec._kinds_lock:  # noqa: SLF001
-        kinds.append(rec.EventKind(S.STEP_NAME.format(step=step), _STEP_CATS, None))
-        return len(kinds) - 1
-
-
 def _forget_in_child() -> None:
     """A forked child (e.g. a data-loader worker) has no running profiler."""
     global _current
@@ -116,8 +90,28 @@ class _Phase:
             _end_summary()
 
 
+class _SyncPhase(_Phase):
+    """``sync_gpu=True``: a phase ends when its device work has finished."""
+
+    __slots__ = ()
+
+    def __exit__(self, *exc: object) -> None:
+        _sync_gpu()
+        if rec.ON:
+            _end_summary()
+
+
+def _sync_gpu() -> None:
+    try:
+        from ..gpu.cupy_timing import sync_current_stream
+    except Exception:
+        return
+    sync_current_stream()
+
+
 _end_summary = rec.end_summary
 _phases: dict[str, _Phase] = {}
+_sync_phases: dict[str, _Phase] = {}
 
 
 class _NoPhase:
@@ -166,10 +160,18 @@ def default_run_id(info: _ranks.RankInfo, env: dict[str, str] | None = None) -> 
 class Profiler:
     """Training-loop profiler of one rank; see the module docstring for outputs and levels.
 
-    Arguments given here are overridden by the ``STEPSCOPE_OPTIONS`` environment variable (JSON,
-    see :mod:`stepscope.profiler.options`) so a run can be reconfigured without code changes.
-    ``schedule=None`` means no detail windows (summary only); the default schedule records
-    batches 2-4 of every epoch in detail.
+    ``dir``: output root (files go to ``<dir>/<run-id>/``); ``schedule``: detail windows
+    (``stepscope.schedule(...)``, a ``(start, end)`` pair, or None for summary only; the default
+    records batches 2-4 of every epoch); ``on_trace_ready(files)``: called with each file as soon
+    as it is finished (a window's detail file at the window's end, the summary file at stop);
+    ``timer_only``: step timer and data-loader wrapper only, no files; ``host_metrics`` /
+    ``sample_interval_s``: psutil counters; ``gpu``: GPU tracing (None: where a GPU is found);
+    ``sync_gpu``: synchronize the GPU at each phase and step end; ``buffer_bytes``: the session's
+    buffer cap; ``rank``: overrides the launcher's variables; ``run_id``: the run directory name
+    (default: shared by the ranks of one job, see :func:`default_run_id`); ``levels``: which files
+    to write; ``report``: print the summary at stop. ``STEPSCOPE_OPTIONS`` (JSON, see
+    :mod:`stepscope.profiler.options`) overrides these so a run can be reconfigured without code
+    changes (``use_env=False`` ignores it).
     """
 
     def __init__(
@@ -205,6 +207,9 @@ class Profiler:
                              f"{cfg['levels']!r}")
         if not cfg["sample_interval_s"] or cfg["sample_interval_s"] <= 0:
             raise ValueError(f"sample_interval_s must be > 0, got {cfg['sample_interval_s']!r}")
+        if not isinstance(cfg["buffer_bytes"], int) or cfg["buffer_bytes"] < 1 << 16:
+            raise ValueError(f"buffer_bytes must be an integer >= 65536, got "
+                             f"{cfg['buffer_bytes']!r}")
         self.options = cfg
         self.timer_only = bool(cfg["timer_only"])
         self.on_trace_ready = on_trace_ready
@@ -222,6 +227,8 @@ class Profiler:
         self._sess: Any = None
         self._own_session = False
         self._sink: Any = None
+        self._gpu: Any = None  # stepscope.gpu.GpuTracing
+        self._window_first_step = 0
         self._sampler: HostSampler | None = None
         self._emitter: Any = None
         self._tracks: dict[str, int] = {}
@@ -309,10 +316,29 @@ class Profiler:
         if self._own_session:
             sess.start()
         self._recording = True
+        if self.gpu is not False:
+            self._start_gpu(sess)
         if self.options["host_metrics"]:
             self._emitter = sess.emitter(clock="monotonic", level=S.LEVEL_SUMMARY)
             self._sampler = HostSampler(self._emit_host, self.options["sample_interval_s"])
             self._sampler.start()
+
+    def _start_gpu(self, sess: Any) -> None:
+        """GPU tracing (``stepscope.gpu.GpuTracing``): NVML counters for the whole run, CUPTI
+        activity inside the detail windows. ``gpu=None`` turns it on where a GPU is found (one
+        INFO log line otherwise); ``gpu=True`` warns when it cannot run."""
+        import logging
+
+        try:
+            from .. import gpu as _gpu
+
+            level = logging.WARNING if self.gpu else logging.INFO
+            self._gpu = _gpu.GpuTracing(sess, log_level=level)
+            self._gpu.start()
+        except Exception as exc:
+            self._gpu = None
+            if self.gpu:
+                _warn(f"GPU tracing could not start ({exc!r})")
 
     def _emit_host(self, ts: int, values: dict[str, float]) -> None:
         sess, em = self._sess, self._emitter
@@ -346,6 +372,8 @@ class Profiler:
             if self._sampler is not None:
                 self.sampler_cost = self._sampler.stop()
             self._leave_window()
+            if self._gpu is not None:
+                self._gpu.stop()
             self._stopped = True
             if self._sess is not None:
                 if self._own_session:
@@ -381,8 +409,7 @@ class Profiler:
         sess, ev = self._sess, self._step_begin
         if sess is None or ev is None:
             return False
-        with sess._lock:  # noqa: SLF001 - no flush may be encoding while we look
-            return _withdraw(ev)
+        return sess.withdraw(ev)
 
     def _ready(self, files: list[Path]) -> None:
         if self.on_trace_ready is None:
@@ -402,6 +429,8 @@ class Profiler:
             return
         if self._pending:
             self._resume()
+        if self.sync_gpu:
+            _sync_gpu()  # the step's device work ends inside the step
         self.timer.step(num_samples)
         if self._in_step and self._recording and rec.ON:
             self._end_step(num_samples)
@@ -439,10 +468,10 @@ class Profiler:
         self._in_step = True
         self._pending = False
         if self._recording and rec.ON:
-            # a plain event (cheapest to encode); the args ride on the end event
-            ev = self._step_begin = (rec.code(_step_event(self._step), S.LEVEL_SUMMARY, rec.BEGIN),
-                                     time.perf_counter_ns(), threading.get_ident())
-            rec._ext(ev)  # noqa: SLF001 - the recorder's atomic append
+            # the name is written inline (used once: no table grows with the run); the args
+            # ride on the end event
+            self._step_begin = rec.begin(S.STEP_NAME.format(step=self._step), S.CAT_STEP,
+                                         level=S.LEVEL_SUMMARY, intern=False)
         else:
             self._step_begin = None
 
@@ -452,7 +481,7 @@ class Profiler:
         args: dict[str, Any] = {S.ARG_STEP: self._step, S.ARG_EPOCH: self._epoch}
         if num_samples is not None:
             args[S.ARG_NUM_SAMPLES] = num_samples
-        rec.record_blob(rec.Blob(rec.END, 0, S.LEVEL_SUMMARY, args=args))
+        rec.end(S.LEVEL_SUMMARY, args=args)
 
     def _cancel_step(self, wait_event: tuple[int, int, int] | None) -> None:
         """The loader is exhausted: the open step holds no work, only the final wait (recorded
@@ -467,11 +496,10 @@ class Profiler:
         sess = self._sess
         wait_gone = step_gone = False
         if sess is not None:
-            with sess._lock:  # noqa: SLF001 - no flush may be encoding while we look
-                if wait_event is not None:
-                    wait_gone = _withdraw(wait_event)
-                if in_step and self._step_begin is not None:
-                    step_gone = _withdraw(self._step_begin)
+            if wait_event is not None:
+                wait_gone = sess.withdraw(wait_event)
+            if in_step and self._step_begin is not None:
+                step_gone = sess.withdraw(self._step_begin)
         if wait_event is not None and not wait_gone:
             rec.end(S.LEVEL_SUMMARY)
         if in_step and not step_gone:
@@ -525,14 +553,19 @@ class Profiler:
         self._windows += 1
         self._sink = sess.add_sink(path, levels=("summary", "detail"))
         self._window_path = path
+        self._window_first_step = self._step
         if self._own_session:
             sess.set_detail(True)
+        if self._gpu is not None:
+            self._gpu.begin_window()
 
     def _leave_window(self) -> None:
         if self._window_path is None or self._sess is None:
             return
         path, sink = self._window_path, self._sink
         self._window_path = self._sink = None
+        if self._gpu is not None:  # device activity of the window, into its file
+            self._gpu.end_window(steps=self._step - self._window_first_step)
         if self._own_session:
             self._sess.set_detail(False)
         self._sess.close_sink(sink)
@@ -546,9 +579,10 @@ class Profiler:
             return _NO_PHASE
         if self._pending:
             self._resume()
-        ph = _phases.get(name)
+        cache, cls = (_sync_phases, _SyncPhase) if self.sync_gpu else (_phases, _Phase)
+        ph = cache.get(name)
         if ph is None:
-            ph = _phases[name] = _Phase(name)
+            ph = cache[name] = cls(name)
         return ph
 
     def dataloader(self, loader: Iterable[T]) -> Iterator[T]:
@@ -561,20 +595,19 @@ class Profiler:
         main = ident == self._thread
         wait_begin = rec.code(rec.event_id(S.DATALOADER_WAIT_NAME, (S.CAT_DATALOADER,)),
                               S.LEVEL_SUMMARY, rec.BEGIN)
-        ext = rec._ext  # noqa: SLF001 - the recorder's atomic append
+        record = rec.record
         end = _end_summary
         while True:
             if self._pending:
                 self._resume()
             recording = self._recording and rec.ON
+            wait_event = record(wait_begin) if recording else None
             t0 = clock()
-            if recording:
-                ext((wait_begin, t0, ident))
             try:
                 batch = next(it)
             except StopIteration:
                 if main and self._started and not self._stopped:
-                    self._cancel_step((wait_begin, t0, ident) if recording else None)
+                    self._cancel_step(wait_event)
                 elif recording:
                     end()
                 return
@@ -633,6 +666,13 @@ def step(num_samples: float | None = None, epoch: int | None = None) -> None:
     p = _current
     if p is not None:
         p.step(num_samples, epoch)
+
+
+def epoch(epoch: int | None = None) -> None:
+    """``stepscope.epoch()``: start a new epoch on the running profiler (no-op without one)."""
+    p = _current
+    if p is not None:
+        p.epoch(epoch)
 
 
 def phase(name: str) -> _Phase | _NoPhase:

@@ -3,7 +3,8 @@
 --
 --   ranges          slices of kind 'User ranges' (no category, 'nvtx', or a user's domain).
 --   calls           number of ranges; total_ns = sum of durations; avg = total / calls; max, min.
---   var_ns2         population variance of the durations (stddev = sqrt, taken in Python).
+--   sumsq_ns2       sum of the squared durations, as a REAL (no integer overflow); Python takes
+--                   stddev = sqrt(sumsq / calls - avg^2) (population), clamped at 0.
 --   self_ns         sum over ranges of (duration - sum of the durations of its direct children,
 --                   i.e. slices whose parent_id is the range, which are on the same track).
 --   ratio           total_ns / frame time (union of ss_frame per rank, summed); nested ranges
@@ -92,15 +93,14 @@ op_totals AS (
 ),
 op_inst AS (
   SELECT r.name, r.rank, r.tid, r.thread_name, r.dur,
-         r.dur - COALESCE(c.child_ns, 0) AS self_ns, COALESCE(g.ns, 0) AS gpu_ns,
-         AVG(r.dur) OVER (PARTITION BY r.name, r.rank, r.tid, r.thread_name) AS grp_avg
+         r.dur - COALESCE(c.child_ns, 0) AS self_ns, COALESCE(g.ns, 0) AS gpu_ns
   FROM op_range r
   LEFT JOIN op_child c ON c.id = r.id
   LEFT JOIN op_range_gpu g ON g.range_id = r.id
 )
 SELECT name, rank, tid, thread_name, COUNT(*) AS calls,
        SUM(dur) AS total_ns, AVG(dur) AS avg_ns, MAX(dur) AS max_ns, MIN(dur) AS min_ns,
-       SUM((dur - grp_avg) * (dur - grp_avg)) / COUNT(*) AS var_ns2,
+       SUM(CAST(dur AS REAL) * dur) AS sumsq_ns2,
        SUM(self_ns) AS self_ns,
        CAST(SUM(dur) AS REAL) / NULLIF((SELECT frame_ns FROM op_totals), 0) AS ratio,
        SUM(gpu_ns) AS gpu_total_ns, CAST(SUM(gpu_ns) AS REAL) / COUNT(*) AS gpu_avg_ns,

@@ -116,10 +116,11 @@ def decode(path_or_bytes) -> Decoded:
         if p.HasField("clock_snapshot"):
             clocks = {c.clock_id: c.timestamp for c in p.clock_snapshot.clocks}
             inc = [c for c in p.clock_snapshot.clocks if c.is_incremental]
-            if inc:
+            if inc:  # a sequence-scoped incremental clock, anchored to one base clock
                 base = [c for c in p.clock_snapshot.clocks if not c.is_incremental]
-                assert len(base) == 1 and base[0].timestamp == inc[0].timestamp
-                st["clock"] = (inc[0].clock_id, base[0].clock_id)
+                assert len(base) == 1
+                st["clock"] = (inc[0].clock_id, base[0].clock_id,
+                               base[0].timestamp - inc[0].timestamp)
                 st["last"] = inc[0].timestamp
             else:
                 snapshots.append(clocks)
@@ -132,7 +133,7 @@ def decode(path_or_bytes) -> Decoded:
                 d.timestamp_clock_id if d is not None else 6)
             if st["clock"] is not None and clock_id == st["clock"][0]:
                 st["last"] += p.timestamp
-                ts, base_clock = st["last"], st["clock"][1]
+                ts, base_clock = st["last"] + st["clock"][2], st["clock"][1]
             else:
                 ts, base_clock = p.timestamp, clock_id
             track = te.track_uuid if te.HasField("track_uuid") else (

@@ -428,3 +428,31 @@ def test_gzip_compressed_file(tmp_path):
     gz.write_bytes(gzip.compress(open(path, "rb").read()))
     conn, _ = load(str(gz))
     assert rows(conn, "SELECT COUNT(*) AS n FROM slice") == [dict(n=6)]
+
+
+def test_damaged_bytes_load_or_fail_cleanly(tmp_path):
+    """Random byte damage: the load succeeds or raises TraceError, never an internal error."""
+    import random
+
+    rnd = random.Random(5)
+    good = [open(write(tmp_path, nesting_trace(), "p.pftrace"), "rb").read(),
+            open(write(tmp_path, nesting_trace(), "c.pftrace", compress=True), "rb").read()]
+    outcomes = {"ok": 0, "error": 0}
+    for i in range(120):
+        data = bytearray(good[i % 2])
+        for _ in range(rnd.randint(1, 3)):
+            data[rnd.randrange(len(data))] = rnd.randrange(256)
+        if i % 5 == 0:
+            data = data[: rnd.randrange(1, len(data))]
+        if i % 4 == 3:  # damaged first byte: not a trace any more
+            data[0] = rnd.choice([0x00, 0x08, 0x12, 0xFF])
+        p = tmp_path / "d.pftrace"
+        p.write_bytes(bytes(data))
+        try:
+            conn, _ = load(str(p))
+            conn.execute("SELECT COUNT(*) FROM slice").fetchall()
+            outcomes["ok"] += 1
+        except TraceError as e:
+            assert e.__cause__ is None, f"internal error on damaged input: {e}"
+            outcomes["error"] += 1
+    assert outcomes["ok"] > 0 and outcomes["error"] > 0

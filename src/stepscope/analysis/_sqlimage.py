@@ -9,6 +9,7 @@ file), which reads it like any database it wrote itself.
 
 Only what the loader needs is supported: rowid tables whose ``INTEGER PRIMARY KEY`` is the rowid,
 columns of 64-bit integers, doubles, or UTF-8 text (each nullable), rows given in rowid order.
+A table may be given fewer columns than its SQL declares: the trailing ones read as NULL.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def _put_be64(out: np.ndarray, pos: np.ndarray, v: np.ndarray) -> None:
 
 class _Strings:
     def __init__(self, strings: list[str | None]) -> None:
-        enc = [(s or "").encode("utf-8")[:MAX_TEXT] for s in strings]
+        enc = [(s or "").encode("utf-8")[:MAX_TEXT] for s in strings] + [b""]  # never empty
         self.len = np.array([len(e) for e in enc], np.int64)
         self.off = np.zeros(len(enc), np.int64)
         if len(enc):

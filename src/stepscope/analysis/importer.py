@@ -121,21 +121,18 @@ def load(
 
 
 def _image_tables(t: Tables) -> list[si.Table]:
+    """The big tables as image tables. Trailing always-NULL columns are left out of the
+    records: SQLite reads columns missing from a record as NULL."""
     s, c, a = t.slice, t.counter, t.args
-    n = len(s["id"])
-    none = np.full(n, -1, np.int64)
     out = [si.Table("slice", BIG_SCHEMA["slice"], s["id"], [
         si.Column("rowid"), si.Column("int", s["ts"]), si.Column("int", s["dur"]),
         si.Column("int", s["track_id"]), si.Column("text", s["category"]),
         si.Column("text", s["name"]), si.Column("int", s["depth"]),
         si.Column("int", s["parent_id"], s["parent_id"] < 0),
-        si.Column("int", s["arg_set_id"], s["arg_set_id"] < 0),
-        si.Column("int", none, none < 0), si.Column("int", none, none < 0)])]
-    nc = len(c["id"])
+        si.Column("int", s["arg_set_id"], s["arg_set_id"] < 0)])]  # thread_ts/dur: NULL
     out.append(si.Table("counter", BIG_SCHEMA["counter"], c["id"], [
         si.Column("rowid"), si.Column("int", c["ts"]), si.Column("int", c["track_id"]),
-        si.Column("real", c["value"]), si.Column("int", np.zeros(nc, np.int64),
-                                                  np.ones(nc, bool))]))
+        si.Column("real", c["value"])]))  # arg_set_id: NULL
     na = len(a.get("arg_set_id", ()))
     if na:
         cols = [si.Column("rowid"), si.Column("int", a["arg_set_id"]),
@@ -149,11 +146,8 @@ def _image_tables(t: Tables) -> list[si.Table]:
         cols = [si.Column("rowid")] + [si.Column("int", z) for _ in range(8)]
     out.append(si.Table("args", BIG_SCHEMA["args"], np.arange(1, na + 1), cols))
     fl = np.array(t.flows, np.int64).reshape(-1, 2)
-    nf = len(fl)
-    out.append(si.Table("flow", BIG_SCHEMA["flow"], np.arange(1, nf + 1), [
-        si.Column("rowid"), si.Column("int", fl[:, 0]), si.Column("int", fl[:, 1]),
-        si.Column("int", np.zeros(nf, np.int64), np.ones(nf, bool)),
-        si.Column("int", np.zeros(nf, np.int64), np.ones(nf, bool))]))
+    out.append(si.Table("flow", BIG_SCHEMA["flow"], np.arange(1, len(fl) + 1), [
+        si.Column("rowid"), si.Column("int", fl[:, 0]), si.Column("int", fl[:, 1])]))
     return out
 
 

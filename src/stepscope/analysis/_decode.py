@@ -197,7 +197,8 @@ def _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats):
     ev_slice[ev[is_open]] = sid[is_open]
     # per track, in time order
     trk = etid[ev]
-    o = np.argsort(trk, kind="stable")
+    o = np.argsort(trk.astype(np.uint16) if len(trk) and trk.max() < (1 << 16) else trk,
+                   kind="stable")  # uint16: a radix sort
     t_o = trk[o]
     delta = np.where(typ == T_BEGIN, 1, np.where(typ == T_END, -1, 0))[o].astype(np.int64)
     raw = _segmented_cumsum(delta, t_o)

@@ -47,18 +47,33 @@ def _segmented_cumsum(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
     return cs - np.repeat(before, np.diff(np.r_[starts, len(values)]))
 
 
+def _small(a: np.ndarray) -> np.ndarray:
+    """Small non-negative labels as uint16 when they fit: numpy sorts those stably by radix."""
+    return a.astype(np.uint16) if len(a) and int(a.max()) < (1 << 16) else a
+
+
 def _generations(seq: np.ndarray, flags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per packet: its sequence rank and its generation id (-1 before the first clear)."""
+    """Per packet: its sequence rank and its generation id (-1 before the first clear).
+
+    Generation ids are unique per (sequence, number of clears so far); not dense.
+    """
     n = len(seq)
-    _, srank = np.unique(seq, return_inverse=True)
-    order = np.argsort(srank, kind="stable")
+    # sequence ranks: runs of equal ids are long, so factorise the run heads only
+    heads = np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]])
+    useq, hrank = np.unique(seq[heads], return_inverse=True)
+    srank = np.repeat(hrank, np.diff(np.r_[heads, n])).astype(np.int64)
+    order = np.argsort(_small(srank), kind="stable")
     clear = ((flags & 1) != 0).astype(np.int64)
     gl = np.empty(n, np.int64)
     gl[order] = _segmented_cumsum(clear[order], srank[order])
-    key = srank.astype(np.int64) * (n + 1) + gl
-    _, gen = np.unique(key, return_inverse=True)
-    gen = np.where(gl > 0, gen, -1)
-    return srank.astype(np.int64), gen.astype(np.int64)
+    per_seq = np.zeros(len(useq), np.int64)  # clears per sequence: gl of its last packet
+    so = srank[order]
+    last = np.flatnonzero(np.r_[so[1:] != so[:-1], True]) if n else np.zeros(0, np.int64)
+    per_seq[so[last]] = gl[order[last]]
+    base = np.zeros(len(useq), np.int64)
+    np.cumsum(per_seq[:-1] + 1, out=base[1:])
+    gen = np.where(gl > 0, base[srank] + gl, -1)
+    return srank, gen
 
 
 def _lookup_last(owner_gen: np.ndarray, owner_pkt: np.ndarray, gen: np.ndarray,

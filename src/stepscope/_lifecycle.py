@@ -77,6 +77,8 @@ def _at_exit() -> None:
 def _on_signal(signum, frame) -> None:
     sess = _session()
     previous = _state.get("signals", {}).get(signum, signal.SIG_DFL)
+    if sess is not None and sess.in_flush and sess._lock._is_owned():  # noqa: SLF001
+        sess = None  # interrupted our own flush: the file already ends on a packet boundary
     if sess is not None:
         if previous in (signal.SIG_DFL, None) and signum == signal.SIGTERM:
             sess.stop()  # the process is about to die: finish the files properly

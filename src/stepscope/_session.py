@@ -146,6 +146,7 @@ class Session:
         self._last_flush = 0.0
         self.started = False
         self.stopped = False
+        self.in_flush = False
         self.on_close: list[Callable[[Sink], None]] = []
         self.errors: list[str] = []
         if path is not None:
@@ -383,6 +384,13 @@ class Session:
         self._send(sink)
 
     def _flush_locked(self, discard_detail: bool) -> None:
+        self.in_flush = True  # read by signal handlers: they must not re-enter a flush
+        try:
+            self._flush_body(discard_detail)
+        finally:
+            self.in_flush = False
+
+    def _flush_body(self, discard_detail: bool) -> None:
         self._last_flush = time.monotonic()
         chunk = _recorder.drain()
         emitted = []

@@ -76,6 +76,8 @@ def test_args_are_typed_debug_annotations(path):
             pass
         with stepscope.annotate("p", payload=42):
             pass
+        with stepscope.annotate("d", args={"k": 1, "v": "w"}):
+            pass
     d = decode(path)
     a = next(e for e in d.events if e.name == "a")
     assert a.args == {"step": 3, "lr": 0.5, "tag": "x", "ok": True, "shape": {"b": [1, 2]}}
@@ -84,6 +86,7 @@ def test_args_are_typed_debug_annotations(path):
     kinds = [x.WhichOneof("value") for x in raw.track_event.debug_annotations]
     assert kinds[:4] == ["int_value", "double_value", "string_value", "bool_value"]
     assert next(e for e in d.events if e.name == "p").args == {"payload": 42}
+    assert next(e for e in d.events if e.name == "d").args == {"k": 1, "v": "w"}
 
 
 def test_async_range_ends_on_another_thread_and_counters(path):

@@ -41,8 +41,8 @@ class _Range:
         self.begin()
         _nvtx.forward_push(self.message, self.color, self.domain, self.category)
 
-    def _exit(self, exc_type, exc, tb):
-        rec.end_detail()
+    def _exit(self, exc_type, exc, tb, _end=rec.end_detail):
+        _end()
 
     def _exit_forwarding(self, exc_type, exc, tb):
         rec.end_detail()
@@ -68,7 +68,9 @@ def _categories(domain, category) -> tuple[str, ...]:
 
 
 def _args_blob(kind: int, eid: int, payload, args) -> Blob:
-    data = dict(args) if args else {}
+    if args and len(args) == 1 and isinstance(args.get("args"), dict):
+        args = args["args"]  # annotate("x", args={...}) means these args, not one named "args"
+    data = {str(k): v for k, v in args.items()} if args else {}
     if payload is not None:
         data["payload"] = payload
     return Blob(kind, eid, LEVEL_DETAIL, args=data)

@@ -456,3 +456,24 @@ def test_damaged_bytes_load_or_fail_cleanly(tmp_path):
             assert e.__cause__ is None, f"internal error on damaged input: {e}"
             outcomes["error"] += 1
     assert outcomes["ok"] > 0 and outcomes["error"] > 0
+
+
+def test_repeated_packet_bodies_decode_like_the_general_path(tmp_path, monkeypatch):
+    """Packets sharing a body are decoded once and copied: same tables as decoding each."""
+    import stepscope
+    from stepscope.analysis import _packets
+
+    path = str(tmp_path / "w.pftrace")
+    with stepscope.trace(path):
+        for i in range(300):
+            with stepscope.annotate("step", category="step", args={"step": i} if i % 7 else None):
+                with stepscope.annotate(f"op{i % 3}"):
+                    stepscope.mark("m")
+            stepscope.counter("c", i % 5)
+    fast, _ = load(path)
+    monkeypatch.setattr(_packets, "_TPL_MAX", 0)  # every packet through the general scanner
+    slow, _ = load(path)
+    for table in ("slice", "counter", "args", "thread", "track"):
+        q = f"SELECT * FROM {table} ORDER BY 1"
+        assert rows(fast, q) == rows(slow, q), table
+    assert rows(fast, "SELECT COUNT(*) AS n FROM slice") == [dict(n=900)]

@@ -218,7 +218,7 @@ class Session:
 
     def _thread_track(self, ident: int) -> int:
         known = self._threads.get(ident)
-        thread = _find_thread(ident)
+        thread = threading._active.get(ident)  # noqa: SLF001 - the only map from ident to Thread
         if thread is not None:
             tid, name = thread.native_id or (ident & 0x7FFFFFFF), thread.name
         elif known is not None:
@@ -226,10 +226,15 @@ class Session:
         elif ident in _started_threads:  # ended before the writer saw it
             tid, name = _started_threads[ident]
         else:
-            tid, name = ident & 0x7FFFFFFF, f"thread {ident:#x}"
+            thread = _find_dead_thread(ident)
+            if thread is not None:
+                tid, name = thread.native_id or (ident & 0x7FFFFFFF), thread.name
+            else:
+                tid, name = ident & 0x7FFFFFFF, f"thread {ident:#x}"
         if known is not None and known[1:] == (tid, name):
             return known[0]
-        uuid = known[0] if known is not None else self._new_uuid()
+        # a renamed thread keeps its track; a new thread that reuses the ident gets its own
+        uuid = known[0] if known is not None and known[1] == tid else self._new_uuid()
         self._threads[ident] = (uuid, tid, name)
         self.tracks[uuid] = (w.f_varint(w.TD_UUID, uuid)
                              + w.f_varint(w.TD_PARENT_UUID, self.process_uuid)
@@ -416,7 +421,8 @@ class Session:
                 mask = self._level_mask(levels, sink.levels)
                 if mask is not None:
                     codes, ts = codes[mask], ts[mask]
-                seq = sink.sequence(("thread", ident), self._threads[ident][0], _clock.MONOTONIC)
+                uuid = self._threads[ident][0]
+                seq = sink.sequence(("thread", ident, uuid), uuid, _clock.MONOTONIC)
                 sink.add_events(seq, codes, ts)
             for em, codes, ts in emitted:
                 if em.level not in sink.levels or (discard_detail and em.level == LEVEL_DETAIL):
@@ -565,14 +571,13 @@ def _note_thread_start(frame, event, arg) -> None:
     sys.setprofile(None)
 
 
-def _find_thread(ident: int) -> threading.Thread | None:
-    """The Thread object of ``ident``: running, or finished but still referenced by the user."""
-    thread = threading._active.get(ident)  # noqa: SLF001 - the only map from ident to Thread
-    if thread is None:
-        for t in list(getattr(threading, "_dangling", ())):
-            if t.ident == ident:
-                return t
-    return thread
+def _find_dead_thread(ident: int) -> threading.Thread | None:
+    """A finished Thread still referenced by the user (the newest, as idents get reused)."""
+    found = None
+    for t in list(getattr(threading, "_dangling", ())):
+        if t.ident == ident and (found is None or (t.native_id or 0) > (found.native_id or 0)):
+            found = t
+    return found
 
 
 def _forget_in_child() -> None:

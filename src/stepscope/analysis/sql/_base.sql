@@ -42,6 +42,9 @@
 --       union = SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))).
 --   * frame (ss_frame): the time ratios refer to: the selected step slices of each rank; a rank
 --     with no step slices gets one frame from its first slice start to its last slice end.
+--   * totals (ss_totals, one row): frame_ns = the union of ss_frame per rank, summed over ranks
+--     (the denominator of the time ratios); device_ns = the union of the device slices
+--     (is_device = 1) per rank, summed over ranks (the denominator of the GPU ratios).
 WITH RECURSIVE
 ss_track_up(track_id, cur_id, hops) AS (
   SELECT id, id, 0 FROM track
@@ -136,4 +139,17 @@ ss_frame AS (
   SELECT upid, MIN(ts), MAX(end_ts) FROM ss_slice
   WHERE upid NOT IN (SELECT upid FROM ss_step)
   GROUP BY upid
+),
+ss_totals AS (
+  SELECT SUM(CASE WHEN g = 0 THEN len ELSE 0 END) AS frame_ns,
+         SUM(CASE WHEN g = 1 THEN len ELSE 0 END) AS device_ns
+  FROM (
+    SELECT g, MAX(0, end_ts - MAX(ts, COALESCE(m, ts))) AS len FROM (
+      SELECT g, ts, end_ts,
+             MAX(end_ts) OVER (PARTITION BY g, upid ORDER BY ts
+                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
+      FROM (SELECT 0 AS g, upid, ts, end_ts FROM ss_frame
+            UNION ALL SELECT 1, upid, ts, end_ts FROM ss_slice WHERE is_device = 1)
+    )
+  )
 )

@@ -95,19 +95,6 @@ md_cover AS (
     ) WHERE end_ts > ts
   ) GROUP BY step_id
 ),
-md_totals AS (
-  SELECT SUM(CASE WHEN g = 0 THEN len ELSE 0 END) AS frame_ns,
-         SUM(CASE WHEN g = 1 THEN len ELSE 0 END) AS device_ns
-  FROM (
-    SELECT g, MAX(0, end_ts - MAX(ts, COALESCE(m, ts))) AS len FROM (
-      SELECT g, ts, end_ts,
-             MAX(end_ts) OVER (PARTITION BY g, upid ORDER BY ts
-                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
-      FROM (SELECT 0 AS g, upid, ts, end_ts FROM ss_frame
-            UNION ALL SELECT 1, upid, ts, end_ts FROM md_dev)
-    )
-  )
-),
 md_inst AS (
   SELECT mp.phase, 1 AS is_phase, mp.dur AS cpu_ns, COALESCE(g.ns, 0) AS gpu_ns
   FROM md_phases mp LEFT JOIN md_phase_gpu g ON g.phase_id = mp.phase_id
@@ -120,10 +107,10 @@ md_inst AS (
 SELECT phase, COUNT(*) AS calls,
        SUM(cpu_ns) AS cpu_total_ns, CAST(SUM(cpu_ns) AS REAL) / COUNT(*) AS cpu_avg_ns,
        MAX(cpu_ns) AS cpu_max_ns, MIN(cpu_ns) AS cpu_min_ns,
-       CAST(SUM(cpu_ns) AS REAL) / NULLIF((SELECT frame_ns FROM md_totals), 0) AS cpu_ratio,
+       CAST(SUM(cpu_ns) AS REAL) / NULLIF((SELECT frame_ns FROM ss_totals), 0) AS cpu_ratio,
        SUM(gpu_ns) AS gpu_total_ns, CAST(SUM(gpu_ns) AS REAL) / COUNT(*) AS gpu_avg_ns,
        MAX(gpu_ns) AS gpu_max_ns, MIN(gpu_ns) AS gpu_min_ns,
-       CAST(SUM(gpu_ns) AS REAL) / NULLIF((SELECT device_ns FROM md_totals), 0) AS gpu_ratio
+       CAST(SUM(gpu_ns) AS REAL) / NULLIF((SELECT device_ns FROM ss_totals), 0) AS gpu_ratio
 FROM md_inst
 GROUP BY phase, is_phase
 ORDER BY is_phase DESC,

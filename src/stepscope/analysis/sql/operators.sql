@@ -78,19 +78,6 @@ op_range_gpu AS (
     )
   ) GROUP BY range_id
 ),
-op_totals AS (
-  SELECT SUM(CASE WHEN g = 0 THEN len ELSE 0 END) AS frame_ns,
-         SUM(CASE WHEN g = 1 THEN len ELSE 0 END) AS device_ns
-  FROM (
-    SELECT g, MAX(0, end_ts - MAX(ts, COALESCE(m, ts))) AS len FROM (
-      SELECT g, ts, end_ts,
-             MAX(end_ts) OVER (PARTITION BY g, upid ORDER BY ts
-                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
-      FROM (SELECT 0 AS g, upid, ts, end_ts FROM ss_frame
-            UNION ALL SELECT 1, upid, ts, end_ts FROM ss_slice WHERE is_device = 1)
-    )
-  )
-),
 op_inst AS (
   SELECT r.name, r.rank, r.tid, r.thread_name, r.dur,
          r.dur - COALESCE(c.child_ns, 0) AS self_ns, COALESCE(g.ns, 0) AS gpu_ns
@@ -102,10 +89,10 @@ SELECT name, rank, tid, thread_name, COUNT(*) AS calls,
        SUM(dur) AS total_ns, AVG(dur) AS avg_ns, MAX(dur) AS max_ns, MIN(dur) AS min_ns,
        SUM(CAST(dur AS REAL) * dur) AS sumsq_ns2,
        SUM(self_ns) AS self_ns,
-       CAST(SUM(dur) AS REAL) / NULLIF((SELECT frame_ns FROM op_totals), 0) AS ratio,
+       CAST(SUM(dur) AS REAL) / NULLIF((SELECT frame_ns FROM ss_totals), 0) AS ratio,
        SUM(gpu_ns) AS gpu_total_ns, CAST(SUM(gpu_ns) AS REAL) / COUNT(*) AS gpu_avg_ns,
        MAX(gpu_ns) AS gpu_max_ns, MIN(gpu_ns) AS gpu_min_ns,
-       CAST(SUM(gpu_ns) AS REAL) / NULLIF((SELECT device_ns FROM op_totals), 0) AS gpu_ratio
+       CAST(SUM(gpu_ns) AS REAL) / NULLIF((SELECT device_ns FROM ss_totals), 0) AS gpu_ratio
 FROM op_inst
 GROUP BY name, rank, tid, thread_name
 ORDER BY total_ns DESC, name

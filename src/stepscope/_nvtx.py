@@ -126,79 +126,47 @@ def disable_forwarding() -> None:
 
 # Each forward_* calls nvtx's original function with the same arguments, unless this thread is
 # recording a captured nvtx call (nvtx already has it). Non-string messages are sent as str().
-def forward_push(
-    message: Any,
-    color: Any = None,
-    domain: str | None = None,
-    category: Any = None,
-    payload: Any = None,
-) -> None:
-    """``nvtx.push_range`` (per-thread NVTX stack of the domain)."""
+def _forward(fn: str, *args: Any) -> Any:
     if _tls.capturing:
-        return
-    if message is not None and type(message) is not str:
-        message = str(message)
+        return None
     try:
-        (_fwd or _resolve())["push_range"](message, color, domain, category, payload)
-    except Exception as exc:
-        _warn_once("forwarding a range to nvtx failed", exc)
+        return (_fwd or _resolve())[fn](*args)
+    except Exception as exc:  # a bad colour or a broken nvtx must never reach the user
+        _warn_once(f"forwarding to nvtx.{fn} failed", exc)
+        return None
+
+
+def _text(message: Any) -> Any:
+    return str(message) if message is not None and type(message) is not str else message
+
+
+def forward_push(message: Any, color: Any = None, domain: str | None = None,
+                 category: Any = None, payload: Any = None) -> None:
+    """``nvtx.push_range`` (per-thread NVTX stack of the domain)."""
+    _forward("push_range", _text(message), color, domain, category, payload)
 
 
 def forward_pop(domain: str | None = None) -> None:
     """``nvtx.pop_range``."""
-    if _tls.capturing:
-        return
-    try:
-        (_fwd or _resolve())["pop_range"](domain)
-    except Exception as exc:
-        _warn_once("forwarding a range to nvtx failed", exc)
+    _forward("pop_range", domain)
 
 
-def forward_start(
-    message: Any,
-    color: Any = None,
-    domain: str | None = None,
-    category: Any = None,
-    payload: Any = None,
-) -> Any:
+def forward_start(message: Any, color: Any = None, domain: str | None = None,
+                  category: Any = None, payload: Any = None) -> Any:
     """``nvtx.start_range``: returns its id (None when not forwarded), for :func:`forward_end`."""
-    if _tls.capturing:
-        return None
-    if message is not None and type(message) is not str:
-        message = str(message)
-    try:
-        return (_fwd or _resolve())["start_range"](message, color, domain, category, payload)
-    except Exception as exc:
-        _warn_once("forwarding a range to nvtx failed", exc)
-        return None
+    return _forward("start_range", _text(message), color, domain, category, payload)
 
 
 def forward_end(range_id: Any, domain: str | None = None) -> None:
     """``nvtx.end_range`` of an id from :func:`forward_start` (nvtx's id carries the domain)."""
-    if range_id is None or _tls.capturing:
-        return
-    try:
-        (_fwd or _resolve())["end_range"](range_id)
-    except Exception as exc:
-        _warn_once("forwarding a range to nvtx failed", exc)
+    if range_id is not None:
+        _forward("end_range", range_id)
 
 
-def forward_mark(
-    message: Any,
-    color: Any = None,
-    domain: str | None = None,
-    category: Any = None,
-    payload: Any = None,
-) -> None:
+def forward_mark(message: Any, color: Any = None, domain: str | None = None,
+                 category: Any = None, payload: Any = None) -> None:
     """``nvtx.mark``."""
-    if _tls.capturing:
-        return
-    if message is not None and type(message) is not str:
-        message = str(message)
-    try:
-        (_fwd or _resolve())["mark"](message, color, domain, category, payload)
-    except Exception as exc:
-        _warn_once("forwarding a mark to nvtx failed", exc)
+    _forward("mark", _text(message), color, domain, category, payload)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from .._wire import f_bytes, f_varint
+
 # TracePacket field numbers
 F_TIMESTAMP = 8
 F_CLOCK_SNAPSHOT = 6
@@ -60,17 +62,6 @@ def _varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
             raise ValueError("malformed varint")
 
 
-def _enc_varint(v: int) -> bytes:
-    if v < 0:
-        v += 1 << 64
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
 def _fields(buf: bytes) -> Iterator[tuple[int, int, int, int, int]]:
     """(field, wire type, value-or-payload start, end of field, start of field) over a message."""
     pos = 0
@@ -96,14 +87,6 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int, int, int, int]]:
             raise ValueError(f"unsupported wire type {wt}")
     if pos != n:
         raise ValueError("truncated message")
-
-
-def _len_field(field: int, payload: bytes) -> bytes:
-    return _enc_varint(field << 3 | 2) + _enc_varint(len(payload)) + payload
-
-
-def _var_field(field: int, value: int) -> bytes:
-    return _enc_varint(field << 3) + _enc_varint(value)
 
 
 def iter_packets(f: BinaryIO) -> Iterator[bytes]:
@@ -308,12 +291,12 @@ class _Rewriter:
                 rep = self._seq_field(s)
             elif field == F_COMPRESSED and wt == 2:
                 self.packets -= 1
-                rep = _len_field(F_COMPRESSED, self._batch(pkt[s:e]))
+                rep = f_bytes(F_COMPRESSED, self._batch(pkt[s:e]))
             elif wt == 2 and field == F_TRACK_DESCRIPTOR and self.info.pid_map:
-                rep = _len_field(field, self._descriptor(pkt[s:e]))
+                rep = f_bytes(field, self._descriptor(pkt[s:e]))
             elif self.shift:
                 if field == F_CLOCK_SNAPSHOT and wt == 2:
-                    rep = _len_field(field, self._snapshot(pkt[s:e]))
+                    rep = f_bytes(field, self._snapshot(pkt[s:e]))
                 elif field == F_TIMESTAMP and wt == 0:
                     ts_field = (start, e, s)
                 elif field == F_TS_CLOCK_ID and wt == 0:
@@ -340,7 +323,7 @@ class _Rewriter:
                     if out is None:
                         out = []
                     out.append(pkt[last:])
-                    out.append(_var_field(F_TIMESTAMP, max(0, ts_field[2] + delta)))
+                    out.append(f_varint(F_TIMESTAMP, max(0, ts_field[2] + delta)))
                     return b"".join(out)
         if out is None:
             return pkt
@@ -357,7 +340,7 @@ class _Rewriter:
     def _seq_field(self, old: int) -> bytes:
         rep = self._seq_bytes.get(old)
         if rep is None:
-            rep = self._seq_bytes[old] = _var_field(F_SEQ_ID, self._new_seq(old))
+            rep = self._seq_bytes[old] = f_varint(F_SEQ_ID, self._new_seq(old))
         return rep
 
     def _batch(self, deflated: bytes) -> bytes:
@@ -367,7 +350,7 @@ class _Rewriter:
             patched = self._batch_in_place(data)
             if patched is not None:
                 return zlib.compress(patched, 1)
-        parts = [_len_field(1, self.packet(p)) for p in iter_trace_bytes(data)]
+        parts = [f_bytes(1, self.packet(p)) for p in iter_trace_bytes(data)]
         self.packets -= len(parts)  # packet() counted them; the batch is counted by its caller
         self.packets += len(parts)
         return zlib.compress(b"".join(parts), 1)
@@ -443,8 +426,8 @@ class _Rewriter:
                 clock = dict((f, v) for f, w, v, _, _ in _fields(snap[s:e]) if w == 0)
                 delta = self._delta(clock.get(1, 0))
                 if delta:
-                    body = snap[s:e] + _var_field(2, max(0, clock.get(2, 0) + delta))
-                    out.append(_len_field(1, body))
+                    body = snap[s:e] + f_varint(2, max(0, clock.get(2, 0) + delta))
+                    out.append(f_bytes(1, body))
                     continue
             out.append(snap[start:e])
         return b"".join(out)
@@ -517,7 +500,7 @@ def merge(
             rw = _Rewriter(info, alloc)
             with open(info.path, "rb") as f:
                 for pkt in iter_packets(f):
-                    out.write(_len_field(1, rw.packet(pkt)))
+                    out.write(f_bytes(1, rw.packet(pkt)))
             total += rw.packets
     os.replace(tmp, out_path)
     return MergeResult(out_path, infos, [i.rank for i in infos], alignment, total)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from . import _clock, _recorder
+from . import _clock, _lifecycle, _recorder
 from . import _wire as w
 from ._recorder import BEGIN, COUNTER, END, INSTANT, Blob
 from ._schema import (
@@ -35,6 +35,7 @@ from ._schema import (
     PROCESS_NAME,
 )
 from ._sink import Sink
+from .profiler import ranks  # a leaf module: launcher variables -> rank
 
 RAW_EVENT_BYTES = 88  # list slots + int objects per recorded event (for the buffer cap)
 _WAKE_S = 0.05
@@ -44,14 +45,6 @@ _current: Session | None = None
 def current() -> Session | None:
     """The active session, or None."""
     return _current
-
-
-def rank_from_env() -> int:
-    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
-        value = os.environ.get(var)
-        if value is not None and value.strip().lstrip("-").isdigit():
-            return int(value)
-    return 0
 
 
 class Emitter:
@@ -119,7 +112,7 @@ class Session:
         self.flush_interval_s = float(flush_interval_s)
         self.compress = compress
         self.detail = detail
-        self.rank = rank_from_env() if rank is None else int(rank)
+        self.rank = ranks.detect().rank if rank is None else int(rank)
         self.pid = os.getpid()
         self.process_name = process_name or PROCESS_NAME.format(rank=self.rank,
                                                                 host=socket.gethostname())
@@ -310,7 +303,6 @@ class Session:
         _recorder.set_state(True, self.detail)
         if threading.getprofile() is None:  # never displace a user's profiler
             threading.setprofile(_note_thread_start)
-        from . import _lifecycle
         _lifecycle.install(self)
         return self
 
@@ -340,7 +332,6 @@ class Session:
             _current = None
         if threading.getprofile() is _note_thread_start:
             threading.setprofile(None)
-        from . import _lifecycle
         _lifecycle.uninstall(self)
 
     def withdraw(self, event: tuple[int, int, int]) -> bool:

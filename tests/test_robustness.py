@@ -222,3 +222,37 @@ def test_unhandled_exception_and_plain_exit_finish_the_file(tmp_path):
         assert len(decode(path).snapshots) == 2
         if mode == "exception":
             assert "ValueError: boom" in err
+
+
+def test_ranges_beyond_the_cache_stop_recording_with_the_session(tmp_path, monkeypatch):
+    from stepscope import _api
+
+    monkeypatch.setattr(_api, "MAX_CACHED_RANGES", len(_api._ranges))  # the cache is full
+    path = str(tmp_path / "t.pftrace")
+    with stepscope.trace(path):
+        kept = stepscope.annotate("uncached name")
+        with kept:
+            pass
+    with kept:  # tracing is off: nothing may be recorded any more
+        pass
+    assert len(_recorder.events) == 0
+    assert begins(path) == ["uncached name"]
+
+
+def test_endless_distinct_names_do_not_grow_the_name_table(tmp_path, monkeypatch):
+    from stepscope import _api
+
+    monkeypatch.setattr(_recorder, "MAX_EVENT_KINDS", len(_recorder.kinds))  # the table is full
+    monkeypatch.setattr(_api, "MAX_CACHED_RANGES", 0)  # and so are the range caches
+    path = str(tmp_path / "t.pftrace")
+    before = len(_recorder.kinds)
+    with stepscope.trace(path):
+        for i in range(3):
+            with stepscope.annotate(f"batch {i}"):
+                stepscope.mark(f"m{i}")
+            stepscope.push_range(f"p{i}")
+            stepscope.pop_range()
+    assert len(_recorder.kinds) <= before + 1  # at most the nameless carrier of inline names
+    d = decode(path)
+    assert [e.name for e in d.events if e.type in "BI"] == [
+        n for i in range(3) for n in (f"batch {i}", f"m{i}", f"p{i}")]

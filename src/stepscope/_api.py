@@ -52,7 +52,6 @@ class _Range:
     __exit__ = _NOOP
 
 
-_range_classes: list[type] = []  # one per cached fast range (class-level __enter__)
 _ranges: dict = {}  # (message, domain, category) -> _Range
 _by_message: dict = {}  # message -> _Range with no domain/category (the fast lookup)
 _lock = threading.Lock()
@@ -76,20 +75,32 @@ def _args_blob(kind: int, eid: int, payload, args) -> Blob:
     return Blob(kind, eid, LEVEL_DETAIL, args=data)
 
 
-def _make_range(message, color, domain, category, payload, args) -> _Range:
+def _make_range(message, color, domain, category, payload, args, fast=False) -> _Range:
+    """``fast``: a class of its own whose enter/exit ``_on_state`` rebinds (cached ranges only);
+    otherwise a ``_SlowRange``, which checks the state on every call."""
     name = "" if message is None else message
-    eid = event_id(name, _categories(domain, category))
-    if payload is None and not args:
+    eid = event_id(name, _categories(domain, category)) if fast else None
+    if fast:
         cls = type("annotate", (_Range,), {"__slots__": ()})
         r = cls()
         r.begin = rec.chain(code(eid, LEVEL_DETAIL, BEGIN))
         _bind_class(cls, r.begin)
+    elif payload is None and not args:
+        r = _SlowRange()
+        cats = _categories(domain, category)
+        r.begin = functools.partial(rec.record_named, BEGIN, name, cats, LEVEL_DETAIL)
     else:
         r = _SlowRange()
         blob_args = (payload, args)
 
-        def begin(eid=eid, blob_args=blob_args):
-            rec.record_blob(_args_blob(BEGIN, eid, *blob_args))
+        cats = _categories(domain, category)
+
+        def begin(blob_args=blob_args):
+            blob = _args_blob(BEGIN, 0, *blob_args)
+            blob.eid = event_id(name, cats, force=False)
+            if blob.eid is None:  # table full: the name goes inline
+                blob.eid, blob.name = event_id("", cats), rec.clean_name(name)
+            rec.record_blob(blob)
 
         r.begin = begin
     r.message, r.color, r.domain, r.category = name, color, domain, category
@@ -168,13 +179,15 @@ def _annotate_slow(message, color, domain, category, payload, args):
         key = (message, None if domain is None else str(domain), category)
     r = _ranges.get(key)
     if r is None:
-        r = _make_range(message, color, domain, category, None, None)
-        if len(_ranges) < MAX_CACHED_RANGES:
-            with _lock:
-                r = _ranges.setdefault(key, r)
+        if len(_ranges) >= MAX_CACHED_RANGES:  # so many names: no class per name any more
+            return _make_range(message, color, domain, category, None, None)
+        with _lock:
+            r = _ranges.get(key)
+            if r is None:
+                r = _ranges[key] = _make_range(message, color, domain, category, None, None,
+                                               fast=True)
                 if domain is None and category is None:
-                    _by_message.setdefault(key[0], r)
-                _bind_class(type(r), r.begin)
+                    _by_message[key[0]] = r
     return r
 
 
@@ -243,9 +256,8 @@ def push_range(message: Any = None, color: Any = None, domain: Any = None, categ
         except (KeyError, TypeError):
             _push_chain(message, domain, category)()
     else:
-        rec.record_blob(_args_blob(BEGIN, event_id(_name(message),
-                                                    _categories(domain, category)), payload,
-                                   None))
+        rec.record_named(BEGIN, _name(message), _categories(domain, category), LEVEL_DETAIL,
+                         {"payload": payload})
     if _forward:
         _nvtx.forward_push(_name(message), color, domain, category)
 
@@ -264,10 +276,11 @@ def _push_chain(message, domain, category):
         key = message if plain else (message, str(domain), str(category))
     c = _push_chains.get(key)
     if c is None:
-        c = rec.chain(code(event_id(_name(message), _categories(domain, category)),
-                           LEVEL_DETAIL, BEGIN))
-        if len(_push_chains) < MAX_CACHED_RANGES:
-            _push_chains[key] = c
+        cats = _categories(domain, category)
+        if len(_push_chains) >= MAX_CACHED_RANGES:
+            return functools.partial(rec.record_named, BEGIN, _name(message), cats, LEVEL_DETAIL)
+        c = _push_chains[key] = rec.chain(code(event_id(_name(message), cats), LEVEL_DETAIL,
+                                               BEGIN))
     return c
 
 
@@ -301,10 +314,8 @@ def start_range(message: Any = None, color: Any = None, domain: Any = None,
     if sess is None:
         return None
     track = sess.acquire_async_track()
-    eid = event_id(_name(message), _categories(domain, category))
-    blob = _args_blob(BEGIN, eid, payload, None)
-    blob.track = track
-    rec.record_blob(blob)
+    rec.record_named(BEGIN, _name(message), _categories(domain, category), LEVEL_DETAIL,
+                     {"payload": payload} if payload is not None else None, track)
     fwd = _nvtx.forward_start(_name(message), color, domain, category) if _forward else None
     return RangeHandle(track, fwd, domain)
 
@@ -335,11 +346,8 @@ def mark(message: Any = None, color: Any = None, domain: Any = None, category: A
     """An instant event on this thread's track."""
     if not _on:
         return
-    eid = event_id(_name(message), _categories(domain, category))
-    if payload is None and not args:
-        rec._ext((code(eid, LEVEL_DETAIL, INSTANT), rec.perf_counter_ns(), rec.get_ident()))
-    else:
-        rec.record_blob(_args_blob(INSTANT, eid, payload, args))
+    data = _args_blob(INSTANT, 0, payload, args).args if payload is not None or args else None
+    rec.record_named(INSTANT, _name(message), _categories(domain, category), LEVEL_DETAIL, data)
     if _forward:
         _nvtx.forward_mark(_name(message), color, domain, category)
 

@@ -113,10 +113,23 @@ def clean_name(name: Any) -> str:
     return name
 
 
-def event_id(name: Any, categories: tuple[str, ...] = (), srcloc: tuple | None = None) -> int:
+MAX_EVENT_KINDS = 1 << 16  # interned names; past this, new names are written inline
+
+
+def event_id(name: Any, categories: tuple[str, ...] = (), srcloc: tuple | None = None,
+             force: bool = True) -> int | None:
+    """The interned id of an event kind. With ``force=False``, None once the table is full and
+    the kind is new: the caller then writes the name inline (a run with endless distinct names,
+    ``f"batch {i}"``, must not grow a table forever)."""
     key = (name, categories, srcloc)
-    eid = _kind_ids.get(key)
+    try:
+        eid = _kind_ids.get(key)
+    except TypeError:  # unhashable name
+        key = (clean_name(name), categories, srcloc)
+        eid = _kind_ids.get(key)
     if eid is None:
+        if not force and len(kinds) >= MAX_EVENT_KINDS:
+            return None
         with _kinds_lock:
             eid = _kind_ids.get(key)
             if eid is None:
@@ -124,6 +137,19 @@ def event_id(name: Any, categories: tuple[str, ...] = (), srcloc: tuple | None =
                 kinds.append(EventKind(clean_name(name), categories, srcloc))
                 _kind_ids[key] = eid
     return eid
+
+
+def record_named(kind: int, name: Any, categories: tuple[str, ...], level: int,
+                 args: dict | None = None, track: int | None = None) -> tuple[int, int, int]:
+    """Record a begin/instant by name: a fast code when the name is (or can be) interned and
+    nothing else is attached, else a blob (inline name once the table is full)."""
+    eid = event_id(name, categories, force=False)
+    if eid is None:
+        return record_blob(Blob(kind, event_id("", categories), level, track=track, args=args,
+                                name=clean_name(name)))
+    if args or track is not None:
+        return record_blob(Blob(kind, eid, level, track=track, args=args))
+    return record(code(eid, level, kind))
 
 
 # --- blobs: events that need more than a name ---------------------------------------------------
@@ -195,13 +221,11 @@ def begin(name: str, category: str | None = None, args: dict | None = None,
     """
     if not ON or (level == LEVEL_DETAIL and not DETAIL):
         return None
+    cats = (category,) if category else ()
     if not intern:
-        return record_blob(Blob(BEGIN, event_id("", (category,) if category else ()), level,
-                                args=args, name=clean_name(name)))
-    eid = event_id(name, (category,) if category else ())
-    if args:
-        return record_blob(Blob(BEGIN, eid, level, args=args))
-    return record(code(eid, level, BEGIN))
+        return record_blob(Blob(BEGIN, event_id("", cats), level, args=args,
+                                name=clean_name(name)))
+    return record_named(BEGIN, name, cats, level, args)
 
 
 def end(level: int = LEVEL_SUMMARY, args: dict | None = None) -> None:
@@ -219,11 +243,7 @@ def instant(name: str, category: str | None = None, args: dict | None = None,
             level: int = LEVEL_SUMMARY, track: int | None = None) -> None:
     if not ON or (level == LEVEL_DETAIL and not DETAIL):
         return
-    eid = event_id(name, (category,) if category else ())
-    if args or track:
-        record_blob(Blob(INSTANT, eid, level, track=track, args=args))
-    else:
-        _ext((code(eid, level, INSTANT), perf_counter_ns(), get_ident()))
+    record_named(INSTANT, name, (category,) if category else (), level, args, track)
 
 
 def counter(track: int, value: float, level: int = LEVEL_SUMMARY) -> None:

@@ -182,93 +182,122 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
                   track_utid=track_utid, track_upid=track_upid, stats=stats)
 
 
+def _small_key(a: np.ndarray) -> np.ndarray:
+    """Non-negative keys in the smallest unsigned type: numpy sorts 16-bit ones by radix."""
+    top = int(a.max()) if len(a) else 0
+    if top < (1 << 16):
+        return a.astype(np.uint16)
+    return a.astype(np.uint32) if top < (1 << 32) else a
+
+
 def _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats):
     """Slices from begin/end/instant events: depth and parent from nesting per track.
 
     Returns the slice columns (in id order) and, per event, the id of its slice (-1: none).
+    Working arrays are int32 where the values fit (event counts < 2**31): peak memory.
     """
     m = len(etyp)
     ev = order[is_slice_ev[order]]  # slice events in global time order
     k = len(ev)
-    ev_slice = np.full(m, -1, np.int64)
     typ = etyp[ev]
     is_open = (typ == T_BEGIN) | (typ == T_INSTANT)
-    sid = np.cumsum(is_open) - 1  # slice id of begin/instant events (time order)
+    n_sl = int(is_open.sum())
+    ix = np.int32 if k < (1 << 31) - 1 else np.int64
+    ev_slice = np.full(m, -1, ix)
+    sid = np.cumsum(is_open, dtype=ix)
+    sid -= 1  # slice id of begin/instant events (time order)
     ev_slice[ev[is_open]] = sid[is_open]
     # per track, in time order
     trk = etid[ev]
-    o = np.argsort(trk.astype(np.uint16) if len(trk) and trk.max() < (1 << 16) else trk,
-                   kind="stable")  # uint16: a radix sort
-    t_o = trk[o]
-    delta = np.where(typ == T_BEGIN, 1, np.where(typ == T_END, -1, 0))[o].astype(np.int64)
-    raw = _segmented_cumsum(delta, t_o)
-    # ends with nothing open are ignored (as trace processor): running minimum per track
-    seg_no = np.cumsum(np.r_[True, t_o[1:] != t_o[:-1]]) - 1 if k else np.zeros(0, np.int64)
-    big = np.int64(1 << 40)
-    runmin = np.minimum.accumulate(np.minimum(raw, 0) - seg_no * big) + seg_no * big
-    runmin = np.minimum(runmin, 0)
-    prev_min = np.r_[0, runmin[:-1]]
-    prev_min[np.r_[True, t_o[1:] != t_o[:-1]] if k else []] = 0
-    eff = raw - runmin  # open slices after each event
-    del raw, seg_no, delta
-    typ_o = typ[o]
-    unmatched_end = (typ_o == T_END) & (runmin < prev_min)
-    del runmin, prev_min
-    if unmatched_end.any():
+    o = np.argsort(_small_key(trk), kind="stable")
+    t_o, typ_o, sid_o, ev_o = trk[o], typ[o], sid[o], ev[o]
+    del trk, sid, o
+    newseg = np.r_[True, t_o[1:] != t_o[:-1]] if k else np.zeros(0, bool)
+    delta = (typ_o == T_BEGIN).astype(ix)
+    delta -= typ_o == T_END
+    raw = np.cumsum(delta, dtype=ix)  # open slices after each event, per track
+    starts = np.flatnonzero(newseg)
+    raw -= np.repeat(raw[starts] - delta[starts], np.diff(np.r_[starts, k]))
+    del delta
+    if k and int(raw.min()) < 0:
+        # ends with nothing open are ignored (as trace processor): running minimum per track
+        seg_no = np.cumsum(newseg) - 1
+        big = np.int64(1 << 40)
+        runmin = np.minimum.accumulate(np.minimum(raw, 0) - seg_no * big) + seg_no * big
+        del seg_no
+        runmin = np.minimum(runmin, 0)
+        prev_min = np.r_[0, runmin[:-1]]
+        prev_min[newseg] = 0
+        unmatched_end = (typ_o == T_END) & (runmin < prev_min)
+        raw -= runmin.astype(ix)  # open slices after each event
+        del runmin, prev_min
         stats["slice_end_without_begin"] = int(unmatched_end.sum())
-    depth_o = np.where(typ_o == T_BEGIN, eff - 1, eff)  # begin/instant: depth; end: its level
-    del eff
-    pos_o = np.arange(k)
+    else:
+        unmatched_end = None
+    del newseg, starts
+    depth_o = raw
+    depth_o -= typ_o == T_BEGIN  # begin/instant: depth; end: the level it closes
+    del raw
+    # events grouped by (track, depth), in time order within a group
+    dmax = int(depth_o.max()) + 2 if k else 2
+    key = t_o.astype(np.int64) * dmax + depth_o
+    del t_o
+    po = np.argsort(_small_key(key), kind="stable")
     # pair each begin with the next end at the same level on the same track
-    pair = (typ_o == T_BEGIN) | ((typ_o == T_END) & ~unmatched_end)
-    pi = np.flatnonzero(pair)
-    span = np.int64(k + 1)
-    dmax = np.int64(int(depth_o.max()) + 2 if k else 2)
-    po = pi[np.argsort((t_o[pi] * dmax + depth_o[pi]) * span + pi)]  # unique keys
-    nxt_is_end = np.zeros(len(po), bool)
-    if len(po) > 1:
-        same = (t_o[po[1:]] == t_o[po[:-1]]) & (depth_o[po[1:]] == depth_o[po[:-1]])
-        nxt_is_end[:-1] = same & (typ_o[po[1:]] == T_END) & (typ_o[po[:-1]] == T_BEGIN)
-        del same
-    b_o = po[nxt_is_end]
-    e_o = po[1:][nxt_is_end[:-1]] if len(po) > 1 else po[:0]
-    del po, pi, pair, nxt_is_end
-    ts_o = ets[ev][o]
-    sid_o = sid[o]
-    n_sl = int(is_open.sum())
+    is_begin = typ_o == T_BEGIN
+    pair = is_begin | (typ_o == T_END)
+    if unmatched_end is not None:
+        pair &= ~unmatched_end
+        del unmatched_end
+    pp = po[pair[po]]
+    del pair
+    nxt_is_end = np.zeros(len(pp), bool)
+    if len(pp) > 1:
+        nxt_is_end[:-1] = ((key[pp[1:]] == key[pp[:-1]]) & (typ_o[pp[1:]] == T_END)
+                           & is_begin[pp[:-1]])
+    b_o = pp[nxt_is_end]
+    e_o = pp[1:][nxt_is_end[:-1]] if len(pp) > 1 else pp[:0]
+    del pp, nxt_is_end
     dur = np.full(n_sl, -1, np.int64)
-    dur[sid_o[b_o]] = ts_o[e_o] - ts_o[b_o]
-    ev_slice[ev[o][e_o]] = sid_o[b_o]
-    del ts_o, b_o, e_o
+    b_ev = ev_o[b_o]
+    e_ev = ev_o[e_o]
+    dur[sid_o[b_o]] = ets[e_ev] - ets[b_ev]
+    ev_slice[e_ev] = sid_o[b_o]
+    del b_o, e_o, b_ev, e_ev, ev_o
     # parents: the latest begin one level up on the same track
-    opn = np.flatnonzero((typ_o == T_BEGIN) | (typ_o == T_INSTANT))
-    depth = np.zeros(n_sl, np.int64)
+    opn = np.flatnonzero(is_begin | (typ_o == T_INSTANT))
+    depth = np.zeros(n_sl, ix)
     depth[sid_o[opn]] = depth_o[opn]
-    parent = np.full(n_sl, -1, np.int64)
-    bi = np.flatnonzero(typ_o == T_BEGIN)
+    parent = np.full(n_sl, -1, ix)
     kid = opn[depth_o[opn] > 0]
-    if len(bi) and len(kid):
+    del opn, depth_o
+    pb = po[is_begin[po]]  # begins by (track, depth), then position: sorted keys below
+    del po, is_begin
+    if len(pb) and len(kid):
         span = np.int64(k + 1)
-        bkey = (t_o[bi] * (int(depth_o.max()) + 2) + depth_o[bi]) * span + pos_o[bi]
-        bord = np.argsort(bkey)
-        bkey = bkey[bord]
-        q = (t_o[kid] * (int(depth_o.max()) + 2) + depth_o[kid] - 1) * span + pos_o[kid]
+        bkey = key[pb] * span + pb
+        q = (key[kid] - 1) * span + kid
         j = np.searchsorted(bkey, q, side="right") - 1
-        parent[sid_o[kid]] = sid_o[bi[bord[np.maximum(j, 0)]]]
+        del bkey, q
+        parent[sid_o[kid]] = sid_o[pb[np.maximum(j, 0)]]
+        del j
+    del key, kid, pb, sid_o, typ_o
     opened = ev[is_open]
+    del ev
+    dur[typ[is_open] == T_INSTANT] = 0
     cols = {
         "id": np.arange(n_sl, dtype=np.int64),
         "ts": ets[opened],
-        "dur": np.where(typ[is_open] == T_INSTANT, 0, dur),
+        "dur": dur,
         "track_id": etid[opened],
         "category": ecat[opened],
         "name": ename[opened],
         "depth": depth,
         "parent_id": parent,
-        "arg_set_id": np.full(n_sl, -1, np.int64),
+        "arg_set_id": np.full(n_sl, -1, ix),
     }
-    if (cols["dur"] < 0).any():
-        stats["slices_unfinished"] = int((cols["dur"] < 0).sum())
+    if (dur < 0).any():
+        stats["slices_unfinished"] = int((dur < 0).sum())
     return cols, ev_slice
 
 

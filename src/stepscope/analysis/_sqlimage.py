@@ -46,23 +46,48 @@ class Table:
     columns: list[Column]
 
 
-_THRESH = np.array([1 << (7 * k) for k in range(1, 9)], dtype=np.uint64)
+@dataclass
+class Index:
+    """An index over integer columns (no NULLs) of a table: entries (keys..., rowid).
+
+    Built as SQLite's own index B-tree would be, so no ``CREATE INDEX`` pass is needed.
+    """
+
+    name: str
+    sql: str
+    table: str
+    keys: list[np.ndarray]
+    rowid: np.ndarray
+
+
+_ROWS = 1 << 18  # rows laid out per numpy pass (bounds temporary memory)
+# bytes of an integer value per serial type (1..6: 1, 2, 3, 4, 6, 8 bytes; 8, 9: 0 and 1)
+_ISIZE = np.array([0, 1, 2, 3, 4, 6, 8, 8, 0, 0], np.int64)
 
 
 def _vlen(v: np.ndarray) -> np.ndarray:
-    """SQLite varint length (1..9 bytes) of non-negative values."""
-    return np.searchsorted(_THRESH, v.astype(np.uint64), side="right").astype(np.int64) + 1
+    """SQLite varint length (1..8 bytes here) of non-negative values below 2**56."""
+    out = np.ones(len(v), np.int64)
+    if not len(v):
+        return out
+    top = int(v.max())
+    for k in range(1, 8):
+        if top < 1 << (7 * k):
+            break
+        out += v >= (1 << (7 * k))
+    return out
 
 
 def _put_varint(out: np.ndarray, pos: np.ndarray, v: np.ndarray, ln: np.ndarray) -> None:
     """SQLite varints are big-endian groups of 7 bits (values < 2**56 here)."""
     if not len(ln):
         return
-    if int(ln.max()) == 1:  # the common case: one byte each
+    top = int(ln.max())
+    if top == 1:  # the common case: one byte each
         out[pos] = v.astype(np.uint8)
         return
     v = v.astype(np.uint64)
-    for k in range(int(ln.max())):
+    for k in range(top):
         sel = np.flatnonzero(ln > k)
         shift = (ln[sel] - 1 - k) * 7
         byte = (v[sel] >> shift.astype(np.uint64)) & np.uint64(0x7F)
@@ -70,11 +95,20 @@ def _put_varint(out: np.ndarray, pos: np.ndarray, v: np.ndarray, ln: np.ndarray)
         out[pos[sel] + k] = byte.astype(np.uint8)
 
 
-def _put_be64(out: np.ndarray, pos: np.ndarray, v: np.ndarray) -> None:
-    b = v.astype(">i8" if v.dtype.kind in "iu" else ">f8").view(np.uint8).reshape(-1, 8)
-    # 8-byte windows starting at every offset of ``out``: rows are copied whole
-    win = np.lib.stride_tricks.as_strided(out, shape=(len(out) - 7, 8), strides=(1, 1))
-    win[pos] = b
+def _window(a: np.ndarray, w: int) -> np.ndarray:
+    """Windows of ``w`` bytes starting at every offset of ``a``: rows are copied whole."""
+    return np.lib.stride_tricks.as_strided(a, shape=(len(a) - w + 1, w), strides=(1, 1))
+
+
+def _int_serial(v: np.ndarray) -> np.ndarray:
+    """Smallest serial type holding each integer (as SQLite writes them: same values)."""
+    m = v ^ (v >> 63)  # v for v >= 0, -v - 1 for v < 0
+    s = np.ones(len(v), np.int64)
+    for bits in (7, 15, 23, 31, 47):
+        s += m >= (1 << bits)
+    s[v == 0] = 8
+    s[v == 1] = 9
+    return s
 
 
 class _Strings:
@@ -84,109 +118,216 @@ class _Strings:
         self.off = np.zeros(len(enc), np.int64)
         if len(enc):
             np.cumsum(self.len[:-1], out=self.off[1:])
-        self.blob = np.frombuffer(b"".join(enc) or b"\0", np.uint8)
+        self.blob = np.frombuffer(b"".join(enc) + b"\0", np.uint8)
 
 
-def _serial(c: Column, st: _Strings, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Serial types and value sizes of one column (0: NULL / the rowid alias)."""
+def _serial(c: Column, st: _Strings, rows) -> tuple[np.ndarray, np.ndarray]:
+    """Serial types and value sizes of one column at ``rows`` (0: NULL / the rowid alias)."""
     if c.kind == "rowid":
-        z = np.zeros(n, np.int64)
+        z = np.zeros(_nrows(rows), np.int64)
         return z, z
-    if c.kind in ("int", "real"):
+    if c.kind == "int":
+        s = _int_serial(c.values[rows].astype(np.int64, copy=False))
+        if c.null is not None:
+            s[c.null[rows]] = 0
+        return s, _ISIZE[s]
+    if c.kind == "real":
         if c.null is None:
-            return np.full(n, 6 if c.kind == "int" else 7, np.int64), np.full(n, 8, np.int64)
-        return (np.where(c.null, 0, 6 if c.kind == "int" else 7),
-                np.where(c.null, 0, 8))
-    ids = c.values
+            k = _nrows(rows)
+            return np.full(k, 7, np.int64), np.full(k, 8, np.int64)
+        nl = c.null[rows]
+        return np.where(nl, 0, 7), np.where(nl, 0, 8)
+    ids = c.values[rows]
     ln = st.len[np.maximum(ids, 0)]
     return np.where(ids < 0, 0, 2 * ln + 13), np.where(ids < 0, 0, ln)
 
 
-def _leaf_pages(t: Table, st: _Strings, first_page: int) -> tuple[np.ndarray, np.ndarray]:
-    """Leaf pages of a table B-tree; returns (page bytes, last rowid of each page)."""
+def _nrows(rows) -> int:
+    return rows.stop - rows.start if isinstance(rows, slice) else len(rows)
+
+
+def _put_values(out: np.ndarray, q: np.ndarray, c: Column, s: np.ndarray, z: np.ndarray,
+                rows, st: _Strings) -> None:
+    """Write one column's values (serial types ``s``, sizes ``z``) at positions ``q``."""
+    if c.kind == "int":
+        v = c.values[rows].astype(np.int64, copy=False)
+        for code in range(1, 7):
+            sel = np.flatnonzero(s == code)
+            if len(sel):
+                w = int(_ISIZE[code])
+                b = v[sel].astype(">i8").view(np.uint8).reshape(-1, 8)
+                _window(out, w)[q[sel]] = b[:, 8 - w:]
+    elif c.kind == "real":
+        sel = np.flatnonzero(z > 0) if c.null is not None else slice(None)
+        b = c.values[rows].astype(">f8")[sel].view(np.uint8).reshape(-1, 8)
+        _window(out, 8)[q[sel]] = b
+    elif c.kind == "text":
+        sel = np.flatnonzero(z > 0)
+        if not len(sel):
+            return
+        ln = z[sel]
+        src = st.off[c.values[rows][sel]]
+        dst = q[sel]
+        o = np.argsort(ln.astype(np.uint16), kind="stable")  # group rows by length
+        ln = ln[o]
+        cut = np.flatnonzero(np.r_[True, ln[1:] != ln[:-1], True])
+        for a, b in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True):
+            w = int(ln[a])
+            g = o[a:b]
+            _window(out, w)[dst[g]] = _window(st.blob, w)[src[g]]
+
+
+@dataclass
+class _Layout:
+    """Where each cell of a B-tree's leaf pages goes."""
+
+    cols: list[Column]
+    rows: np.ndarray | None  # rows of the columns, in cell order (None: all, in order)
+    rowid: np.ndarray | None  # table B-trees: the rowid of each cell
+    page: np.ndarray  # leaf page (0-based) of each cell
+    cell_off: np.ndarray  # offset of each cell in its page
+    pfirst: np.ndarray  # first cell of each page
+    content_start: np.ndarray  # per page
+    n_pages: int
+
+
+def _cell_sizes(cols: list[Column], st: _Strings, n: int, rows, rowid) -> np.ndarray:
+    cell = np.zeros(n, np.int32)
+    for lo in range(0, n, _ROWS):
+        hi = min(n, lo + _ROWS)
+        r = slice(lo, hi) if rows is None else rows[lo:hi]
+        hdr = np.ones(hi - lo, np.int64)
+        payload = np.zeros(hi - lo, np.int64)
+        for c in cols:
+            s, z = _serial(c, st, r)
+            hdr += _vlen(s)
+            payload += z
+        if int(hdr.max()) >= 128:
+            raise ValueError("too many columns")
+        payload += hdr
+        sz = _vlen(payload) + payload
+        if rowid is not None:
+            sz += _vlen(rowid[lo:hi])
+        cell[lo:hi] = sz
+    return cell
+
+
+def _place(cell: np.ndarray, page: np.ndarray, n_pages: int) -> tuple:
+    """Cell offsets: each page's cells fill its end, in order."""
+    n = len(cell)
+    pfirst = np.flatnonzero(np.r_[True, page[1:] != page[:-1]]) if n else np.zeros(0, np.int64)
+    ccum = np.zeros(n, np.int64)
+    if n:
+        np.cumsum(cell[:-1], out=ccum[1:])
+    page_bytes = np.add.reduceat(cell.astype(np.int64), pfirst) if n else np.zeros(0, np.int64)
+    content_start = np.full(n_pages, PAGE, np.int64)
+    content_start[:len(page_bytes)] = PAGE - page_bytes
+    ccum -= ccum[pfirst][page]
+    ccum += content_start[page]
+    return pfirst, ccum.astype(np.int32), content_start
+
+
+def _table_layout(t: Table, st: _Strings) -> _Layout:
     n = len(t.rowid)
-    # pass 1: record header and body sizes (columns' serial types recomputed in pass 2, so
-    # that only a few n-sized arrays are alive at a time)
-    hdr = np.ones(n, np.int64)
-    body = np.zeros(n, np.int64)
-    for c in t.columns:
-        s, z = _serial(c, st, n)
-        hdr += _vlen(s)
-        body += z
-    payload = hdr + body
-    rowid = t.rowid.astype(np.int64)
-    cell = _vlen(payload) + _vlen(rowid) + payload
+    rowid = t.rowid.astype(np.int64, copy=False)
+    cell = _cell_sizes(t.columns, st, n, None, rowid)
     if n and int(cell.max()) + 2 > PAGE - _LEAF_HDR:
         raise ValueError("row too large for one page")
-    # page assignment: a page takes cells while their start fits below cap - max cell size
-    need = cell + 2
+    # a page takes cells while their start fits below cap - max cell size
+    need = cell.astype(np.int64) + 2
     cstart = np.zeros(n, np.int64)
     if n:
         np.cumsum(need[:-1], out=cstart[1:])
     cap = PAGE - _LEAF_HDR - (int(need.max()) if n else 0)
-    page = cstart // max(cap, 1)
+    del need
+    cstart //= max(cap, 1)
+    page = cstart.astype(np.int32)
+    del cstart
     n_pages = int(page[-1]) + 1 if n else 1
-    out = np.zeros(n_pages * PAGE, np.uint8)
-    if not n:
-        out[0] = 13
-        return out, np.zeros(1, np.int64)
-    pfirst = np.flatnonzero(np.r_[True, page[1:] != page[:-1]])
-    pcount = np.diff(np.r_[pfirst, n])
-    idx_in_page = np.arange(n) - np.repeat(pfirst, pcount)
-    # cell contents go at the end of the page, in order
-    ccum = np.zeros(n, np.int64)
-    np.cumsum(cell[:-1], out=ccum[1:])
-    page_bytes = np.add.reduceat(cell, pfirst)
-    content_start = PAGE - page_bytes  # per page
-    cell_off = content_start[page] + (ccum - ccum[pfirst][page])
-    base = page * PAGE
-    # page headers
-    hb = np.arange(n_pages) * PAGE
-    out[hb] = 13
+    pfirst, cell_off, cs = _place(cell, page, n_pages)
+    return _Layout(t.columns, None, rowid, page, cell_off, pfirst, cs, n_pages)
+
+
+def _index_order(keys: list[np.ndarray], rowid: np.ndarray) -> np.ndarray:
+    """Order of the entries by (keys..., rowid)."""
+    n = len(rowid)
+    inc = n < 2 or bool((rowid[1:] > rowid[:-1]).all())
+    if inc and (len(keys) == 1 or (len(keys) == 2 and bool((keys[1][1:] >= keys[1][:-1]).all()))):
+        k0 = keys[0]  # later keys already sorted in row order: a stable sort on the first
+        if n and int(k0.min()) >= 0 and int(k0.max()) < (1 << 16):
+            k0 = k0.astype(np.uint16)  # numpy sorts those by radix
+        return np.argsort(k0, kind="stable")
+    return np.lexsort([rowid, *keys[::-1]])
+
+
+def _index_layout(ix: Index, st: _Strings) -> tuple[_Layout, list[bytes]]:
+    """Leaf layout of an index B-tree and the entries between its leaves (to go up a level).
+
+    In an index B-tree every entry is stored once: the leaves hold runs of entries and each
+    entry between two runs moves to the parent page.
+    """
+    cols = [Column("int", k) for k in ix.keys] + [Column("int", ix.rowid)]
+    order = _index_order(ix.keys, ix.rowid)
+    n = len(order)
+    cell = _cell_sizes(cols, st, n, order, None)
+    cap = (PAGE - _LEAF_HDR) // (int(cell.max()) + 2) if n else 1
+    n_leaves = max(1, -(-(n + 1) // (cap + 1)))
+    in_leaves = n - (n_leaves - 1)
+    size = in_leaves // n_leaves + (np.arange(n_leaves) < in_leaves % n_leaves)
+    div_at = np.cumsum(size + 1)[:-1] - 1  # entry positions that move up
+    is_div = np.zeros(n, bool)
+    is_div[div_at] = True
+    divs = [_record([int(c.values[r]) for c in cols]) for r in order[div_at].tolist()]
+    keep = ~is_div
+    rows, cell = order[keep], cell[keep]
+    del order, is_div
+    page = np.repeat(np.arange(n_leaves, dtype=np.int32), size)
+    pfirst, cell_off, cs = _place(cell, page, n_leaves)
+    return _Layout(cols, rows, None, page, cell_off, pfirst, cs, n_leaves), divs
+
+
+def _write_leaves(out: np.ndarray, base: int, lay: _Layout, kind: int, st: _Strings) -> None:
+    """Write the leaf pages of ``lay`` into ``out`` starting at byte ``base``."""
+    n = len(lay.page)
+    hb = base + np.arange(lay.n_pages, dtype=np.int64) * PAGE
+    pcount = np.bincount(lay.page, minlength=lay.n_pages) if n else np.zeros(lay.n_pages, int)
+    out[hb] = kind
     out[hb + 3] = (pcount >> 8).astype(np.uint8)
     out[hb + 4] = (pcount & 0xFF).astype(np.uint8)
-    cs = content_start % PAGE  # 65536 is written as 0
+    cs = lay.content_start % PAGE  # 65536 is written as 0
     out[hb + 5] = (cs >> 8).astype(np.uint8)
     out[hb + 6] = (cs & 0xFF).astype(np.uint8)
-    # cell pointers
-    pp = base + _LEAF_HDR + 2 * idx_in_page
-    out[pp] = (cell_off >> 8).astype(np.uint8)
-    out[pp + 1] = (cell_off & 0xFF).astype(np.uint8)
-    # cells: payload length, rowid, record header, values
-    p = base + cell_off
-    lp = _vlen(payload)
-    _put_varint(out, p, payload, lp)
-    p = p + lp
-    lr = _vlen(rowid)
-    _put_varint(out, p, rowid, lr)
-    p = p + lr
-    out[p] = hdr.astype(np.uint8)
-    q = p + hdr  # values start after the header
-    p = p + 1
-    for c in t.columns:
-        s, z = _serial(c, st, n)
-        sl = _vlen(s)
-        _put_varint(out, p, s, sl)
-        p = p + sl
-        if c.kind in ("int", "real"):
-            sel = np.flatnonzero(z > 0) if c.null is not None else slice(None)
-            vals = c.values.astype(np.int64 if c.kind == "int" else np.float64)
-            _put_be64(out, q[sel], vals[sel])
-        elif c.kind == "text":
-            sel = np.flatnonzero(z > 0)
-            if len(sel):
-                ln = z[sel]
-                total = int(ln.sum())
-                cum = np.zeros(len(sel), np.int64)
-                np.cumsum(ln[:-1], out=cum[1:])
-                ramp = np.arange(total, dtype=np.int64)
-                dst = np.repeat(q[sel] - cum, ln) + ramp
-                src = np.repeat(st.off[c.values[sel]] - cum, ln) + ramp
-                out[dst] = st.blob[src]
-                del dst, src, ramp
-        q = q + z
-    last_rowid = rowid[np.r_[pfirst[1:] - 1, n - 1]]
-    return out, last_rowid
+    for lo in range(0, n, _ROWS):
+        hi = min(n, lo + _ROWS)
+        r = slice(lo, hi) if lay.rows is None else lay.rows[lo:hi]
+        pg = lay.page[lo:hi].astype(np.int64)
+        co = lay.cell_off[lo:hi].astype(np.int64)
+        pp = base + pg * PAGE + _LEAF_HDR + 2 * (np.arange(lo, hi) - lay.pfirst[pg])
+        out[pp] = (co >> 8).astype(np.uint8)
+        out[pp + 1] = (co & 0xFF).astype(np.uint8)
+        p = base + pg * PAGE + co
+        del pp, pg, co
+        ser = [_serial(c, st, r) for c in lay.cols]
+        vl = [_vlen(s) for s, _ in ser]
+        hdr = 1 + sum(vl)
+        payload = hdr + sum(z for _, z in ser)
+        ln = _vlen(payload)
+        _put_varint(out, p, payload, ln)
+        p += ln
+        if lay.rowid is not None:
+            rid = lay.rowid[lo:hi]
+            ln = _vlen(rid)
+            _put_varint(out, p, rid, ln)
+            p += ln
+        out[p] = hdr.astype(np.uint8)
+        q = p + hdr  # values start after the header
+        p += 1
+        for c, (s, z), sl in zip(lay.cols, ser, vl, strict=True):
+            _put_varint(out, p, s, sl)
+            p += sl
+            if c.kind != "rowid":
+                _put_values(out, q, c, s, z, r, st)
+            q += z
 
 
 def _interior_pages(children: list[int], keys: list[int], first_page: int) -> tuple[list, list]:
@@ -251,25 +392,57 @@ def _record(values: list) -> bytes:
     return hdr + b"".join(body)
 
 
-def build(tables: list[Table], strings: list[str | None]) -> bytes:
-    """The bytes of an SQLite database holding ``tables`` (schema + rows)."""
+def _index_interior(children: list[int], divs: list[bytes], first_page: int) -> tuple:
+    """One level of interior pages of an index B-tree: (pages, their numbers, entries that go
+    up). ``divs[i]`` is the entry between ``children[i]`` and ``children[i + 1]``."""
+    per = (PAGE - _INTERIOR_HDR) // (2 + 4 + 9 + max(len(d) for d in divs)) + 1  # children
+    n_pages = -(-len(children) // per)
+    sizes = [len(children) // n_pages + (j < len(children) % n_pages) for j in range(n_pages)]
+    pages, up_divs, i = [], [], 0
+    for j, sz in enumerate(sizes):
+        ch, dv = children[i : i + sz], divs[i : i + sz - 1]
+        cells = [struct.pack(">I", c) + _varint(len(d)) + d for c, d in zip(ch[:-1], dv,
+                                                                              strict=True)]
+        pages.append(_page(2, cells, right=ch[-1]))
+        if j < n_pages - 1:
+            up_divs.append(divs[i + sz - 1])
+        i += sz
+    return pages, list(range(first_page, first_page + n_pages)), up_divs
+
+
+def build(tables: list[Table], strings: list[str | None],
+          indexes: list[Index] | tuple = ()) -> np.ndarray:
+    """The bytes (a uint8 array) of an SQLite database holding ``tables`` and ``indexes``."""
     st = _Strings(strings)
-    chunks: list = []
-    next_page = 2
-    schema_rows = []
+    plans: list[tuple] = []  # (type, name, table, sql, layout, index entries between leaves)
     for t in tables:
-        leaves, last = _leaf_pages(t, st, next_page)
-        n_leaves = len(leaves) // PAGE
-        chunks.append(leaves)
-        children = list(range(next_page, next_page + n_leaves))
-        keys = last.tolist()
-        next_page += n_leaves
-        while len(children) > 1:
-            pages, up = _interior_pages(children, keys, next_page)
-            chunks.extend(pages)
-            next_page += len(pages)
-            children, keys = [c for c, _ in up], [k for _, k in up]
-        schema_rows.append(("table", t.name, t.name, children[0], t.sql))
+        plans.append(("table", t.name, t.name, t.sql, _table_layout(t, st), None))
+    for ix in indexes:
+        lay, divs = _index_layout(ix, st)
+        plans.append(("index", ix.name, ix.table, ix.sql, lay, divs))
+    # leaves first (pages 2...), then the interior pages of every B-tree
+    firsts, next_page = [], 2
+    for p in plans:
+        firsts.append(next_page)
+        next_page += p[4].n_pages
+    interior: list[bytes] = []
+    schema_rows = []
+    for (typ, name, tbl, sql, lay, divs), first in zip(plans, firsts, strict=True):
+        children = list(range(first, first + lay.n_pages))
+        if typ == "table":
+            n = len(lay.page)
+            keys = lay.rowid[np.r_[lay.pfirst[1:] - 1, n - 1]].tolist() if n else [0]
+            while len(children) > 1:
+                pages, up = _interior_pages(children, keys, next_page)
+                interior.extend(pages)
+                next_page += len(pages)
+                children, keys = [c for c, _ in up], [k for _, k in up]
+        else:
+            while len(children) > 1:
+                pages, children, divs = _index_interior(children, divs, next_page)
+                interior.extend(pages)
+                next_page += len(pages)
+        schema_rows.append((typ, name, tbl, children[0], sql))
     cells = []
     for i, row in enumerate(schema_rows, start=1):
         rec = _record(list(row))
@@ -277,7 +450,15 @@ def build(tables: list[Table], strings: list[str | None]) -> bytes:
     page1 = bytearray(_page(13, cells, offset=100))
     n_pages = next_page - 1
     page1[:100] = _header(n_pages)
-    return b"".join([bytes(page1), *chunks])  # numpy pages join through the buffer protocol
+    out = np.zeros(n_pages * PAGE, np.uint8)
+    out[:PAGE] = np.frombuffer(bytes(page1), np.uint8)
+    for (typ, *_, lay, _d), first in zip(plans, firsts, strict=True):
+        _write_leaves(out, (first - 1) * PAGE, lay, 13 if typ == "table" else 10, st)
+    pos = (next_page - 1 - len(interior)) * PAGE
+    for pg in interior:
+        out[pos : pos + PAGE] = np.frombuffer(pg, np.uint8)
+        pos += PAGE
+    return out
 
 
 def _header(n_pages: int) -> bytes:
@@ -296,7 +477,7 @@ def _header(n_pages: int) -> bytes:
     return bytes(h)
 
 
-def connect(image: bytes, path: str = ":memory:") -> sqlite3.Connection:
+def connect(image, path: str = ":memory:") -> sqlite3.Connection:
     """A connection to a database holding ``image`` (in memory, or written to ``path``)."""
     if path != ":memory:":
         with open(path, "wb") as f:

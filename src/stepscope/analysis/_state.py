@@ -81,15 +81,20 @@ def _lookup_last(owner_gen: np.ndarray, owner_pkt: np.ndarray, gen: np.ndarray,
     """Index into owners of the last owner in the same generation at or before each packet."""
     if not len(owner_pkt):
         return np.full(len(pkt), -1, np.int64)
-    comb = owner_gen * (n + 1) + owner_pkt
+    comb = owner_gen.astype(np.int64) * (n + 1) + owner_pkt
     order = np.argsort(comb, kind="stable")
     sc = comb[order]
-    q = gen * (n + 1) + pkt
-    pos = np.searchsorted(sc, q, side="right") - 1
-    ok = (pos >= 0) & (gen >= 0)
-    posc = np.maximum(pos, 0)
-    ok &= owner_gen[order][posc] == gen
-    return np.where(ok, order[posc], -1)
+    sgen = owner_gen[order]
+    out = np.empty(len(pkt), np.int64)
+    step = 1 << 20  # queries per pass: bounded temporaries
+    for lo in range(0, len(pkt), step):
+        g = gen[lo : lo + step].astype(np.int64)
+        pos = np.searchsorted(sc, g * (n + 1) + pkt[lo : lo + step], side="right") - 1
+        ok = (pos >= 0) & (g >= 0)
+        np.maximum(pos, 0, out=pos)
+        ok &= sgen[pos] == g
+        out[lo : lo + step] = np.where(ok, order[pos], -1)
+    return out
 
 
 class _Interned:
@@ -309,51 +314,75 @@ class _State:
 
 
 def _resolve_timestamps(P: _Acc, st: _State, srank, gen, skip, stats) -> np.ndarray:
-    """Trace-clock timestamp of every packet (INT64_MIN where it cannot be resolved)."""
+    """Trace-clock timestamp of every packet (INT64_MIN where it cannot be resolved).
+
+    The packet columns ts / has_ts / clk are taken out of ``P`` (the result reuses ts).
+    """
     n = len(skip)
     lo = np.iinfo(np.int64).min
-    ts, has_ts, clk = P.get("ts"), P.get("has_ts", bool), P.get("clk")
-    d = _lookup_last(gen[st.def_pkt] if len(st.def_pkt) else st.def_pkt, st.def_pkt, gen,
-                     np.arange(n), n)
-    dclk = np.where(d >= 0, st.def_clock[np.maximum(d, 0)] if len(st.def_clock) else 0, 0)
-    clock = np.where(clk != 0, clk, dclk)
-    is_snap = np.zeros(n, bool)
-    is_snap[st.snapshot_pkts] = True
-    elig = has_ts & ~skip & ~is_snap
+    out, has_ts, clock = P.pop("ts"), P.pop("has_ts", bool), P.pop("clk")
+    clock = clock.astype(np.int64)
+    if len(st.def_pkt):  # no clock id of its own: the defaults' clock
+        need = np.flatnonzero(clock == 0)
+        d = _lookup_last(gen[st.def_pkt], st.def_pkt, gen[need], need, n)
+        clock[need] = np.where(d >= 0, st.def_clock[np.maximum(d, 0)], 0)
+        del need, d
+    elig = has_ts & ~skip
+    elig[st.snapshot_pkts] = False
     seqclk = (clock >= 64) & (clock <= 127)
-    ck = np.where(seqclk, ((srank + 1) << 8) | clock, clock)
-    out = np.full(n, lo, np.int64)
-    ce = ck[elig]
+    if seqclk.any():  # sequence-scoped clocks are distinct per sequence
+        clock[seqclk] |= (srank[seqclk] + 1) << 8
+    del seqclk
+    # group the eligible packets by clock: rank the (long) runs of equal clocks, radix sort
     idx_all = np.flatnonzero(elig)
-    order = np.argsort(ce, kind="stable")
-    ce_sorted = ce[order]
-    bounds = np.flatnonzero(np.r_[True, ce_sorted[1:] != ce_sorted[:-1], True]) if len(ce) \
-        else np.zeros(1, np.int64)
+    ce = clock[idx_all]
+    del clock
+    heads = np.flatnonzero(np.r_[True, ce[1:] != ce[:-1]]) if len(ce) else np.zeros(0, int)
+    ukeys, hrank = np.unique(ce[heads], return_inverse=True)
+    del ce
+    rank = np.repeat(hrank.astype(np.uint16 if len(ukeys) < (1 << 16) else np.int64),
+                     np.diff(np.r_[heads, len(idx_all)]))
+    order = np.argsort(rank, kind="stable")
+    bounds = np.r_[0, np.cumsum(np.bincount(rank, minlength=len(ukeys)))]
+    del rank, heads, hrank
+    done = np.zeros(n, bool)
     failed = 0
-    for b0, b1 in zip(bounds[:-1], bounds[1:], strict=True):
-        key = int(ce_sorted[b0])
+    for key, b0, b1 in zip(ukeys.tolist(), bounds[:-1].tolist(), bounds[1:].tolist(),
+                           strict=True):
         idx = idx_all[order[b0:b1]]
         mult = st.clocks.multiplier.get(key, 1)
-        raw = ts[idx] * mult
+        raw = out[idx]
+        if mult != 1:
+            raw *= mult
         if st.clocks.incremental.get(key, False):
             anc = st.clocks.anchors[key]
             apkt = np.array([a for a, _ in anc], np.int64)
             aval = np.array([v for _, v in anc], np.int64)
             a = np.searchsorted(apkt, idx, side="right") - 1
             ok = a >= 0
-            failed += int((~ok).sum())
-            idx, raw, a = idx[ok], raw[ok], a[ok]
-            ns = _segmented_cumsum(raw, a) + aval[a]
+            if not ok.all():
+                failed += int((~ok).sum())
+                idx, raw, a = idx[ok], raw[ok], a[ok]
+            del ok
+            ns = _segmented_cumsum(raw, a)
+            del raw
+            ns += aval[a]
+            del a
         elif 64 <= (key & 0xFF) <= 127 and key > 0xFF and key not in st.clocks.multiplier:
             failed += len(idx)  # a sequence clock never declared by a snapshot
             continue
         else:
             ns = raw
         conv = st.clocks.convert(key, ns)
+        del ns
         if conv is None:
             failed += len(idx)
             continue
         out[idx] = conv
+        done[idx] = True
+        del conv, idx
+    del order, idx_all
+    out[~done] = lo
     if failed:
         stats["clock_sync_failure"] = failed
     # packets without a timestamp take the latest timestamp seen so far (as trace processor)

@@ -70,14 +70,15 @@ CREATE TABLE thread(utid INTEGER PRIMARY KEY, id INTEGER, tid INTEGER, name TEXT
 CREATE TABLE stats(name TEXT, idx INTEGER, severity TEXT, source TEXT, value INTEGER);
 """
 
-# Indexes created after loading.
-INDEXES = """
-CREATE INDEX slice_track_ts ON slice(track_id, ts);
-CREATE INDEX counter_track_ts ON counter(track_id, ts);
-CREATE INDEX args_set ON args(arg_set_id);
-CREATE INDEX flow_out ON flow(slice_out);
-CREATE INDEX flow_in ON flow(slice_in);
-"""
+# Indexes: (name, table, key columns). Built inside the file image (see _sqlimage), as
+# ``CREATE INDEX name ON table(keys)`` would build them.
+INDEXES = (
+    ("slice_track_ts", "slice", ("track_id", "ts")),
+    ("counter_track_ts", "counter", ("track_id", "ts")),
+    ("args_set", "args", ("arg_set_id",)),
+    ("flow_out", "flow", ("slice_out",)),
+    ("flow_in", "flow", ("slice_in",)),
+)
 
 
 def _noop(stage: str, frac: float) -> None:
@@ -151,6 +152,19 @@ def _image_tables(t: Tables) -> list[si.Table]:
     return out
 
 
+def _image_indexes(tables: list[si.Table]) -> list[si.Index]:
+    """The indexes of INDEXES over the image tables' columns."""
+    by_name = {t.name: t for t in tables}
+    out = []
+    for name, table, keys in INDEXES:
+        t = by_name[table]
+        cols = BIG_SCHEMA[table].split("(", 1)[1].split(",")
+        pos = [[c.split()[0] for c in cols].index(k) for k in keys]
+        out.append(si.Index(name, f"CREATE INDEX {name} ON {table}({', '.join(keys)})", table,
+                            [t.columns[i].values for i in pos], t.rowid))
+    return out
+
+
 def write_tables(t: Tables, db: str = ":memory:", progress: Progress = _noop,
                  indexes: bool = True) -> sqlite3.Connection:
     """A database (in memory or at path ``db``) holding the decoded tables.
@@ -158,7 +172,9 @@ def write_tables(t: Tables, db: str = ":memory:", progress: Progress = _noop,
     The big columns of ``t`` (slice, counter, args) are released once written.
     """
     progress("load", 0.0)
-    image = si.build(_image_tables(t), t.strings.list)
+    tables = _image_tables(t)
+    image = si.build(tables, t.strings.list, _image_indexes(tables) if indexes else ())
+    del tables
     t.slice, t.counter, t.args = {}, {}, {}  # now in the image: free the columns
     progress("load", 0.5)
     conn = si.connect(image, db)
@@ -173,10 +189,6 @@ def write_tables(t: Tables, db: str = ":memory:", progress: Progress = _noop,
                 "INSERT INTO stats(name, idx, severity, source, value)"
                 " VALUES (?, NULL, 'info', 'stepscope', ?)", sorted(t.stats.items()))
         progress("load", 1.0)
-        if indexes:
-            progress("index", 0.0)
-            conn.executescript(INDEXES)
-            progress("index", 1.0)
     except BaseException:
         conn.close()
         raise

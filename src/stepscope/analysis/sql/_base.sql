@@ -26,7 +26,8 @@
 --       Synchronization category 'sync'            Runtime API    'cuda_runtime' / 'cuda_driver'
 --       GPU ranges      category 'gpu_range'       (none)         category 'stepscope'
 --       User ranges     anything else (no category, 'nvtx', or a user's domain/category)
---   * device activity (is_device = 1): kernel, communication, memcpy, memset slices.
+--   * device activity (is_device = 1): kernel, communication, memcpy, memset slices; ss_device
+--     holds just those rows of ss_slice (the tables that only need device slices read it).
 --   * filters: rank filter -> ss_track_sel (tracks of the selected ranks); selected steps (step
 --     number in [A, B)) -> ss_step; with a step range set, slices are kept when they START
 --     inside the rank's window [start of its first selected step, end of its last selected
@@ -137,8 +138,12 @@ ss_frame AS (
   SELECT upid, ts, end_ts FROM ss_step
   UNION ALL
   SELECT upid, MIN(ts), MAX(end_ts) FROM ss_slice
-  WHERE upid NOT IN (SELECT upid FROM ss_step)
+  WHERE EXISTS (SELECT 1 FROM ss_track_sel WHERE upid NOT IN (SELECT upid FROM ss_step))
+    AND upid NOT IN (SELECT upid FROM ss_step)
   GROUP BY upid
+),
+ss_device AS (
+  SELECT * FROM ss_slice WHERE is_device = 1
 ),
 ss_totals AS (
   SELECT SUM(CASE WHEN g = 0 THEN len ELSE 0 END) AS frame_ns,
@@ -149,7 +154,7 @@ ss_totals AS (
              MAX(end_ts) OVER (PARTITION BY g, upid ORDER BY ts
                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
       FROM (SELECT 0 AS g, upid, ts, end_ts FROM ss_frame
-            UNION ALL SELECT 1, upid, ts, end_ts FROM ss_slice WHERE is_device = 1)
+            UNION ALL SELECT 1, upid, ts, end_ts FROM ss_device)
     )
   )
 )

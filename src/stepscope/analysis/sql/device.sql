@@ -32,7 +32,7 @@ dv_gpu AS (
   SELECT s.upid, CASE WHEN gp.name LIKE 'GPU %' THEN gp.id ELSE t.id END AS gpu_id,
          CASE WHEN gp.name LIKE 'GPU %' THEN gp.name ELSE t.name END AS gpu_name,
          s.ts, s.end_ts
-  FROM ss_slice s JOIN track t ON t.id = s.track_id LEFT JOIN track gp ON gp.id = t.parent_id
+  FROM ss_device s JOIN track t ON t.id = s.track_id LEFT JOIN track gp ON gp.id = t.parent_id
   WHERE s.category IN ('kernel', 'communication')
 ),
 dv_gpus AS (

@@ -11,10 +11,10 @@
 --   other_ns         frame_ns - computation_ns - communication_ns + overlap_ns (neither runs).
 {{base}},
 ds_ev AS (
-  SELECT upid, ts AS t, 1 AS dk, 0 AS dc, 0 AS df FROM ss_slice WHERE category = 'kernel'
-  UNION ALL SELECT upid, end_ts, -1, 0, 0 FROM ss_slice WHERE category = 'kernel'
-  UNION ALL SELECT upid, ts, 0, 1, 0 FROM ss_slice WHERE category = 'communication'
-  UNION ALL SELECT upid, end_ts, 0, -1, 0 FROM ss_slice WHERE category = 'communication'
+  SELECT upid, ts AS t, 1 AS dk, 0 AS dc, 0 AS df FROM ss_device WHERE category = 'kernel'
+  UNION ALL SELECT upid, end_ts, -1, 0, 0 FROM ss_device WHERE category = 'kernel'
+  UNION ALL SELECT upid, ts, 0, 1, 0 FROM ss_device WHERE category = 'communication'
+  UNION ALL SELECT upid, end_ts, 0, -1, 0 FROM ss_device WHERE category = 'communication'
   UNION ALL SELECT upid, ts, 0, 0, 1 FROM ss_frame
   UNION ALL SELECT upid, end_ts, 0, 0, -1 FROM ss_frame
 ),

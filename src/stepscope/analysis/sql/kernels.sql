@@ -11,7 +11,7 @@ kn AS (
   SELECT s.name, s.dur,
          COALESCE(b.real_value, b.int_value) AS bps,
          COALESCE(o.real_value, o.int_value) AS occ
-  FROM ss_slice s
+  FROM ss_device s
   LEFT JOIN args b ON b.arg_set_id = s.arg_set_id AND b.key = 'debug.blocks_per_sm'
   LEFT JOIN args o ON o.arg_set_id = s.arg_set_id AND o.key = 'debug.est_achieved_occupancy'
   WHERE s.category IN ('kernel', 'communication')

@@ -10,7 +10,7 @@ mc AS (
   SELECT CASE WHEN s.category = 'memcpy' THEN 'Memcpy ' || COALESCE(k.string_value, 'unknown')
               ELSE 'Memset' END AS kind,
          s.dur, COALESCE(b.int_value, CAST(b.real_value AS INTEGER)) AS bytes
-  FROM ss_slice s
+  FROM ss_device s
   LEFT JOIN args k ON k.arg_set_id = s.arg_set_id AND k.key = 'debug.copy_kind'
   LEFT JOIN args b ON b.arg_set_id = s.arg_set_id AND b.key = 'debug.bytes'
   WHERE s.category IN ('memcpy', 'memset')

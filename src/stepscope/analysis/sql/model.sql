@@ -30,10 +30,9 @@ md_phase AS (
 ),
 md_dev AS (
   SELECT d.id, d.upid, d.ts, d.dur, d.end_ts, COALESCE(l.ts, d.ts) AS launch_ts
-  FROM ss_slice d
+  FROM ss_device d
   LEFT JOIN flow f ON f.slice_in = d.id
   LEFT JOIN slice l ON l.id = f.slice_out
-  WHERE d.is_device = 1
 ),
 md_seq AS (
   SELECT upid, ts AS t, 0 AS ord, id, ts, end_ts, dur,

@@ -38,11 +38,11 @@ op_child AS (
 ),
 op_launch AS (
   SELECT d.id AS dev_id, d.ts, d.end_ts, l.ts AS launch_ts, li.utid
-  FROM ss_slice d
+  FROM ss_device d
   JOIN flow f ON f.slice_in = d.id
   JOIN slice l ON l.id = f.slice_out
   JOIN ss_track_info li ON li.track_id = l.track_id
-  WHERE d.is_device = 1 AND li.utid IS NOT NULL
+  WHERE li.utid IS NOT NULL
 ),
 op_root AS (
   SELECT tt.utid, tt.id AS track_id

@@ -135,10 +135,10 @@ def test_buffer_cap_drops_count_and_records_them(tmp_path, monkeypatch):
         real_write(self, data)
 
     monkeypatch.setattr(Sink, "write_now", slow_write)
-    sess = stepscope.start(path, buffer_bytes=1 << 16, flush_interval_s=0.01, compress=False)
-    deadline = time.monotonic() + 2.0
+    sess = stepscope.start(path, buffer_bytes=1 << 18, flush_interval_s=0.01, compress=False)
+    deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline and sess.dropped == 0:
-        for _ in range(2000):
+        for _ in range(200):  # bursts under the in-memory cap: the slow disk makes the drops
             with stepscope.annotate("x"):
                 pass
         time.sleep(0.02)
@@ -256,3 +256,49 @@ def test_endless_distinct_names_do_not_grow_the_name_table(tmp_path, monkeypatch
     d = decode(path)
     assert [e.name for e in d.events if e.type in "BI"] == [
         n for i in range(3) for n in (f"batch {i}", f"m{i}", f"p{i}")]
+
+
+def test_in_memory_cap_drops_when_encoding_cannot_keep_up(tmp_path):
+    path = str(tmp_path / "t.pftrace")
+    sess = stepscope.start(path, buffer_bytes=1 << 16, flush_interval_s=60)
+    with sess._lock:  # the writer is busy (holds the session): recording piles up
+        for _ in range(5000):
+            with stepscope.annotate("x"):
+                pass
+    stepscope.stop()
+    assert sess.dropped == 10000
+    d = decode(path)
+    assert [e.value for e in d.by_track(d.track_named("stepscope dropped events"))] == [10000]
+
+
+def test_huge_counter_values_never_break_the_trace(tmp_path):
+    path = str(tmp_path / "t.pftrace")
+    with stepscope.trace(path):
+        stepscope.counter("big", 1 << 70)
+        stepscope.counter("big", -(1 << 70))
+        stepscope.counter("big", 5)
+    d = decode(path)
+    assert [e.value for e in d.by_track(d.track_named("big"))] == [2.0**70, -(2.0**70), 5]
+    assert stepscope.current() is None
+
+
+def test_nested_trace_leaves_the_outer_session_running(tmp_path):
+    with pytest.warns(RuntimeWarning, match="already on"):
+        with stepscope.trace(str(tmp_path / "outer.pftrace")) as outer:
+            with stepscope.trace(str(tmp_path / "inner.pftrace")) as inner:
+                assert inner is outer
+            assert stepscope.current() is outer
+            with stepscope.annotate("after inner"):
+                pass
+    assert begins(str(tmp_path / "outer.pftrace")) == ["after inner"]
+
+
+def test_warnings_as_errors_never_stop_the_writer(tmp_path):
+    path = str(tmp_path / "t.pftrace")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with stepscope.trace(path):
+            stepscope.pop_range()  # unmatched: warns from the writer
+            with stepscope.annotate("kept"):
+                pass
+    assert begins(path) == ["kept"]

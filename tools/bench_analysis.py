@@ -11,6 +11,8 @@ counter value): a range is two events.
     PYTHONPATH=src python tools/bench_analysis.py --sizes 200000 --keep /tmp/traces
 
 Each size runs in a fresh subprocess so that peak memory (ru_maxrss) is that of one load.
+The summaries are computed as a report does: ``summaries.all_tables(db)``, which computes the
+shared base pieces once (``--per-table`` prints each table's share).
 Targets (issue 3): 10M events loaded and summarized in <= 20 s, peak memory <= 2 GB.
 """
 

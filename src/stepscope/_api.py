@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import _nvtx
+from . import _nvtx, _session
 from . import _recorder as rec
 from ._recorder import BEGIN, END, INSTANT, Blob, code, event_id, warn_once
 from ._schema import LEVEL_DETAIL
@@ -54,7 +54,7 @@ class _Range:
 
 _ranges: dict = {}  # (message, domain, category) -> _Range
 _by_message: dict = {}  # message -> _Range with no domain/category (the fast lookup)
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: a signal handler may stop the session meanwhile
 
 
 def _categories(domain, category) -> tuple[str, ...]:
@@ -140,10 +140,16 @@ def _bind_class(cls: type, begin) -> None:
 def _on_state(on: bool, detail: bool) -> None:
     global _on
     _on = detail
-    with _lock:
-        for r in _ranges.values():
+    # a timeout, not a plain acquire: in a forked child the lock may belong to a thread that no
+    # longer exists (the child is single-threaded then, so going on without it is safe)
+    locked = _lock.acquire(timeout=1.0)
+    try:
+        for r in list(_ranges.values()):
             if type(r) is not _SlowRange:
                 _bind_class(type(r), r.begin)
+    finally:
+        if locked:
+            _lock.release()
 
 
 rec._state_listeners.append(_on_state)
@@ -309,8 +315,7 @@ def start_range(message: Any = None, color: Any = None, domain: Any = None,
     """Open a range that may end on another thread (drawn on an async track)."""
     if not _on:
         return None
-    from ._session import current
-    sess = current()
+    sess = _session.current()
     if sess is None:
         return None
     track = sess.acquire_async_track()
@@ -333,8 +338,7 @@ def end_range(handle: RangeHandle | None) -> None:
         return
     if rec.ON:
         rec.record_blob(Blob(END, 0, LEVEL_DETAIL, track=track))
-    from ._session import current
-    sess = current()
+    sess = _session.current()
     if sess is not None:
         sess.release_async_track(track)
     if handle.fwd is not None and _forward:
@@ -356,17 +360,18 @@ def counter(name: str, value: float, unit: str | None = None) -> None:
     """A sample on the process-level counter track ``name`` (made on first use)."""
     if not _on:
         return
-    from ._session import current
-    sess = current()
+    sess = _session.current()
     if sess is None:
         return
-    try:
-        value = value if isinstance(value, (int, float)) else float(value)
-    except (TypeError, ValueError):
-        warn_once("counter_value", f"counter {name!r}: value {value!r} is not a number; ignored")
-        return
+    if not isinstance(value, (int, float)):
+        try:
+            value = float(value)
+        except (TypeError, ValueError, OverflowError):
+            warn_once("counter_value",
+                      f"counter {name!r}: value {value!r} is not a number; ignored")
+            return
     rec.record_blob(Blob(rec.COUNTER, 0, LEVEL_DETAIL, track=sess.counter_track(str(name), unit),
-                         value=value))
+                         value=rec.counter_value(value)))
 
 
 # --- sessions -----------------------------------------------------------------------------------
@@ -377,22 +382,20 @@ def start(path: str | os.PathLike | None = None, *, nvtx: bool = False, **option
     ``rank``, ``process_name``; ``nvtx=True`` also sends every range to NVTX (Nsight Systems).
     Calling ``start`` while a session is active warns and returns the active session.
     """
-    from ._session import Session, current
-    active = current()
+    active = _session.current()
     if active is not None:
         warn_once("start_twice", "start() called while tracing is already on; ignored")
         return active
     if path is None:
         path = f"stepscope-{os.getpid()}.pftrace"
-    sess = Session(path, **options)
+    sess = _session.Session(path, **options)
     set_forwarding(nvtx)
     return sess.start()
 
 
 def stop() -> None:
     """Stop tracing and finish the file. Without an active session: a warning, nothing else."""
-    from ._session import current
-    sess = current()
+    sess = _session.current()
     if sess is None:
         warn_once("stop_without_start", "stop() called but tracing is not on; ignored")
         return
@@ -403,11 +406,12 @@ def stop() -> None:
 @contextlib.contextmanager
 def trace(path: str | os.PathLike | None = None, **options: Any) -> Iterator:
     """``with stepscope.trace("run.pftrace"):`` — trace the block, finish the file after it."""
+    outer = _session.current()
     sess = start(path, **options)
     try:
         yield sess
     finally:
-        if sess is not None and not sess.stopped:
+        if sess is not outer and sess is not None and not sess.stopped:  # only what we started
             sess.stop()
             set_forwarding(False)
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import _wire as w
-from ._recorder import BEGIN, COUNTER, END, INSTANT, Blob, kinds
+from ._recorder import BEGIN, COUNTER, END, INSTANT, Blob, counter_value, kinds
 
 _TYPE_OF_KIND = {BEGIN: w.TYPE_SLICE_BEGIN, END: w.TYPE_SLICE_END, INSTANT: w.TYPE_INSTANT,
                  COUNTER: w.TYPE_COUNTER}
@@ -280,7 +280,7 @@ def track_event(interner: Interner, kind: int, eid: int = 0, track: int | None =
 
 def blob_event(interner: Interner, blob: Blob) -> bytes:
     value = blob.value
-    if value is not None and not isinstance(value, (int, float)):
-        value = float(value)
+    if value is not None:
+        value = counter_value(value)
     return track_event(interner, blob.kind, blob.eid, blob.track, blob.args, blob.flows,
                        blob.tflows, value, blob.name)

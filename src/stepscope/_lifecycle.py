@@ -35,7 +35,7 @@ def install(session) -> None:
         for sig in _SIGNALS:
             try:
                 old = signal.getsignal(sig)
-                if old is None:  # installed from C: leave it alone
+                if old is None or old is _on_signal:  # set from C, or ours already
                     continue
                 signal.signal(sig, _on_signal)
                 previous[sig] = old
@@ -51,14 +51,15 @@ def uninstall(session) -> None:
     if sys.excepthook is _excepthook:
         sys.excepthook = _state.pop("excepthook")
         threading.excepthook = _state.pop("thread_excepthook")
-    previous = _state.pop("signals", None)
-    if previous and threading.current_thread() is threading.main_thread():
-        for sig, old in previous.items():
-            try:
-                if signal.getsignal(sig) is _on_signal:
-                    signal.signal(sig, old)
-            except (ValueError, OSError):
-                pass
+    if threading.current_thread() is not threading.main_thread():
+        return  # handlers can only be restored from the main thread: keep what we saved
+    previous = _state.pop("signals", None) or {}
+    for sig, old in previous.items():
+        try:
+            if signal.getsignal(sig) is _on_signal:
+                signal.signal(sig, old)
+        except (ValueError, OSError):
+            pass
 
 
 def _session():
@@ -77,8 +78,8 @@ def _at_exit() -> None:
 def _on_signal(signum, frame) -> None:
     sess = _session()
     previous = _state.get("signals", {}).get(signum, signal.SIG_DFL)
-    if sess is not None and sess.in_flush and sess._lock._is_owned():  # noqa: SLF001
-        sess = None  # interrupted our own flush: the file already ends on a packet boundary
+    if sess is not None and sess._lock._is_owned():  # noqa: SLF001
+        sess = None  # we interrupted the session's own work: the file ends on a packet boundary
     if sess is not None:
         if previous in (signal.SIG_DFL, None) and signum == signal.SIGTERM:
             sess.stop()  # the process is about to die: finish the files properly

@@ -84,14 +84,19 @@ class EventKind:
 
 kinds: list[EventKind | None] = [None]  # eid 0 is reserved (ends carry no name)
 _kind_ids: dict[tuple, int] = {}
-_kinds_lock = threading.Lock()
+_kinds_lock = threading.RLock()  # reentrant: a signal handler may record
 _warned: set[str] = set()
 
 
 def warn_once(key: str, message: str) -> None:
+    """One warning per kind of misuse. Never raises, even under ``-W error`` (a warning turned
+    into an exception must not break the user's program or kill the writer thread)."""
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(f"stepscope: {message}", RuntimeWarning, stacklevel=3)
+        try:
+            warnings.warn(f"stepscope: {message}", RuntimeWarning, stacklevel=3)
+        except Exception:
+            pass
 
 
 def clean_name(name: Any) -> str:
@@ -246,10 +251,20 @@ def instant(name: str, category: str | None = None, args: dict | None = None,
     record_named(INSTANT, name, (category,) if category else (), level, args, track)
 
 
+def counter_value(value) -> int | float:
+    """A counter value Perfetto can hold: an int64, else a float (never raises)."""
+    if type(value) is int and -(1 << 63) <= value < (1 << 63):
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return float("nan")
+
+
 def counter(track: int, value: float, level: int = LEVEL_SUMMARY) -> None:
     """One sample on a counter track made with ``Session.new_counter_track``."""
     if ON and (level == LEVEL_SUMMARY or DETAIL):
-        record_blob(Blob(COUNTER, 0, level, track=track, value=value))
+        record_blob(Blob(COUNTER, 0, level, track=track, value=counter_value(value)))
 
 
 _state_listeners: list = []
@@ -265,6 +280,8 @@ def set_state(on: bool, detail: bool) -> None:
 
 def reset_after_fork() -> None:
     """In a forked child: record nothing and drop what the parent had not written yet."""
+    global _kinds_lock
+    _kinds_lock = threading.RLock()  # another thread may have held it at fork time
     set_state(False, False)
     del events[:]
     blobs.clear()

@@ -3,12 +3,14 @@
 * The **writer thread** wakes every 50 ms, and every ``flush_interval_s`` (or when the buffer is
   half full) drains the recorder, splits events by thread and level, and has each sink encode them.
 * The **I/O thread** compresses and writes what the sinks produced, so a slow disk never stalls
-  encoding. When bytes waiting for the disk pass the buffer cap, new events are dropped instead,
-  counted, and the count is written to the trace (counter track ``stepscope dropped events``).
+  encoding. When recorded events pass the buffer cap (encoding cannot keep up) or bytes waiting
+  for the disk pass half of it, events are dropped instead, counted, and the count is written to
+  the trace (counter track ``stepscope dropped events``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import queue
@@ -38,6 +40,7 @@ from ._sink import Sink
 from .profiler import ranks  # a leaf module: launcher variables -> rank
 
 RAW_EVENT_BYTES = 88  # list slots + int objects per recorded event (for the buffer cap)
+BLOB_BYTES = 400  # a Blob with a small args dict
 _WAKE_S = 0.05
 _current: Session | None = None
 
@@ -55,11 +58,28 @@ class Emitter:
         self.clock_id = _clock.base_clock_id(clock)
         self.level = level
         self._events: list[tuple] = []  # (ts, order, tiebreak, seq no, blob)
+        self._batch: list[tuple] | None = None
         self._count = itertools.count()
 
     def _add(self, ts: int, order: int, tiebreak: int, blob: Blob) -> None:
         # list.append and next(count) are atomic: producers on several threads need no lock
-        self._events.append((int(ts), order, tiebreak, next(self._count), blob))
+        (self._batch if self._batch is not None else self._events).append(
+            (int(ts), order, tiebreak, next(self._count), blob))
+
+    @contextlib.contextmanager
+    def batch(self):
+        """Hand events over all at once (one atomic ``extend``): a flush never splits them.
+
+        Needed when events do not arrive in time order (a converter emitting kernels, then
+        copies): a flush between them would force later-stamped-earlier events to be clamped.
+        Use from one thread at a time.
+        """
+        self._batch = []
+        try:
+            yield self
+        finally:
+            events, self._batch = self._batch, None
+            self._events.extend(events)
 
     def begin(self, ts: int, name: str, track: int, category: str | None = None,
               args: dict | None = None, flow_ids=None, terminating_flow_ids=None) -> None:
@@ -214,10 +234,10 @@ class Session:
         thread = threading._active.get(ident)  # noqa: SLF001 - the only map from ident to Thread
         if thread is not None:
             tid, name = thread.native_id or (ident & 0x7FFFFFFF), thread.name
+        elif ident in _started_threads:  # ended before the writer saw it (the newest holder)
+            tid, name = _started_threads[ident]
         elif known is not None:
             return known[0]
-        elif ident in _started_threads:  # ended before the writer saw it
-            tid, name = _started_threads[ident]
         else:
             thread = _find_dead_thread(ident)
             if thread is not None:
@@ -291,6 +311,8 @@ class Session:
             raise RuntimeError("another stepscope session is active: stop() it first")
         self.started = True
         _current = self
+        del _recorder.events[:]  # late events of an earlier session (a race at its stop)
+        _recorder.blobs.clear()
         self._last_flush = time.monotonic()
         for sink in self.sinks:
             self._flush_sink_metadata(sink)
@@ -320,16 +342,22 @@ class Session:
         _recorder.set_state(False, False)
         self._stopping.set()
         self._flush_requested.set()
-        if self._writer is not None and self._writer is not threading.current_thread():
-            self._writer.join(timeout=30)
-        with self._lock:
-            for sink in list(self.sinks):
-                self.close_sink(sink)
-        self._io.put((None, None))
-        if self._io_thread is not None and self._io_thread is not threading.current_thread():
-            self._io_thread.join(timeout=30)
-        if _current is self:
-            _current = None
+        try:
+            if self._writer is not None and self._writer is not threading.current_thread():
+                self._writer.join(timeout=30)
+            with self._lock:
+                for sink in list(self.sinks):
+                    try:
+                        self.close_sink(sink)
+                    except Exception as exc:  # one bad file must not keep the others open
+                        self._error(f"closing {sink.path} failed: {exc!r}")
+                        sink.close_file()
+            self._io.put((None, None))
+            if self._io_thread is not None and self._io_thread is not threading.current_thread():
+                self._io_thread.join(timeout=30)
+        finally:
+            if _current is self:
+                _current = None
         if threading.getprofile() is _note_thread_start:
             threading.setprofile(None)
         _lifecycle.uninstall(self)
@@ -359,7 +387,8 @@ class Session:
             self._flush_requested.wait(_WAKE_S)
             if self._stopping.is_set():
                 break
-            raw = len(_recorder.events) // 3 * RAW_EVENT_BYTES
+            raw = (len(_recorder.events) // 3 * RAW_EVENT_BYTES
+                   + len(_recorder.blobs) * BLOB_BYTES)
             due = (self._flush_requested.is_set()
                    or time.monotonic() - self._last_flush >= self.flush_interval_s
                    or raw >= self.buffer_bytes // 2)
@@ -372,8 +401,15 @@ class Session:
                     self._error(f"flush failed: {exc!r}")
 
     def _error(self, message: str) -> None:
-        self.errors.append(message)
-        warnings.warn(f"stepscope: {message}", RuntimeWarning, stacklevel=2)
+        """Report a background failure once per message; never raises (even under -W error)."""
+        if message in self.errors:
+            return
+        if len(self.errors) < 100:
+            self.errors.append(message)
+        try:
+            warnings.warn(f"stepscope: {message}", RuntimeWarning, stacklevel=2)
+        except Exception:
+            pass
 
     def _flush_sink_metadata(self, sink: Sink) -> None:
         sink.describe(self.tracks)
@@ -389,22 +425,16 @@ class Session:
     def _flush_body(self, discard_detail: bool) -> None:
         self._last_flush = time.monotonic()
         chunk = _recorder.drain()
+        pending_raw = len(chunk) // 3 * RAW_EVENT_BYTES + len(_recorder.blobs) * BLOB_BYTES
+        if chunk and (self._io_pending > self.buffer_bytes // 2 or pending_raw > self.buffer_bytes):
+            self._drop(chunk)  # encoding or the disk cannot keep up: drop, count, move on
+            chunk = []
         emitted = []
         for em in self._emitters:
             events = em.take()
             if events:  # one blob id per event, shared by every file that takes it
                 ids = -np.array([self._blob_id(e[4]) for e in events], dtype=np.int64)
                 emitted.append((em, ids, np.array([e[0] for e in events], dtype=np.int64)))
-        if chunk and self._io_pending > self.buffer_bytes // 2:
-            self.dropped += len(chunk) // 3  # the disk cannot keep up: drop, count, move on
-            for k in chunk[0::3]:
-                if k < 0:
-                    _recorder.blobs.pop(-k, None)
-            now = _clock.now()
-            for seq_sink in self.sinks:  # cut open slices at the gap; their ends are unmatched
-                for seq in seq_sink.sequences.values():
-                    seq_sink.close_open_slices(seq, now)
-            chunk = []
         groups = self._split(chunk, discard_detail)
         for sink in self.sinks:
             sink.describe(self.tracks)
@@ -427,6 +457,16 @@ class Session:
         for codes in [g[1] for g in groups] + [e[1] for e in emitted]:
             for k in codes[codes < 0].tolist():
                 _recorder.blobs.pop(-k, None)
+
+    def _drop(self, chunk: list[int]) -> None:
+        self.dropped += len(chunk) // 3
+        for k in chunk[0::3]:
+            if k < 0:
+                _recorder.blobs.pop(-k, None)
+        now = _clock.now()
+        for sink in self.sinks:  # cut open slices at the gap; their ends become unmatched
+            for seq in sink.sequences.values():
+                sink.close_open_slices(seq, now)
 
     @staticmethod
     def _blob_id(blob: Blob) -> int:

@@ -19,7 +19,7 @@ from ._recorder import BEGIN, END, blobs, warn_once
 
 _PREFIX_FLAGS = w.f_varint(w.PKT_SEQUENCE_FLAGS, w.SEQ_NEEDS_INCREMENTAL_STATE)
 MAIN_SEQUENCE = 1
-COMPRESS_CHUNK = 1 << 20  # raw bytes per compressed_packets batch
+COMPRESS_CHUNK = 1 << 20  # raw bytes per compressed_packets batch (one encoded batch may be more)
 
 
 class SequenceState:
@@ -157,17 +157,25 @@ class Sink:
         fast = ~is_blob
         if fast.any():
             fc = codes[fast]
-            uniq = np.nonzero(np.bincount(fc))[0]  # codes are small ints: no sort needed
-            lut = np.zeros(int(uniq[-1]) + 1, dtype=np.int64)
-            lut[uniq] = np.arange(len(uniq))
+            top = int(fc.max())
+            if top < 4 * len(fc) + 4096:  # a lookup table is cheaper than a sort
+                uniq = np.nonzero(np.bincount(fc))[0]
+                lut = np.zeros(top + 1, dtype=np.int64)
+                lut[uniq] = np.arange(len(uniq))
+                inv = lut[fc]
+            else:
+                uniq, inv = np.unique(fc, return_inverse=True)
             templates.extend(seq.fast_template(int(c)) for c in uniq)
-            tidx[fast] = lut[fc]
+            tidx[fast] = inv
         if is_blob.any():
             base = len(templates)
             for j, i in enumerate(np.nonzero(is_blob)[0]):
                 b = blobs.get(int(-codes[i]))
-                templates.append(seq.prefix + blob_event(seq.interner, b) if b is not None
-                                 else seq.prefix)
+                try:
+                    body = blob_event(seq.interner, b) if b is not None else b""
+                except Exception:  # a value that cannot be encoded: an empty packet, not a
+                    body = b""  # corrupt or lost file
+                templates.append(seq.prefix + body)
                 tidx[i] = base + j
         interned = seq.interner.take_pending()
         if interned:  # definitions ride on the batch's first packet

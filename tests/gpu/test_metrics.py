@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from stepscope.gpu import metrics
 from stepscope.gpu.metrics import bucket_edges, bucket_metrics, choose_bucket_ns
 
 # K1 runs [0, 6000) with 0.5 blocks/SM and occupancy 0.25;
@@ -67,3 +68,13 @@ def test_bucket_choice_and_edges():
     assert bucket_edges(20_000, 20_000, 10_000).tolist() == [20_000, 30_000]
     with pytest.raises(ValueError):
         bucket_edges(0, 1, 0)
+
+
+def test_short_buckets_on_absolute_cupti_times_are_exact():
+    """Absolute CUPTI REALTIME ns (~1.8e18) lose ~256 ns as float64: integrate relative times."""
+    base = 1_795_341_789_415_826_808
+    starts = np.array([base + 100, base + 2_150], dtype=np.int64)
+    ends = np.array([base + 1_100, base + 2_650], dtype=np.int64)
+    edges = np.array([base, base + 2_000, base + 4_000], dtype=np.int64)
+    busy = metrics._integrate(starts, ends, np.ones(2), edges, clip1=True)
+    assert busy.tolist() == [1000.0, 500.0]

@@ -126,3 +126,14 @@ def test_truncated_file_merges_its_complete_packets(tmp_path):
     M.merge([tmp_path / "rank0.summary.pftrace"], tmp_path / "o.pftrace")
     d = decode(tmp_path / "o.pftrace")
     assert [(s.ts, s.dur) for s in d.slices] == [(2 * S, None)]
+
+
+def test_pids_are_renumbered_only_between_different_processes():
+    from stepscope.profiler.merge import InputInfo, _dedupe_pids
+
+    window0 = InputInfo(path="a", rank=0, host="h1", pid=100)
+    window1 = InputInfo(path="b", rank=0, host="h1", pid=100)  # same process, second window
+    other = InputInfo(path="c", rank=1, host="h2", pid=100)  # another host, same pid
+    _dedupe_pids([window0, window1, other])
+    assert window0.pid_map == {} and window1.pid_map == {}
+    assert other.pid_map == {100: 100 + (1 << 22)}

@@ -55,7 +55,7 @@ __all__ = ["Strings", "Tables", "Track", "decode", "read_file"]
 
 def _per_event_single(ev: np.ndarray, val: np.ndarray, n: int, join) -> np.ndarray:
     """Collapse (event, value) rows to one value per event; events with several rows use join."""
-    out = np.full(n, NONE, np.int64)
+    out = np.full(n, NONE, np.int32)
     if not len(ev):
         return out
     order = np.argsort(ev, kind="stable")
@@ -93,7 +93,7 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
 
     # ---- events: timestamp, track, type -------------------------------------------------
     progress("events", 0.0)
-    epkt = E.get("pkt")
+    epkt = E.pop("pkt")
     m = len(epkt)
     etyp = E.pop("typ")
     ets = pts[epkt] if m else np.zeros(0, _I64)
@@ -101,44 +101,56 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
     eskip = skip[epkt] if m else np.zeros(0, bool)
     def_gen = gen[st.def_pkt] if len(st.def_pkt) else st.def_pkt
     del pts, skip, gen, srank
-    etrack = np.zeros(m, np.int64)
-    has_track = np.zeros(m, bool)
+    if len(st.def_pkt) and m:  # the defaults' track, unless the event names its own
+        d = _lookup_last(def_gen, st.def_pkt, egen, epkt, n)
+        etrack = st.def_track[np.maximum(d, 0)]
+        etrack[d < 0] = -1
+        del d
+        has_track = etrack != -1
+    else:
+        etrack = np.zeros(m, np.int64)
+        has_track = np.zeros(m, bool)
+    del epkt
     tr_ev = E.pop("tr_ev")
     etrack[tr_ev] = E.pop("tr_uuid")
     has_track[tr_ev] = True
-    if len(st.def_pkt) and m:
-        d = _lookup_last(def_gen, st.def_pkt, egen, epkt, n)
-        dtrack = np.where(d >= 0, st.def_track[np.maximum(d, 0)], -1)
-        etrack = np.where(has_track, etrack, dtrack)
-        has_track = has_track | (d >= 0) & (dtrack != -1)
+    del tr_ev
+    egen = egen.astype(np.int32) if n < (1 << 31) - 1 else egen  # generation ids < packets
     tracks = sorted(st.tracks.values(), key=lambda t: t.id)
     uuids = np.array([t.uuid for t in tracks], np.int64)
-    uorder = np.argsort(uuids)
+    uorder = np.argsort(uuids).astype(np.int32)
     su = uuids[uorder]
     if len(su):
-        pos = np.minimum(np.searchsorted(su, etrack), len(su) - 1)
+        pos = np.searchsorted(su, etrack)
+        np.minimum(pos, len(su) - 1, out=pos)
         known = has_track & (su[pos] == etrack)
-        etid = np.where(known, uorder[pos], -1)
+        del etrack, has_track
+        etid = uorder[pos]  # track index (int32), -1: unknown
+        del pos
+        etid[~known] = -1
     else:
         known = np.zeros(m, bool)
-        etid = np.full(m, -1, np.int64)
-    del etrack, has_track
+        etid = np.full(m, -1, np.int32)
+        del etrack, has_track
     valid = ~eskip & (ets != np.iinfo(np.int64).min)
     del eskip
     if (valid & ~known).any():
         stats["track_event_unknown_track"] = int((valid & ~known).sum())
     valid &= known
+    del known
     is_counter_track = np.array([t.kind == "counter" for t in tracks] + [False])[etid]
     is_slice_ev = valid & np.isin(etyp, (T_BEGIN, T_END, T_INSTANT)) & ~is_counter_track
     is_counter_ev = valid & (etyp == T_COUNTER) & is_counter_track
     wrong = valid & ~is_slice_ev & ~is_counter_ev
     if wrong.any():
         stats["track_event_unsupported"] = int(wrong.sum())
+    del wrong, valid, is_counter_track
 
     # ---- names and categories -----------------------------------------------------------
     name_idx = st.interned.lookup("name", egen, E.pop("name_iid"))
-    name_vals = np.array(st.interned.vals.get("name", []) + [NONE], np.int64)
-    ename = name_vals[name_idx]
+    name_vals = np.array(st.interned.vals.get("name", []) + [NONE], np.int32)
+    ename = name_vals[name_idx]  # string ids (int32)
+    del name_idx
     for i, o, ln in zip(E.get("nm_ev").tolist(), E.get("nm_off").tolist(),
                         E.get("nm_len").tolist(), strict=True):
         ename[i] = strings.id(_text(buf, o, ln))
@@ -162,9 +174,9 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
 
     # ---- global time order ----------------------------------------------------------------
     order = np.argsort(ets, kind="stable")  # events are in packet order: ties keep it
-    order = order[is_slice_ev[order] | is_counter_ev[order]]
+    order = order[(is_slice_ev | is_counter_ev)[order]]
     tables_slice, ev_slice = _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats)
-    del ename, ecat, is_slice_ev, valid, known
+    del ename, ecat, is_slice_ev
     cval = np.zeros(m, np.float64)
     has_cval = np.zeros(m, bool)
     cv_ev = E.get("cv_ev")

@@ -260,6 +260,23 @@ _MULTI = {"cat": ("cat_ev", "cat_iid"), "catl": ("catl_ev", "catl_off", "catl_le
           "sl": ("sl_ev", "sl_off", "sl_len"), "nm": ("nm_ev", "nm_off", "nm_len"),
           "tr": ("tr_ev", "tr_uuid"), "cv": ("cv_ev", "cv_val"), "sli": ("sli_ev", "sli_iid")}
 _TPL_MAX = 24  # packets whose body after the timestamp is at most this long are deduplicated
+_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], np.uint64)  # low k bytes of a word
+
+
+def _factorize(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first index of each distinct value, index of each value's distinct value), as
+    ``np.unique(return_index, return_inverse)`` but without sorting everything: the distinct
+    values (packet bodies) are few, so they are found in a sample and looked up."""
+    n = len(h)
+    u = np.unique(h[:: max(1, n // 4096)])
+    pos = np.minimum(np.searchsorted(u, h), len(u) - 1)
+    miss = u[pos] != h
+    if miss.any():
+        u = np.unique(np.r_[u, h[miss]])
+        pos = np.searchsorted(u, h)
+    rep = np.full(len(u), n, np.int64)
+    np.minimum.at(rep, pos, np.arange(n))
+    return rep, pos
 
 
 def _scan_set(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> dict:
@@ -421,13 +438,22 @@ def scan_packets(pk: _Packets, stats: dict, progress: Progress):
             w = _TPL_MAX
             win = np.lib.stride_tricks.sliding_window_view(buf, w)
             rows = win[bstart[fi]]  # (n, w) copy without an (n, w) index matrix
-            rows *= (np.arange(w, dtype=np.uint8)[None, :] < blen[fi][:, None])
+            bl = blen[fi]
             words = rows.view(np.uint64).reshape(len(fi), w // 8)
-            h = ps.mix64(blen[fi].astype(np.uint64))
+            if np.little_endian:  # zero the bytes past each body, a word at a time
+                for j in range(w // 8):
+                    words[:, j] &= _MASKS[np.clip(bl - 8 * j, 0, 8)]
+            else:
+                rows *= (np.arange(w, dtype=np.uint8)[None, :] < bl[:, None])
+            h = ps.mix64(bl.astype(np.uint64))
             for j in range(w // 8):
                 h = ps.mix64(h ^ words[:, j])
-            _, rep, inv = np.unique(h, return_index=True, return_inverse=True)
-            same = (rows == rows[rep[inv]]).all(axis=1) & (blen[fi] == blen[fi][rep[inv]])
+            rep, inv = _factorize(h)
+            r = rep[inv]
+            same = bl == bl[r]  # bodies equal to their template (hashes may collide)
+            for j in range(w // 8):
+                same &= words[:, j] == words[r, j]
+            del r
             del rows, words
             fi_ok, inv = fi[same], inv[same]
             tpl = _scan_set(buf, bstart[fi][rep], en[fi][rep])

@@ -103,8 +103,11 @@ def _window(a: np.ndarray, w: int) -> np.ndarray:
 def _int_serial(v: np.ndarray) -> np.ndarray:
     """Smallest serial type holding each integer (as SQLite writes them: same values)."""
     m = v ^ (v >> 63)  # v for v >= 0, -v - 1 for v < 0
-    s = np.ones(len(v), np.int64)
+    s = np.ones(len(v), np.int8)
+    top = int(m.max()) if len(m) else 0
     for bits in (7, 15, 23, 31, 47):
+        if top < (1 << bits):
+            break
         s += m >= (1 << bits)
     s[v == 0] = 8
     s[v == 1] = 9
@@ -121,8 +124,13 @@ class _Strings:
         self.blob = np.frombuffer(b"".join(enc) + b"\0", np.uint8)
 
 
-def _serial(c: Column, st: _Strings, rows) -> tuple[np.ndarray, np.ndarray]:
-    """Serial types and value sizes of one column at ``rows`` (0: NULL / the rowid alias)."""
+def _serial(c: Column, st: _Strings, rows, known=None) -> tuple[np.ndarray, np.ndarray]:
+    """Serial types and value sizes of one column at ``rows`` (0: NULL / the rowid alias).
+
+    ``known``: the serial types of an int column, computed before (they cost a few passes).
+    """
+    if known is not None:
+        return known, _ISIZE[known]
     if c.kind == "rowid":
         z = np.zeros(_nrows(rows), np.int64)
         return z, z
@@ -151,7 +159,8 @@ def _put_values(out: np.ndarray, q: np.ndarray, c: Column, s: np.ndarray, z: np.
     """Write one column's values (serial types ``s``, sizes ``z``) at positions ``q``."""
     if c.kind == "int":
         v = c.values[rows].astype(np.int64, copy=False)
-        for code in range(1, 7):
+        present = np.flatnonzero(np.bincount(s, minlength=10)[1:7]) + 1
+        for code in present.tolist():
             sel = np.flatnonzero(s == code)
             if len(sel):
                 w = int(_ISIZE[code])
@@ -184,6 +193,7 @@ class _Layout:
     cols: list[Column]
     rows: np.ndarray | None  # rows of the columns, in cell order (None: all, in order)
     rowid: np.ndarray | None  # table B-trees: the rowid of each cell
+    serials: dict  # column index -> serial types (int8) of an int column, per cell
     page: np.ndarray  # leaf page (0-based) of each cell
     cell_off: np.ndarray  # offset of each cell in its page
     pfirst: np.ndarray  # first cell of each page
@@ -191,16 +201,22 @@ class _Layout:
     n_pages: int
 
 
-def _cell_sizes(cols: list[Column], st: _Strings, n: int, rows, rowid) -> np.ndarray:
+def _cell_sizes(cols: list[Column], st: _Strings, n: int, rows, rowid) -> tuple:
+    """Cell size of each row and the serial types of the int columns (kept for writing)."""
     cell = np.zeros(n, np.int32)
+    serials = {i: np.zeros(n, np.int8) for i, c in enumerate(cols) if c.kind == "int"}
     for lo in range(0, n, _ROWS):
         hi = min(n, lo + _ROWS)
         r = slice(lo, hi) if rows is None else rows[lo:hi]
         hdr = np.ones(hi - lo, np.int64)
         payload = np.zeros(hi - lo, np.int64)
-        for c in cols:
+        for i, c in enumerate(cols):
             s, z = _serial(c, st, r)
-            hdr += _vlen(s)
+            if i in serials:
+                serials[i][lo:hi] = s
+                hdr += 1  # int serial types are one-byte varints
+            else:
+                hdr += _vlen(s)
             payload += z
         if int(hdr.max()) >= 128:
             raise ValueError("too many columns")
@@ -209,7 +225,7 @@ def _cell_sizes(cols: list[Column], st: _Strings, n: int, rows, rowid) -> np.nda
         if rowid is not None:
             sz += _vlen(rowid[lo:hi])
         cell[lo:hi] = sz
-    return cell
+    return cell, serials
 
 
 def _place(cell: np.ndarray, page: np.ndarray, n_pages: int) -> tuple:
@@ -230,7 +246,7 @@ def _place(cell: np.ndarray, page: np.ndarray, n_pages: int) -> tuple:
 def _table_layout(t: Table, st: _Strings) -> _Layout:
     n = len(t.rowid)
     rowid = t.rowid.astype(np.int64, copy=False)
-    cell = _cell_sizes(t.columns, st, n, None, rowid)
+    cell, serials = _cell_sizes(t.columns, st, n, None, rowid)
     if n and int(cell.max()) + 2 > PAGE - _LEAF_HDR:
         raise ValueError("row too large for one page")
     # a page takes cells while their start fits below cap - max cell size
@@ -245,7 +261,7 @@ def _table_layout(t: Table, st: _Strings) -> _Layout:
     del cstart
     n_pages = int(page[-1]) + 1 if n else 1
     pfirst, cell_off, cs = _place(cell, page, n_pages)
-    return _Layout(t.columns, None, rowid, page, cell_off, pfirst, cs, n_pages)
+    return _Layout(t.columns, None, rowid, serials, page, cell_off, pfirst, cs, n_pages)
 
 
 def _index_order(keys: list[np.ndarray], rowid: np.ndarray) -> np.ndarray:
@@ -269,7 +285,7 @@ def _index_layout(ix: Index, st: _Strings) -> tuple[_Layout, list[bytes]]:
     cols = [Column("int", k) for k in ix.keys] + [Column("int", ix.rowid)]
     order = _index_order(ix.keys, ix.rowid)
     n = len(order)
-    cell = _cell_sizes(cols, st, n, order, None)
+    cell, serials = _cell_sizes(cols, st, n, order, None)
     cap = (PAGE - _LEAF_HDR) // (int(cell.max()) + 2) if n else 1
     n_leaves = max(1, -(-(n + 1) // (cap + 1)))
     in_leaves = n - (n_leaves - 1)
@@ -280,10 +296,11 @@ def _index_layout(ix: Index, st: _Strings) -> tuple[_Layout, list[bytes]]:
     divs = [_record([int(c.values[r]) for c in cols]) for r in order[div_at].tolist()]
     keep = ~is_div
     rows, cell = order[keep], cell[keep]
+    serials = {i: a[keep] for i, a in serials.items()}
     del order, is_div
     page = np.repeat(np.arange(n_leaves, dtype=np.int32), size)
     pfirst, cell_off, cs = _place(cell, page, n_leaves)
-    return _Layout(cols, rows, None, page, cell_off, pfirst, cs, n_leaves), divs
+    return _Layout(cols, rows, None, serials, page, cell_off, pfirst, cs, n_leaves), divs
 
 
 def _write_leaves(out: np.ndarray, base: int, lay: _Layout, kind: int, st: _Strings) -> None:
@@ -307,8 +324,10 @@ def _write_leaves(out: np.ndarray, base: int, lay: _Layout, kind: int, st: _Stri
         out[pp + 1] = (co & 0xFF).astype(np.uint8)
         p = base + pg * PAGE + co
         del pp, pg, co
-        ser = [_serial(c, st, r) for c in lay.cols]
-        vl = [_vlen(s) for s, _ in ser]
+        known = {i: a[lo:hi] for i, a in lay.serials.items()}
+        ser = [_serial(c, st, r, known.get(i)) for i, c in enumerate(lay.cols)]
+        vl = [np.ones(hi - lo, np.int64) if i in known else _vlen(s)
+              for i, (s, _) in enumerate(ser)]
         hdr = 1 + sum(vl)
         payload = hdr + sum(z for _, z in ser)
         ln = _vlen(payload)

@@ -62,14 +62,21 @@ def _generations(seq: np.ndarray, flags: np.ndarray) -> tuple[np.ndarray, np.nda
     heads = np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]])
     useq, hrank = np.unique(seq[heads], return_inverse=True)
     srank = np.repeat(hrank, np.diff(np.r_[heads, n])).astype(np.int64)
-    order = np.argsort(_small(srank), kind="stable")
-    clear = ((flags & 1) != 0).astype(np.int64)
-    gl = np.empty(n, np.int64)
-    gl[order] = _segmented_cumsum(clear[order], srank[order])
-    per_seq = np.zeros(len(useq), np.int64)  # clears per sequence: gl of its last packet
-    so = srank[order]
-    last = np.flatnonzero(np.r_[so[1:] != so[:-1], True]) if n else np.zeros(0, np.int64)
-    per_seq[so[last]] = gl[order[last]]
+    clear = (flags & 1) != 0
+    per_seq = np.zeros(len(useq), np.int64)  # clears per sequence
+    gl = np.zeros(n, np.int64)  # clears so far on the packet's sequence
+    cpos = np.flatnonzero(clear)  # clears are rare: count them per sequence at the clears only
+    if len(cpos):
+        cs = srank[cpos]
+        o = np.argsort(cs, kind="stable")
+        cpos, cs = cpos[o], cs[o]
+        first = np.searchsorted(cs, np.arange(len(useq)))
+        per_seq[:] = np.diff(np.r_[first, len(cs)])
+        # gl = clears of the same sequence at or before the packet
+        key = cs * (n + 1) + cpos
+        q = srank * (n + 1) + np.arange(n)
+        gl = np.searchsorted(key, q, side="right") - first[srank]
+        del q
     base = np.zeros(len(useq), np.int64)
     np.cumsum(per_seq[:-1] + 1, out=base[1:])
     gen = np.where(gl > 0, base[srank] + gl, -1)

@@ -233,6 +233,13 @@ class GpuTraceConverter:
     ) -> ConvertStats:
         """Write one batch. ``window`` (CUPTI ns) bounds the counter buckets; ``steps`` is the
         number of steps it covers (for the default bucket size)."""
+        # kernels, copies, syncs and API calls are emitted kind by kind, out of time order: hand
+        # them to the writer in one piece so that no flush falls between them
+        with self._em.batch(), self._cem.batch():
+            return self._convert(batch, window, steps)
+
+    def _convert(self, batch: ActivityBatch, window: tuple[int, int] | None,
+                 steps: int) -> ConvertStats:
         st = ConvertStats(dropped=int(batch.dropped))
         em, off = self._em, self.offset_ns
         api_corr = np.concatenate([batch.runtime["correlation"], batch.driver["correlation"]])

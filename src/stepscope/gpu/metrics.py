@@ -81,7 +81,11 @@ def _integrate(
         level = np.clip(level, 0.0, 1.0)
     seg = np.diff(times).astype(np.float64) * level[:-1]
     cum = np.r_[0.0, np.cumsum(seg)]
-    at_edges = np.interp(edges.astype(np.float64), times.astype(np.float64), cum)
+    # interpolate on times relative to the first edge: absolute CUPTI ns (~1.8e18) as float64
+    # are only good to ~256 ns, which would skew short buckets by tens of percent
+    origin = int(edges[0])
+    at_edges = np.interp((edges - origin).astype(np.float64),
+                         (times - origin).astype(np.float64), cum)
     return np.diff(at_edges)
 
 

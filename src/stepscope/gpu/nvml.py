@@ -167,6 +167,11 @@ class NvmlSampler:
                 except Exception:
                     pass
             self._prev.clear()
+            try:
+                self._nvml.nvmlShutdown()  # balances nvmlInit (NVML counts them)
+            except Exception:
+                pass
+            self._nvml = None
 
     def _gpm_supported(self, handle: Any) -> bool:
         nv = self._nvml
@@ -211,7 +216,13 @@ class NvmlSampler:
     def _gpm_sample(self, i: int, handle: Any) -> dict[str, float]:
         nv = self._nvml
         cur = nv.nvmlGpmSampleAlloc()
-        nv.nvmlGpmSampleGet(handle, cur)
+        try:
+            nv.nvmlGpmSampleGet(handle, cur)
+        except Exception:  # free what we allocated; no more GPM on this GPU
+            nv.nvmlGpmSampleFree(cur)
+            self._gpm_ok[i] = False
+            log.info("stepscope: GPM sampling failed on GPU %d; GPM counters off", i)
+            return {}
         prev = self._prev.get(i)
         self._prev[i] = cur
         if prev is None:

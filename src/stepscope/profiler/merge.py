@@ -530,15 +530,23 @@ def _align(infos: list[InputInfo]) -> str:
 
 
 def _dedupe_pids(infos: list[InputInfo]) -> None:
-    seen: set[int] = set()
+    """Renumber a pid only when two different processes share it (ranks on different hosts):
+    files of one process (a rank's several detail windows) keep its pid."""
+    owner: dict[int, tuple] = {}  # pid -> (host, rank) of the process that has it
+    taken: dict[tuple, int] = {}  # (host, rank, pid) -> pid used in the output
     for i in infos:
         if i.pid is None:
             continue
-        if i.pid in seen:
+        proc = (i.host, i.rank, i.pid)
+        if proc in taken:
+            new = taken[proc]
+        elif owner.get(i.pid, proc[:2]) == proc[:2]:
             new = i.pid
-            while new in seen:
-                new += 1 << 22  # above Linux's pid_max default
-            i.pid_map[i.pid] = new
-            seen.add(new)
         else:
-            seen.add(i.pid)
+            new = i.pid
+            while new in owner:
+                new += 1 << 22  # above Linux's pid_max default
+        owner.setdefault(new, proc[:2])
+        taken[proc] = new
+        if new != i.pid:
+            i.pid_map[i.pid] = new

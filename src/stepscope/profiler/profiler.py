@@ -28,6 +28,8 @@ Phases (category ``phase``) and data-loader waits (category ``dataloader``, name
 from __future__ import annotations
 
 import atexit
+import contextlib
+import itertools
 import os
 import socket
 import sys
@@ -125,6 +127,25 @@ class _NoPhase:
 
 
 _NO_PHASE = _NoPhase()
+_profilers_made = itertools.count()  # default run ids of later profilers get a suffix
+MAX_CACHED_PHASES = 1024
+
+
+class _DynamicPhase:
+    """A phase whose name is one of too many to cache (``phase(f"fwd {i}")``): recorded by name,
+    written inline once the name table is full, so nothing grows with the run."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> _DynamicPhase:
+        rec.begin(self.name, S.CAT_PHASE, level=S.LEVEL_SUMMARY)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        rec.end(S.LEVEL_SUMMARY)
 
 
 def default_run_id(info: _ranks.RankInfo, env: dict[str, str] | None = None) -> str:
@@ -255,6 +276,9 @@ class Profiler:
     def run_id(self) -> str:
         if self._run_id is None:
             self._run_id = default_run_id(self.rank_info)
+            n = next(_profilers_made)
+            if n:  # a second profiler in this process (e.g. eval after train): its own files
+                self._run_id += f"-{n}"
         return self._run_id
 
     @property
@@ -569,6 +593,10 @@ class Profiler:
         if self._own_session:
             self._sess.set_detail(False)
         self._sess.close_sink(sink)
+        if not sink.sequences:  # the window closed before anything happened in it
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            return
         self.files.append(path)
         self._ready([path])
 
@@ -582,6 +610,8 @@ class Profiler:
         cache, cls = (_sync_phases, _SyncPhase) if self.sync_gpu else (_phases, _Phase)
         ph = cache.get(name)
         if ph is None:
+            if len(cache) >= MAX_CACHED_PHASES:
+                return _DynamicPhase(name)
             ph = cache[name] = cls(name)
         return ph
 

@@ -113,6 +113,7 @@ ss_slice AS (
   SELECT s.id, s.ts, s.dur, s.ts + s.dur AS end_ts, s.track_id, s.category, s.name,
          s.parent_id, s.arg_set_id, ti.upid, ti.utid,
          CASE
+           WHEN s.category IS NULL THEN 6  -- most slices: tested first
            WHEN s.category = 'step' THEN 0
            WHEN s.category = 'dataloader' THEN 1
            WHEN s.category = 'phase' THEN

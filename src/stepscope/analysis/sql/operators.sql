@@ -78,21 +78,37 @@ op_range_gpu AS (
     )
   ) GROUP BY range_id
 ),
-op_inst AS (
-  SELECT r.name, r.rank, r.tid, r.thread_name, r.dur,
-         r.dur - COALESCE(c.child_ns, 0) AS self_ns, COALESCE(g.ns, 0) AS gpu_ns
-  FROM op_range r
-  LEFT JOIN op_child c ON c.id = r.id
-  LEFT JOIN op_range_gpu g ON g.range_id = r.id
+op_self AS (  -- per row: the durations of the direct children of its ranges
+  SELECT r.name, r.rank, r.tid, r.thread_name, SUM(c.child_ns) AS child_ns
+  FROM op_child c JOIN op_range r ON r.id = c.id
+  GROUP BY r.name, r.rank, r.tid, r.thread_name
+),
+op_gpu AS (  -- per row: the ranges with device work, their GPU time
+  SELECT r.name, r.rank, r.tid, r.thread_name, COUNT(*) AS ranges, SUM(g.ns) AS ns,
+         MAX(g.ns) AS max_ns, MIN(g.ns) AS min_ns
+  FROM op_range_gpu g JOIN op_range r ON r.id = g.range_id
+  GROUP BY r.name, r.rank, r.tid, r.thread_name
+),
+op_stats AS (
+  SELECT name, rank, tid, thread_name, COUNT(*) AS calls,
+         SUM(dur) AS total_ns, AVG(dur) AS avg_ns, MAX(dur) AS max_ns, MIN(dur) AS min_ns,
+         SUM(CAST(dur AS REAL) * dur) AS sumsq_ns2
+  FROM op_range
+  GROUP BY name, rank, tid, thread_name
 )
-SELECT name, rank, tid, thread_name, COUNT(*) AS calls,
-       SUM(dur) AS total_ns, AVG(dur) AS avg_ns, MAX(dur) AS max_ns, MIN(dur) AS min_ns,
-       SUM(CAST(dur AS REAL) * dur) AS sumsq_ns2,
-       SUM(self_ns) AS self_ns,
-       CAST(SUM(dur) AS REAL) / NULLIF((SELECT frame_ns FROM ss_totals), 0) AS ratio,
-       SUM(gpu_ns) AS gpu_total_ns, CAST(SUM(gpu_ns) AS REAL) / COUNT(*) AS gpu_avg_ns,
-       MAX(gpu_ns) AS gpu_max_ns, MIN(gpu_ns) AS gpu_min_ns,
-       CAST(SUM(gpu_ns) AS REAL) / NULLIF((SELECT device_ns FROM ss_totals), 0) AS gpu_ratio
-FROM op_inst
-GROUP BY name, rank, tid, thread_name
-ORDER BY total_ns DESC, name
+-- ranges without device work count 0: gpu_max = max(0, max over the others), gpu_min = 0
+-- when there is such a range
+SELECT s.name, s.rank, s.tid, s.thread_name, s.calls, s.total_ns, s.avg_ns, s.max_ns, s.min_ns,
+       s.sumsq_ns2, s.total_ns - COALESCE(c.child_ns, 0) AS self_ns,
+       CAST(s.total_ns AS REAL) / NULLIF((SELECT frame_ns FROM ss_totals), 0) AS ratio,
+       COALESCE(g.ns, 0) AS gpu_total_ns, CAST(COALESCE(g.ns, 0) AS REAL) / s.calls AS gpu_avg_ns,
+       COALESCE(g.max_ns, 0) AS gpu_max_ns,
+       CASE WHEN COALESCE(g.ranges, 0) < s.calls THEN 0 ELSE g.min_ns END AS gpu_min_ns,
+       CAST(COALESCE(g.ns, 0) AS REAL) / NULLIF((SELECT device_ns FROM ss_totals), 0)
+         AS gpu_ratio
+FROM op_stats s
+LEFT JOIN op_self c ON c.name IS s.name AND c.rank IS s.rank AND c.tid IS s.tid
+                   AND c.thread_name IS s.thread_name
+LEFT JOIN op_gpu g ON g.name IS s.name AND g.rank IS s.rank AND g.tid IS s.tid
+                  AND g.thread_name IS s.thread_name
+ORDER BY s.total_ns DESC, s.name

@@ -1,0 +1,50 @@
+"""Profiler edge cases: several profilers per process, empty windows, endless phase names."""
+
+from __future__ import annotations
+
+from tracedecode import decode
+
+import stepscope
+from stepscope.profiler import profiler as profiler_mod
+
+
+def _run(tmp_path, steps, sched, phase_names=("Forward",)):
+    prof = stepscope.Profiler(dir=tmp_path, schedule=sched, host_metrics=False, report=False,
+                              gpu=False)
+    with prof:
+        for i in range(steps):
+            for name in phase_names:
+                with prof.phase(name.format(i=i)):
+                    pass
+            prof.step()
+    return prof
+
+
+def test_a_second_profiler_in_the_process_writes_its_own_files(tmp_path):
+    first = _run(tmp_path, 2, None)
+    second = _run(tmp_path, 3, None)
+    assert first.run_dir != second.run_dir
+    steps = [len(decode(p).by_category("step")) for p in (first.files[-1], second.files[-1])]
+    assert steps == [2, 3]
+
+
+def test_a_window_closed_before_any_event_leaves_no_file(tmp_path):
+    prof = stepscope.Profiler(dir=tmp_path, schedule=stepscope.schedule(active=2),
+                              host_metrics=False, report=False, gpu=False)
+    with prof:
+        for _ in range(2):
+            with prof.phase("Forward"):
+                pass
+            prof.step()
+        prof.epoch()  # opens the next epoch's window at once; nothing happens in it
+    details = sorted(p.name for p in prof.run_dir.iterdir() if "detail" in p.name)
+    assert details == ["rank0.detail.0.pftrace"]
+    assert all(p.exists() for p in prof.files)
+
+
+def test_endless_phase_names_are_recorded_without_caching(tmp_path, monkeypatch):
+    monkeypatch.setattr(profiler_mod, "MAX_CACHED_PHASES", 0)
+    prof = _run(tmp_path, 3, None, phase_names=("fwd {i}",))
+    names = [s.name for s in decode(prof.files[-1]).by_category("phase")]
+    assert names == ["fwd 0", "fwd 1", "fwd 2"]
+    assert not any(k.startswith("fwd") for k in profiler_mod._phases)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import stepscope
-from stepscope import _nvtx, _schema
+from stepscope import _nvtx, _recorder, _schema
 
 nvtx = pytest.importorskip("nvtx")
 nvtx_inner = importlib.import_module("nvtx.nvtx")  # capture patches this submodule too
@@ -79,7 +79,7 @@ def clean_state():
     while _nvtx._capture_depth:
         _nvtx.release_nvtx()
     _nvtx.disable_forwarding()
-    _nvtx._warned.clear()
+    _recorder._warned.clear()
 
 
 def make_fake_nvtx(log: list) -> types.ModuleType:

@@ -50,10 +50,3 @@ def base_clock_id(name: str) -> int:
             "or 'boottime'"
         ) from None
 
-
-def read(clock_id: int) -> int:
-    if clock_id == MONOTONIC:
-        return time.perf_counter_ns()
-    if clock_id == REALTIME:
-        return time.time_ns()
-    return _boottime_ns()

@@ -33,7 +33,7 @@ import warnings
 from types import ModuleType
 from typing import Any
 
-from stepscope import _schema
+from stepscope import _recorder, _schema
 
 _NAMES = ("annotate", "push_range", "pop_range", "start_range", "end_range", "mark")
 
@@ -45,19 +45,12 @@ class _ThreadState(threading.local):
 
 
 _tls = _ThreadState()
-_warned: set[str] = set()
 
 
 def _warn_once(what: str, exc: BaseException | None = None) -> None:
-    key = f"{what}:{type(exc).__name__}"
-    if key not in _warned:
-        _warned.add(key)
-        detail = f": {exc!r}" if exc is not None else ""
-        warnings.warn(
-            f"stepscope: {what}{detail} (further ones are not reported)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+    detail = f": {exc!r}" if exc is not None else ""
+    _recorder.warn_once(f"nvtx:{what}:{type(exc).__name__}",
+                        f"{what}{detail} (further ones are not reported)")
 
 
 class _NoApi:  # stands in for stepscope._api when it is not loaded (tests with a fake core)

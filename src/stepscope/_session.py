@@ -161,6 +161,9 @@ class Session:
         self.stopped = False
         self.in_flush = False
         self.on_close: list[Callable[[Sink], None]] = []
+        # run when the session starts stopping, whoever stops it (stop(), atexit, a signal, an
+        # unhandled exception), while it still records and writes
+        self.before_stop: list[Callable[[], None]] = []
         self.errors: list[str] = []
         if path is not None:
             self.add_sink(path, levels=(LEVEL_SUMMARY, LEVEL_DETAIL))
@@ -336,11 +339,16 @@ class Session:
     def stop(self) -> None:
         """Stop recording, write everything, close all files. Safe to call twice."""
         global _current
-        if not self.started or self.stopped:
+        if not self.started or self.stopped or self._stopping.is_set():
             return
+        self._stopping.set()
+        for hook in list(self.before_stop):  # e.g. the profiler closing its open window
+            try:
+                hook()
+            except Exception as exc:
+                self._error(f"a before-stop hook failed: {exc!r}")
         self.stopped = True
         _recorder.set_state(False, False)
-        self._stopping.set()
         self._flush_requested.set()
         try:
             if self._writer is not None and self._writer is not threading.current_thread():

@@ -48,3 +48,24 @@ def test_endless_phase_names_are_recorded_without_caching(tmp_path, monkeypatch)
     names = [s.name for s in decode(prof.files[-1]).by_category("phase")]
     assert names == ["fwd 0", "fwd 1", "fwd 2"]
     assert not any(k.startswith("fwd") for k in profiler_mod._phases)
+
+
+def test_a_session_stopped_from_elsewhere_closes_the_open_window_first(tmp_path):
+    prof = stepscope.Profiler(dir=tmp_path, schedule=stepscope.schedule(active=5),
+                              host_metrics=False, report=False, gpu=False)
+    prof.start()
+    try:
+        for _ in range(2):
+            with prof.phase("Forward"):
+                with stepscope.annotate("inside the window"):
+                    pass
+            prof.step()
+        stepscope.current().stop()  # what the exception hook or SIGTERM does
+    except BaseException:
+        prof.stop()
+        raise
+    (detail,) = [p for p in prof.files if "detail" in p.name]
+    names = [s.name for s in decode(detail).slices]
+    assert "inside the window" in names
+    prof.stop()
+    assert any("summary" in p.name for p in prof.files)

@@ -86,25 +86,6 @@ class CounterWriter:
         return n
 
 
-def replay_samples(
-    sess: Any,
-    nvml_samples: Iterable[Mapping[str, Any]],
-    gpm_samples: Iterable[Mapping[str, Any]] = (),
-    *,
-    device: int = 0,
-    ts_key: str = "perf_counter_ns",
-    offset_ns: int = 0,
-) -> int:
-    """Write recorded samples (the fixture's) as counters; returns the number of values."""
-    w = CounterWriter(sess)
-    n = 0
-    for s in nvml_samples:
-        n += w.write(int(s[ts_key]) + offset_ns, sample_counters(s, device))
-    for s in gpm_samples:
-        n += w.write(int(s[ts_key]) + offset_ns, gpm_counters(s, device))
-    return n
-
-
 class NvmlSampler:
     """Background NVML/GPM sampler for the given NVML device indices (default: all)."""
 

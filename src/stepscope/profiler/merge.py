@@ -30,18 +30,20 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from .. import _wire as w
+from .._clock import BOOTTIME as CLOCK_BOOTTIME
+from .._clock import MONOTONIC as CLOCK_MONOTONIC
+from .._clock import REALTIME as CLOCK_REALTIME
 from .._wire import f_bytes, f_varint
 
-# TracePacket field numbers
-F_TIMESTAMP = 8
-F_CLOCK_SNAPSHOT = 6
-F_SEQ_ID = 10
-F_COMPRESSED = 50
-F_TS_CLOCK_ID = 58
-F_DEFAULTS = 59
-F_TRACK_DESCRIPTOR = 60
-# ClockSnapshot / Clock
-CLOCK_REALTIME, CLOCK_MONOTONIC, CLOCK_BOOTTIME = 1, 3, 6
+# TracePacket field numbers (the writer's own constants)
+F_TIMESTAMP = w.PKT_TIMESTAMP
+F_CLOCK_SNAPSHOT = w.PKT_CLOCK_SNAPSHOT
+F_SEQ_ID = w.PKT_SEQUENCE_ID
+F_COMPRESSED = w.PKT_COMPRESSED_PACKETS
+F_TS_CLOCK_ID = w.DEF_TIMESTAMP_CLOCK_ID
+F_DEFAULTS = w.PKT_DEFAULTS
+F_TRACK_DESCRIPTOR = w.PKT_TRACK_DESCRIPTOR
 SHIFTED_CLOCKS = (CLOCK_MONOTONIC, CLOCK_BOOTTIME)
 
 _CHUNK = 1 << 20
@@ -351,8 +353,6 @@ class _Rewriter:
             if patched is not None:
                 return zlib.compress(patched, 1)
         parts = [f_bytes(1, self.packet(p)) for p in iter_trace_bytes(data)]
-        self.packets -= len(parts)  # packet() counted them; the batch is counted by its caller
-        self.packets += len(parts)
         return zlib.compress(b"".join(parts), 1)
 
     def _batch_in_place(self, data: bytes) -> bytes | None:

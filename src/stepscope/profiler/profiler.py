@@ -31,7 +31,6 @@ import atexit
 import contextlib
 import itertools
 import os
-import socket
 import sys
 import threading
 import time
@@ -333,6 +332,9 @@ class Profiler:
                                     rank=self.rank, process_name=name)
             self._own_session = True
         self._sess = sess
+        # if the session is stopped from elsewhere (an unhandled exception, SIGTERM, exit), the
+        # open window still gets its GPU activity and a complete file
+        sess.before_stop.append(self._leave_window)
         if "summary" in self.levels:
             path = self.run_dir / S.SUMMARY_FILE.format(rank=self.rank)
             self._summary_sink = sess.add_sink(path, levels=("summary",))
@@ -400,6 +402,8 @@ class Profiler:
                 self._gpu.stop()
             self._stopped = True
             if self._sess is not None:
+                with contextlib.suppress(ValueError):
+                    self._sess.before_stop.remove(self._leave_window)
                 if self._own_session:
                     self._sess.stop()
                 elif self._summary_sink is not None:
@@ -716,6 +720,3 @@ def dataloader(loader: Iterable[T]) -> Iterable[T]:
     p = _current
     return p.dataloader(loader) if p is not None else loader
 
-
-def hostname() -> str:
-    return socket.gethostname()

@@ -375,18 +375,19 @@ class Session:
         with self._lock:
             return _recorder.withdraw(event)
 
-    def flush(self, discard_detail: bool = False, timeout: float | None = None) -> bool:
-        """Encode and write everything recorded so far; ``discard_detail`` drops detail events.
-
-        Returns False if another flush held the session longer than ``timeout`` seconds.
-        """
+    def flush(self, discard_detail: bool = False, timeout: float | None = None,
+              wait: bool = True) -> bool:
+        """Encode everything recorded so far and, with ``wait``, wait until it is on disk;
+        ``discard_detail`` drops detail events. False if another flush held the session longer
+        than ``timeout`` seconds."""
         if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
             return False
         try:
             self._flush_locked(discard_detail)
         finally:
             self._lock.release()
-        self._wait_io(timeout)
+        if wait:
+            self._wait_io(timeout)
         return True
 
     # -- the writer ---------------------------------------------------------------------------

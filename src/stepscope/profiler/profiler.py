@@ -572,10 +572,8 @@ class Profiler:
 
     def _open_window(self) -> None:
         sess = self._sess
-        if self._own_session:
-            sess.flush(discard_detail=True)  # warmup's detail events are dropped here
-        else:
-            sess.flush()
+        if self._own_session:  # warmup's detail events are dropped here (no wait for the disk)
+            sess.flush(discard_detail=True, wait=False)
         assert self.run_dir is not None
         path = self.run_dir / S.DETAIL_FILE.format(rank=self.rank, window=self._windows)
         self._windows += 1

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import inspect
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -172,7 +173,48 @@ def annotate(message: Any = None, color: Any = None, domain: Any = None, categor
     return _annotate_slow(message, color, domain, category, payload, args)
 
 
+class _GpuRange:
+    """``annotate(..., gpu=True)``: the host range plus a GPU-side range timed with CUDA events
+    on the current CuPy stream (resolved later, without synchronizing; see gpu/cupy_timing)."""
+
+    __slots__ = ("host", "name")
+
+    def __init__(self, host: _Range, name: str):
+        self.host, self.name = host, name
+
+    def __enter__(self):
+        self.host.__enter__()
+        sess = _session.current()
+        timer = sess.gpu_timer() if _on and sess is not None else None
+        if timer is not None:
+            timer.push(self.name)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        sess = _session.current()
+        timer = sess._gpu_timer if sess is not None else None  # noqa: SLF001
+        if timer is not None:
+            timer.pop()
+        return self.host.__exit__(exc_type, exc, tb)
+
+    def __call__(self, func: Callable) -> Callable:
+        @functools.wraps(func)
+        def wrapper(*a, **k):
+            with self:
+                return func(*a, **k)
+        return wrapper
+
+
 def _annotate_slow(message, color, domain, category, payload, args):
+    if "gpu" in args:  # annotate(..., gpu=True): also time the range on the GPU
+        args = dict(args)
+        if args.pop("gpu"):
+            if "cupy" not in sys.modules:
+                warn_once("gpu_range", "annotate(gpu=True) needs CuPy; timing the host only")
+            else:
+                host = _annotate_slow(message, color, domain, category, payload, args)
+                name = rec.clean_name("" if message is None else message)
+                return _GpuRange(host, name)
     if callable(message) and not isinstance(message, str):  # bare @annotate
         return _decorate(message, None, color, domain, category, payload, args)
     if payload is not None or args:

@@ -164,6 +164,9 @@ class Session:
         # run when the session starts stopping, whoever stops it (stop(), atexit, a signal, an
         # unhandled exception), while it still records and writes
         self.before_stop: list[Callable[[], None]] = []
+        # run at the start of every flush, before emitters are taken (e.g. resolving CUDA events)
+        self.flush_hooks: list[Callable[[], None]] = []
+        self._gpu_timer = None
         self.errors: list[str] = []
         if path is not None:
             self.add_sink(path, levels=(LEVEL_SUMMARY, LEVEL_DETAIL))
@@ -299,6 +302,19 @@ class Session:
             except Exception as exc:
                 self._error(f"on_close callback failed: {exc!r}")
 
+    def gpu_timer(self):
+        """The session's CUDA-event timer for ``annotate(..., gpu=True)`` (None without CuPy)."""
+        if self._gpu_timer is None:
+            from .gpu.cupy_timing import CupyEventTimer, cupy_module
+
+            if cupy_module() is None:
+                return None
+            with self._lock:
+                if self._gpu_timer is None:
+                    self._gpu_timer = CupyEventTimer(self)
+                    self.flush_hooks.append(self._gpu_timer.poll)
+        return self._gpu_timer
+
     def emitter(self, clock: str = "monotonic", level: int = LEVEL_DETAIL) -> Emitter:
         em = Emitter(self, clock, level)
         with self._lock:
@@ -433,6 +449,11 @@ class Session:
 
     def _flush_body(self, discard_detail: bool) -> None:
         self._last_flush = time.monotonic()
+        for hook in list(self.flush_hooks):
+            try:
+                hook()
+            except Exception as exc:
+                self._error(f"a flush hook failed: {exc!r}")
         chunk = _recorder.drain()
         pending_raw = len(chunk) // 3 * RAW_EVENT_BYTES + len(_recorder.blobs) * BLOB_BYTES
         if chunk and (self._io_pending > self.buffer_bytes // 2 or pending_raw > self.buffer_bytes):

@@ -13,6 +13,7 @@ import pytest
 from gpu_fakes import FakeCupti
 from gpu_trace_decode import decode
 
+import stepscope
 import stepscope.gpu as gpu
 from stepscope import _session
 from stepscope.gpu.cupti_live import CuptiTracer
@@ -258,3 +259,33 @@ def test_cuda_event_ranges_resolve_later_without_waiting(tmp_path, monkeypatch):
     (track,) = {s.track for s in tr.slices}
     assert tr.track_name(track) == "CUDA events (stream 0x1234)"
     assert tr.track_name(tr.tracks[track].parent_uuid) == "GPU 0 (Fake GPU)"
+
+
+def test_annotate_gpu_true_times_the_range_on_the_gpu_too(tmp_path, monkeypatch):
+    cuda = _FakeCuda()
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=cuda))
+    path = tmp_path / "g.pftrace"
+    with stepscope.trace(path) as sess:
+        cuda.gpu_now = 100_000
+        with stepscope.annotate("fwd", gpu=True):
+            cuda.gpu_now = 700_000
+        sess.gpu_timer()._pending[0].end.done = True  # the GPU got there
+    tr = decode(path)
+    host = [s for s in tr.slices if s.name == "fwd" and s.category == ""]
+    gpu = [s for s in tr.slices if s.name == "fwd" and s.category == "gpu_range"]
+    assert len(host) == 1 and len(gpu) == 1
+    assert gpu[0].dur == 600_000  # GPU 100 us -> 700 us
+    assert "gpu" not in host[0].args
+
+
+def test_annotate_gpu_true_without_cupy_warns_and_times_the_host(tmp_path, monkeypatch):
+    from stepscope import _recorder
+
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    _recorder._warned.discard("gpu_range")
+    path = tmp_path / "h.pftrace"
+    with pytest.warns(RuntimeWarning, match="needs CuPy"):
+        with stepscope.trace(path):
+            with stepscope.annotate("fwd", gpu=True):
+                pass
+    assert [s.name for s in decode(path).slices] == ["fwd"]

@@ -153,7 +153,8 @@ def split_repeated(
     """Split ``buf[start:end]``, a run of one repeated length-delimited field, into its items.
 
     Used for ``Trace.packet`` (tag 0x0A). Item boundaries form a chain (each item says where the
-    next starts); the chain is followed for all candidate positions at once by pointer doubling.
+    next starts); the chain is found for all candidate positions (tag bytes) at once: by pruning
+    the candidates nothing points at, or where that does not settle, by pointer doubling.
     Returns (payload starts, payload ends, stop) where ``stop`` is the offset where the chain
     stopped: ``end`` for a clean run; an item running past ``end`` (a truncated last item) or a
     byte that does not start an item leaves ``stop`` < ``end``.
@@ -171,6 +172,42 @@ def split_repeated(
     sentinel = len(cand)
     succ = np.where(is_node, j, sentinel).astype(np.int64)
     succ = np.append(succ, sentinel)
+    nodes = _chain_by_pruning(succ, sentinel)
+    if nodes is None:
+        nodes = _chain_by_doubling(succ, sentinel, window)
+    last = int(nodes[-1])
+    stop = int(nxt[last])
+    if stop > end:  # the last item runs past the end: drop it
+        nodes = nodes[:-1]
+        stop = int(cand[last])
+    return body[nodes], nxt[nodes], stop
+
+
+def _chain_by_pruning(succ: np.ndarray, sentinel: int, rounds: int = 32) -> np.ndarray | None:
+    """The chain from candidate 0, found by dropping candidates that no live candidate points
+    at (candidate 0 stays), until nothing changes: what is left is exactly the chain, as every
+    survivor has a live predecessor at a smaller position. Stray candidates (tag bytes inside
+    payloads) rarely form paths of more than a few hops, so this takes a few cheap passes;
+    None when it has not settled after ``rounds`` passes (then pointer doubling decides)."""
+    alive = np.ones(sentinel, bool)
+    count = sentinel
+    for _ in range(rounds):
+        has_pred = np.zeros(sentinel + 1, bool)
+        has_pred[succ[:-1][alive]] = True
+        has_pred[0] = True
+        alive &= has_pred[:-1]
+        new_count = int(np.count_nonzero(alive))
+        if new_count == count:
+            nodes = np.flatnonzero(alive)
+            if (succ[nodes[:-1]] == nodes[1:]).all() and succ[nodes[-1]] == sentinel:
+                return nodes
+            return None
+        count = new_count
+    return None
+
+
+def _chain_by_doubling(succ: np.ndarray, sentinel: int, window: int) -> np.ndarray:
+    """The chain from candidate 0 by pointer doubling, a window of candidates at a time."""
     chain: list[np.ndarray] = []
     node = 0
     while True:
@@ -194,13 +231,7 @@ def split_repeated(
         if nxt_node == sentinel or nxt_node < hi:
             break
         node = nxt_node
-    nodes = np.concatenate(chain)
-    last = int(nodes[-1])
-    stop = int(nxt[last])
-    if stop > end:  # the last item runs past the end: drop it
-        nodes = nodes[:-1]
-        stop = int(cand[last])
-    return body[nodes], nxt[nodes], stop
+    return np.concatenate(chain)
 
 
 def mix64(x: np.ndarray) -> np.ndarray:

@@ -44,6 +44,12 @@ def _segmented_cumsum(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
         return cs
     starts = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])
     before = cs[starts] - values[starts]
+    if len(starts) <= 64:  # few segments: subtract in place, a slice at a time
+        ends = np.r_[starts[1:], len(values)]
+        for a, b, v in zip(starts.tolist(), ends.tolist(), before.tolist(), strict=True):
+            if v:
+                cs[a:b] -= v
+        return cs
     return cs - np.repeat(before, np.diff(np.r_[starts, len(values)]))
 
 
@@ -209,8 +215,14 @@ class _Clocks:
             bv = np.array([s[b] for s in snaps], np.int64)
             order = np.argsort(av, kind="stable")
             av, bv = av[order], bv[order]
-            i = np.maximum(np.searchsorted(av, ns, side="right") - 1, 0)
-            ns = ns - av[i] + bv[i]
+            off = bv - av
+            if len(off) == 1 or (off == off[0]).all():  # one offset for every timestamp
+                ns = ns + off[0]
+                continue
+            i = np.searchsorted(av, ns, side="right")
+            i -= 1
+            np.maximum(i, 0, out=i)
+            ns = ns + off[i]
         return ns
 
 
@@ -395,6 +407,8 @@ def _resolve_timestamps(P: _Acc, st: _State, srank, gen, skip, stats) -> np.ndar
     # packets without a timestamp take the latest timestamp seen so far (as trace processor)
     notime = ~has_ts & ~skip
     if notime.any():
-        latest = np.maximum.accumulate(out)
-        out = np.where(notime, np.where(latest == lo, 0, latest), out)
+        sel = np.flatnonzero(notime)
+        latest = np.maximum.accumulate(out)[sel]
+        latest[latest == lo] = 0
+        out[sel] = latest
     return out

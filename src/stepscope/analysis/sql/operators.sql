@@ -18,9 +18,7 @@
 --                   before the launch (the deepest one on ties); as slices on one track nest
 --                   strictly, the ranges containing the launch are S and those of its ancestors
 --                   (parent_id) that end after the launch (ancestors are walked once per
---                   distinct S, and no higher than the depth of the track's shallowest
---                   range: slices above it are no ranges, nor are their ancestors).
---                   Device slices without a flow count for no range.
+--                   distinct S). Device slices without a flow count for no range.
 --   gpu_total_ns    sum over ranges; gpu_avg = gpu_total / calls; gpu_max/min over ranges
 --                   (ranges without device work count 0).
 --   gpu_ratio       gpu_total_ns / device time (union of all device slices per rank, summed).
@@ -58,18 +56,12 @@ op_start AS (
           ORDER BY s.ts DESC, s.depth DESC LIMIT 1) AS start_id
   FROM op_launch l JOIN op_root r ON r.utid = l.utid
 ),
-op_top AS (  -- per track: the depth of its shallowest range
-  SELECT s.track_id, MIN(s.depth) AS depth
-  FROM op_range r JOIN slice s ON s.id = r.id
-  GROUP BY s.track_id
-),
 op_walk(start_id, anc_id, hops) AS (
   SELECT DISTINCT start_id, start_id, 0 FROM op_start WHERE start_id IS NOT NULL
   UNION ALL
   SELECT w.start_id, s.parent_id, w.hops + 1
   FROM op_walk w JOIN slice s ON s.id = w.anc_id
-  JOIN op_top tp ON tp.track_id = s.track_id
-  WHERE s.parent_id IS NOT NULL AND s.depth > tp.depth AND w.hops < 256
+  WHERE s.parent_id IS NOT NULL AND w.hops < 256
 ),
 op_hit AS (
   SELECT w.start_id, r.id AS range_id, r.ts + r.dur AS range_end

@@ -262,11 +262,15 @@ def test_in_memory_cap_drops_when_encoding_cannot_keep_up(tmp_path):
     path = str(tmp_path / "t.pftrace")
     sess = stepscope.start(path, buffer_bytes=1 << 16, flush_interval_s=60)
     with sess._lock:  # the writer is busy (holds the session): recording piles up
+        stepscope.push_range("open across the gap")
         for _ in range(5000):
             with stepscope.annotate("x"):
                 pass
-    stepscope.stop()
-    assert sess.dropped == 10000
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the pop's begin was dropped: expected, no warning
+        stepscope.pop_range()
+        stepscope.stop()
+    assert sess.dropped == 10001
     d = decode(path)
     assert [e.value for e in d.by_track(d.track_named("stepscope dropped events"))] == [10000]
 

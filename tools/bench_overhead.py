@@ -105,6 +105,8 @@ def all_in(n: int, compress: bool, rounds: int) -> tuple[float, int]:
                 pass
         sess.stop()
         dt = time.perf_counter_ns() - t0
+        if sess.dropped:
+            print(f"note: all-in run dropped {sess.dropped} events (writer backlog)")
         if dt < best:
             best, size = dt, os.path.getsize(path)
     return best / n, size

@@ -1,7 +1,7 @@
 """A tracing session: turns recording on, owns the output files and the two background threads.
 
-* The **writer thread** wakes every 50 ms, and every ``flush_interval_s`` (or when the buffer is
-  half full) drains the recorder, splits events by thread and level, and has each sink encode them.
+* The **writer thread** wakes every 20 ms, and every ``flush_interval_s`` (or when the buffer is
+  a quarter full) drains the recorder, splits events by thread and level, and has each sink encode them.
 * The **I/O thread** compresses and writes what the sinks produced, so a slow disk never stalls
   encoding. When recorded events pass the buffer cap (encoding cannot keep up) or bytes waiting
   for the disk pass half of it, events are dropped instead, counted, and the count is written to
@@ -41,7 +41,7 @@ from .profiler import ranks  # a leaf module: launcher variables -> rank
 
 RAW_EVENT_BYTES = 88  # list slots + int objects per recorded event (for the buffer cap)
 BLOB_BYTES = 400  # a Blob with a small args dict
-_WAKE_S = 0.05
+_WAKE_S = 0.02
 _current: Session | None = None
 
 
@@ -416,7 +416,7 @@ class Session:
                    + len(_recorder.blobs) * BLOB_BYTES)
             due = (self._flush_requested.is_set()
                    or time.monotonic() - self._last_flush >= self.flush_interval_s
-                   or raw >= self.buffer_bytes // 2)
+                   or raw >= self.buffer_bytes // 4)  # early: drops only for a real backlog
             self._flush_requested.clear()
             if due:
                 try:
@@ -495,6 +495,7 @@ class Session:
                 _recorder.blobs.pop(-k, None)
         now = _clock.now()
         for sink in self.sinks:  # cut open slices at the gap; their ends become unmatched
+            sink.warn_unmatched = False  # ... which is expected now, not the user's mistake
             for seq in sink.sequences.values():
                 sink.close_open_slices(seq, now)
 

@@ -266,6 +266,7 @@ def test_in_memory_cap_drops_when_encoding_cannot_keep_up(tmp_path):
         for _ in range(5000):
             with stepscope.annotate("x"):
                 pass
+    sess.flush()  # over the cap: all 10001 pending events are dropped here
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the pop's begin was dropped: expected, no warning
         stepscope.pop_range()

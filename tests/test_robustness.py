@@ -273,7 +273,7 @@ def test_in_memory_cap_drops_when_encoding_cannot_keep_up(tmp_path):
         stepscope.stop()
     assert sess.dropped == 10001
     d = decode(path)
-    assert [e.value for e in d.by_track(d.track_named("stepscope dropped events"))] == [10000]
+    assert [e.value for e in d.by_track(d.track_named("stepscope dropped events"))] == [10001]
 
 
 def test_huge_counter_values_never_break_the_trace(tmp_path):

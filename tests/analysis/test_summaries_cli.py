@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from test_summaries_db import scenario  # noqa: E402
 
+from stepscope import cli  # noqa: E402
 from stepscope.analysis import cli_summary  # noqa: E402
 
 
@@ -30,7 +31,7 @@ def trace(tmp_path, monkeypatch):
 
 
 def run(argv, capsys):
-    rc = cli_summary.main(["summary", *argv])
+    rc = cli.main(["summary", *argv])
     out, err = capsys.readouterr()
     return rc, out, err
 

@@ -186,10 +186,10 @@ def test_cntk_from_the_writer(db, tmp_path):
 
 
 def test_cli_on_written_traces(traces, tmp_path, capsys):
-    from stepscope.analysis import cli_summary
+    from stepscope import cli
 
     argv = ["summary", *traces, "--engine", "embedded", "--table", "kernels", "--unit", "ns"]
-    assert cli_summary.main([*argv, "--format", "json"]) == 0
+    assert cli.main([*argv, "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)["kernels"]["rows"]
     assert [(r["name"], r["calls"], r["total_ns"]) for r in rows] == [
         ("gemm", 4, 900),
@@ -198,7 +198,7 @@ def test_cli_on_written_traces(traces, tmp_path, capsys):
     ]
     garbage = tmp_path / "garbage.pftrace"
     garbage.write_bytes(b"\x0f\xff\xfe not a trace \x00" * 10)
-    assert cli_summary.main(["summary", str(garbage), "--engine", "embedded"]) == 2
+    assert cli.main(["summary", str(garbage), "--engine", "embedded"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"stepscope summary: error: cannot read {garbage}: ")
     assert len(err.splitlines()) == 1

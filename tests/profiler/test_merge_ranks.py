@@ -8,7 +8,7 @@ import pytest
 from tracedecode import decode
 
 from stepscope import _schema as S
-from stepscope.profiler import cli_profiler
+from stepscope import cli
 from stepscope.profiler import merge as M
 
 RANKS = 4
@@ -48,7 +48,7 @@ def run_dir(tmp_path_factory):
 
 def test_four_ranks_one_timeline(run_dir, tmp_path, capsys):
     out = tmp_path / "merged.pftrace"
-    assert cli_profiler.main(["merge", str(run_dir), "-o", str(out)]) == 0
+    assert cli.main(["merge", str(run_dir), "-o", str(out)]) == 0
     assert "clock alignment: shared clock (one host" in capsys.readouterr().out
     d = decode(out)
     host = socket.gethostname()
@@ -74,7 +74,7 @@ def test_four_ranks_one_timeline(run_dir, tmp_path, capsys):
 
 def test_rank_filter(run_dir, tmp_path):
     out = tmp_path / "some.pftrace"
-    assert cli_profiler.main(["merge", str(run_dir), "-o", str(out), "--ranks", "1,3"]) == 0
+    assert cli.main(["merge", str(run_dir), "-o", str(out), "--ranks", "1,3"]) == 0
     names = sorted(decode(out).processes.values())
     assert [n.split(" (")[0] for n in names] == ["rank 1", "rank 3"]
     files = sorted(run_dir.glob("rank*.summary.pftrace"))

@@ -24,7 +24,7 @@ def _env(**extra):
 
 
 def _cli(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "stepscope.profiler.cli_profiler", *args],
+    return subprocess.run([sys.executable, "-m", "stepscope.cli", *args],
                           capture_output=True, text=True, env=_env(), timeout=60, **kw)
 
 

@@ -151,15 +151,3 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m stepscope.analysis.cli_summary``) until cli.py wires it."""
-    parser = argparse.ArgumentParser(prog="stepscope")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_parsers(sub)
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

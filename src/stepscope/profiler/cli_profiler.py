@@ -113,15 +113,3 @@ def cmd_merge(args: argparse.Namespace) -> int:
     print(result.format())
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m stepscope.profiler.cli_profiler run|merge ...``)."""
-    parser = argparse.ArgumentParser(prog="stepscope")
-    sub = parser.add_subparsers(dest="command_name", required=True)
-    add_parsers(sub)
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -28,6 +28,8 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
 RANGES_PER_PHASE = 8  # leaf ranges inside each phase
 # events per step on the main thread: step + 4 phases + 4*R ranges (2 events each) + 1 counter
 EVENTS_PER_STEP = 2 * (1 + 4 + 4 * RANGES_PER_PHASE) + 1
@@ -138,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {path}: {info['bytes'] / 1e6:.1f} MB in {info['write_s']:.1f} s",
                   file=sys.stderr)
         env = dict(os.environ)
+        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
         cmd = [sys.executable, __file__, "--measure", path] + (["--load-only"] if a.load_only
                                                               else [])
         out = subprocess.run(cmd, env=env,

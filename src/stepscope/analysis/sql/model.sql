@@ -66,34 +66,30 @@ md_dev_attr AS (
   LEFT JOIN md_steps ms ON ms.upid = d.upid AND ms.sseq = d.cur_s AND d.t < ms.end_ts
   WHERE d.ord = 2
 ),
--- unions (see _base.sql): per phase instance, per step (Others), per step (phase cover)
-md_phase_gpu AS (
-  SELECT phase_id, SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) AS ns FROM (
-    SELECT phase_id, ts, end_ts,
-           MAX(end_ts) OVER (PARTITION BY phase_id ORDER BY ts
-                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
-    FROM md_dev_attr WHERE phase_id IS NOT NULL
-  ) GROUP BY phase_id
+-- unions (see _base.sql), one pass over three tagged inputs: kind 1 = device work per phase
+-- instance (GPU time of the phase), kind 2 = device work in a step outside any phase (GPU time
+-- of Others), kind 3 = the phases of a step clipped to it (the step time covered by phases)
+md_union_in AS (
+  SELECT 1 AS kind, phase_id AS gid, ts, end_ts FROM md_dev_attr WHERE phase_id IS NOT NULL
+  UNION ALL
+  SELECT 2, step_id, ts, end_ts FROM md_dev_attr WHERE phase_id IS NULL AND step_id IS NOT NULL
+  UNION ALL
+  SELECT 3, step_id, ts, end_ts FROM (
+    SELECT ms.step_id, MAX(mp.ts, ms.ts) AS ts, MIN(mp.end_ts, ms.end_ts) AS end_ts
+    FROM md_phases mp JOIN md_steps ms ON ms.upid = mp.upid AND ms.sseq = mp.cur_s
+  ) WHERE end_ts > ts
 ),
-md_others_gpu AS (
-  SELECT step_id, SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) AS ns FROM (
-    SELECT step_id, ts, end_ts,
-           MAX(end_ts) OVER (PARTITION BY step_id ORDER BY ts
+md_union AS (
+  SELECT kind, gid, SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) AS ns FROM (
+    SELECT kind, gid, ts, end_ts,
+           MAX(end_ts) OVER (PARTITION BY kind, gid ORDER BY ts
                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
-    FROM md_dev_attr WHERE phase_id IS NULL AND step_id IS NOT NULL
-  ) GROUP BY step_id
+    FROM md_union_in
+  ) GROUP BY kind, gid
 ),
-md_cover AS (
-  SELECT step_id, SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) AS ns FROM (
-    SELECT step_id, ts, end_ts,
-           MAX(end_ts) OVER (PARTITION BY step_id ORDER BY ts
-                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
-    FROM (
-      SELECT ms.step_id, MAX(mp.ts, ms.ts) AS ts, MIN(mp.end_ts, ms.end_ts) AS end_ts
-      FROM md_phases mp JOIN md_steps ms ON ms.upid = mp.upid AND ms.sseq = mp.cur_s
-    ) WHERE end_ts > ts
-  ) GROUP BY step_id
-),
+md_phase_gpu AS (SELECT gid AS phase_id, ns FROM md_union WHERE kind = 1),
+md_others_gpu AS (SELECT gid AS step_id, ns FROM md_union WHERE kind = 2),
+md_cover AS (SELECT gid AS step_id, ns FROM md_union WHERE kind = 3),
 md_inst AS (
   SELECT mp.phase, 1 AS is_phase, mp.dur AS cpu_ns, COALESCE(g.ns, 0) AS gpu_ns
   FROM md_phases mp LEFT JOIN md_phase_gpu g ON g.phase_id = mp.phase_id

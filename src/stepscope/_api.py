@@ -32,7 +32,7 @@ _forward = False  # also send ranges to NVTX
 class _Range:
     """A user range: context manager and decorator. Begins/ends on the calling thread."""
 
-    __slots__ = ("message", "color", "domain", "category", "payload", "args", "eid", "begin")
+    __slots__ = ("message", "color", "domain", "category", "payload", "args", "begin")
 
     def __call__(self, func: Callable) -> Callable:
         return _decorate(func, self.message, self.color, self.domain, self.category,
@@ -67,50 +67,42 @@ def _categories(domain, category) -> tuple[str, ...]:
     return tuple(cats)
 
 
-def _args_blob(kind: int, eid: int, payload, args) -> Blob:
+def _args_data(payload, args) -> dict | None:
+    """The typed args of a range: keyword args, plus ``payload``; None when there are none."""
     if args and len(args) == 1 and isinstance(args.get("args"), dict):
         args = args["args"]  # annotate("x", args={...}) means these args, not one named "args"
     data = {str(k): v for k, v in args.items()} if args else {}
     if payload is not None:
         data["payload"] = payload
-    return Blob(kind, eid, LEVEL_DETAIL, args=data)
+    return data or None
+
+
+def _args_blob(kind: int, eid: int, payload, args) -> Blob:
+    return Blob(kind, eid, LEVEL_DETAIL, args=_args_data(payload, args))
 
 
 def _make_range(message, color, domain, category, payload, args, fast=False) -> _Range:
     """``fast``: a class of its own whose enter/exit ``_on_state`` rebinds (cached ranges only);
     otherwise a ``_SlowRange``, which checks the state on every call."""
     name = "" if message is None else message
-    eid = event_id(name, _categories(domain, category)) if fast else None
+    cats = _categories(domain, category)
     if fast:
         cls = type("annotate", (_Range,), {"__slots__": ()})
         r = cls()
-        r.begin = rec.chain(code(eid, LEVEL_DETAIL, BEGIN))
+        r.begin = rec.chain(code(event_id(name, cats), LEVEL_DETAIL, BEGIN))
         _bind_class(cls, r.begin)
-    elif payload is None and not args:
+    else:  # by name: interned while the table has room, else written inline
         r = _SlowRange()
-        cats = _categories(domain, category)
-        r.begin = functools.partial(rec.record_named, BEGIN, name, cats, LEVEL_DETAIL)
-    else:
-        r = _SlowRange()
-        blob_args = (payload, args)
-
-        cats = _categories(domain, category)
-
-        def begin(blob_args=blob_args):
-            blob = _args_blob(BEGIN, 0, *blob_args)
-            blob.eid = event_id(name, cats, force=False)
-            if blob.eid is None:  # table full: the name goes inline
-                blob.eid, blob.name = event_id("", cats), rec.clean_name(name)
-            rec.record_blob(blob)
-
-        r.begin = begin
+        r.begin = functools.partial(rec.record_named, BEGIN, name, cats, LEVEL_DETAIL,
+                                    _args_data(payload, args))
     r.message, r.color, r.domain, r.category = name, color, domain, category
-    r.payload, r.args, r.eid = payload, args, eid
+    r.payload, r.args = payload, args
     return r
 
 
 class _SlowRange(_Range):
-    """A range with arguments or a payload: recorded as a blob (a Python frame on enter)."""
+    """A range with arguments or a payload, or one of too many names to cache: checks the state
+    on every call (a Python frame on enter)."""
 
     __slots__ = ()
 
@@ -392,8 +384,8 @@ def mark(message: Any = None, color: Any = None, domain: Any = None, category: A
     """An instant event on this thread's track."""
     if not _on:
         return
-    data = _args_blob(INSTANT, 0, payload, args).args if payload is not None or args else None
-    rec.record_named(INSTANT, _name(message), _categories(domain, category), LEVEL_DETAIL, data)
+    rec.record_named(INSTANT, _name(message), _categories(domain, category), LEVEL_DETAIL,
+                     _args_data(payload, args))
     if _forward:
         _nvtx.forward_mark(_name(message), color, domain, category)
 

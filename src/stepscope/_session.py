@@ -54,8 +54,7 @@ def current() -> Session | None:
 class Emitter:
     """Events with explicit timestamps and tracks, from one producer (one sequence per file)."""
 
-    def __init__(self, session: Session, clock: str, level: int):
-        self.session = session
+    def __init__(self, clock: str, level: int):
         self.clock_id = _clock.base_clock_id(clock)
         self.level = level
         self._events: list[tuple] = []  # (ts, order, tiebreak, seq no, blob)
@@ -160,7 +159,6 @@ class Session:
         self._last_flush = 0.0
         self.started = False
         self.stopped = False
-        self.in_flush = False
         self.on_close: list[Callable[[Sink], None]] = []
         # run when the session starts stopping, whoever stops it (stop(), atexit, a signal, an
         # unhandled exception), while it still records and writes
@@ -317,7 +315,7 @@ class Session:
         return self._gpu_timer
 
     def emitter(self, clock: str = "monotonic", level: int = LEVEL_DETAIL) -> Emitter:
-        em = Emitter(self, clock, level)
+        em = Emitter(clock, level)
         with self._lock:
             self._emitters.append(em)
         return em
@@ -442,13 +440,6 @@ class Session:
         self._send(sink)
 
     def _flush_locked(self, discard_detail: bool) -> None:
-        self.in_flush = True  # read by signal handlers: they must not re-enter a flush
-        try:
-            self._flush_body(discard_detail)
-        finally:
-            self.in_flush = False
-
-    def _flush_body(self, discard_detail: bool) -> None:
         self._last_flush = time.monotonic()
         for hook in list(self.flush_hooks):
             try:

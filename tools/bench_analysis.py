@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(a.measure, not a.load_only)))
         return 0
     sizes = list(a.sizes) + ([10_000_000] if a.ten else [])
-    tmp = a.keep or tempfile.mkdtemp(prefix="stepscope-bench-")
+    scratch = None if a.keep else tempfile.TemporaryDirectory(prefix="stepscope-bench-")
+    tmp = a.keep or scratch.name  # generated traces are removed at exit unless --keep
     os.makedirs(tmp, exist_ok=True)
     rows = []
     for n in sizes:

@@ -159,7 +159,10 @@ def _build_args(buf, E: _Acc, st: _State, egen, ev_slice, sl: dict, stats) -> di
         for e, o, ln in zip(lev.tolist(), E.get("sl_off").tolist(), E.get("sl_len").tolist(),
                             strict=True):
             if ev_slice[e] >= 0:
-                s = pb.SourceLocation.FromString(buf[o : o + ln].tobytes())
+                try:
+                    s = pb.SourceLocation.FromString(buf[o : o + ln].tobytes())
+                except Exception:  # a corrupt location loses itself, not the trace
+                    continue
                 locs.append((int(ev_slice[e]), (s.file_name, s.function_name, s.line_number)))
     if locs:
         uniq = {v: i for i, v in enumerate(dict.fromkeys(v for _, v in locs))}
@@ -182,6 +185,8 @@ def _build_args(buf, E: _Acc, st: _State, egen, ev_slice, sl: dict, stats) -> di
     if not cols:
         return {}
     c = {k: np.concatenate(v) for k, v in cols.items()}
+    if len(c["slice"]) == 0:  # every annotation was dropped (e.g. unresolved names)
+        return {}
     o = np.lexsort((c["order"], c["slice"]))
     c = {k: v[o] for k, v in c.items()}
     s = c["slice"]

@@ -259,7 +259,9 @@ _MULTI = {"cat": ("cat_ev", "cat_iid"), "catl": ("catl_ev", "catl_off", "catl_le
           "flow": ("flow_ev", "flow_id", "flow_term"), "ann": ("ann_ev", "ann_off", "ann_len"),
           "sl": ("sl_ev", "sl_off", "sl_len"), "nm": ("nm_ev", "nm_off", "nm_len"),
           "tr": ("tr_ev", "tr_uuid"), "cv": ("cv_ev", "cv_val"), "sli": ("sli_ev", "sli_iid")}
-_TPL_MAX = 24  # packets whose body after the timestamp is at most this long are deduplicated
+# packets whose body after the timestamp is at most this long are deduplicated; the reads are
+# fixed-width, so _protoscan.PAD must exceed it
+_TPL_MAX = 24
 _MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], np.uint64)  # low k bytes of a word
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PAD = 16  # zero bytes appended to every buffer handed to these functions
+PAD = 32  # zero bytes appended to every buffer (>= the widest fixed-size read, _TPL_MAX + 8)
 
 WT_VARINT, WT_I64, WT_LEN, WT_I32 = 0, 1, 2, 5
 

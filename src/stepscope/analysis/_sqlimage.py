@@ -357,9 +357,14 @@ def _write_leaves(out: np.ndarray, base: int, lay: _Layout, kind: int, st: _Stri
 def _interior_pages(children: list[int], keys: list[int], first_page: int) -> tuple[list, list]:
     """One level of interior pages over ``children``; returns (pages, [(page_no, max_key)])."""
     per = (PAGE - _INTERIOR_HDR) // (2 + 4 + 9)
+    # spread the children evenly: a last page with a single child would hold no cell at all,
+    # which SQLite reads as a malformed database
+    n_pages = -(-len(children) // per)
+    sizes = [len(children) // n_pages + (j < len(children) % n_pages) for j in range(n_pages)]
+    bounds = [sum(sizes[:j]) for j in range(n_pages + 1)]
     pages, up = [], []
-    for i in range(0, len(children), per):
-        ch, ks = children[i : i + per], keys[i : i + per]
+    for i, j in zip(bounds[:-1], bounds[1:], strict=True):
+        ch, ks = children[i:j], keys[i:j]
         cells = [struct.pack(">I", c) + _varint(k) for c, k in zip(ch[:-1], ks[:-1], strict=True)]
         pages.append(_page(5, cells, right=ch[-1]))
         up.append((first_page + len(pages) - 1, ks[-1]))

@@ -11,6 +11,7 @@ import argparse
 import csv
 import json
 import os
+import sqlite3
 import sys
 from typing import Any
 
@@ -154,8 +155,8 @@ def run_export_csv(args: argparse.Namespace) -> int:
             print(f"{path}: {n} rows", file=sys.stderr)
     except OSError as e:
         return _fail("export-csv", f"cannot write {out_dir}: {e.strerror or e}")
-    except engines.QueryError as e:
-        return _fail("export-csv", str(e), 1)
+    except (engines.QueryError, sqlite3.Error) as e:
+        return _fail("export-csv", f"query failed: {e}", 1)
     finally:
         db.close()
     return 0

@@ -133,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"wrote {p}", file=sys.stderr)
     except summaries.SummaryError as e:
         return _fail(f"{shown}: {e}")
+    except OSError as e:  # --cntk DIR not writable, a file in the way, ...
+        return _fail(f"cannot write {e.filename or args.cntk}: {e.strerror or e}")
     finally:
         close = getattr(db, "close", None)
         if callable(close):
@@ -145,8 +147,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         text = "No events to summarize.\n" if args.format == "text" else ""
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
+        try:
+            with open(args.output, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as e:
+            return _fail(f"cannot write {args.output}: {e.strerror or e}")
     else:
         sys.stdout.write(text)
     return 0

@@ -94,14 +94,14 @@ class EmbeddedDB(_Base):
         return self
 
     def query(self, sql: str) -> Rows:
-        try:
+        try:  # rows are fetched inside: SQLite reports some errors only while stepping
             cur = self.conn.execute(sql)
+            if cur.description is None:
+                return Rows()
+            cols = [d[0] for d in cur.description]
+            return Rows([dict(zip(cols, r, strict=True)) for r in cur], cols)
         except sqlite3.Error as e:
             raise QueryError(f"query failed: {e}") from None
-        if cur.description is None:
-            return Rows()
-        cols = [d[0] for d in cur.description]
-        return Rows((dict(zip(cols, r, strict=True)) for r in cur), cols)
 
     def close(self) -> None:
         if self.conn is not None:
@@ -228,6 +228,8 @@ def open(  # noqa: A001 - mirrors the builtin on purpose: stepscope.analysis.ope
                 raise EngineError(_download_failed)
             try:
                 return TraceProcessorDB(paths, explicit)
+            except TraceError:  # the file's fault (missing, unreadable): not the binary's
+                raise
             except Exception as e:
                 if explicit is None:  # the perfetto package's own download failed
                     _download_failed = (f"no trace_processor_shell found and downloading it "

@@ -1,0 +1,110 @@
+"""Valid or slightly damaged traces that once failed to load, and errors that once escaped."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from stepscope import _wire as w
+from stepscope.analysis import _sqlimage as si
+from stepscope.analysis import engines, importer
+
+TRACK = 7
+
+
+def packet(body: bytes) -> bytes:
+    return w.f_bytes(w.TRACE_PACKET, body)
+
+
+def event(ts: int, kind: int, extra: bytes = b"", name: str | None = None) -> bytes:
+    te = w.f_varint(w.TE_TYPE, kind) + w.f_varint(w.TE_TRACK_UUID, TRACK)
+    if name:
+        te += w.f_str(w.TE_NAME, name)
+    return (w.f_varint(w.PKT_TIMESTAMP, ts) + w.f_varint(w.PKT_SEQUENCE_ID, 1)
+            + w.f_bytes(w.PKT_TRACK_EVENT, te + extra))
+
+
+DESC = packet(w.f_bytes(w.PKT_TRACK_DESCRIPTOR,
+                        w.f_varint(w.TD_UUID, TRACK) + w.f_str(w.TD_NAME, "t")))
+
+
+def slices(path) -> list:
+    conn, _ = importer.load(str(path))
+    return conn.execute("select ts, dur, name from slice order by id").fetchall()
+
+
+def test_a_short_last_packet_loads(tmp_path):
+    path = tmp_path / "t.pftrace"  # the last packet's body is only a few bytes long
+    path.write_bytes(DESC + packet(event(100, 1, name="a")) + packet(event(200, 2)))
+    assert slices(path) == [(100, 100, "a")]
+
+
+def test_annotations_that_all_drop_leave_the_slice(tmp_path):
+    unresolved = w.f_bytes(w.TE_DEBUG_ANNOTATIONS,
+                           w.f_varint(w.DA_NAME_IID, 5) + w.f_varint(w.DA_INT, 3))
+    path = tmp_path / "t.pftrace"
+    path.write_bytes(DESC + packet(event(100, 1, unresolved, "a")) + packet(event(200, 2)))
+    assert slices(path) == [(100, 100, "a")]
+
+
+def test_a_corrupt_source_location_loses_only_itself(tmp_path):
+    inline_source_location = 33  # TrackEvent.source_location: its file_name claims 5 bytes
+    broken = w.f_bytes(inline_source_location, b"\x0a\x05ab")
+    path = tmp_path / "t.pftrace"
+    path.write_bytes(DESC + packet(event(100, 1, broken, "a")) + packet(event(200, 2)))
+    assert slices(path) == [(100, 100, "a")]
+
+
+def test_a_table_whose_last_interior_page_would_hold_one_child_is_well_formed():
+    strings = ["x" * 1000]
+
+    def table(n):
+        return si.Table("t", "CREATE TABLE t(id INTEGER PRIMARY KEY, s TEXT)",
+                        np.arange(n, dtype=np.int64),
+                        [si.Column("rowid"), si.Column("text", np.zeros(n, np.int64))])
+
+    st = si._Strings(strings)
+    per = (si.PAGE - si._INTERIOR_HDR) // (2 + 4 + 9)
+    lo, hi = 1, 400_000  # the row count that needs per + 1 leaf pages
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if si._table_layout(table(mid), st).n_pages >= per + 1 else (mid + 1,
+                                                                                         hi)
+    conn = si.connect(si.build([table(lo)], strings))
+    assert conn.execute("pragma integrity_check").fetchall() == [("ok",)]
+    assert conn.execute("select count(*), max(id) from t").fetchone() == (lo, lo - 1)
+
+
+def test_sqlite_errors_while_stepping_are_query_errors(tmp_path):
+    path = tmp_path / "t.pftrace"
+    path.write_bytes(DESC + packet(event(100, 1, name="a")) + packet(event(200, 2)))
+    db = engines.open(str(path), engine="embedded")
+    with pytest.raises(engines.QueryError, match="integer overflow"):
+        db.query("select abs(column1) from (values (1), (-9223372036854775808))")
+    db.close()
+
+
+def test_summary_cli_reports_unwritable_outputs_in_one_line(tmp_path):
+    path = tmp_path / "t.pftrace"
+    path.write_bytes(DESC + packet(event(100, 1, name="a")) + packet(event(200, 2)))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    for extra in (["--cntk", str(blocker)], ["-o", str(tmp_path / "missing" / "x.txt")]):
+        out = subprocess.run([sys.executable, "-m", "stepscope.cli", "summary", str(path),
+                              "--engine", "embedded", *extra], capture_output=True, text=True,
+                             env=env)
+        assert out.returncode == 2 and "Traceback" not in out.stderr
+        assert "cannot write" in out.stderr
+
+
+def test_a_missing_file_is_not_remembered_as_a_failed_download(tmp_path, monkeypatch):
+    monkeypatch.setattr(engines, "_download_failed", None)
+    with pytest.raises(Exception, match="no such file"):
+        engines.open(str(tmp_path / "nope.pftrace"), engine="trace_processor")
+    assert engines._download_failed is None

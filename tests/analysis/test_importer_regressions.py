@@ -108,3 +108,29 @@ def test_a_missing_file_is_not_remembered_as_a_failed_download(tmp_path, monkeyp
     with pytest.raises(Exception, match="no such file"):
         engines.open(str(tmp_path / "nope.pftrace"), engine="trace_processor")
     assert engines._download_failed is None
+
+
+def test_very_long_names_are_cut_on_a_character_boundary(tmp_path):
+    long = "€" * 3000  # 9000 bytes of 3-byte characters, over the 8 KiB cell limit
+    path = tmp_path / "t.pftrace"
+    path.write_bytes(DESC + packet(event(100, 1, name=long)) + packet(event(200, 2)))
+    ((ts, dur, name),) = slices(path)
+    assert name == "€" * (si.MAX_TEXT // 3)
+
+
+def test_clock_hops_use_every_snapshot_that_relates_the_two_clocks(tmp_path):
+    def snapshot(clocks):
+        return packet(w.f_bytes(w.PKT_CLOCK_SNAPSHOT, b"".join(
+            w.f_bytes(w.CS_CLOCKS, w.f_varint(w.CLK_ID, c) + w.f_varint(w.CLK_TIMESTAMP, t))
+            for c, t in clocks.items())))
+
+    def mono_event(ts, kind):
+        return packet(w.f_varint(w.PKT_TIMESTAMP, ts) + w.f_varint(w.DEF_TIMESTAMP_CLOCK_ID, 3)
+                      + w.f_varint(w.PKT_SEQUENCE_ID, 1)
+                      + w.f_bytes(w.PKT_TRACK_EVENT, w.f_varint(w.TE_TYPE, kind)
+                                  + w.f_varint(w.TE_TRACK_UUID, TRACK) + w.f_str(w.TE_NAME, "a")))
+
+    path = tmp_path / "t.pftrace"  # BOOTTIME-MONOTONIC moves by 2000 between the snapshots
+    path.write_bytes(DESC + snapshot({6: 1000, 3: 0, 1: 10**18}) + snapshot({6: 5000, 3: 2000})
+                     + mono_event(2500, 1) + mono_event(2600, 2))
+    assert slices(path) == [(5500, 100, "a")]  # from the nearer snapshot: 2500 + 3000

@@ -119,9 +119,18 @@ def _int_serial(v: np.ndarray) -> np.ndarray:
     return s
 
 
+def _text_bytes(s: str | None) -> bytes:
+    """UTF-8 of a cell, cut to MAX_TEXT bytes on a character boundary (never half a character:
+    SQLite would refuse to return the column)."""
+    b = (s or "").encode("utf-8", "replace")
+    if len(b) <= MAX_TEXT:
+        return b
+    return b[:MAX_TEXT].decode("utf-8", "ignore").encode("utf-8")
+
+
 class _Strings:
     def __init__(self, strings: list[str | None]) -> None:
-        enc = [(s or "").encode("utf-8")[:MAX_TEXT] for s in strings] + [b""]  # never empty
+        enc = [_text_bytes(s) for s in strings] + [b""]  # never empty
         self.len = np.array([len(e) for e in enc], np.int64)
         self.off = np.zeros(len(enc), np.int64)
         if len(enc):

@@ -209,8 +209,9 @@ class _Clocks:
         hops = self.path(src)
         if hops is None:
             return None
-        for a, b, grp in hops:
-            snaps = [self.snapshots[i] for i in self.groups[grp]]
+        for a, b, _ in hops:
+            # every snapshot that has both clocks, whatever else it lists (as trace processor)
+            snaps = [snap for snap in self.snapshots if a in snap and b in snap]
             av = np.array([s[a] for s in snaps], np.int64)
             bv = np.array([s[b] for s in snaps], np.int64)
             order = np.argsort(av, kind="stable")

@@ -21,8 +21,6 @@ loops only over rare things (descriptors, interned strings, snapshots, flows, ne
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from ._args import _build_args
@@ -32,6 +30,7 @@ from ._packets import (
     T_COUNTER,
     T_END,
     T_INSTANT,
+    Progress,
     _Acc,
     _as_i64,
     gather_packets,
@@ -47,7 +46,6 @@ from ._state import (
     _text,
 )
 
-Progress = Callable[[str, float], None]
 _I64 = np.int64
 
 __all__ = ["Strings", "Tables", "Track", "decode", "read_file"]

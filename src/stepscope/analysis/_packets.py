@@ -18,7 +18,7 @@ import numpy as np
 from . import _protoscan as ps
 from ._errors import TraceError
 
-Progress = Callable[[str, float], None]
+Progress = Callable[[str, float], None]  # (stage, fraction done)
 
 P_CLOCK_SNAPSHOT, P_TIMESTAMP, P_SEQ_ID, P_TRACK_EVENT, P_INTERNED = 6, 8, 10, 11, 12
 P_FLAGS, P_STATE_CLEARED, P_COMPRESSED, P_CLOCK_ID = 13, 41, 50, 58
@@ -74,7 +74,7 @@ class _Packets:
 def _split_checked(buf: np.ndarray, n: int, name: str, stats: dict, top: bool) -> tuple:
     st, en, stop = ps.split_repeated(buf, 0, n)
     if stop < n:
-        truncated = buf[stop] == 0x0A and len(st) >= 0 and _runs_past(buf, stop, n)
+        truncated = buf[stop] == 0x0A and _runs_past(buf, stop, n)
         if truncated and top:
             stats["truncated_packets"] = stats.get("truncated_packets", 0) + 1
         elif len(st) == 0:

@@ -53,11 +53,6 @@ def _segmented_cumsum(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
     return cs - np.repeat(before, np.diff(np.r_[starts, len(values)]))
 
 
-def _small(a: np.ndarray) -> np.ndarray:
-    """Small non-negative labels as uint16 when they fit: numpy sorts those stably by radix."""
-    return a.astype(np.uint16) if len(a) and int(a.max()) < (1 << 16) else a
-
-
 def _generations(seq: np.ndarray, flags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per packet: its sequence rank and its generation id (-1 before the first clear).
 

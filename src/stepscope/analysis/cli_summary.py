@@ -11,11 +11,10 @@ import os
 import sys
 from typing import Any
 
-from . import summaries
+from . import engines, summaries
 from ._format import UNITS, render_many
 
 _FORMATS = ("text", "csv", "json", "md")
-_ENGINES = ("auto", "trace_processor", "embedded")
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -36,7 +35,7 @@ def add_parsers(subparsers: Any) -> None:
     )
     p.add_argument("--sort", metavar="COLUMN", help="sort rows by this column (e.g. total, calls)")
     p.add_argument("--format", choices=_FORMATS, default="text")
-    p.add_argument("--engine", choices=_ENGINES, default="auto")
+    p.add_argument("--engine", choices=engines.ENGINES, default="auto")
     p.add_argument("--unit", choices=tuple(UNITS), default="ms", help="time unit (default ms)")
     p.add_argument("--threads", metavar="T[,T]", help="thread ids or names to keep")
     p.add_argument("--ranks", metavar="R[,R]", help="ranks to keep")

@@ -87,12 +87,6 @@ class EmbeddedDB(_Base):
         self.paths = paths
         self.conn, self.stats = load(paths, db=db, progress=progress)
 
-    @classmethod
-    def from_connection(cls, conn: sqlite3.Connection, stats: dict | None = None) -> EmbeddedDB:
-        self = cls.__new__(cls)
-        self.paths, self.conn, self.stats = [], conn, dict(stats or {})
-        return self
-
     def query(self, sql: str) -> Rows:
         try:  # rows are fetched inside: SQLite reports some errors only while stepping
             cur = self.conn.execute(sql)
@@ -267,10 +261,6 @@ def print_progress(stream=None, min_interval_s: float = 0.5) -> Callable[[str, f
 
     return cb
 
-
-def from_connection(conn: sqlite3.Connection) -> EmbeddedDB:
-    """Wrap an existing SQLite connection holding trace processor-shaped tables."""
-    return EmbeddedDB.from_connection(conn)
 
 
 __all__ = ["EmbeddedDB", "QueryError", "Rows", "TraceProcessorDB", "find_trace_processor", "open",

@@ -26,7 +26,7 @@ processor's clock / interning / nesting semantics) and writes the tables into an
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from os import PathLike, fspath
 
 import numpy as np
@@ -34,8 +34,7 @@ import numpy as np
 from . import _sqlimage as si
 from ._decode import Tables, decode, read_file
 from ._errors import TraceError
-
-Progress = Callable[[str, float], None]
+from ._packets import Progress
 
 # Big tables: written as an SQLite file image (see _sqlimage), no per-row Python work.
 BIG_SCHEMA = {

@@ -372,7 +372,8 @@ def _build_processes(tracks: list[Track]):
 
     for t in tracks:
         if t.kind == "process":
-            p = procs.get(t.pid) or procs.setdefault(t.pid, [len(procs) + 1, t.pid, None])
+            proc(t.pid)
+            p = procs[t.pid]
             p[2] = t.process_name or p[2]
         elif t.kind == "thread":
             up = proc(t.pid)

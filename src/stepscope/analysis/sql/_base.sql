@@ -139,6 +139,8 @@ ss_frame AS (
   SELECT upid, ts, end_ts FROM ss_step
   UNION ALL
   SELECT upid, MIN(ts), MAX(end_ts) FROM ss_slice
+  -- the EXISTS is evaluated once on the small track list: when every process has steps it
+  -- skips this scan of all slices; the second test then picks the processes without steps
   WHERE EXISTS (SELECT 1 FROM ss_track_sel WHERE upid NOT IN (SELECT upid FROM ss_step))
     AND upid NOT IN (SELECT upid FROM ss_step)
   GROUP BY upid

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _wire as w
+
 PAD = 32  # zero bytes appended to every buffer (>= the widest fixed-size read, _TPL_MAX + 8)
 
-WT_VARINT, WT_I64, WT_LEN, WT_I32 = 0, 1, 2, 5
+WT_VARINT, WT_I64, WT_LEN, WT_I32 = w.VARINT, w.FIXED64, w.LEN, w.FIXED32
 
 
 def padded(data: bytes | bytearray | memoryview) -> np.ndarray:

@@ -16,6 +16,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from .. import _wire as w
+from .._clock import BOOTTIME
 from ._model import Strings, Track
 from ._packets import (
     P_CLOCK_SNAPSHOT,
@@ -24,8 +26,6 @@ from ._packets import (
     P_INTERNED,
     _Acc,
 )
-
-BOOTTIME = 6
 
 # Sequence state: generations, defaults, interning
 # --------------------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ def _clock_key(clock_id: int, srank: int) -> int:
 # The decoder
 # --------------------------------------------------------------------------------------------
 
-_UNITS = {1: "ns", 2: "count", 3: "bytes"}
+_UNITS = {v: k for k, v in w.COUNTER_UNITS.items()}  # CounterDescriptor.Unit -> name
 
 
 def _s(v) -> str:

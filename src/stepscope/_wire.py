@@ -122,6 +122,8 @@ DA_INT = 4
 DA_DOUBLE = 5
 DA_STRING = 6
 DA_NAME = 10
+DA_POINTER = 7  # (read only)
+DA_STRING_IID = 17  # (read only)
 DA_DICT_ENTRIES = 11
 DA_ARRAY_VALUES = 12
 

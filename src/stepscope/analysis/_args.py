@@ -12,6 +12,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from .. import _wire as w
 from . import _protoscan as ps
 from ._model import NONE, Strings
 from ._packets import _Acc, _as_i64, _last, _last_len
@@ -77,10 +78,10 @@ def _build_args(buf, E: _Acc, st: _State, egen, ev_slice, sl: dict, stats) -> di
         aoff, alen = E.get("ann_off")[keep], E.get("ann_len")[keep]
         f = ps.scan(buf, aoff, aoff + alen)
         na = len(aev)
-        name_iid, _ = _last(f, 1, na, dtype=np.int64)
+        name_iid, _ = _last(f, w.DA_NAME_IID, na, dtype=np.int64)
         nidx = st.interned.lookup("arg", egen[aev], name_iid)
         names = np.array(st.interned.vals.get("arg", []) + [NONE], np.int64)[nidx]
-        noff, nlen = _last_len(f, 10, na)
+        noff, nlen = _last_len(f, w.DA_NAME, na)
         for i in np.flatnonzero(noff >= 0).tolist():
             names[i] = strings.id(_text(buf, int(noff[i]), int(nlen[i])))
         # "debug.<name>" keys
@@ -93,19 +94,20 @@ def _build_args(buf, E: _Acc, st: _State, egen, ev_slice, sl: dict, stats) -> di
         ival = np.zeros(na, np.int64)
         sval = np.full(na, NONE, np.int64)
         rval = np.zeros(na, np.float64)
-        for fid, vt in ((2, V_BOOL), (3, V_UINT), (4, V_INT), (7, V_POINTER)):
+        for fid, vt in ((w.DA_BOOL, V_BOOL), (w.DA_UINT, V_UINT), (w.DA_INT, V_INT),
+                        (w.DA_POINTER, V_POINTER)):
             rows = f.select(fid)
             vtype[f.msg[rows]] = vt
             ival[f.msg[rows]] = _as_i64(f.val[rows])
-        rows = f.select(5)
+        rows = f.select(w.DA_DOUBLE)
         vtype[f.msg[rows]] = V_REAL
         rval[f.msg[rows]] = f.val[rows].view(np.float64)
-        rows = f.select(6)
+        rows = f.select(w.DA_STRING)
         rows = rows[f.wt[rows] == ps.WT_LEN]
         vtype[f.msg[rows]] = V_STRING
         for r in rows.tolist():
             sval[f.msg[r]] = strings.id(_text(buf, int(f.off[r]), int(f.ln[r])))
-        rows = f.select(17)
+        rows = f.select(w.DA_STRING_IID)
         if len(rows):
             vals = np.array(st.interned.vals.get("argstr", []) + [NONE], np.int64)
             idx = st.interned.lookup("argstr", egen[aev[f.msg[rows]]],

@@ -134,3 +134,19 @@ def test_clock_hops_use_every_snapshot_that_relates_the_two_clocks(tmp_path):
     path.write_bytes(DESC + snapshot({6: 1000, 3: 0, 1: 10**18}) + snapshot({6: 5000, 3: 2000})
                      + mono_event(2500, 1) + mono_event(2600, 2))
     assert slices(path) == [(5500, 100, "a")]  # from the nearer snapshot: 2500 + 3000
+
+
+def test_a_compressed_batch_of_garbage_loses_only_itself(tmp_path):
+    import zlib
+
+    def batch(raw: bytes) -> bytes:
+        return packet(w.f_bytes(w.PKT_COMPRESSED_PACKETS, zlib.compress(raw)))
+
+    path = tmp_path / "t.pftrace"
+    path.write_bytes(DESC + batch(packet(event(100, 1, name="a")) + packet(event(200, 2)))
+                     + batch(b"\xff" * 40)  # inflates fine, but to no packets at all
+                     + batch(packet(event(300, 1, name="b")) + packet(event(350, 2))))
+    conn, stats = importer.load(str(path))
+    assert conn.execute("select ts, dur, name from slice order by ts").fetchall() == [
+        (100, 100, "a"), (300, 50, "b")]
+    assert stats["corrupt_compressed_batches"] == 1

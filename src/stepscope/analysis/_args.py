@@ -46,8 +46,9 @@ def _flatten(pb_ann, key: str, flat: str, rows: list, strings: Strings, argname)
         rows.append((k, fk, V_INT, pb_ann.int_value, -1, 0.0))
     elif which == "double_value":
         rows.append((k, fk, V_REAL, 0, -1, pb_ann.double_value))
-    elif which == "pointer_value":
-        rows.append((k, fk, V_POINTER, pb_ann.pointer_value & ((1 << 63) - 1), -1, 0.0))
+    elif which == "pointer_value":  # the same two's-complement reading as flat annotations
+        v = pb_ann.pointer_value
+        rows.append((k, fk, V_POINTER, v if v < (1 << 63) else v - (1 << 64), -1, 0.0))
     elif which == "legacy_json_value":
         rows.append((k, fk, V_JSON, 0, strings.id(pb_ann.legacy_json_value), 0.0))
     elif which == "string_value":

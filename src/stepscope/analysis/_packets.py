@@ -79,11 +79,12 @@ class _Packets:
     file: np.ndarray
 
 
-def _split_checked(buf: np.ndarray, n: int, name: str, stats: dict, top: bool) -> tuple:
+def _split_checked(buf: np.ndarray, n: int, name: str, stats: dict) -> tuple:
+    """Packets of a file: a truncated last packet is counted, garbage from the start is an
+    error, garbage later is counted."""
     st, en, stop = ps.split_repeated(buf, 0, n)
     if stop < n:
-        truncated = buf[stop] == 0x0A and _runs_past(buf, stop, n)
-        if truncated and top:
+        if buf[stop] == 0x0A and _runs_past(buf, stop, n):
             stats["truncated_packets"] = stats.get("truncated_packets", 0) + 1
         elif len(st) == 0:
             raise TraceError(f"{name}: not a Perfetto protobuf trace (no packet at offset 0)")
@@ -108,7 +109,7 @@ def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progre
             continue
         progress("read", fidx / max(len(datas), 1))
         buf = ps.padded(data)
-        st, en = _split_checked(buf, len(data), name, stats, top=True)
+        st, en = _split_checked(buf, len(data), name, stats)
         if len(st) == 0:
             continue
         f = ps.scan(buf, st, en)
@@ -137,7 +138,17 @@ def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progre
             nonlocal base, inflated, owner, size
             blob = b"".join(inflated)
             ibuf = ps.padded(blob)
-            ist, ien = _split_checked(ibuf, len(blob), name, stats, top=False)
+            ist, ien, stop = ps.split_repeated(ibuf, 0, len(blob))
+            if stop < len(blob):  # a batch inflated to garbage: keep every other batch
+                good = [i for i, raw in enumerate(inflated)
+                        if ps.split_repeated(ps.padded(raw), 0, len(raw))[2] == len(raw)]
+                stats["corrupt_compressed_batches"] = (
+                    stats.get("corrupt_compressed_batches", 0) + len(inflated) - len(good))
+                inflated = [inflated[i] for i in good]
+                owner = [owner[i] for i in good]
+                blob = b"".join(inflated)
+                ibuf = ps.padded(blob)
+                ist, ien, _ = ps.split_repeated(ibuf, 0, len(blob))
             del ibuf
             bounds = np.cumsum([0] + [n for _, n in owner])
             batch = np.searchsorted(bounds, ist, side="right") - 1

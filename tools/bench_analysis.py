@@ -80,28 +80,9 @@ def measure(path: str, summaries_too: bool = True) -> dict:
     n_counters = db.query("SELECT COUNT(*) AS n FROM counter")[0]["n"]
     t2 = time.perf_counter()
     tables: dict = {}
-    try:
-        if not summaries_too:
-            raise ImportError
-        from stepscope.analysis import summaries
-
-        inner = summaries._table
-
-        def timed(db_, name, *args, **kw):  # per-table seconds for --per-table
-            t = time.perf_counter()
-            try:
-                return inner(db_, name, *args, **kw)
-            finally:
-                tables[name] = round(time.perf_counter() - t, 2)
-
-        summaries._table = timed
-        ts = time.perf_counter()
-        try:  # all tables at once: the shared base is computed once, as a user's report does
-            summaries.all_tables(db)
-            tables["all_tables"] = round(time.perf_counter() - ts, 2)
-        except Exception as e:  # report, keep the load figures
-            tables["all_tables"] = f"error: {type(e).__name__}: {str(e)[:80]}"
-    except ImportError:  # summaries not there (or not asked for): a few aggregate queries
+    if summaries_too:
+        _time_summaries(db, tables)
+    else:  # --load-only: a few aggregate queries instead of the summaries
         for sql in ("SELECT name, COUNT(*), SUM(dur) FROM slice GROUP BY name",
                     "SELECT track_id, MAX(depth) FROM slice GROUP BY track_id",
                     "SELECT AVG(value) FROM counter"):
@@ -114,6 +95,31 @@ def measure(path: str, summaries_too: bool = True) -> dict:
         "slices": n_slices, "counters": n_counters, "tables": tables,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+
+
+def _time_summaries(db, tables: dict) -> None:
+    """Run all summary tables at once (the shared base computed once, as a user's report does),
+    recording each table's seconds in ``tables``."""
+    from stepscope.analysis import summaries
+
+    inner = summaries._table
+
+    def timed(db_, name, *args, **kw):
+        t = time.perf_counter()
+        try:
+            return inner(db_, name, *args, **kw)
+        finally:
+            tables[name] = round(time.perf_counter() - t, 2)
+
+    summaries._table = timed
+    ts = time.perf_counter()
+    try:
+        summaries.all_tables(db)
+        tables["all_tables"] = round(time.perf_counter() - ts, 2)
+    except Exception as e:  # report, keep the load figures
+        tables["all_tables"] = f"error: {type(e).__name__}: {str(e)[:80]}"
+    finally:
+        summaries._table = inner
 
 
 def main(argv: list[str] | None = None) -> int:

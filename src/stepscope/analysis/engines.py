@@ -253,10 +253,9 @@ def print_progress(stream=None, min_interval_s: float = 0.5) -> Callable[[str, f
 
     def cb(stage: str, frac: float) -> None:
         now = time.monotonic()
-        if stage != state["stage"] or now - state["t"] >= min_interval_s or frac >= 1.0:
-            if now - state["t"] >= min_interval_s or stage != state["stage"]:
-                print(f"stepscope: loading: {stage} {100 * frac:3.0f}%", file=stream, flush=True)
-                state["t"] = now
+        if stage != state["stage"] or now - state["t"] >= min_interval_s:
+            print(f"stepscope: loading: {stage} {100 * frac:3.0f}%", file=stream, flush=True)
+            state["t"] = now
             state["stage"] = stage
 
     return cb

@@ -571,3 +571,25 @@ def test_capture_and_forwarding_through_the_core(tmp_path, fake_nvtx):
         ("I", "m", NV),
         ("E",),
     ]
+
+
+def test_forwarding_push_pop_and_decorator_through_the_core(tmp_path, fake_nvtx):
+    mod, log = fake_nvtx
+    path = tmp_path / "fwd.pftrace"
+
+    @stepscope.annotate("deco", color="red")
+    def deco():
+        stepscope.push_range("pushed")
+        stepscope.pop_range()
+
+    deco()  # not tracing: neither recorded nor forwarded
+    with stepscope.trace(path, nvtx=True):
+        deco()
+    deco()
+    assert log == [
+        ("nvtx.push", "deco", "red", None, None, None),
+        ("nvtx.push", "pushed", None, None, None, None),
+        ("nvtx.pop", None),
+        ("nvtx.pop", None),
+    ]
+    assert decode(path)["MainThread"] == [("B", "deco", ""), ("B", "pushed", ""), ("E",), ("E",)]

@@ -235,7 +235,7 @@ def test_ranges_beyond_the_cache_stop_recording_with_the_session(tmp_path, monke
             pass
     with kept:  # tracing is off: nothing may be recorded any more
         pass
-    assert len(_recorder.events) == 0
+    assert _recorder.pending_words() == 0
     assert begins(path) == ["uncached name"]
 
 

@@ -1,9 +1,11 @@
 """The public instrumentation API, with the ``nvtx`` package's names and semantics.
 
-Fast path: ``annotate("x")`` returns a range object cached per message. Its class's
-``__enter__`` is a C-composed callable (see ``_recorder.chain``), so entering a range runs no
-Python frame; ``__exit__`` is one small Python method. When recording is off, both are swapped
-on the classes for a C no-op, so even range objects users keep around cost nearly nothing.
+Fast path: ``annotate("x")`` returns a range object cached per message. With the C extension
+(``_fast``), ``annotate``, ``push_range``, ``pop_range``, the cached ranges and decorated
+functions are C objects that read one global mode (off / record / delegate to the Python path
+here, e.g. to forward to NVTX), so a range runs no Python frame at all. Without it, a cached
+range's class gets a C-composed ``__enter__`` (see ``_recorder.chain``) and a small Python
+``__exit__``, both swapped for a C no-op while recording is off.
 """
 
 from __future__ import annotations
@@ -53,6 +55,23 @@ class _Range:
     __exit__ = _NOOP
 
 
+if rec.fast is not None:
+    class _CRange(rec.fast.Range):
+        """A cached range in C: ``__enter__``/``__exit__`` record, do nothing, or delegate to
+        ``_enter_slow``/``_exit_slow`` (forwarding), as the global mode says."""
+
+        __slots__ = ("message", "color", "domain", "category", "payload", "args", "begin")
+        __call__ = _Range.__call__
+
+        def _enter_slow(self):
+            if _on:
+                _Range._enter_forwarding(self)
+
+        def _exit_slow(self):
+            if _on:
+                _Range._exit_forwarding(self, None, None, None)
+
+
 _ranges: dict = {}  # (message, domain, category) -> _Range
 _by_message: dict = {}  # message -> _Range with no domain/category (the fast lookup)
 _lock = threading.RLock()  # reentrant: a signal handler may stop the session meanwhile
@@ -86,7 +105,11 @@ def _make_range(message, color, domain, category, payload, args, fast=False) -> 
     otherwise a ``_SlowRange``, which checks the state on every call."""
     name = "" if message is None else message
     cats = _categories(domain, category)
-    if fast:
+    if fast and rec.fast is not None:
+        begin_code = code(event_id(name, cats), LEVEL_DETAIL, BEGIN)
+        r = _CRange(begin_code)
+        r.begin = rec.chain(begin_code)
+    elif fast:
         cls = type("annotate", (_Range,), {"__slots__": ()})
         r = cls()
         r.begin = rec.chain(code(event_id(name, cats), LEVEL_DETAIL, BEGIN))
@@ -133,6 +156,9 @@ def _bind_class(cls: type, begin) -> None:
 def _on_state(on: bool, detail: bool) -> None:
     global _on
     _on = detail
+    if rec.fast is not None:  # the C objects read one mode; nothing to rebind
+        rec.fast.set_mode(0 if not detail else 2 if _forward else 1, rec.END_DETAIL)
+        return
     # a timeout, not a plain acquire: in a forked child the lock may belong to a thread that no
     # longer exists (the child is single-threaded then, so going on without it is safe)
     locked = _lock.acquire(timeout=1.0)
@@ -163,6 +189,9 @@ def annotate(message: Any = None, color: Any = None, domain: Any = None, categor
         except (KeyError, TypeError):
             pass
     return _annotate_slow(message, color, domain, category, payload, args)
+
+
+_annotate_py = annotate
 
 
 class _GpuRange:
@@ -277,11 +306,17 @@ def _decorate(func, message, color, domain, category, payload, args):
             end()
             if _forward:
                 _nvtx.forward_pop(domain)
+
+    if rec.fast is not None and payload is None and not args:
+        # C: calls func directly when off, records around it when on, ``wrapper`` when forwarding
+        fast = rec.fast.Decorated(func, wrapper, code(eid, LEVEL_DETAIL, BEGIN))
+        return functools.update_wrapper(fast, func)
     return wrapper
 
 
 # --- push/pop, start/end, mark ------------------------------------------------------------------
 _push_chains: dict = {}  # message or (message, domain, category) -> C chain recording a begin
+_push_codes: dict = {}  # message -> begin code (the C push_range's fast lookup)
 
 
 def push_range(message: Any = None, color: Any = None, domain: Any = None, category: Any = None,
@@ -319,8 +354,10 @@ def _push_chain(message, domain, category):
         cats = _categories(domain, category)
         if len(_push_chains) >= MAX_CACHED_RANGES:
             return functools.partial(rec.record_named, BEGIN, _name(message), cats, LEVEL_DETAIL)
-        c = _push_chains[key] = rec.chain(code(event_id(_name(message), cats), LEVEL_DETAIL,
-                                               BEGIN))
+        begin_code = code(event_id(_name(message), cats), LEVEL_DETAIL, BEGIN)
+        c = _push_chains[key] = rec.chain(begin_code)
+        if plain:
+            _push_codes[key] = begin_code
     return c
 
 
@@ -333,6 +370,14 @@ def pop_range(domain: Any = None) -> None:
         rec.end_detail()
         if _forward:
             _nvtx.forward_pop(domain)
+
+
+_push_range_py, _pop_range_py = push_range, pop_range
+if rec.fast is not None:  # the public names become the C fast paths over the functions above
+    rec.fast.configure(_by_message, _push_codes, _annotate_py, _push_range_py, _pop_range_py)
+    annotate = rec.fast.annotate  # noqa: F811
+    push_range = rec.fast.push_range  # noqa: F811
+    pop_range = rec.fast.pop_range  # noqa: F811
 
 
 class RangeHandle:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import _wire as w
-from ._recorder import BEGIN, COUNTER, END, INSTANT, Blob, counter_value, kinds
+from ._recorder import BEGIN, COUNTER, END, INSTANT, Blob, counter_value, fast, kinds
 
 _TYPE_OF_KIND = {BEGIN: w.TYPE_SLICE_BEGIN, END: w.TYPE_SLICE_END, INSTANT: w.TYPE_INSTANT,
                  COUNTER: w.TYPE_COUNTER}
@@ -44,8 +44,17 @@ def _put_varints(out: np.ndarray, pos: np.ndarray, values: np.ndarray, lens: np.
 def assemble(deltas: np.ndarray, tidx: np.ndarray, templates: Sequence[bytes]) -> bytes:
     """Serialize ``Trace.packet`` entries: timestamp ``deltas[i]`` + ``templates[tidx[i]]``.
 
-    A negative delta means "no timestamp" (metadata-only packets).
+    A negative delta means "no timestamp" (metadata-only packets). One C loop when the
+    extension is built (``_fast.assemble``, the same bytes), else numpy (``assemble_numpy``).
     """
+    if fast is not None:
+        return fast.assemble(np.ascontiguousarray(deltas, dtype=np.int64),
+                             np.ascontiguousarray(tidx, dtype=np.int64), list(templates))
+    return assemble_numpy(deltas, tidx, templates)
+
+
+def assemble_numpy(deltas: np.ndarray, tidx: np.ndarray, templates: Sequence[bytes]) -> bytes:
+    """``assemble`` with numpy only: lengths and deltas vectorized, templates broadcast."""
     n = len(deltas)
     if n == 0:
         return b""

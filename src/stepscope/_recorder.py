@@ -6,7 +6,10 @@ interleave with another thread's; no lock and no thread-local lookup are needed,
 events stay in its own time order (the writer splits them by thread). Only ints are stored: ints
 are not tracked by the cyclic garbage collector, so a full buffer costs the program nothing.
 
-Range begins are recorded by a chain of C callables built once per event kind
+With the C extension ``_fast`` (built on Linux when a compiler is at hand), the buffer is a raw
+int64 array in C instead, as in viztracer: no Python int is made per event, and the writer takes
+raw bytes. Both buffers behave alike; ``STEPSCOPE_PURE_PYTHON=1`` forces the list. Without the
+extension, range begins are recorded by a chain of C callables built once per event kind
 (``next(map(extend, zip(repeat(code), iter(clock), iter(get_ident))))``): no Python frame runs.
 
 Codes (see ``code()``): ``eid << 3 | level << 2 | kind`` for events whose name is in the event
@@ -26,6 +29,8 @@ from threading import get_ident
 from time import perf_counter_ns
 from typing import Any
 
+import numpy as np
+
 from ._schema import LEVEL_DETAIL, LEVEL_SUMMARY
 
 BEGIN, END, INSTANT = 0, 1, 2
@@ -43,33 +48,64 @@ END_DETAIL = code(0, LEVEL_DETAIL, END)
 END_SUMMARY = code(0, LEVEL_SUMMARY, END)
 
 # --- the buffer ---------------------------------------------------------------------------------
-events: list[int] = []
-_ext = events.extend
+def _load_fast():
+    if os.environ.get("STEPSCOPE_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from . import _fast as fast
+    except ImportError:
+        return None
+    return fast
+
+
+fast = _load_fast()
 
 # True while a session records: summary-level events (steps, phases, counters) are kept.
 ON = False
 # True while detail-level events (user ranges, captured nvtx) are kept.
 DETAIL = False
 
+if fast is not None:
+    _ext = fast.extend
+    chain = fast.Emit  # chain(code)() records (code, now, thread ident)
+    pending_words = fast.size  # int64 words recorded and not drained yet (3 per event)
+    lost_events = fast.lost  # events not stored for lack of memory
+    clear = fast.clear
 
-def chain(code_: int) -> partial:
-    """A zero-argument C callable that appends ``(code_, now, thread ident)`` atomically."""
-    return partial(
-        next, map(_ext, zip(repeat(code_), iter(perf_counter_ns, None), iter(get_ident, None)))
-    )
+    def drain() -> np.ndarray:
+        """Take everything recorded so far, flat (code, ts, ident)* (writer thread only)."""
+        return np.frombuffer(fast.drain(), dtype=np.int64)
+
+else:
+    events: list[int] = []
+    _ext = events.extend
+
+    def chain(code_: int) -> partial:
+        """A zero-argument C callable that appends ``(code_, now, thread ident)`` atomically."""
+        return partial(
+            next, map(_ext, zip(repeat(code_), iter(perf_counter_ns, None),
+                                iter(get_ident, None))))
+
+    def pending_words() -> int:
+        return len(events)
+
+    def lost_events() -> int:
+        return 0  # a list that cannot grow raises MemoryError in the caller instead
+
+    def clear() -> None:
+        del events[:]
+
+    def drain() -> np.ndarray:
+        """Take everything recorded so far, flat (code, ts, ident)* (writer thread only)."""
+        n = len(events)
+        n -= n % 3
+        chunk = np.array(events[:n], dtype=np.int64)
+        del events[:n]
+        return chunk
 
 
 end_detail = chain(END_DETAIL)
 end_summary = chain(END_SUMMARY)
-
-
-def drain() -> list[int]:
-    """Take everything recorded so far (called by the writer thread only)."""
-    n = len(events)
-    n -= n % 3
-    chunk = events[:n]
-    del events[:n]
-    return chunk
 
 
 # --- the event table: (name, categories, source location) -> eid ---------------------------------
@@ -205,15 +241,20 @@ def withdraw(event: tuple[int, int, int], lookback: int = 1 << 16) -> bool:
     copies the buffer meanwhile. Only the last ``lookback`` events are searched.
     """
     code_, ts, ident = event
-    ev = events
-    n = len(ev) - len(ev) % 3
-    for i in range(n - 3, max(-1, n - 3 * lookback - 1), -3):
-        if ev[i + 1] == ts and ev[i] == code_ and ev[i + 2] == ident:
-            ev[i] = NULL
-            if code_ < 0:
-                blobs.pop(-code_, None)
-            return True
-    return False
+    if fast is not None:
+        found = fast.withdraw(code_, ts, ident, NULL, lookback)
+    else:
+        found = False
+        ev = events
+        n = len(ev) - len(ev) % 3
+        for i in range(n - 3, max(-1, n - 3 * lookback - 1), -3):
+            if ev[i + 1] == ts and ev[i] == code_ and ev[i + 2] == ident:
+                ev[i] = NULL
+                found = True
+                break
+    if found and code_ < 0:
+        blobs.pop(-code_, None)
+    return found
 
 
 # --- internal API for the profiler and others (events on the calling thread's track) -----------
@@ -283,7 +324,7 @@ def reset_after_fork() -> None:
     global _kinds_lock
     _kinds_lock = threading.RLock()  # another thread may have held it at fork time
     set_state(False, False)
-    del events[:]
+    clear()
     blobs.clear()
 
 

@@ -151,6 +151,7 @@ class Session:
         self._io_cv = threading.Condition()
         self.dropped = 0
         self._dropped_written = 0
+        self._lost_seen = _recorder.lost_events()
         self._dropped_track: int | None = None
         self._flush_requested = threading.Event()
         self._stopping = threading.Event()
@@ -329,7 +330,7 @@ class Session:
             raise RuntimeError("another stepscope session is active: stop() it first")
         self.started = True
         _current = self
-        del _recorder.events[:]  # late events of an earlier session (a race at its stop)
+        _recorder.clear()  # late events of an earlier session (a race at its stop)
         _recorder.blobs.clear()
         self._last_flush = time.monotonic()
         for sink in self.sinks:
@@ -411,7 +412,7 @@ class Session:
             self._flush_requested.wait(_WAKE_S)
             if self._stopping.is_set():
                 break
-            raw = (len(_recorder.events) // 3 * RAW_EVENT_BYTES
+            raw = (_recorder.pending_words() // 3 * RAW_EVENT_BYTES
                    + len(_recorder.blobs) * BLOB_BYTES)
             due = (self._flush_requested.is_set()
                    or time.monotonic() - self._last_flush >= self.flush_interval_s
@@ -447,10 +448,14 @@ class Session:
             except Exception as exc:
                 self._error(f"a flush hook failed: {exc!r}")
         chunk = _recorder.drain()
+        lost = _recorder.lost_events()  # events the C buffer could not store (out of memory)
+        self.dropped += lost - self._lost_seen
+        self._lost_seen = lost
         pending_raw = len(chunk) // 3 * RAW_EVENT_BYTES + len(_recorder.blobs) * BLOB_BYTES
-        if chunk and (self._io_pending > self.buffer_bytes // 2 or pending_raw > self.buffer_bytes):
+        backlog = self._io_pending > self.buffer_bytes // 2 or pending_raw > self.buffer_bytes
+        if len(chunk) and backlog:
             self._drop(chunk)  # encoding or the disk cannot keep up: drop, count, move on
-            chunk = []
+            chunk = chunk[:0]
         emitted = []
         for em in self._emitters:
             events = em.take()
@@ -480,11 +485,10 @@ class Session:
             for k in codes[codes < 0].tolist():
                 _recorder.blobs.pop(-k, None)
 
-    def _drop(self, chunk: list[int]) -> None:
+    def _drop(self, chunk: np.ndarray) -> None:
         self.dropped += len(chunk) // 3
-        for k in chunk[0::3]:
-            if k < 0:
-                _recorder.blobs.pop(-k, None)
+        for k in chunk[0::3][chunk[0::3] < 0].tolist():
+            _recorder.blobs.pop(-k, None)
         now = _clock.now()
         for sink in self.sinks:  # cut open slices at the gap; their ends become unmatched
             sink.warn_unmatched = False  # ... which is expected now, not the user's mistake
@@ -497,11 +501,11 @@ class Session:
         _recorder.blobs[k] = blob
         return k
 
-    def _split(self, chunk: list[int], discard_detail: bool):
+    def _split(self, chunk: np.ndarray, discard_detail: bool):
         """Per thread: (ident, codes, ts, levels) in time order."""
-        if not chunk:
+        if not len(chunk):
             return []
-        arr = np.array(chunk, dtype=np.int64).reshape(-1, 3)
+        arr = chunk.reshape(-1, 3)
         codes, ts, tids = arr[:, 0], arr[:, 1], arr[:, 2]
         if (codes == _recorder.NULL).any():  # withdrawn events
             keep = codes != _recorder.NULL

@@ -1,0 +1,579 @@
+/* stepscope._fast: the hot recording path in C (optional; _recorder.py has a pure-Python twin).
+ *
+ * Events are (code, timestamp, thread ident) triples of int64 in one growable process-wide
+ * buffer, as in viztracer: no Python object is made per event, and the writer thread takes the
+ * raw bytes at flush time (drain) and decodes them with numpy. Every function here runs with the
+ * GIL held and without calling back into Python between the clock read and the store, so the
+ * three words of an event always land together and each thread's events stay in time order.
+ *
+ * The timestamp is clock_gettime(CLOCK_MONOTONIC), which is what time.perf_counter_ns() reads on
+ * Linux (the only platform this module is built for); a test checks that both agree.
+ *
+ * Range objects, the annotate()/push_range()/pop_range() fast paths and the decorator wrapper
+ * read one global mode: OFF (do nothing), RECORD (store), DELEGATE (call the Python slow path,
+ * e.g. to forward to NVTX as well).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pythread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+enum { MODE_OFF = 0, MODE_RECORD = 1, MODE_DELEGATE = 2 };
+
+static int64_t *buf = NULL;
+static Py_ssize_t buf_len = 0; /* int64 words used (a multiple of 3) */
+static Py_ssize_t buf_cap = 0;
+static long long lost = 0; /* events not stored because memory ran out */
+static int mode = MODE_OFF;
+static int64_t end_code = 1; /* the code of a detail-level range end */
+
+/* configured from Python (owned references) */
+static PyObject *by_message = NULL;  /* message -> cached range object (annotate fast path) */
+static PyObject *push_codes = NULL;  /* message -> begin code (push_range fast path) */
+static PyObject *annotate_slow = NULL;
+static PyObject *push_slow = NULL;
+static PyObject *pop_slow = NULL;
+static PyObject *str_enter_slow = NULL;
+static PyObject *str_exit_slow = NULL;
+
+static inline int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static int grow(Py_ssize_t need) {
+    Py_ssize_t cap = buf_cap ? buf_cap : 3 * 4096;
+    while (cap < need) cap *= 2;
+    int64_t *nb = PyMem_RawRealloc(buf, (size_t)cap * sizeof(int64_t));
+    if (nb == NULL) return -1;
+    buf = nb;
+    buf_cap = cap;
+    return 0;
+}
+
+static inline void put(int64_t code, int64_t ts) {
+    if (buf_len + 3 > buf_cap && grow(buf_len + 3) < 0) {
+        lost++;
+        return;
+    }
+    int64_t *p = buf + buf_len;
+    p[0] = code;
+    p[1] = ts;
+    p[2] = (int64_t)PyThread_get_thread_ident();
+    buf_len += 3;
+}
+
+static inline void put_now(int64_t code) { put(code, now_ns()); }
+
+/* ---- module functions: the buffer ------------------------------------------------------------ */
+
+static PyObject *f_extend(PyObject *self, PyObject *seq) {
+    /* Append whole events from a tuple/list of ints (len % 3 == 0), all or nothing. */
+    PyObject *fast = PySequence_Fast(seq, "extend() needs a sequence of ints");
+    if (fast == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n % 3) {
+        Py_DECREF(fast);
+        PyErr_SetString(PyExc_ValueError, "extend() needs whole (code, ts, ident) triples");
+        return NULL;
+    }
+    int64_t small[12];
+    int64_t *tmp = n <= 12 ? small : PyMem_Malloc((size_t)n * sizeof(int64_t));
+    if (tmp == NULL) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
+    }
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        tmp[i] = PyLong_AsLongLong(items[i]);
+        if (tmp[i] == -1 && PyErr_Occurred()) {
+            if (tmp != small) PyMem_Free(tmp);
+            Py_DECREF(fast);
+            return NULL;
+        }
+    }
+    Py_DECREF(fast);
+    if (buf_len + n > buf_cap && grow(buf_len + n) < 0) {
+        lost += n / 3;
+    } else {
+        memcpy(buf + buf_len, tmp, (size_t)n * sizeof(int64_t));
+        buf_len += n;
+    }
+    if (tmp != small) PyMem_Free(tmp);
+    Py_RETURN_NONE;
+}
+
+static PyObject *f_drain(PyObject *self, PyObject *unused) {
+    /* Everything recorded so far, as raw native int64 bytes; the buffer is emptied. */
+    PyObject *out = PyBytes_FromStringAndSize((const char *)buf, buf_len * (Py_ssize_t)sizeof(int64_t));
+    if (out == NULL) return NULL;
+    buf_len = 0;
+    if (buf_cap > 3 * (1 << 20)) { /* give back a buffer grown by a burst */
+        PyMem_RawFree(buf);
+        buf = NULL;
+        buf_cap = 0;
+    }
+    return out;
+}
+
+static PyObject *f_size(PyObject *self, PyObject *unused) { return PyLong_FromSsize_t(buf_len); }
+
+static PyObject *f_lost(PyObject *self, PyObject *unused) { return PyLong_FromLongLong(lost); }
+
+static PyObject *f_clear(PyObject *self, PyObject *unused) {
+    buf_len = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *f_now(PyObject *self, PyObject *unused) { return PyLong_FromLongLong(now_ns()); }
+
+static PyObject *f_withdraw(PyObject *self, PyObject *args) {
+    /* Turn the recorded event (code, ts, ident) into `null_code`, searching the last `lookback`
+     * events; True if found. */
+    long long code, ts, ident, null_code;
+    Py_ssize_t lookback;
+    if (!PyArg_ParseTuple(args, "LLLLn", &code, &ts, &ident, &null_code, &lookback)) return NULL;
+    Py_ssize_t stop = buf_len - 3 * lookback;
+    if (stop < 0) stop = 0;
+    for (Py_ssize_t i = buf_len - 3; i >= stop; i -= 3) {
+        if (buf[i + 1] == ts && buf[i] == code && buf[i + 2] == ident) {
+            buf[i] = null_code;
+            Py_RETURN_TRUE;
+        }
+    }
+    Py_RETURN_FALSE;
+}
+
+static PyObject *f_set_mode(PyObject *self, PyObject *args) {
+    int m;
+    long long end;
+    if (!PyArg_ParseTuple(args, "iL", &m, &end)) return NULL;
+    if (m < MODE_OFF || m > MODE_DELEGATE) {
+        PyErr_SetString(PyExc_ValueError, "mode must be 0, 1 or 2");
+        return NULL;
+    }
+    mode = m;
+    end_code = end;
+    Py_RETURN_NONE;
+}
+
+static PyObject *f_configure(PyObject *self, PyObject *args) {
+    /* configure(by_message: dict, push_codes: dict, annotate_slow, push_slow, pop_slow) */
+    PyObject *bm, *pc, *as, *ps, *pp;
+    if (!PyArg_ParseTuple(args, "O!O!OOO", &PyDict_Type, &bm, &PyDict_Type, &pc, &as, &ps, &pp))
+        return NULL;
+    Py_INCREF(bm); Py_XSETREF(by_message, bm);
+    Py_INCREF(pc); Py_XSETREF(push_codes, pc);
+    Py_INCREF(as); Py_XSETREF(annotate_slow, as);
+    Py_INCREF(ps); Py_XSETREF(push_slow, ps);
+    Py_INCREF(pp); Py_XSETREF(pop_slow, pp);
+    Py_RETURN_NONE;
+}
+
+static PyObject *call_slow(PyObject *fn, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames) {
+    if (fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "stepscope._fast is not configured");
+        return NULL;
+    }
+    return PyObject_Vectorcall(fn, args, nargs, kwnames);
+}
+
+/* annotate(message=None, ...): the cached range of a plain message, else the Python path. */
+static PyObject *f_annotate(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames) {
+    if (nargs == 1 && kwnames == NULL && by_message != NULL) {
+        PyObject *r = PyDict_GetItemWithError(by_message, args[0]);
+        if (r != NULL) return Py_NewRef(r);
+        if (PyErr_Occurred()) PyErr_Clear(); /* unhashable: the slow path cleans it */
+    }
+    return call_slow(annotate_slow, args, nargs, kwnames);
+}
+
+static PyObject *f_push_range(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames) {
+    if (mode == MODE_OFF) Py_RETURN_NONE;
+    if (mode == MODE_RECORD && nargs == 1 && kwnames == NULL && push_codes != NULL) {
+        PyObject *c = PyDict_GetItemWithError(push_codes, args[0]);
+        if (c != NULL) {
+            put_now(PyLong_AsLongLong(c));
+            Py_RETURN_NONE;
+        }
+        if (PyErr_Occurred()) PyErr_Clear();
+    }
+    return call_slow(push_slow, args, nargs, kwnames);
+}
+
+static PyObject *f_pop_range(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames) {
+    if (mode == MODE_OFF) Py_RETURN_NONE;
+    if (mode == MODE_RECORD) {
+        put_now(end_code);
+        Py_RETURN_NONE;
+    }
+    return call_slow(pop_slow, args, nargs, kwnames);
+}
+
+/* ---- Emit: a zero-argument callable that records one fixed code now ------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    int64_t code;
+    vectorcallfunc vectorcall;
+} EmitObject;
+
+static PyObject *emit_call(PyObject *self, PyObject *const *args, size_t nargsf,
+                           PyObject *kwnames) {
+    put_now(((EmitObject *)self)->code);
+    Py_RETURN_NONE;
+}
+
+static PyObject *emit_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    long long code;
+    if (!PyArg_ParseTuple(args, "L:Emit", &code)) return NULL;
+    EmitObject *self = (EmitObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->code = code;
+    self->vectorcall = emit_call;
+    return (PyObject *)self;
+}
+
+static PyObject *emit_get_code(EmitObject *self, void *closure) {
+    return PyLong_FromLongLong(self->code);
+}
+
+static PyGetSetDef emit_getset[] = {
+    {"code", (getter)emit_get_code, NULL, "the event code recorded", NULL},
+    {NULL},
+};
+
+static PyTypeObject EmitType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "stepscope._fast.Emit",
+    .tp_basicsize = sizeof(EmitObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(EmitObject, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = emit_new,
+    .tp_getset = emit_getset,
+    .tp_doc = "Emit(code)(): record (code, now, thread ident).",
+};
+
+/* ---- Range: the cached context manager of one message --------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    int64_t code;
+} RangeObject;
+
+static int range_init(PyObject *self, PyObject *args, PyObject *kwds) {
+    long long code = 0;
+    if (!PyArg_ParseTuple(args, "|L:Range", &code)) return -1;
+    ((RangeObject *)self)->code = code;
+    return 0;
+}
+
+static PyObject *range_enter(PyObject *self, PyObject *unused) {
+    if (mode == MODE_RECORD) {
+        put_now(((RangeObject *)self)->code);
+    } else if (mode == MODE_DELEGATE) {
+        PyObject *r = PyObject_CallMethodNoArgs(self, str_enter_slow);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
+    return Py_NewRef(self);
+}
+
+static PyObject *range_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (mode == MODE_RECORD) {
+        put_now(end_code);
+    } else if (mode == MODE_DELEGATE) {
+        PyObject *r = PyObject_CallMethodNoArgs(self, str_exit_slow);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
+    Py_RETURN_NONE; /* never swallows the exception */
+}
+
+static PyObject *range_get_code(RangeObject *self, void *closure) {
+    return PyLong_FromLongLong(self->code);
+}
+
+static int range_set_code(RangeObject *self, PyObject *value, void *closure) {
+    long long c = value ? PyLong_AsLongLong(value) : 0;
+    if (c == -1 && PyErr_Occurred()) return -1;
+    self->code = c;
+    return 0;
+}
+
+static PyMethodDef range_methods[] = {
+    {"__enter__", range_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))range_exit, METH_FASTCALL, NULL},
+    {NULL},
+};
+
+static PyGetSetDef range_getset[] = {
+    {"code", (getter)range_get_code, (setter)range_set_code, "the begin code recorded", NULL},
+    {NULL},
+};
+
+static PyTypeObject RangeType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "stepscope._fast.Range",
+    .tp_basicsize = sizeof(RangeObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_new = PyType_GenericNew,
+    .tp_init = range_init,
+    .tp_methods = range_methods,
+    .tp_getset = range_getset,
+    .tp_doc = "Range(code): a context manager recording a begin and an end on this thread.",
+};
+
+/* ---- Decorated: a function wrapped in a range ----------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *func;
+    PyObject *slow; /* called instead of func in DELEGATE mode (the Python wrapper) */
+    PyObject *dict;
+    PyObject *weakreflist;
+    int64_t code;
+    vectorcallfunc vectorcall;
+} DecoratedObject;
+
+static PyObject *decorated_call(PyObject *op, PyObject *const *args, size_t nargsf,
+                                PyObject *kwnames) {
+    DecoratedObject *self = (DecoratedObject *)op;
+    if (mode == MODE_OFF) return PyObject_Vectorcall(self->func, args, nargsf, kwnames);
+    if (mode == MODE_DELEGATE) return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+    put_now(self->code);
+    PyObject *res = PyObject_Vectorcall(self->func, args, nargsf, kwnames);
+    put_now(end_code); /* also when the call raised (like a finally) */
+    return res;
+}
+
+static PyObject *decorated_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *func, *slow;
+    long long code;
+    if (!PyArg_ParseTuple(args, "OOL:Decorated", &func, &slow, &code)) return NULL;
+    if (!PyCallable_Check(func) || !PyCallable_Check(slow)) {
+        PyErr_SetString(PyExc_TypeError, "Decorated() needs callables");
+        return NULL;
+    }
+    DecoratedObject *self = (DecoratedObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->func = Py_NewRef(func);
+    self->slow = Py_NewRef(slow);
+    self->code = code;
+    self->vectorcall = decorated_call;
+    return (PyObject *)self;
+}
+
+static int decorated_traverse(DecoratedObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->func);
+    Py_VISIT(self->slow);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int decorated_clear(DecoratedObject *self) {
+    Py_CLEAR(self->func);
+    Py_CLEAR(self->slow);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void decorated_dealloc(DecoratedObject *self) {
+    PyObject_GC_UnTrack(self);
+    if (self->weakreflist != NULL) PyObject_ClearWeakRefs((PyObject *)self);
+    decorated_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *decorated_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
+    /* a decorated function in a class body becomes a method, like a plain function */
+    if (obj == NULL || obj == Py_None) return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *decorated_reduce(PyObject *self, PyObject *unused) {
+    /* pickled by name, like the function it replaces (multiprocessing sends functions so) */
+    return PyObject_GetAttrString(self, "__qualname__");
+}
+
+static PyObject *decorated_get_func(DecoratedObject *self, void *closure) {
+    return Py_NewRef(self->func);
+}
+
+static PyMethodDef decorated_methods[] = {
+    {"__reduce__", decorated_reduce, METH_NOARGS, NULL},
+    {NULL},
+};
+
+static PyGetSetDef decorated_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {"func", (getter)decorated_get_func, NULL, "the wrapped function", NULL},
+    {NULL},
+};
+
+static PyTypeObject DecoratedType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "stepscope._fast.Decorated",
+    .tp_basicsize = sizeof(DecoratedObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL
+                | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_vectorcall_offset = offsetof(DecoratedObject, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = decorated_new,
+    .tp_dealloc = (destructor)decorated_dealloc,
+    .tp_traverse = (traverseproc)decorated_traverse,
+    .tp_clear = (inquiry)decorated_clear,
+    .tp_descr_get = decorated_descr_get,
+    .tp_dictoffset = offsetof(DecoratedObject, dict),
+    .tp_weaklistoffset = offsetof(DecoratedObject, weakreflist),
+    .tp_methods = decorated_methods,
+    .tp_getset = decorated_getset,
+    .tp_doc = "Decorated(func, slow, code): func recorded as a range on every call.",
+};
+
+/* ---- encoding: the writer's inner loop ------------------------------------------------------ */
+
+static inline Py_ssize_t varint_size(uint64_t v) {
+    Py_ssize_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static inline char *put_varint(char *p, uint64_t v) {
+    while (v >= 0x80) {
+        *p++ = (char)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (char)v;
+    return p;
+}
+
+static int get_int64_buffer(PyObject *obj, Py_buffer *view, const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (view->itemsize != 8 || view->format == NULL
+        || (strcmp(view->format, "q") && strcmp(view->format, "l") && strcmp(view->format, "<q")
+            && strcmp(view->format, "<l") && strcmp(view->format, "=q")
+            && strcmp(view->format, "=l"))) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_TypeError, "assemble(): %s must be a contiguous int64 array", what);
+        return -1;
+    }
+    return 0;
+}
+
+/* assemble(deltas, tidx, templates) -> bytes: for each i, one `Trace.packet` entry holding the
+ * TracePacket `{timestamp: deltas[i]} + templates[tidx[i]]` (no timestamp where deltas[i] < 0).
+ * The same bytes as the numpy version in _encoder.py, in one pass. */
+static PyObject *f_assemble(PyObject *self, PyObject *args) {
+    PyObject *dobj, *tobj, *templates;
+    if (!PyArg_ParseTuple(args, "OOO!", &dobj, &tobj, &PyList_Type, &templates)) return NULL;
+    Py_buffer dv, tv;
+    if (get_int64_buffer(dobj, &dv, "deltas") < 0) return NULL;
+    if (get_int64_buffer(tobj, &tv, "tidx") < 0) {
+        PyBuffer_Release(&dv);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    Py_ssize_t n = dv.len / 8, nt = PyList_GET_SIZE(templates);
+    const int64_t *d = dv.buf, *ti = tv.buf;
+    if (tv.len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "assemble(): deltas and tidx differ in length");
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < nt; k++) {
+        if (!PyBytes_Check(PyList_GET_ITEM(templates, k))) {
+            PyErr_SetString(PyExc_TypeError, "assemble(): templates must be bytes");
+            goto done;
+        }
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (ti[i] < 0 || ti[i] >= nt) {
+            PyErr_SetString(PyExc_IndexError, "assemble(): template index out of range");
+            goto done;
+        }
+        Py_ssize_t body = PyBytes_GET_SIZE(PyList_GET_ITEM(templates, ti[i]));
+        if (d[i] >= 0) body += 1 + varint_size((uint64_t)d[i]);
+        total += 1 + varint_size((uint64_t)body) + body;
+    }
+    out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL) goto done;
+    char *p = PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(templates, ti[i]);
+        Py_ssize_t tl = PyBytes_GET_SIZE(t), body = tl;
+        if (d[i] >= 0) body += 1 + varint_size((uint64_t)d[i]);
+        *p++ = (char)0x0a; /* Trace.packet = 1, length-delimited */
+        p = put_varint(p, (uint64_t)body);
+        if (d[i] >= 0) {
+            *p++ = (char)0x40; /* TracePacket.timestamp = 8, varint */
+            p = put_varint(p, (uint64_t)d[i]);
+        }
+        memcpy(p, PyBytes_AS_STRING(t), (size_t)tl);
+        p += tl;
+    }
+done:
+    PyBuffer_Release(&dv);
+    PyBuffer_Release(&tv);
+    return out;
+}
+
+/* ---- the module ----------------------------------------------------------------------------- */
+
+static PyMethodDef module_methods[] = {
+    {"extend", f_extend, METH_O, "Append whole (code, ts, ident) triples."},
+    {"drain", f_drain, METH_NOARGS, "Take all recorded events as native int64 bytes."},
+    {"size", f_size, METH_NOARGS, "int64 words recorded and not yet drained (3 per event)."},
+    {"lost", f_lost, METH_NOARGS, "Events not stored for lack of memory."},
+    {"clear", f_clear, METH_NOARGS, "Forget everything recorded."},
+    {"now", f_now, METH_NOARGS, "The recording clock (CLOCK_MONOTONIC ns)."},
+    {"withdraw", f_withdraw, METH_VARARGS, "withdraw(code, ts, ident, null_code, lookback)."},
+    {"set_mode", f_set_mode, METH_VARARGS, "set_mode(mode, end_code): 0 off, 1 record, 2 delegate."},
+    {"assemble", f_assemble, METH_VARARGS,
+     "assemble(deltas, tidx, templates) -> bytes: Trace.packet entries (see _encoder.assemble)."},
+    {"configure", f_configure, METH_VARARGS,
+     "configure(by_message, push_codes, annotate_slow, push_slow, pop_slow)."},
+    {"annotate", (PyCFunction)(void (*)(void))f_annotate, METH_FASTCALL | METH_KEYWORDS,
+     "annotate(message=None, color=None, domain=None, category=None, payload=None, **args)\n--\n\n"
+     "A range, as ``with annotate(\"x\"):`` or ``@annotate(\"x\")`` / ``@annotate``."},
+    {"push_range", (PyCFunction)(void (*)(void))f_push_range, METH_FASTCALL | METH_KEYWORDS,
+     "push_range(message=None, color=None, domain=None, category=None, payload=None)\n--\n\n"
+     "Open a range on this thread; close it with ``pop_range``."},
+    {"pop_range", (PyCFunction)(void (*)(void))f_pop_range, METH_FASTCALL | METH_KEYWORDS,
+     "pop_range(domain=None)\n--\n\nClose the innermost range opened by ``push_range``."},
+    {NULL},
+};
+
+static struct PyModuleDef fast_module = {
+    PyModuleDef_HEAD_INIT, "stepscope._fast", "The hot recording path in C.", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__fast(void) {
+    if (PyType_Ready(&EmitType) < 0 || PyType_Ready(&RangeType) < 0
+        || PyType_Ready(&DecoratedType) < 0)
+        return NULL;
+    str_enter_slow = PyUnicode_InternFromString("_enter_slow");
+    str_exit_slow = PyUnicode_InternFromString("_exit_slow");
+    if (str_enter_slow == NULL || str_exit_slow == NULL) return NULL;
+    PyObject *m = PyModule_Create(&fast_module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "Emit", (PyObject *)&EmitType) < 0
+        || PyModule_AddObjectRef(m, "Range", (PyObject *)&RangeType) < 0
+        || PyModule_AddObjectRef(m, "Decorated", (PyObject *)&DecoratedType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

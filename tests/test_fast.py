@@ -1,0 +1,198 @@
+"""The C hot path (``stepscope._fast``) and its pure-Python twin record the same events.
+
+Most of the suite runs on whichever recorder is loaded (the C one where it is built); here the C
+objects are checked directly, and the core test files run once more with the pure-Python
+recorder forced (``STEPSCOPE_PURE_PYTHON=1``), so that neither path goes untested.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+import stepscope
+from perfetto_decode import decode
+from stepscope import _encoder, _recorder
+from stepscope._recorder import BEGIN, END_DETAIL, code
+from stepscope._schema import LEVEL_DETAIL
+
+FORCED_PURE = os.environ.get("STEPSCOPE_PURE_PYTHON", "") not in ("", "0")
+fast = _recorder.fast
+needs_fast = pytest.mark.skipif(fast is None, reason="the C extension is not loaded")
+
+
+@pytest.mark.skipif(FORCED_PURE or not sys.platform.startswith("linux"),
+                    reason="pure Python asked for, or not Linux (the extension is Linux-only)")
+def test_the_extension_is_built_on_linux():
+    # the install compiles it (setup.py); a silent fallback would hide a 3x slower hot path
+    assert fast is not None, "stepscope._fast missing: reinstall with `pip install -e .`"
+
+
+@needs_fast
+def test_clock_is_perf_counter_ns():
+    before = time.perf_counter_ns()
+    now = fast.now()
+    after = time.perf_counter_ns()
+    assert before <= now <= after
+
+
+@needs_fast
+def test_events_carry_code_time_and_thread_ident():
+    _recorder.clear()
+    got = {}
+
+    def work():
+        t0 = time.perf_counter_ns()
+        _recorder.chain(41)()
+        got["window"] = (t0, time.perf_counter_ns())
+        got["ident"] = threading.get_ident()
+
+    th = threading.Thread(target=work)
+    th.start()
+    th.join()
+    ev = _recorder.drain().reshape(-1, 3)
+    assert ev.shape == (1, 3)
+    assert ev[0, 0] == 41 and ev[0, 2] == got["ident"]
+    assert got["window"][0] <= ev[0, 1] <= got["window"][1]
+    assert _recorder.pending_words() == 0
+
+
+@needs_fast
+def test_extend_takes_whole_events_or_nothing():
+    _recorder.clear()
+    fast.extend((1, 2, 3, 4, 5, 6))
+    with pytest.raises(ValueError, match="triples"):
+        fast.extend((7, 8))
+    with pytest.raises(TypeError):
+        fast.extend((7, 8, "x"))
+    with pytest.raises(OverflowError):
+        fast.extend((7, 8, 1 << 70))
+    assert _recorder.drain().tolist() == [1, 2, 3, 4, 5, 6]
+
+
+@needs_fast
+def test_withdraw_nulls_the_matching_event_only():
+    _recorder.clear()
+    fast.extend((8, 100, 7, 8, 200, 7, 9, 200, 7))
+    assert _recorder.withdraw((8, 200, 7))
+    assert not _recorder.withdraw((8, 300, 7))
+    assert _recorder.drain().tolist() == [8, 100, 7, _recorder.NULL, 200, 7, 9, 200, 7]
+
+
+@needs_fast
+@pytest.mark.parametrize("seed", [0, 1])
+def test_c_assemble_writes_the_numpy_bytes(seed):
+    rng = np.random.default_rng(seed)
+    n = 2000
+    deltas = rng.integers(0, 1 << 40, n) >> rng.integers(0, 40, n)
+    deltas[rng.random(n) < 0.05] = -1  # packets without a timestamp
+    templates = [bytes(rng.integers(0, 256, k, dtype=np.uint8)) for k in (0, 3, 150, 20000)]
+    tidx = rng.integers(0, len(templates), n)
+    c_bytes = fast.assemble(deltas.astype(np.int64), tidx.astype(np.int64), templates)
+    assert c_bytes == _encoder.assemble_numpy(deltas, tidx, templates)
+
+
+@needs_fast
+def test_c_assemble_rejects_bad_input_clearly():
+    d = np.zeros(2, dtype=np.int64)
+    with pytest.raises(TypeError, match="int64"):
+        fast.assemble(np.zeros(2, dtype=np.int32), d, [b""])
+    with pytest.raises(IndexError, match="template index"):
+        fast.assemble(d, np.array([0, 1], dtype=np.int64), [b""])
+    with pytest.raises(ValueError, match="length"):
+        fast.assemble(d, np.zeros(3, dtype=np.int64), [b""])
+    with pytest.raises(TypeError, match="bytes"):
+        fast.assemble(d, np.zeros(2, dtype=np.int64), ["text"])
+
+
+def test_assemble_output_parses_with_the_official_schema():
+    deltas = np.array([5, 1 << 50, -1], dtype=np.int64)
+    tpl = bytes([0x50, 0x05, 0x5A, 0x02, 0x48, 0x03])  # seq 5, track_event{type: INSTANT}
+    trace = pb.Trace()
+    trace.ParseFromString(_encoder.assemble(deltas, np.zeros(3, dtype=np.int64), [tpl]))
+    assert [(p.HasField("timestamp"), p.timestamp, p.trusted_packet_sequence_id)
+            for p in trace.packet] == [(True, 5, 5), (True, 1 << 50, 5), (False, 0, 5)]
+
+
+# --- the decorator wrapper ---------------------------------------------------------------------
+@stepscope.annotate("scaled")
+def scaled(x, *, by=2):
+    """Multiply."""
+    return x * by
+
+
+class Model:
+    @stepscope.annotate
+    def forward(self, x):
+        return x + 1
+
+
+@needs_fast
+def test_decorated_function_keeps_identity_signature_and_pickles_by_name():
+    assert isinstance(scaled, fast.Decorated)
+    assert scaled.__name__ == "scaled" and scaled.__doc__ == "Multiply."
+    assert scaled.__wrapped__.__qualname__ == "scaled"
+    assert str(inspect.signature(scaled)) == "(x, *, by=2)"
+    assert pickle.loads(pickle.dumps(scaled)) is scaled
+    assert scaled(3) == 6 and scaled(3, by=3) == 9  # inactive: a plain call
+    assert Model().forward(1) == 2 and Model.forward(Model(), 4) == 5  # bound like a function
+    assert functools.partial(scaled, by=5)(2) == 10
+
+
+@needs_fast
+def test_decorated_function_records_a_range_even_when_it_raises(tmp_path):
+    path = str(tmp_path / "t.pftrace")
+
+    @stepscope.annotate("boom")
+    def boom():
+        raise KeyError("x")
+
+    with stepscope.trace(path):
+        with pytest.raises(KeyError):
+            boom()
+        assert Model().forward(1) == 2
+    d = decode(path)
+    slices = d.slices(d.thread_track("MainThread"))
+    assert [(name, depth) for name, depth, _, _ in slices] == [("boom", 0), ("Model.forward", 0)]
+    assert all(t0 < t1 for _, _, t0, t1 in slices)
+
+
+@needs_fast
+def test_modes_follow_the_session(tmp_path):
+    r = stepscope.annotate("mode probe")
+    assert isinstance(r, fast.Range)
+    _recorder.clear()
+    with r:  # no session: mode off, nothing recorded
+        pass
+    stepscope.push_range("mode probe")
+    stepscope.pop_range()
+    assert _recorder.pending_words() == 0
+    begin = code(_recorder.event_id("mode probe", ()), LEVEL_DETAIL, BEGIN)
+    with stepscope.trace(str(tmp_path / "t.pftrace")):
+        _recorder.clear()
+        with r:
+            stepscope.push_range("mode probe")
+            stepscope.pop_range()
+        got = _recorder.drain().reshape(-1, 3)[:, 0].tolist()
+    assert got == [begin, begin, END_DETAIL, END_DETAIL]
+
+
+@pytest.mark.skipif(FORCED_PURE or fast is None, reason="this run already is the pure one")
+def test_core_tests_pass_on_the_pure_python_recorder():
+    here = os.path.dirname(__file__)
+    env = dict(os.environ, STEPSCOPE_PURE_PYTHON="1")
+    files = [os.path.join(here, f) for f in ("test_writer.py", "test_robustness.py",
+                                             "test_nvtx.py", "test_fast.py")]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           *files], env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -4,7 +4,10 @@ Two modes, one table each:
 
 * ``--mode fixture`` (works anywhere): the recorded CUPTI fixture (12 steps of a CuPy MLP on an
   H100) through the same conversion the live path uses: records/s of ``GpuTraceConverter.convert``
-  alone and with encoding + writing (session flush), and trace bytes per kernel.
+  alone and with encoding + writing (session flush), and trace bytes per kernel; plus the window-end
+  decode of the raw-buffer path (the fixture's records packed as CUPTI packs them, decoded by
+  ``cupti_buffers.decode_buffers``) against the per-record path's (one cupti-python-like object per
+  record through ``CuptiTracer``'s buffer callback and decode).
 * ``--mode live`` (needs an NVIDIA GPU with CuPy; cupti-python for the stepscope row, torch for the
   Kineto row): a launch-bound MLP training step (small matrices: a few dozen kernels and a few
   hundred CUDA calls per step), timed as ratios to no tracing: stepscope at detail level with CUPTI
@@ -78,6 +81,53 @@ def bench_fixture(repeat: int) -> None:
             ("trace bytes per kernel", f"{statistics.median(sizes) / k:.1f}"),
         ],
     )
+    bench_decode(repeat)
+
+
+def bench_decode(repeat: int) -> None:
+    """Window-end decode cost per record: raw buffers (bulk numpy) vs per-record objects."""
+    import gzip
+    import json
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    from gpu_fakes import RAW_SIZES, CStrings, FakeCupti, encode_buffers  # noqa: E402
+
+    from stepscope.gpu import cupti_buffers as cb  # noqa: E402
+    from stepscope.gpu.cupti_live import CuptiTracer  # noqa: E402
+
+    with gzip.open(FIXTURE, "rt") as f:
+        records = json.load(f)["cupti_records"]
+    n = len(records)
+    names = CStrings()
+    bufs = [cb.RawBuffer(d, len(d)) for d, _ in encode_buffers(records, names, per_buffer=4000)]
+    raw_s, obj_s = [], []
+    fake = FakeCupti(records)
+    kinds = fake.ActivityKind
+    # as cupti-python's objects: every attribute of the record's class present
+    objs = [SimpleNamespace(**{"graph_node_id": 0, **r, "kind": int(kinds[r["kind"]])})
+            for r in records]  # fmt: skip
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        cb.decode_buffers(bufs, cb.RecordSizes(known=dict(RAW_SIZES)))
+        raw_s.append(time.perf_counter() - t0)
+        tracer = CuptiTracer(cupti_module=FakeCupti(records), raw=False)
+        tracer.start()
+        t0 = time.perf_counter()  # what the callback and the window-end decode do per record
+        tracer._buffer_completed(objs)
+        with tracer._lock:
+            rows, tracer._rows = tracer._rows, {}
+        tracer.decode(rows)
+        obj_s.append(time.perf_counter() - t0)
+    raw, obj = min(raw_s), min(obj_s)  # best of: the least disturbed by other load
+    table(
+        f"Window-end decode of {n} CUPTI records (best of {repeat}; the per-record path also "
+        f"pays cupti-python building one object per record, not counted here)",
+        [
+            ("raw buffers, bulk numpy (ns/record)", f"{raw / n * 1e9:.0f}"),
+            ("per-record objects (ns/record)", f"{obj / n * 1e9:.0f}"),
+        ],
+    )
 
 
 # --- live mode ------------------------------------------------------------------------------------
@@ -142,6 +192,7 @@ def bench_live(steps: int, repeat: int) -> bool:
     step = make_step()
     base, ours, kineto = [], [], []
     records = kernels = size = 0
+    cupti_path = "?"
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(repeat):
             base.append(time_steps(step, steps))
@@ -158,6 +209,7 @@ def bench_live(steps: int, repeat: int) -> bool:
                 print("\nlive GPU benchmark: CUPTI could not be enabled (see the log); skipped")
                 return False
             records, kernels, size = stats.records, stats.kernels, os.path.getsize(path)
+            cupti_path = getattr(gt.tracer, "path", "?")
             try:
                 import torch  # type: ignore[import-not-found]
                 from torch.profiler import ProfilerActivity, profile
@@ -169,6 +221,7 @@ def bench_live(steps: int, repeat: int) -> bool:
                     kineto.append(time_steps(step, steps))
     b = statistics.median(base)
     rows = [
+        ("CUPTI activity path (raw / records)", cupti_path),
         ("step time, no tracing (ms)", f"{b * 1e3:.3f}"),
         ("stepscope detail + GPU / none", f"{statistics.median(ours) / b:.4f}"),
     ]

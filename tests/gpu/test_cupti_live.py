@@ -106,3 +106,47 @@ def test_real_cupti_records_a_cupy_kernel():
     api = np.concatenate([batch.runtime["correlation"], batch.driver["correlation"]])
     assert np.isin(batch.kernels["correlation"], api).all()
     assert abs(tracer.offset_ns) < 1_000_000
+
+
+def _cupy_on_a_gpu():
+    cp = pytest.importorskip("cupy")
+    pytest.importorskip("cupti")
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no GPU")
+    except Exception:
+        pytest.skip("no GPU")
+    return cp
+
+
+def _traced(cp, **kw):
+    tracer = CuptiTracer(**kw)
+    assert tracer.start()
+    x = cp.arange(1 << 20, dtype=cp.float32)
+    for _ in range(5):
+        x = (x * 2).sum() + x
+    cp.cuda.get_current_stream().synchronize()
+    return tracer, tracer.stop()
+
+
+@pytest.mark.gpu
+def test_real_cupti_raw_and_record_paths_agree():
+    """On a GPU: the raw-buffer path is the one taken, and it decodes what cupti-python's
+    per-record objects give for the same work (kernel names and launch configurations)."""
+    cp = _cupy_on_a_gpu()
+    _traced(cp, raw=False)  # warm-up: module loads, first-launch records
+    raw_tracer, raw = _traced(cp)
+    rec_tracer, rec = _traced(cp, raw=False)
+    assert raw_tracer.path == "raw" and rec_tracer.path == "records"
+
+    def shape(b):
+        k = b.kernels
+        cols = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers",
+                "static_smem", "dynamic_smem")  # fmt: skip
+        return sorted(zip(b.kernel_names().tolist(), *(k[c].tolist() for c in cols),
+                          strict=True))  # fmt: skip
+
+    assert raw.kernels.size > 0 and shape(raw) == shape(rec)
+    assert (raw.kernels["end"] > raw.kernels["start"]).all()
+    api = np.concatenate([raw.runtime["correlation"], raw.driver["correlation"]])
+    assert np.isin(raw.kernels["correlation"], api).all()

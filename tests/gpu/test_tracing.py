@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from gpu_fakes import FakeCupti
+from gpu_fakes import FakeCuda, FakeCupti
 from gpu_trace_decode import decode
 
 import stepscope
@@ -188,47 +188,8 @@ def test_cupy_event_ranges_on_a_gpu(tmp_path):
     assert s.dur > 0 and s.category == "gpu_range"
 
 
-class _FakeCuda:
-    """CuPy's cuda namespace, with a GPU clock the test moves by hand."""
-
-    def __init__(self):
-        self.gpu_now = 0
-        self.synced = 0
-        cuda = self
-
-        class Event:
-            def __init__(self):
-                self.t, self.done = None, False
-
-            def record(self, stream=None):
-                self.t = cuda.gpu_now
-
-            def synchronize(self):
-                cuda.synced += 1
-                self.done = True
-
-        class Stream:
-            ptr = 0x1234
-
-            def synchronize(self):
-                cuda.synced += 1
-
-        class Device:
-            id = 0
-
-        self.Event, self.Device, self._stream = Event, Device, Stream()
-        self.runtime = SimpleNamespace(getDeviceProperties=lambda d: {"name": b"Fake GPU"})
-
-    def get_current_stream(self):
-        return self._stream
-
-    @staticmethod
-    def get_elapsed_time(a, b):
-        return (b.t - a.t) / 1e6  # ms, as cudaEventElapsedTime
-
-
 def test_cuda_event_ranges_resolve_later_without_waiting(tmp_path, monkeypatch):
-    cuda = _FakeCuda()
+    cuda = FakeCuda()
     monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=cuda))
     path = tmp_path / "ev.pftrace"
     sess = _session.Session(path).start()
@@ -262,7 +223,7 @@ def test_cuda_event_ranges_resolve_later_without_waiting(tmp_path, monkeypatch):
 
 
 def test_annotate_gpu_true_times_the_range_on_the_gpu_too(tmp_path, monkeypatch):
-    cuda = _FakeCuda()
+    cuda = FakeCuda()
     monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=cuda))
     path = tmp_path / "g.pftrace"
     with stepscope.trace(path) as sess:

@@ -6,7 +6,8 @@ switches itself off with one log line and never raises into the user's program.
 
 Parts: :mod:`.occupancy` (CUDA occupancy calculator), :mod:`.metrics` (utilization, est. SM
 efficiency, est. achieved occupancy per bucket), :mod:`.records` (columnar records and kernel
-classes), :mod:`.convert` (records → trace), :mod:`.cupti_live` (live CUPTI collection),
+classes), :mod:`.convert` (records → trace), :mod:`.cupti_live` (live CUPTI collection, through
+:mod:`.cupti_buffers`' raw buffers decoded in bulk where possible),
 :mod:`.fixture` (the recorded fixture through the same path), :mod:`.nvml` (NVML/GPM counters),
 :mod:`.cupy_timing` (CUDA-event ranges and ``sync_gpu``), and :class:`GpuTracing`, which ties them
 to a session for the profiler.

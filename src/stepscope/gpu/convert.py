@@ -16,9 +16,14 @@ Tracks written:
 * Counter tracks ``GPU <id> utilization``, ``... est. SM efficiency``, ``... est. achieved
   occupancy`` (percent, one sample per bucket; definitions in :mod:`.metrics`).
 
-Each API call that launched device work gets a flow to that work (flow id derived from the CUPTI
-correlation id and the pid), so the UI draws the arrow. Timestamps are CUPTI's (CLOCK_REALTIME)
-plus ``offset_ns``, written through a ``clock="realtime"`` emitter.
+Each API call that launched device work gets a flow to that work, so the UI draws the arrow. The
+flow id is derived from the CUPTI correlation id and the pid. A CUDA graph launch runs many kernels
+and copies under one correlation id; as Kineto does (one ``ac2g`` arrow per GPU activity), each of
+them gets its own arrow from the ``cudaGraphLaunch`` slice: Perfetto flows join two events, so the
+launch slice carries one flow id per record (the first record in time keeps the correlation-derived
+id, the others get ids from a per-converter sequence, see :meth:`GpuTraceConverter.flow_plan`).
+Timestamps are CUPTI's (CLOCK_REALTIME) plus ``offset_ns``, written through a ``clock="realtime"``
+emitter.
 """
 
 from __future__ import annotations
@@ -52,16 +57,46 @@ MEMORY_KIND_NAMES = {
     6: "Device static", 7: "Managed static",
 }  # fmt: skip
 
+ARG_GRAPH_ID = "graph_id"  # CUDA graph that ran the record (only on graph work)
+ARG_GRAPH_NODE_ID = "graph_node_id"
+
 _FLOW_TAG = 0x5C << 56  # keeps GPU flow ids apart from other producers' ids
+_EXTRA_FLOW_TAG = 0x5D << 56  # 2nd, 3rd, ... record of one correlation id (graph launches)
 
 
-def flow_ids_for(correlation: np.ndarray, pid: int) -> np.ndarray:
-    """Flow id per CUPTI correlation id: unique per process, and across ranks of one job."""
+def flow_ids_for(correlation: np.ndarray, pid: int, *, tag: int = _FLOW_TAG) -> np.ndarray:
+    """Flow id per CUPTI correlation id: unique per process, and across ranks of one job.
+
+    With ``tag=_EXTRA_FLOW_TAG`` the low 32 bits are a sequence number instead (graph launches).
+    """
     return (
-        np.uint64(_FLOW_TAG)
+        np.uint64(tag)
         | (np.uint64(pid & 0xFFFFFF) << np.uint64(32))
         | (np.asarray(correlation, dtype=np.uint64) & np.uint64(0xFFFFFFFF))
     )
+
+
+@dataclass
+class FlowPlan:
+    """Flows of one batch: the terminating id (or None) per device record, table by table, and
+    the ids each launching API call starts (one per record it launched)."""
+
+    terminating: list[list[list[int] | None]]
+    by_correlation: dict[int, list[int]]
+    arrows: int
+
+
+def _ordinals(corr: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order by correlation then start, rank of each record within its correlation id)."""
+    order = np.lexsort((start, corr))
+    sc = corr[order]
+    n = sc.size
+    first = np.ones(n, dtype=bool)
+    first[1:] = sc[1:] != sc[:-1]
+    head = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    ordinal = np.empty(n, dtype=np.int64)
+    ordinal[order] = np.arange(n) - head
+    return order, ordinal
 
 
 def assign_lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -179,6 +214,7 @@ class GpuTraceConverter:
         self._sync: dict[int, int] = {}
         self._api: dict[tuple[int, int], int] = {}
         self._ctr: dict[tuple[int, str], int] = {}
+        self._extra_flows = 0  # sequence of the extra ids of graph launches (see flow_plan)
 
     # --- tracks --------------------------------------------------------------------------------
     def gpu_track(self, device: int) -> int:
@@ -243,12 +279,11 @@ class GpuTraceConverter:
         st = ConvertStats(dropped=int(batch.dropped))
         em, off = self._em, self.offset_ns
         api_corr = np.concatenate([batch.runtime["correlation"], batch.driver["correlation"]])
-        dev_corr = np.concatenate(
-            [batch.kernels["correlation"], batch.memcpys["correlation"],
-             batch.memsets["correlation"], batch.syncs["correlation"]]
-        )  # fmt: skip
-        linked = np.intersect1d(api_corr, dev_corr)
-        st.flows = int(linked.size)
+        plan = self.flow_plan(
+            (batch.kernels, batch.memcpys, batch.memsets, batch.syncs), api_corr
+        )
+        k_flows, m_flows, s_flows, y_flows = plan.terminating
+        st.flows = plan.arrows
         context_device = self._context_devices(batch)
 
         # kernels
@@ -261,7 +296,6 @@ class GpuTraceConverter:
             cats = np.where(batch.kernel_is_communication(), 1, 0)
             cat_names = (_schema.CAT_KERNEL, _schema.CAT_COMMUNICATION)
             est = self._estimates(k)
-            flows = self._flows(k["correlation"], linked)
             tracks = self._device_tracks(k)
             cols = zip(
                 (k["start"] + off).tolist(), (k["end"] - k["start"]).tolist(),
@@ -271,20 +305,20 @@ class GpuTraceConverter:
                 k["registers"].tolist(), k["static_smem"].tolist(), k["dynamic_smem"].tolist(),
                 np.round(est.blocks_per_sm, 6).tolist(), np.round(est.warps_per_sm, 6).tolist(),
                 np.round(est.est_achieved_occupancy, 6).tolist(), k["correlation"].tolist(),
-                flows, strict=False,
+                k_flows, k["graph_id"].tolist(), k["graph_node_id"].tolist(), strict=False,
             )  # fmt: skip
             gx, gy, gz = _schema.ARG_GRID
             bx, by, bz = _schema.ARG_BLOCK
             for (ts, dur, nid, trk, cat, x, y, z, u, v, w, regs, ss, ds, bps, wps, occ, corr,
-                 fl) in cols:  # fmt: skip
-                em.complete(
-                    ts, dur, names[nid], trk, cat_names[cat],
-                    {gx: x, gy: y, gz: z, bx: u, by: v, bz: w, _schema.ARG_REGISTERS: regs,
-                     _schema.ARG_SHARED_STATIC: ss, _schema.ARG_SHARED_DYNAMIC: ds,
-                     _schema.ARG_BLOCKS_PER_SM: bps, _schema.ARG_WARPS_PER_SM: wps,
-                     _schema.ARG_OCCUPANCY: occ, _schema.ARG_CORRELATION: corr},
-                    terminating_flow_ids=fl,
-                )  # fmt: skip
+                 fl, gid, gnode) in cols:  # fmt: skip
+                args = {gx: x, gy: y, gz: z, bx: u, by: v, bz: w, _schema.ARG_REGISTERS: regs,
+                        _schema.ARG_SHARED_STATIC: ss, _schema.ARG_SHARED_DYNAMIC: ds,
+                        _schema.ARG_BLOCKS_PER_SM: bps, _schema.ARG_WARPS_PER_SM: wps,
+                        _schema.ARG_OCCUPANCY: occ, _schema.ARG_CORRELATION: corr}  # fmt: skip
+                if gid:
+                    args[ARG_GRAPH_ID], args[ARG_GRAPH_NODE_ID] = gid, gnode
+                em.complete(ts, dur, names[nid], trk, cat_names[cat], args,
+                            terminating_flow_ids=fl)  # fmt: skip
 
         # memcpy
         m = batch.memcpys
@@ -292,37 +326,37 @@ class GpuTraceConverter:
             st.memcpys = int(m.size)
             dur = m["end"] - m["start"]
             bw = np.round(m["bytes"] / np.maximum(dur, 1), 4)  # bytes/ns == GB/s
-            for ts, d, trk, nbytes, ck, sk, dk, b, corr, fl in zip(
+            for ts, d, trk, nbytes, ck, sk, dk, b, corr, fl, gid, gnode in zip(
                 (m["start"] + off).tolist(), dur.tolist(), self._device_tracks(m),
                 m["bytes"].tolist(), m["copy_kind"].tolist(), m["src_kind"].tolist(),
-                m["dst_kind"].tolist(), bw.tolist(), m["correlation"].tolist(),
-                self._flows(m["correlation"], linked), strict=False,
+                m["dst_kind"].tolist(), bw.tolist(), m["correlation"].tolist(), m_flows,
+                m["graph_id"].tolist(), m["graph_node_id"].tolist(), strict=False,
             ):  # fmt: skip
                 kind = COPY_KIND_NAMES.get(ck, str(ck))
                 src = MEMORY_KIND_NAMES.get(sk, str(sk))
                 dst = MEMORY_KIND_NAMES.get(dk, str(dk))
-                em.complete(
-                    ts, d, f"Memcpy {kind} ({src} -> {dst})", trk, _schema.CAT_MEMCPY,
-                    {_schema.ARG_BYTES: nbytes, _schema.ARG_COPY_KIND: kind,
-                     _schema.ARG_SRC_KIND: src, _schema.ARG_DST_KIND: dst,
-                     _schema.ARG_BANDWIDTH: b, _schema.ARG_CORRELATION: corr},
-                    terminating_flow_ids=fl,
-                )  # fmt: skip
+                args = {_schema.ARG_BYTES: nbytes, _schema.ARG_COPY_KIND: kind,
+                        _schema.ARG_SRC_KIND: src, _schema.ARG_DST_KIND: dst,
+                        _schema.ARG_BANDWIDTH: b, _schema.ARG_CORRELATION: corr}  # fmt: skip
+                if gid:
+                    args[ARG_GRAPH_ID], args[ARG_GRAPH_NODE_ID] = gid, gnode
+                em.complete(ts, d, f"Memcpy {kind} ({src} -> {dst})", trk, _schema.CAT_MEMCPY,
+                            args, terminating_flow_ids=fl)  # fmt: skip
 
         # memset
         s = batch.memsets
         if s.size:
             st.memsets = int(s.size)
-            for ts, d, trk, nbytes, corr, fl in zip(
+            for ts, d, trk, nbytes, corr, fl, gid, gnode in zip(
                 (s["start"] + off).tolist(), (s["end"] - s["start"]).tolist(),
-                self._device_tracks(s), s["bytes"].tolist(), s["correlation"].tolist(),
-                self._flows(s["correlation"], linked), strict=False,
+                self._device_tracks(s), s["bytes"].tolist(), s["correlation"].tolist(), s_flows,
+                s["graph_id"].tolist(), s["graph_node_id"].tolist(), strict=False,
             ):  # fmt: skip
-                em.complete(
-                    ts, d, "Memset", trk, _schema.CAT_MEMSET,
-                    {_schema.ARG_BYTES: nbytes, _schema.ARG_CORRELATION: corr},
-                    terminating_flow_ids=fl,
-                )  # fmt: skip
+                args = {_schema.ARG_BYTES: nbytes, _schema.ARG_CORRELATION: corr}
+                if gid:
+                    args[ARG_GRAPH_ID], args[ARG_GRAPH_NODE_ID] = gid, gnode
+                em.complete(ts, d, "Memset", trk, _schema.CAT_MEMSET, args,
+                            terminating_flow_ids=fl)  # fmt: skip
 
         # synchronization
         y = batch.syncs
@@ -337,7 +371,7 @@ class GpuTraceConverter:
             for ts, du, d, lane, typ, stream, corr, fl in zip(
                 (y["start"] + off).tolist(), (y["end"] - y["start"]).tolist(), dev.tolist(),
                 lanes.tolist(), y["type"].tolist(), y["stream"].tolist(),
-                y["correlation"].tolist(), self._flows(y["correlation"], linked), strict=False,
+                y["correlation"].tolist(), y_flows, strict=False,
             ):  # fmt: skip
                 args = {_schema.ARG_SYNC_TYPE: SYNC_TYPE_NAMES.get(typ, str(typ)),
                         _schema.ARG_CORRELATION: corr}  # fmt: skip
@@ -356,18 +390,16 @@ class GpuTraceConverter:
                 continue
             st.api_calls += int(table.size)
             tracks = self._api_tracks(table)
-            is_linked = np.isin(table["correlation"], linked)
-            fids = flow_ids_for(table["correlation"], self.pid).tolist()
-            for ts, du, trk, cbid, corr, lk, fid in zip(
+            starts = plan.by_correlation
+            for ts, du, trk, cbid, corr in zip(
                 (table["start"] + off).tolist(), (table["end"] - table["start"]).tolist(),
-                tracks, table["cbid"].tolist(), table["correlation"].tolist(),
-                is_linked.tolist(), fids, strict=False,
+                tracks, table["cbid"].tolist(), table["correlation"].tolist(), strict=False,
             ):  # fmt: skip
                 name = self.api_names.get((driver, cbid)) or api_name(cbid, driver=driver)
                 em.complete(
                     ts, du, name, trk, cat,
                     {_schema.ARG_CORRELATION: corr, _schema.ARG_CBID: cbid},
-                    flow_ids=[fid] if lk else None,
+                    flow_ids=starts.get(corr),
                 )  # fmt: skip
 
         if batch.dropped:
@@ -407,14 +439,35 @@ class GpuTraceConverter:
                 arr[sel] = getattr(e, name)
         return KernelEstimates(**merged)
 
-    def _flows(self, corr: np.ndarray, linked: np.ndarray) -> list[list[int] | None]:
-        """Terminating flow per record whose launch call is in the batch. A graph launch has one
-        correlation id for all its kernels: only the first (in record order) gets the arrow."""
-        fids = flow_ids_for(corr, self.pid).tolist()
-        first = np.zeros(corr.size, dtype=bool)
-        first[np.unique(corr, return_index=True)[1]] = True
-        has = (np.isin(corr, linked) & first).tolist()
-        return [[f] if h else None for f, h in zip(fids, has, strict=False)]
+    def flow_plan(self, tables: tuple[np.ndarray, ...], api_corr: np.ndarray) -> FlowPlan:
+        """One arrow from the launching API call to every device record it launched.
+
+        Records are grouped by correlation id across all tables (a graph launch may run kernels,
+        copies and memsets), ordered by start time. The first of a group keeps the id of
+        :func:`flow_ids_for`; the others get ``_EXTRA_FLOW_TAG`` ids numbered by a sequence that
+        runs over the converter's life, so ids never repeat within a process. Records whose
+        launch call is not in the batch get no flow.
+        """
+        corr = np.concatenate([t["correlation"] for t in tables]).astype(np.int64)
+        start = np.concatenate([t["start"] for t in tables]).astype(np.int64)
+        linked = np.isin(corr, api_corr)
+        fids = flow_ids_for(corr, self.pid)
+        order, ordinal = _ordinals(corr, start)
+        extra = (linked & (ordinal > 0))[order]  # in (correlation, start) order
+        n_extra = int(extra.sum())
+        if n_extra:
+            seq = (self._extra_flows + np.arange(n_extra)) & 0xFFFFFFFF
+            fids[order[extra]] = flow_ids_for(seq, self.pid, tag=_EXTRA_FLOW_TAG)
+            self._extra_flows += n_extra
+        by_corr: dict[int, list[int]] = {}
+        for c, f in zip(corr[order][linked[order]].tolist(),
+                        fids[order][linked[order]].tolist(), strict=True):  # fmt: skip
+            by_corr.setdefault(c, []).append(f)
+        per_record = [[f] if lk else None
+                      for f, lk in zip(fids.tolist(), linked.tolist(), strict=True)]  # fmt: skip
+        bounds = np.cumsum([0] + [t.size for t in tables]).tolist()
+        terminating = [per_record[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        return FlowPlan(terminating, by_corr, int(linked.sum()))
 
     def _context_devices(self, batch: ActivityBatch) -> dict[int, int]:
         out: dict[int, int] = {}

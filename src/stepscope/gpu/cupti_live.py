@@ -8,12 +8,18 @@ itself does.
   id, ``activity_enable_runtime_api`` / ``activity_enable_driver_api``), selected by name from
   cupti-python's callback-id enums; where those calls are missing, every API record is collected
   and the others are dropped when decoding.
-* The buffer callback does the minimum that is safe: for each record it takes one C-level
-  ``operator.attrgetter`` tuple (no Python frame per record) into a per-kind list; turning those
-  into numpy columns, estimates and trace events happens once per window, at window end.
+* Raw buffers first (:mod:`.cupti_buffers`): where the libcupti that cupti-python loaded can be
+  reached through ctypes, CUPTI's buffers are registered directly; the buffer callbacks cost one
+  Python call per *buffer* and the records are decoded in bulk with numpy at window end. No Python
+  object is built per record.
+* Per-record fallback (cupti-python's own callbacks, which hand over one Python object per
+  record; used when the raw path cannot be set up): the buffer callback takes one C-level
+  ``operator.attrgetter`` tuple per record (no Python frame per record) into a per-kind list;
+  turning those into numpy columns happens once per window. :attr:`CuptiTracer.path` says which
+  path runs (``"raw"`` or ``"records"``).
 * Buffers are bounded: ``buffer_bytes`` each and at most ``max_records`` decoded records per
-  window; further buffers are counted as dropped (with CUPTI's own dropped count) and written to
-  the trace by the converter.
+  window on the per-record path (``max_buffers`` buffers on the raw path); the rest are counted as
+  dropped (with CUPTI's own dropped count) and written to the trace by the converter.
 * Everything is enabled at window start and disabled after ``activity_flush_all`` at window end.
 
 Without ``cupti-python`` or a GPU, :meth:`CuptiTracer.start` logs one line and returns False.
@@ -30,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from .clock import calibrate
+from .cupti_buffers import RawActivityBuffers
 from .occupancy import DeviceLimits
 from .records import (
     API_DTYPE,
@@ -48,18 +55,42 @@ API_NAME_RE = re.compile(r"Launch|Memcpy|Memset|Synchronize|WaitEvent|EventRecor
 _KERNEL_ATTRS = (
     "start", "end", "device_id", "context_id", "stream_id", "correlation_id", "grid_x", "grid_y",
     "grid_z", "block_x", "block_y", "block_z", "registers_per_thread", "static_shared_memory",
-    "dynamic_shared_memory", "graph_id", "name",
+    "dynamic_shared_memory", "graph_id", "graph_node_id", "name",
 )  # fmt: skip
 _MEMCPY_ATTRS = (
     "start", "end", "device_id", "context_id", "stream_id", "correlation_id", "bytes",
-    "copy_kind", "src_kind", "dst_kind", "graph_id",
+    "copy_kind", "src_kind", "dst_kind", "graph_id", "graph_node_id",
 )  # fmt: skip
 _MEMSET_ATTRS = (
     "start", "end", "device_id", "context_id", "stream_id", "correlation_id", "bytes", "value",
-    "graph_id",
+    "graph_id", "graph_node_id",
 )  # fmt: skip
 _SYNC_ATTRS = ("start", "end", "context_id", "stream_id", "correlation_id", "type", "cuda_event_id")
 _API_ATTRS = ("start", "end", "correlation_id", "cbid", "process_id", "thread_id")
+_OPTIONAL_ATTR = "graph_node_id"  # read as 0 from a binding whose records lack it
+
+
+class _Getter:
+    """Row tuple of one record kind: one C-level attrgetter; without the optional attribute
+    (an older binding) a second getter and a 0 spliced in its place."""
+
+    __slots__ = ("key", "full", "reduced", "pos")
+
+    def __init__(self, key: str, attrs: tuple[str, ...]) -> None:
+        self.key = key
+        self.full = attrgetter(*attrs)
+        self.pos = attrs.index(_OPTIONAL_ATTR) if _OPTIONAL_ATTR in attrs else -1
+        rest = tuple(a for a in attrs if a != _OPTIONAL_ATTR)
+        self.reduced = attrgetter(*rest) if self.pos >= 0 else None
+
+    def row(self, a: Any) -> tuple:
+        try:
+            return self.full(a)
+        except AttributeError:
+            if self.reduced is None:
+                raise
+            r = self.reduced(a)  # AttributeError again: a malformed record
+            return r[: self.pos] + (0,) + r[self.pos :]
 
 
 def _import_cupti() -> Any | None:
@@ -106,10 +137,25 @@ class CuptiTracer:
         driver_api: bool = True,
         cupti_module: Any = None,
         log_level: int = logging.INFO,
+        raw: bool = True,
+        max_buffers: int = 16,
+        raw_buffers: Any = None,
     ) -> None:
-        """``cupti_module`` replaces ``cupti.cupti`` (tests drive the path with a stand-in)."""
+        """``cupti_module`` replaces ``cupti.cupti`` (tests drive the path with a stand-in).
+
+        ``raw`` tries the raw-buffer path (only with the real module, unless ``raw_buffers``, a
+        callable returning a :class:`RawActivityBuffers` or None, is given: tests use it).
+        """
         self.buffer_bytes = int(buffer_bytes)
         self.max_records = int(max_records)
+        self.max_buffers = int(max_buffers)
+        self._raw_factory = raw_buffers
+        if raw and raw_buffers is None and cupti_module is None:
+            self._raw_factory = RawActivityBuffers.open
+        elif not raw:
+            self._raw_factory = None
+        self._raw: RawActivityBuffers | None = None
+        self.path = ""
         self.driver_api = driver_api
         self._cupti: Any = cupti_module
         self.log_level = log_level
@@ -123,7 +169,7 @@ class CuptiTracer:
         self.offset_ns = 0
         self.runtime_names: dict[int, str] = {}
         self.driver_names: dict[int, str] = {}
-        self._getters: dict[int, tuple[str, Any]] = {}
+        self._getters: dict[int, _Getter] = {}
 
     # --- setup ---------------------------------------------------------------------------------
     def available(self) -> tuple[bool, str]:
@@ -147,6 +193,8 @@ class CuptiTracer:
                 self._setup(cupti)
             self._rows = {k: [] for k in ("kernel", "memcpy", "memset", "sync", "rt", "drv")}
             self._count = self._dropped = 0
+            if self._raw is not None:  # nothing from before this window
+                self._raw.recycle(self._raw.take())
             for kind in self._kinds:
                 cupti.activity_enable(kind)
             self._enable_api_filter(cupti)
@@ -167,20 +215,39 @@ class CuptiTracer:
         if self.driver_api:
             self._kinds.append(kinds.DRIVER)
         self._getters = {
-            int(kinds.CONCURRENT_KERNEL): ("kernel", attrgetter(*_KERNEL_ATTRS)),
-            int(kinds.MEMCPY): ("memcpy", attrgetter(*_MEMCPY_ATTRS)),
-            int(kinds.MEMSET): ("memset", attrgetter(*_MEMSET_ATTRS)),
-            int(kinds.SYNCHRONIZATION): ("sync", attrgetter(*_SYNC_ATTRS)),
-            int(kinds.RUNTIME): ("rt", attrgetter(*_API_ATTRS)),
-            int(kinds.DRIVER): ("drv", attrgetter(*_API_ATTRS)),
+            int(kinds.CONCURRENT_KERNEL): _Getter("kernel", _KERNEL_ATTRS),
+            int(kinds.MEMCPY): _Getter("memcpy", _MEMCPY_ATTRS),
+            int(kinds.MEMSET): _Getter("memset", _MEMSET_ATTRS),
+            int(kinds.SYNCHRONIZATION): _Getter("sync", _SYNC_ATTRS),
+            int(kinds.RUNTIME): _Getter("rt", _API_ATTRS),
+            int(kinds.DRIVER): _Getter("drv", _API_ATTRS),
         }
         self.runtime_names, self.driver_names = api_cbids(cupti)
-        cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
-        self._registered = True
-        try:
+        try:  # also makes cupti-python load libcupti, which the raw path looks for
             self.offset_ns = calibrate(cupti.get_timestamp)
         except Exception:
             self.offset_ns = 0
+        self._raw = self._open_raw()
+        if self._raw is None:
+            cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+            self.path = "records"
+        else:
+            self.path = "raw"
+        log.debug("stepscope: CUPTI activity through the %s path", self.path)
+        self._registered = True
+
+    def _open_raw(self) -> RawActivityBuffers | None:
+        """The raw-buffer path, registered with CUPTI, or None (then the per-record path)."""
+        if self._raw_factory is None:
+            return None
+        try:
+            raw = self._raw_factory(buffer_bytes=self.buffer_bytes, max_buffers=self.max_buffers)
+            if raw is not None:
+                raw.register()
+            return raw
+        except Exception as exc:
+            log.debug("stepscope: raw CUPTI buffers unavailable (%s); per-record path", exc)
+            return None
 
     def _enable_api_filter(self, cupti: Any) -> None:
         """Record only the launch/copy/set/wait callbacks where CUPTI lets us choose.
@@ -230,7 +297,7 @@ class CuptiTracer:
                 g = getters.get(a.kind)
                 if g is not None:
                     try:
-                        rows[g[0]].append(g[1](a))
+                        rows[g.key].append(g.row(a))
                     except AttributeError:  # a record layout we do not know: count, go on
                         self._dropped += 1
 
@@ -253,6 +320,8 @@ class CuptiTracer:
             dropped += int(cupti.activity_get_num_dropped_records(0, 0))
         except Exception:
             pass
+        if self._raw is not None:
+            return self._filter_api(self._raw.decode(dropped=dropped))
         return self.decode(rows, dropped)
 
     def decode(self, rows: dict[str, list[tuple]], dropped: int = 0) -> ActivityBatch:
@@ -270,6 +339,10 @@ class CuptiTracer:
         b.syncs = _to_table(rows.get("sync", []), SYNC_DTYPE)
         b.runtime = _to_table(rows.get("rt", []), API_DTYPE)
         b.driver = _to_table(rows.get("drv", []), API_DTYPE)
+        return self._filter_api(b)
+
+    def _filter_api(self, b: ActivityBatch) -> ActivityBatch:
+        """Keep the launch/copy/set/wait API calls (CUPTI may have recorded every call)."""
         if self.runtime_names:
             b.runtime = b.runtime[np.isin(b.runtime["cbid"], list(self.runtime_names))]
         if self.driver_names:

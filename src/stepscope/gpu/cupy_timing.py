@@ -14,13 +14,19 @@ stream at range end so that the CPU range includes the GPU work it launched. Cos
 CPU and GPU at every range end, removing the overlap a training loop relies on; use it for
 attribution runs, not for measuring throughput.
 
-The slices go on a track ``CUDA events (stream <ptr>)`` under ``GPU <id> (<name>)``.
+Threads: each host thread has its own push/pop stack (keyed by ``threading.get_ident()``), so
+ranges pushed from several threads never close each other's. Their slices go on a track
+``CUDA events (stream <ptr>)`` under ``GPU <id> (<name>)`` for the first thread that times ranges
+on that stream, and ``CUDA events (stream <ptr>, thread <native id>)`` for any other: ranges of two
+threads on one stream can overlap without nesting, which one track could not hold. Pending ranges
+are appended by the timing threads and resolved by the flush thread under a lock.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +59,8 @@ class _Pending:
     stream: int
     device: int
     anchor: tuple[Any, int]
+    thread: int = 0  # ident of the thread that timed it
+    native_id: int = 0
 
 
 class CupyEventTimer:
@@ -69,11 +77,14 @@ class CupyEventTimer:
         self._host_clock = host_clock
         self.dropped = 0
         self._cp = cupy_module()
-        self._stack: list[tuple[str, Any, int, int, tuple[Any, int]]] = []
+        # per thread ident: open ranges (name, begin event, stream ptr, device, anchor)
+        self._stacks: dict[int, list[tuple[str, Any, int, int, tuple[Any, int]]]] = {}
         self._pending: list[_Pending] = []
+        self._lock = threading.Lock()  # pending list, anchor; pops from user threads vs poll
         self._anchor: tuple[Any, int] | None = None
         self._anchor_wall = 0.0
-        self._tracks: dict[tuple[int, int], int] = {}
+        self._tracks: dict[tuple[int, int, int], int] = {}
+        self._stream_owner: dict[tuple[int, int], int] = {}  # first thread on (device, stream)
         self._gpu_tracks: dict[int, int] = {}
         self._em = sess.emitter(clock="monotonic", level=_schema.LEVEL_DETAIL)
 
@@ -82,17 +93,18 @@ class CupyEventTimer:
         return self._cp is not None
 
     def _get_anchor(self) -> tuple[Any, int]:
-        now = time.monotonic()
-        if self._anchor is None or now - self._anchor_wall > self.reanchor_s:
-            ev = self._cp.cuda.Event()
-            ev.record()
-            ev.synchronize()
-            self._anchor = (ev, self._host_clock())
-            self._anchor_wall = now
-        return self._anchor
+        with self._lock:  # one thread renews it; the others use the fresh one
+            now = time.monotonic()
+            if self._anchor is None or now - self._anchor_wall > self.reanchor_s:
+                ev = self._cp.cuda.Event()
+                ev.record()
+                ev.synchronize()
+                self._anchor = (ev, self._host_clock())
+                self._anchor_wall = now
+            return self._anchor
 
     def push(self, name: str) -> None:
-        """Record the begin event of a range on the current stream."""
+        """Record the begin event of a range on the current stream (of the calling thread)."""
         if self._cp is None:
             return
         try:
@@ -101,33 +113,55 @@ class CupyEventTimer:
             stream = cp.cuda.get_current_stream()
             ev = cp.cuda.Event()
             ev.record(stream)
-            self._stack.append((name, ev, int(stream.ptr), int(cp.cuda.Device().id), anchor))
+            entry = (name, ev, int(stream.ptr), int(cp.cuda.Device().id), anchor)
+            ident = threading.get_ident()
+            stack = self._stacks.get(ident)
+            if stack is None:  # only this thread touches its own stack after creation
+                stack = self._stacks.setdefault(ident, [])
+            stack.append(entry)
         except Exception as exc:
             log.debug("stepscope: CUDA event begin failed: %s", exc)
 
     def pop(self) -> None:
-        """Record the end event of the innermost range; resolved later by :meth:`poll`."""
-        if self._cp is None or not self._stack:
+        """Record the end event of the calling thread's innermost range; resolved later by
+        :meth:`poll`. A pop with no open range on this thread is ignored."""
+        if self._cp is None:
             return
-        name, begin, stream_ptr, device, anchor = self._stack.pop()
+        ident = threading.get_ident()
+        stack = self._stacks.get(ident)
+        if not stack:
+            return
+        name, begin, stream_ptr, device, anchor = stack.pop()
+        if not stack:
+            self._stacks.pop(ident, None)  # no entry left behind by finished threads
         try:
             cp = self._cp
             ev = cp.cuda.Event()
             ev.record(cp.cuda.get_current_stream())
-            if len(self._pending) >= self.max_pending:
-                self.dropped += 1
-                return
-            self._pending.append(_Pending(name, begin, ev, stream_ptr, device, anchor))
+            p = _Pending(name, begin, ev, stream_ptr, device, anchor, ident,
+                         threading.get_native_id())  # fmt: skip
+            with self._lock:
+                if len(self._pending) >= self.max_pending:
+                    self.dropped += 1
+                    return
+                self._pending.append(p)
         except Exception as exc:
             log.debug("stepscope: CUDA event end failed: %s", exc)
+
+    def open_ranges(self, ident: int | None = None) -> list[str]:
+        """Names of the ranges open on a thread (default: the caller), outermost first."""
+        stack = self._stacks.get(threading.get_ident() if ident is None else ident, [])
+        return [e[0] for e in stack]
 
     def poll(self) -> int:
         """Emit the ranges whose end event completed; return how many were emitted."""
         if self._cp is None or not self._pending:
             return 0
+        with self._lock:  # take the list; pops from other threads go to a fresh one meanwhile
+            pending, self._pending = self._pending, []
         get_elapsed = self._cp.cuda.get_elapsed_time
         keep, n = [], 0
-        for p in self._pending:
+        for p in pending:
             try:
                 if not p.end.done:
                     keep.append(p)
@@ -139,16 +173,20 @@ class CupyEventTimer:
                 self.dropped += 1
                 continue
             self._em.complete(
-                t0, max(t1 - t0, 0), p.name, self._track(p.device, p.stream), self.category
+                t0, max(t1 - t0, 0), p.name, self._track(p.device, p.stream, p), self.category
             )
             n += 1
-        self._pending = keep
+        if keep:
+            with self._lock:
+                self._pending[:0] = keep
         return n
 
-    def _track(self, device: int, stream: int) -> int:
-        key = (device, stream)
+    def _track(self, device: int, stream: int, p: _Pending) -> int:
+        key = (device, stream, p.thread)
         t = self._tracks.get(key)
         if t is None:
+            owner = self._stream_owner.setdefault((device, stream), p.thread)
+            suffix = "" if owner == p.thread else f", thread {p.native_id}"
             g = self._gpu_tracks.get(device)
             if g is None:
                 name = f"GPU {device}"
@@ -164,7 +202,7 @@ class CupyEventTimer:
                     name, parent=self.sess.process_uuid
                 )
             t = self._tracks[key] = self.sess.new_track(
-                f"{_schema.GPU_RANGE_TRACK_NAME} (stream {stream:#x})", parent=g
+                f"{_schema.GPU_RANGE_TRACK_NAME} (stream {stream:#x}{suffix})", parent=g
             )
         return t
 

@@ -35,18 +35,18 @@ _KERNEL_FIELDS = {
     "grid_y": "grid_y", "grid_z": "grid_z", "block_x": "block_x", "block_y": "block_y",
     "block_z": "block_z", "registers": "registers_per_thread",
     "static_smem": "static_shared_memory", "dynamic_smem": "dynamic_shared_memory",
-    "graph_id": "graph_id",
+    "graph_id": "graph_id", "graph_node_id": "graph_node_id",
 }  # fmt: skip
 _MEMCPY_FIELDS = {
     "start": "start", "end": "end", "device": "device_id", "context": "context_id",
     "stream": "stream_id", "correlation": "correlation_id", "bytes": "bytes",
     "copy_kind": "copy_kind", "src_kind": "src_kind", "dst_kind": "dst_kind",
-    "graph_id": "graph_id",
+    "graph_id": "graph_id", "graph_node_id": "graph_node_id",
 }  # fmt: skip
 _MEMSET_FIELDS = {
     "start": "start", "end": "end", "device": "device_id", "context": "context_id",
     "stream": "stream_id", "correlation": "correlation_id", "bytes": "bytes", "value": "value",
-    "graph_id": "graph_id",
+    "graph_id": "graph_id", "graph_node_id": "graph_node_id",
 }  # fmt: skip
 _SYNC_FIELDS = {
     "start": "start", "end": "end", "context": "context_id", "stream": "stream_id",

@@ -5,6 +5,10 @@ adapter (:mod:`.fixture`). One numpy structured array per record kind keeps a bu
 records in a few contiguous blocks, so the converter works on columns instead of Python objects.
 Kernel names are interned: ``name`` holds an index into :attr:`ActivityBatch.names`.
 
+CUDA graphs: every kernel, memcpy and memset that one ``cudaGraphLaunch`` runs carries that call's
+correlation id, plus a non-zero ``graph_id`` (the graph) and ``graph_node_id`` (its node); work
+launched outside a graph has both at 0.
+
 Classification (for the summaries, HTA's classes): a kernel whose name contains ``nccl`` (any case)
 is *communication*; memcpy/memset are *memory*; every other kernel is *compute*.
 """
@@ -23,20 +27,22 @@ KERNEL_DTYPE = np.dtype(
         ("start", "i8"), ("end", "i8"), ("device", "i4"), ("context", "i4"), ("stream", "i8"),
         ("correlation", "i8"), ("grid_x", "i4"), ("grid_y", "i4"), ("grid_z", "i4"),
         ("block_x", "i4"), ("block_y", "i4"), ("block_z", "i4"), ("registers", "i4"),
-        ("static_smem", "i8"), ("dynamic_smem", "i8"), ("graph_id", "i8"), ("name", "i4"),
+        ("static_smem", "i8"), ("dynamic_smem", "i8"), ("graph_id", "i8"), ("graph_node_id", "i8"),
+        ("name", "i4"),
     ]
 )  # fmt: skip
 MEMCPY_DTYPE = np.dtype(
     [
         ("start", "i8"), ("end", "i8"), ("device", "i4"), ("context", "i4"), ("stream", "i8"),
         ("correlation", "i8"), ("bytes", "i8"), ("copy_kind", "i4"), ("src_kind", "i4"),
-        ("dst_kind", "i4"), ("graph_id", "i8"),
+        ("dst_kind", "i4"), ("graph_id", "i8"), ("graph_node_id", "i8"),
     ]
 )  # fmt: skip
 MEMSET_DTYPE = np.dtype(
     [
         ("start", "i8"), ("end", "i8"), ("device", "i4"), ("context", "i4"), ("stream", "i8"),
         ("correlation", "i8"), ("bytes", "i8"), ("value", "i8"), ("graph_id", "i8"),
+        ("graph_node_id", "i8"),
     ]
 )  # fmt: skip
 SYNC_DTYPE = np.dtype(
@@ -71,9 +77,9 @@ SYNC_TYPE_NAMES = {
 RUNTIME_CBID_NAMES = {
     31: "cudaMemcpy", 41: "cudaMemcpyAsync", 51: "cudaMemsetAsync", 131: "cudaStreamSynchronize",
     135: "cudaEventRecord", 165: "cudaDeviceSynchronize", 211: "cudaLaunchKernel",
-    430: "cudaLaunchKernelExC",
+    311: "cudaGraphLaunch", 312: "cudaGraphLaunch_ptsz", 430: "cudaLaunchKernelExC",
 }  # fmt: skip
-DRIVER_CBID_NAMES = {307: "cuLaunchKernel"}
+DRIVER_CBID_NAMES = {307: "cuLaunchKernel", 514: "cuGraphLaunch", 515: "cuGraphLaunch_ptsz"}
 
 
 def api_name(cbid: int, *, driver: bool, names: dict[int, str] | None = None) -> str:

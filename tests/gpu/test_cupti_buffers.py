@@ -1,0 +1,217 @@
+"""Raw CUPTI activity buffers decoded in bulk (cupti_buffers), on synthetic buffers laid out as
+cupti_activity.h lays records out, and the live tracer's raw path over a stand-in libcupti."""
+
+from __future__ import annotations
+
+import ctypes
+import gzip
+import json
+
+import numpy as np
+import pytest
+from gpu_fakes import (
+    RAW_SIZES,
+    CStrings,
+    FakeLibCupti,
+    FakeRawCupti,
+    encode_buffers,
+    encode_record,
+)
+
+from stepscope.gpu import cupti_buffers as cb
+from stepscope.gpu.cupti_live import CuptiTracer
+from stepscope.gpu.fixture import batch_from_records
+
+T0 = 1_795_341_789_440_000_000
+
+
+@pytest.fixture(scope="module")
+def records(fixture_path):
+    with gzip.open(fixture_path, "rt") as f:
+        return json.load(f)["cupti_records"]
+
+
+def test_layout_offsets_are_those_of_cupti_activity_h():
+    """Byte offsets of CUpti_ActivityKernel5..8, Memcpy4, Memset3, API, Synchronization."""
+    off = {n: cb.RAW_KERNEL.fields[n][1] for n in cb.RAW_KERNEL.names}
+    assert off == {
+        "kind": 0, "registers": 6, "start": 16, "end": 24, "device": 40, "context": 44,
+        "stream": 48, "grid_x": 52, "grid_y": 56, "grid_z": 60, "block_x": 64, "block_y": 68,
+        "block_z": 72, "static_smem": 76, "dynamic_smem": 80, "correlation": 92, "name": 104,
+        "graph_node_id": 144, "graph_id": 156,
+    }  # fmt: skip
+    assert [cb.RAW_MEMCPY.fields[n][1] for n in ("bytes", "correlation", "graph_id")] == [8, 44, 72]
+    assert [cb.RAW_MEMSET.fields[n][1] for n in ("value", "bytes", "graph_node_id")] == [4, 8, 64]
+    assert [cb.RAW_API.fields[n][1] for n in ("cbid", "start", "thread", "correlation")] == [
+        4, 8, 28, 32]  # fmt: skip
+    assert cb.RAW_API.itemsize == cb.RAW_SYNC.itemsize == 40
+    for layout in (cb.RAW_KERNEL, cb.RAW_MEMCPY, cb.RAW_MEMSET, cb.RAW_API, cb.RAW_SYNC):
+        for name in layout.names:  # naturally aligned: one typed view per field works
+            ftype, foff = layout.fields[name][:2]
+            assert foff % ftype.itemsize == 0, name
+
+
+def synthetic():
+    names = CStrings()
+    recs = [
+        {"kind": "RUNTIME", "start": T0, "end": T0 + 900, "correlation_id": 41, "cbid": 211,
+         "process_id": 77, "thread_id": 4242},
+        {"kind": "CONCURRENT_KERNEL", "name": "sgemm", "start": T0 + 2_000, "end": T0 + 9_000,
+         "device_id": 0, "context_id": 1, "stream_id": 13, "correlation_id": 41, "grid_x": 64,
+         "grid_y": 2, "grid_z": 1, "block_x": 256, "block_y": 1, "block_z": 1,
+         "registers_per_thread": 202, "static_shared_memory": 0,
+         "dynamic_shared_memory": 49152, "graph_id": 0, "graph_node_id": 0},
+        {"kind": "MEMCPY", "start": T0 + 9_500, "end": T0 + 10_500, "device_id": 0,
+         "context_id": 1, "stream_id": 14, "correlation_id": 42, "bytes": 1 << 20,
+         "copy_kind": 1, "src_kind": 2, "dst_kind": 3, "graph_id": 3, "graph_node_id": 9},
+        {"kind": "MEMSET", "start": T0 + 11_000, "end": T0 + 11_200, "device_id": 0,
+         "context_id": 1, "stream_id": 14, "correlation_id": 43, "bytes": 4096, "value": 7},
+        {"kind": "SYNCHRONIZATION", "start": T0 + 12_000, "end": T0 + 15_000,
+         "context_id": 1, "stream_id": 0xFFFFFFFF, "correlation_id": 44, "type": 3,
+         "cuda_event_id": 0xFFFFFFFF},
+        {"kind": "CONCURRENT_KERNEL", "name": "relu", "start": T0 + 16_000,
+         "end": T0 + 16_800, "device_id": 0, "context_id": 1, "stream_id": 13,
+         "correlation_id": 45, "grid_x": 132, "grid_y": 1, "grid_z": 1, "block_x": 128,
+         "block_y": 1, "block_z": 1, "registers_per_thread": 16, "static_shared_memory": 1024,
+         "dynamic_shared_memory": 0, "graph_id": 5, "graph_node_id": 12},
+        {"kind": "DRIVER", "start": T0 + 1_000, "end": T0 + 1_500, "correlation_id": 46,
+         "cbid": 307, "process_id": 77, "thread_id": 4242},
+    ]  # fmt: skip
+    data = b"".join(encode_record(r, names) for r in recs)
+    return names, recs, data
+
+
+def test_decode_a_synthetic_buffer_field_by_field():
+    names, recs, data = synthetic()
+    assert len(data) == 40 + 200 + 88 + 88 + 48 + 200 + 40
+    sizes = cb.RecordSizes(known=dict(RAW_SIZES))
+    b = cb.decode_buffers([cb.RawBuffer(data, len(data))], sizes)
+    k = b.kernels
+    assert b.kernel_names().tolist() == ["sgemm", "relu"]
+    assert k["start"].tolist() == [T0 + 2_000, T0 + 16_000]
+    assert k["end"].tolist() == [T0 + 9_000, T0 + 16_800]
+    assert (k["grid_x"].tolist(), k["grid_y"].tolist()) == ([64, 132], [2, 1])
+    assert (k["block_x"].tolist(), k["registers"].tolist()) == ([256, 128], [202, 16])
+    assert (k["static_smem"].tolist(), k["dynamic_smem"].tolist()) == ([0, 1024], [49152, 0])
+    assert k["stream"].tolist() == [13, 13] and k["correlation"].tolist() == [41, 45]
+    assert (k["graph_id"].tolist(), k["graph_node_id"].tolist()) == ([0, 5], [0, 12])
+    (m,) = b.memcpys.tolist()
+    assert m == (T0 + 9_500, T0 + 10_500, 0, 1, 14, 42, 1 << 20, 1, 2, 3, 3, 9)
+    (s,) = b.memsets.tolist()
+    assert s == (T0 + 11_000, T0 + 11_200, 0, 1, 14, 43, 4096, 7, 0, 0)
+    (y,) = b.syncs.tolist()
+    assert y == (T0 + 12_000, T0 + 15_000, 1, 0xFFFFFFFF, 44, 3, 0xFFFFFFFF)
+    assert b.runtime.tolist() == [(T0, T0 + 900, 41, 211, 77, 4242)]
+    assert b.driver.tolist() == [(T0 + 1_000, T0 + 1_500, 46, 307, 77, 4242)]
+    assert b.dropped == 0
+
+
+def test_record_sizes_are_learnt_from_cupti_once_per_kind():
+    names, recs, data = synthetic()
+    lib = FakeLibCupti([])
+    raw = cb.RawActivityBuffers(lib)  # its learner calls the lib's cuptiActivityGetNextRecord
+    buf = (ctypes.c_uint64 * (len(data) // 8))()
+    ctypes.memmove(buf, data, len(data))
+    b = cb.decode_buffers([cb.RawBuffer(buf, len(data))], raw.sizes)
+    assert b.kernel_names().tolist() == ["sgemm", "relu"]
+    assert b.runtime["cbid"].tolist() == [211] and b.driver["cbid"].tolist() == [307]
+    # one call per kind, none for the 2nd kernel; the DRIVER record is last, so the distance to
+    # the buffer's end is used but not kept
+    assert lib.next_record_calls == 6
+    assert raw.sizes.known == {5: 40, 10: 200, 1: 88, 2: 88, 38: 48}
+
+
+def test_an_unknown_kind_stops_the_walk_and_counts_the_rest():
+    names, recs, data = synthetic()
+    bad = (99).to_bytes(4, "little") + bytes(36)
+    data = data[:328] + bad + data[328:]  # after RUNTIME, kernel, memcpy
+    sizes = cb.RecordSizes(known=dict(RAW_SIZES))  # no learner: 99 cannot be stepped over
+    b = cb.decode_buffers([cb.RawBuffer(data, len(data))], sizes)
+    assert (b.runtime.size, b.kernels.size, b.memcpys.size, b.memsets.size) == (1, 1, 1, 0)
+    assert b.dropped == (len(data) - 328) // 40  # estimated at the smallest record size
+
+
+def test_a_kind_smaller_than_its_prefix_is_dropped_not_misread():
+    names, recs, data = synthetic()
+    sizes = dict(RAW_SIZES)
+    (memcpy,) = [r for r in recs if r["kind"] == "MEMCPY"]
+    sizes[1] = 72  # an older memcpy record ending before graphId
+    data = encode_record(memcpy, names)[:72] * 3
+    b = cb.decode_buffers([cb.RawBuffer(data, len(data))], cb.RecordSizes(known=sizes),
+                          dropped=5)  # fmt: skip
+    assert b.memcpys.size == 0 and b.dropped == 5 + 3
+
+
+def test_raw_decoding_matches_the_per_record_adapter_on_the_fixture(records):
+    """Every real record of the H100 fixture, packed as CUPTI packs it, decodes to the batch
+    the fixture adapter builds from the same records (all kinds, all fields)."""
+    names = CStrings()
+    bufs = [cb.RawBuffer(d, len(d)) for d, _ in encode_buffers(records, names, per_buffer=3000)]
+    got = cb.decode_buffers(bufs, cb.RecordSizes(known=dict(RAW_SIZES)))
+    want = batch_from_records(records, api="all")
+    for attr in ("kernels", "memcpys", "memsets", "syncs", "runtime", "driver"):
+        g, w = getattr(got, attr), getattr(want, attr)
+        assert g.size == w.size, attr
+        for col in w.dtype.names:
+            if col != "name":
+                np.testing.assert_array_equal(g[col], w[col], err_msg=f"{attr}.{col}")
+    assert got.kernel_names().tolist() == want.kernel_names().tolist()
+    assert (got.kernels.size, got.runtime.size, got.driver.size) == (545, 4443, 3315)
+
+
+def test_buffer_callbacks_hand_out_bounded_buffers_and_keep_completed_ones():
+    names, recs, data = synthetic()
+    lib = FakeLibCupti([(data, len(recs))] * 3)
+    raw = cb.RawActivityBuffers(lib, buffer_bytes=4096, max_buffers=2)
+    raw.register()
+    lib.flush()
+    assert raw.refused == 1 and lib.dropped == len(recs)  # the 3rd buffer: none left
+    b = raw.decode()
+    assert b.kernels.size == 4 and b.names == ["sgemm", "relu"]
+    # decoded buffers go back to the pool: the next window reuses them, allocates none
+    lib.buffers = [(data, len(recs))]
+    lib.flush()
+    assert raw._allocated == 2 and raw.decode().memcpys.size == 1
+
+
+def test_loaded_libcupti_path_reads_the_process_maps(tmp_path):
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f00-7f10 r-xp 00000000 08:01 1 /usr/lib/libc.so.6\n"
+        "7f20-7f30 r-xp 00000000 08:01 2 /venv/nvidia/cu13/lib/libcupti.so.13\n"
+    )
+    assert cb.loaded_libcupti_path(str(maps)) == "/venv/nvidia/cu13/lib/libcupti.so.13"
+    maps.write_text("7f00-7f10 r-xp 00000000 08:01 1 /usr/lib/libc.so.6\n")
+    assert cb.loaded_libcupti_path(str(maps)) is None
+    assert cb.loaded_libcupti_path(str(tmp_path / "absent")) is None
+
+
+def test_the_tracer_takes_the_raw_path_when_it_can(records):
+    names = CStrings()
+    lib = FakeLibCupti(encode_buffers(records, names, per_buffer=3000))
+    fake = FakeRawCupti(records, lib, dropped=2)
+    tracer = CuptiTracer(
+        cupti_module=fake, raw_buffers=lambda **kw: cb.RawActivityBuffers(lib, **kw)
+    )
+    assert tracer.start() and tracer.path == "raw"
+    batch = tracer.stop()
+    want = batch_from_records(records, api="correlated")  # launch/copy/set/wait calls only
+    for attr in ("kernels", "memcpys", "memsets", "syncs", "runtime", "driver"):
+        np.testing.assert_array_equal(
+            np.sort(getattr(batch, attr), order="correlation"),
+            np.sort(getattr(want, attr), order="correlation"), err_msg=attr,
+        )  # fmt: skip
+    assert batch.dropped == 2
+
+
+def test_the_tracer_falls_back_to_records_when_the_raw_path_fails(records):
+    from gpu_fakes import FakeCupti
+
+    def broken(**kw):
+        raise OSError("libcupti.so: cannot open shared object file")
+
+    tracer = CuptiTracer(cupti_module=FakeCupti(records), raw_buffers=broken)
+    assert tracer.start() and tracer.path == "records"
+    assert tracer.stop().kernels.size == 545
+    tracer = CuptiTracer(cupti_module=FakeCupti(records), raw_buffers=lambda **kw: None)
+    assert tracer.start() and tracer.path == "records"

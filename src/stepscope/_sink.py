@@ -20,6 +20,7 @@ from ._recorder import BEGIN, END, blobs, warn_once
 _PREFIX_FLAGS = w.f_varint(w.PKT_SEQUENCE_FLAGS, w.SEQ_NEEDS_INCREMENTAL_STATE)
 MAIN_SEQUENCE = 1
 COMPRESS_CHUNK = 1 << 20  # raw bytes per compressed_packets batch (one encoded batch may be more)
+_BLOB_DEPTH = {BEGIN: 1, END: -1}  # default-track depth change of a blob event, by kind
 
 
 class SequenceState:
@@ -134,10 +135,9 @@ class Sink:
             kind = np.where(is_blob, -1, codes & 3)
             dd = (kind == BEGIN).astype(np.int64) - (kind == END)
             if is_blob.any():
-                for i in np.nonzero(is_blob)[0]:
-                    b = blobs.get(int(-codes[i]))
-                    if b is not None and b.track is None and b.kind in (BEGIN, END):
-                        dd[i] = 1 if b.kind == BEGIN else -1
+                bi = np.nonzero(is_blob)[0]
+                dd[bi] = [_BLOB_DEPTH.get(b.kind, 0) if b is not None and b.track is None else 0
+                          for b in map(blobs.get, (-codes[bi]).tolist())]
             if dd.any():
                 dropped, seq.depth = unmatched_ends(dd, seq.depth)
                 if dropped.any():
@@ -168,15 +168,15 @@ class Sink:
             templates.extend(seq.fast_template(int(c)) for c in uniq)
             tidx[fast] = inv
         if is_blob.any():
-            base = len(templates)
-            for j, i in enumerate(np.nonzero(is_blob)[0]):
-                b = blobs.get(int(-codes[i]))
+            bi = np.nonzero(is_blob)[0]
+            tidx[bi] = np.arange(len(templates), len(templates) + len(bi))
+            prefix, interner = seq.prefix, seq.interner
+            for b in map(blobs.get, (-codes[bi]).tolist()):
                 try:
-                    body = blob_event(seq.interner, b) if b is not None else b""
+                    body = blob_event(interner, b) if b is not None else b""
                 except Exception:  # a value that cannot be encoded: an empty packet, not a
                     body = b""  # corrupt or lost file
-                templates.append(seq.prefix + body)
-                tidx[i] = base + j
+                templates.append(prefix + body)
         interned = seq.interner.take_pending()
         if interned:  # definitions ride on the batch's first packet
             templates.append(interned + templates[tidx[0]])

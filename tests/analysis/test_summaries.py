@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sqlite3
 import sys
 from importlib import resources
 
@@ -384,6 +385,23 @@ def test_shared_base_gives_the_same_tables_and_cleans_up():
         assert base is None
     assert db.query("SELECT name FROM sqlite_temp_master") == [{"name": "ss_frame"}]
     assert S.all_tables(db)["model"].rows == S.table(db, "model").rows
+
+
+def test_shared_base_keys_slices_by_id_and_orders_the_overview_window():
+    db = scenario()
+    with S.shared_base(db, S.Filters()) as base:
+        plan = db.query("EXPLAIN QUERY PLAN SELECT ts FROM ss_slice WHERE id = 3")
+        assert ["INTEGER PRIMARY KEY" in r["detail"] for r in plan] == [True]
+        sql = "EXPLAIN QUERY PLAN " + S.render("overview", base=base)
+        plan = [r["detail"] for r in db.query(sql)]
+        # the union window reads (kind_id, upid, ts, end_ts) in index order: the one sort left
+        # is the final ORDER BY of the kinds
+        assert any("COVERING INDEX ss_slice_ix0" in d for d in plan)
+        assert sum("TEMP B-TREE FOR ORDER BY" in d for d in plan) == 1
+    conn = db.conn  # a repeated id: the keyed table is refused and removed
+    with pytest.raises(sqlite3.IntegrityError):
+        S._create_temp(conn, "dup", "SELECT 1 AS id, 2 AS x UNION ALL SELECT 1, 3", keyed=True)
+    assert db.query("SELECT name FROM sqlite_temp_master") == []
 
 
 def test_bad_input_is_explained(db):

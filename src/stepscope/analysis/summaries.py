@@ -207,8 +207,10 @@ def shared_base(db: Any, filters: Filters):
                     sql = f"WITH RECURSIVE {name}{cols} AS ({body}) SELECT * FROM {name}"
                 else:
                     sql = body
-                conn.execute(f"CREATE TEMP TABLE {name} AS {sql}")
+                _create_temp(conn, name, sql, keyed=name in _KEYED_BASE)
                 made.append(name)
+                for i, cols in enumerate(_BASE_INDEXES.get(name, ())):
+                    conn.execute(f"CREATE INDEX temp.{name}_ix{i} ON {name}({cols})")
             base = _SHARED_BASE
         except sqlite3.Error:
             _drop(conn, made)
@@ -218,6 +220,35 @@ def shared_base(db: Any, filters: Filters):
     finally:
         if made:
             _drop(conn, made)
+
+
+# Base tables looked up by their ``id`` (slice.id: unique, never NULL) in the table queries:
+# stored with ``id`` as the rowid, so those lookups need no index built per query.
+_KEYED_BASE = frozenset({"ss_slice", "ss_device"})
+# Indexes on base tables: the union window of the overview reads its rows in this order
+# (no sort), and the tables that want a few kinds of slices read just those.
+_BASE_INDEXES = {"ss_slice": ("kind_id, upid, ts, end_ts",)}
+
+
+def _create_temp(conn: sqlite3.Connection, name: str, sql: str, keyed: bool) -> None:
+    """``CREATE TEMP TABLE name AS sql``; ``keyed``: the same columns and declared types, with
+    ``id`` as INTEGER PRIMARY KEY (a repeated id fails: shared_base then falls back)."""
+    if not keyed:
+        conn.execute(f"CREATE TEMP TABLE {name} AS {sql}")
+        return
+    conn.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM ({sql}) LIMIT 0")
+    info = conn.execute(f"PRAGMA temp.table_info({name})").fetchall()
+    conn.execute(f"DROP TABLE temp.{name}")
+    if "id" not in [c[1] for c in info]:
+        raise sqlite3.OperationalError(f"{name} has no id column")
+    cols = ", ".join(f'"{c[1]}" INTEGER PRIMARY KEY' if c[1] == "id" else f'"{c[1]}" {c[2]}'
+                     for c in info)
+    conn.execute(f"CREATE TEMP TABLE {name}({cols})")
+    try:
+        conn.execute(f"INSERT INTO temp.{name} SELECT * FROM ({sql})")
+    except sqlite3.Error:
+        _drop(conn, [name])
+        raise
 
 
 def _drop(conn: sqlite3.Connection, names: list[str]) -> None:

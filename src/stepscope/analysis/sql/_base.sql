@@ -98,10 +98,10 @@ ss_step_all AS (
                   CAST(substr(s.name, 6) AS INTEGER)) AS step,
          COALESCE(n.int_value, n.real_value) AS num_samples
   FROM slice s
-  JOIN ss_track_sel ti ON ti.track_id = s.track_id
+  CROSS JOIN ss_track_sel ti  -- slices in id order, each track looked up (no per-track scans)
   LEFT JOIN args a ON a.arg_set_id = s.arg_set_id AND a.key = 'debug.step'
   LEFT JOIN args n ON n.arg_set_id = s.arg_set_id AND n.key = 'debug.num_samples'
-  WHERE s.category = 'step' AND s.dur >= 0
+  WHERE ti.track_id = s.track_id AND s.category = 'step' AND s.dur >= 0
 ),
 ss_step AS (
   SELECT * FROM ss_step_all WHERE ({{step_filter}})
@@ -132,8 +132,8 @@ ss_slice AS (
          CASE WHEN s.category IN ('kernel', 'communication', 'memcpy', 'memset')
               THEN 1 ELSE 0 END AS is_device
   FROM slice s
-  JOIN ss_track_sel ti ON ti.track_id = s.track_id
-  WHERE s.dur >= 0 AND ({{thread_filter}}) AND ({{window_filter}})
+  CROSS JOIN ss_track_sel ti  -- slices in id order, each track looked up (no per-track scans)
+  WHERE ti.track_id = s.track_id AND s.dur >= 0 AND ({{thread_filter}}) AND ({{window_filter}})
 ),
 ss_frame AS (
   SELECT upid, ts, end_ts FROM ss_step
@@ -146,7 +146,7 @@ ss_frame AS (
   GROUP BY upid
 ),
 ss_device AS (
-  SELECT * FROM ss_slice WHERE is_device = 1
+  SELECT * FROM ss_slice WHERE kind_id BETWEEN 9 AND 12  -- is_device = 1, by kind
 ),
 ss_totals AS (
   SELECT SUM(CASE WHEN g = 0 THEN len ELSE 0 END) AS frame_ns,

@@ -24,9 +24,10 @@ md_phase AS (
   SELECT s.id, s.upid, s.ts, s.end_ts, s.dur,
          CASE WHEN s.category = 'dataloader' THEN 'Dataloader' ELSE s.name END AS phase
   FROM ss_slice s
-  WHERE s.category = 'phase'
-     OR (s.category = 'dataloader' AND NOT EXISTS (
-           SELECT 1 FROM slice p WHERE p.id = s.parent_id AND p.category = 'phase'))
+  WHERE s.kind_id BETWEEN 1 AND 5  -- kinds of 'phase' and 'dataloader' slices
+    AND (s.category = 'phase'
+         OR (s.category = 'dataloader' AND NOT EXISTS (
+           SELECT 1 FROM slice p WHERE p.id = s.parent_id AND p.category = 'phase')))
 ),
 md_dev AS (
   SELECT d.id, d.upid, d.ts, d.dur, d.end_ts, COALESCE(l.ts, d.ts) AS launch_ts
@@ -36,17 +37,18 @@ md_dev AS (
 ),
 md_seq AS (
   SELECT upid, ts AS t, 0 AS ord, id, ts, end_ts, dur,
-         ROW_NUMBER() OVER (PARTITION BY upid ORDER BY ts, id) AS sseq, NULL AS pseq
+         ROW_NUMBER() OVER (PARTITION BY upid ORDER BY ts, id) AS sseq, NULL AS pseq,
+         NULL AS phase
   FROM ss_step
   UNION ALL
   SELECT upid, ts, 1, id, ts, end_ts, dur, NULL,
-         ROW_NUMBER() OVER (PARTITION BY upid ORDER BY ts, id)
+         ROW_NUMBER() OVER (PARTITION BY upid ORDER BY ts, id), phase
   FROM md_phase
   UNION ALL
-  SELECT upid, launch_ts, 2, id, ts, end_ts, dur, NULL, NULL FROM md_dev
+  SELECT upid, launch_ts, 2, id, ts, end_ts, dur, NULL, NULL, NULL FROM md_dev
 ),
 md_carry AS (
-  SELECT upid, t, ord, id, ts, end_ts, dur, sseq, pseq,
+  SELECT upid, t, ord, id, ts, end_ts, dur, sseq, pseq, phase,
          MAX(sseq) OVER (PARTITION BY upid ORDER BY t, ord ROWS UNBOUNDED PRECEDING) AS cur_s,
          MAX(pseq) OVER (PARTITION BY upid ORDER BY t, ord ROWS UNBOUNDED PRECEDING) AS cur_p
   FROM md_seq
@@ -55,9 +57,7 @@ md_steps AS (
   SELECT upid, sseq, id AS step_id, ts, end_ts, dur FROM md_carry WHERE ord = 0
 ),
 md_phases AS (
-  SELECT c.upid, c.pseq, c.id AS phase_id, ph.phase, c.ts, c.end_ts, c.dur, c.cur_s
-  FROM md_carry c JOIN md_phase ph ON ph.id = c.id
-  WHERE c.ord = 1
+  SELECT upid, pseq, id AS phase_id, phase, ts, end_ts, dur, cur_s FROM md_carry WHERE ord = 1
 ),
 md_dev_attr AS (
   SELECT d.id AS dev_id, d.upid, d.ts, d.end_ts, mp.phase_id, ms.step_id

@@ -31,11 +31,6 @@ op_range AS (
   LEFT JOIN thread th ON th.utid = s.utid
   WHERE s.kind_id = 6  -- User ranges
 ),
-op_child AS (
-  SELECT parent_id AS id, SUM(dur) AS child_ns FROM slice
-  WHERE dur >= 0 AND parent_id IN (SELECT id FROM op_range)
-  GROUP BY parent_id
-),
 op_launch AS (
   SELECT d.id AS dev_id, d.ts, d.end_ts, l.ts AS launch_ts, li.utid
   FROM ss_device d
@@ -64,8 +59,9 @@ op_walk(start_id, anc_id, hops) AS (
   WHERE s.parent_id IS NOT NULL AND w.hops < 256
 ),
 op_hit AS (
-  SELECT w.start_id, r.id AS range_id, r.ts + r.dur AS range_end
-  FROM op_walk w JOIN op_range r ON r.id = w.anc_id
+  SELECT w.start_id, r.id AS range_id, r.end_ts AS range_end
+  FROM op_walk w JOIN ss_slice r ON r.id = w.anc_id
+  WHERE r.kind_id = 6
 ),
 op_range_gpu AS (
   SELECT range_id, SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) AS ns FROM (
@@ -78,16 +74,26 @@ op_range_gpu AS (
     )
   ) GROUP BY range_id
 ),
+-- op_self and op_gpu key their rows as op_range does, reading ss_slice by id: op_range is
+-- read once (by op_stats), so the engine need not store its rows
 op_self AS (  -- per row: the durations of the direct children of its ranges
-  SELECT r.name, r.rank, r.tid, r.thread_name, SUM(c.child_ns) AS child_ns
-  FROM op_child c JOIN op_range r ON r.id = c.id
-  GROUP BY r.name, r.rank, r.tid, r.thread_name
+  SELECT name, rank, tid, thread_name, SUM(child_ns) AS child_ns FROM (
+    SELECT s.name, {{op_rank}} AS rank, {{op_tid}} AS tid, {{op_thread}} AS thread_name,
+           c.dur AS child_ns
+    FROM slice c CROSS JOIN ss_slice s  -- each child first, then its parent by id
+    LEFT JOIN ss_process p ON p.upid = s.upid
+    LEFT JOIN thread th ON th.utid = s.utid
+    WHERE s.id = c.parent_id AND s.kind_id = 6 AND c.dur >= 0
+  ) GROUP BY name, rank, tid, thread_name
 ),
 op_gpu AS (  -- per row: the ranges with device work, their GPU time
-  SELECT r.name, r.rank, r.tid, r.thread_name, COUNT(*) AS ranges, SUM(g.ns) AS ns,
-         MAX(g.ns) AS max_ns, MIN(g.ns) AS min_ns
-  FROM op_range_gpu g JOIN op_range r ON r.id = g.range_id
-  GROUP BY r.name, r.rank, r.tid, r.thread_name
+  SELECT name, rank, tid, thread_name, COUNT(*) AS ranges, SUM(ns) AS ns,
+         MAX(ns) AS max_ns, MIN(ns) AS min_ns FROM (
+    SELECT s.name, {{op_rank}} AS rank, {{op_tid}} AS tid, {{op_thread}} AS thread_name, g.ns
+    FROM op_range_gpu g JOIN ss_slice s ON s.id = g.range_id
+    LEFT JOIN ss_process p ON p.upid = s.upid
+    LEFT JOIN thread th ON th.utid = s.utid
+  ) GROUP BY name, rank, tid, thread_name
 ),
 op_stats AS (
   SELECT name, rank, tid, thread_name, COUNT(*) AS calls,

@@ -8,22 +8,27 @@
 --   ratio      total_ns / frame time, where frame time is the same union taken over ss_frame
 --              (the selected steps; a rank without steps: its whole span): ss_totals.frame_ns.
 {{base}},
+-- the window reads only (kind_id, upid, ts, end_ts): the embedded engine has them in one index
 ov_len AS (
-  SELECT kind_id, cnt, MAX(0, end_ts - MAX(ts, COALESCE(m, ts))) AS len FROM (
+  SELECT kind_id, MAX(0, end_ts - MAX(ts, COALESCE(m, ts))) AS len FROM (
     SELECT kind_id, ts, end_ts,
-           CASE WHEN category = 'dataloader' AND EXISTS (
-                  SELECT 1 FROM slice p WHERE p.id = ss_slice.parent_id
-                  AND p.category = 'phase' AND p.name = 'Dataloader')
-                THEN 0 ELSE 1 END AS cnt,
            MAX(end_ts) OVER (PARTITION BY kind_id, upid ORDER BY ts
                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
     FROM ss_slice WHERE kind_id IS NOT NULL
   )
 ),
 ov_union AS (
-  SELECT kind_id, SUM(len) AS total_ns, SUM(cnt) AS calls FROM ov_len GROUP BY kind_id
+  SELECT kind_id, SUM(len) AS total_ns, COUNT(*) AS calls FROM ov_len GROUP BY kind_id
+),
+ov_nested_dl AS (  -- dataloader waits directly inside a 'Dataloader' phase (kind 1): no call
+  SELECT COUNT(*) AS n FROM ss_slice s
+  WHERE s.kind_id = 1 AND s.category = 'dataloader' AND EXISTS (
+    SELECT 1 FROM slice p WHERE p.id = s.parent_id
+    AND p.category = 'phase' AND p.name = 'Dataloader')
 )
-SELECT k.kind, u.calls, u.total_ns,
+SELECT k.kind,
+       u.calls - CASE WHEN u.kind_id = 1 THEN (SELECT n FROM ov_nested_dl) ELSE 0 END AS calls,
+       u.total_ns,
        CAST(u.total_ns AS REAL) / NULLIF((SELECT frame_ns FROM ss_totals), 0) AS ratio
 FROM ov_union u JOIN ss_kind k ON k.kind_id = u.kind_id
 ORDER BY u.kind_id

@@ -10,7 +10,7 @@
 {{base}},
 st_reader AS (
   SELECT upid, ts, end_ts FROM ss_slice
-  WHERE category = 'dataloader' OR (category = 'phase' AND name = 'Dataloader')
+  WHERE kind_id = 1  -- category 'dataloader', or a 'phase' named 'Dataloader'
 ),
 st_seq AS (
   SELECT upid, ts AS t, 0 AS ord, id, ts, end_ts,

@@ -89,13 +89,7 @@ def test_a_failing_cupti_switches_off_cleanly(records, caplog):
 
 @pytest.mark.gpu
 def test_real_cupti_records_a_cupy_kernel():
-    cp = pytest.importorskip("cupy")
-    pytest.importorskip("cupti")
-    try:
-        if cp.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no GPU")
-    except Exception:
-        pytest.skip("no GPU")
+    cp = _cupy_on_a_gpu()
     tracer = CuptiTracer()
     assert tracer.start()
     x = cp.arange(1 << 20, dtype=cp.float32)

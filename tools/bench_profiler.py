@@ -5,8 +5,8 @@
 Runs ``examples/train_mlp.py``'s ``train_step`` (numpy MLP, batch 128, one BLAS thread) over
 in-memory batches through each mode, in interleaved rounds so drift and noise hit every mode
 alike, and prints per-step time and the overhead ratio against ``off`` (best round and median of
-rounds), the profiler's per-call costs, and the host sampler's CPU cost. Targets: timer_only and
-summary <= 1% of step time, detail <= 3%.
+rounds), the profiler's per-call costs, the host sampler's CPU cost and the CPU of an idle session
+(the writer's periodic wakes). Targets: timer_only and summary <= 1% of step time, detail <= 3%.
 
 Modes: ``off`` (no profiler; the example's ``stepscope.annotate`` ranges are inert),
 ``timer_only`` (step timer + data-loader wrapper), ``summary`` (steps, phases, loader waits, host
@@ -28,6 +28,7 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -142,26 +143,49 @@ def per_step_cost(mode: str, out: str, n: int = 3000) -> tuple[float, float]:
 
 
 def per_call_costs(out: str, n: int = 20000) -> dict[str, float]:
-    """Microseconds per profiler call on an empty step (summary level), writer included."""
+    """Microseconds per profiler call on an empty step (summary level), writer included: each
+    loop ends with a flush of its own events, so no loop pays for another's backlog."""
     prof = Profiler(out, schedule=None, host_metrics=False, report=False, use_env=False,
                     run_id="calls")
     prof.start()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        prof.step()
-    t_step = (time.perf_counter() - t0) / n
-    t0 = time.perf_counter()
-    for _ in range(n):
-        with prof.phase("Forward"):
+
+    def timed(loop: Callable[[], None]) -> float:
+        prof._sess.flush()  # noqa: SLF001
+        t0 = time.perf_counter()
+        loop()
+        prof._sess.flush()  # noqa: SLF001
+        return (time.perf_counter() - t0) / n * 1e6
+
+    def steps() -> None:
+        for _ in range(n):
+            prof.step()
+
+    def phases() -> None:
+        for _ in range(n):
+            with prof.phase("Forward"):
+                pass
+
+    def loader() -> None:
+        for _ in prof.dataloader(range(n)):
             pass
-    t_phase = (time.perf_counter() - t0) / n
-    data = list(range(n))
-    t0 = time.perf_counter()
-    for _ in prof.dataloader(data):
-        pass
-    t_loader = (time.perf_counter() - t0) / n
+
+    costs = {"step()": timed(steps), "phase()": timed(phases), "dataloader next": timed(loader)}
     prof.stop()
-    return {"step()": t_step * 1e6, "phase()": t_phase * 1e6, "dataloader next": t_loader * 1e6}
+    return costs
+
+
+def idle_cost(out: str, seconds: float = 2.0) -> float:
+    """Process CPU microseconds per second of a summary session with nothing to record: the
+    writer's periodic wakes and flushes (not in 1), which times one flush of known steps)."""
+    prof = Profiler(out, run_id=f"idle-{time.perf_counter_ns()}", schedule=None,
+                    host_metrics=False, report=False, use_env=False)
+    prof.start()
+    time.sleep(0.2)
+    c0, t0 = time.process_time(), time.perf_counter()
+    time.sleep(seconds)
+    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    prof.stop()
+    return cpu / wall * 1e6
 
 
 def sampler_cost(n: int = 50) -> tuple[float, float]:
@@ -199,7 +223,8 @@ def main() -> int:
                 wall[mode].append(w)
                 cpu[mode].append(c)
         calls = per_call_costs(out)
-        costs = {m: min((per_step_cost(m, out) for _ in range(3)), key=sum) for m in MODES[1:]}
+        costs = {m: min((per_step_cost(m, out) for _ in range(5)), key=sum) for m in MODES[1:]}
+        idle = idle_cost(out)
     us_sample, pct = sampler_cost()
 
     step_cpu = min(cpu["off"])  # the example's step, CPU seconds
@@ -237,6 +262,8 @@ def main() -> int:
         print(f"  {name:<16} {us:7.2f} us  ({us / (best_off * 1e6) * 100:.3f}% of a step)")
     print(f"\nhost sampler: {us_sample:.0f} us CPU per sample = {pct:.3f}% of one core at the "
           f"default 0.5 s interval")
+    print(f"idle session (writer wakes and flushes, nothing recorded): {idle:.0f} us CPU per s "
+          f"= {idle / 1e4:.3f}% of one core")
     return 0
 
 

@@ -150,7 +150,8 @@ def _bind_class(cls: type, begin) -> None:
     elif _forward:
         cls.__enter__, cls.__exit__ = _Range._enter_forwarding, _Range._exit_forwarding
     else:
-        cls.__enter__, cls.__exit__ = begin, _Range._exit
+        # staticmethod: a partial (the pure-Python chain) binds like a method from Python 3.14
+        cls.__enter__, cls.__exit__ = staticmethod(begin), _Range._exit
 
 
 def _on_state(on: bool, detail: bool) -> None:

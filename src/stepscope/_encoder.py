@@ -179,12 +179,27 @@ class Interner:
         return data
 
 
+_varint = w.varint
+_DA_TAG = w.tag(w.TE_DEBUG_ANNOTATIONS, w.LEN)
+_DA_NAME_IID_TAG = w.tag(w.DA_NAME_IID, w.VARINT)
+_DA_INT_TAG = w.tag(w.DA_INT, w.VARINT)
+_DA_DOUBLE_TAG = w.tag(w.DA_DOUBLE, w.FIXED64)
+_pack_d = struct.Struct("<d").pack
+_INT64_MIN, _INT64_END = -(1 << 63), 1 << 63
+
+
 def debug_value(interner: Interner, value, depth: int = 0) -> bytes:
     """The value part of a DebugAnnotation: typed, nested for dicts and lists."""
+    t = type(value)
+    if t is int:  # the common cases first: step numbers, sizes, GPU launch parameters
+        if _INT64_MIN <= value < _INT64_END:
+            return _DA_INT_TAG + _varint(value)
+    elif t is float:
+        return _DA_DOUBLE_TAG + _pack_d(value)
     if isinstance(value, bool):
         return w.f_bool(w.DA_BOOL, value)
     if isinstance(value, int):
-        if -(1 << 63) <= value < (1 << 63):
+        if _INT64_MIN <= value < _INT64_END:
             return w.f_varint(w.DA_INT, value)
         if 0 <= value < (1 << 64):
             return w.f_varint(w.DA_UINT, value)
@@ -213,34 +228,57 @@ def debug_value(interner: Interner, value, depth: int = 0) -> bytes:
     return w.f_str(w.DA_STRING, text[:4096])
 
 
-_SCALARS = (int, float, str, bool)
+_SCALARS = frozenset((int, float, str, bool))
 ARG_CACHE_SIZE = 8192
 
 
 def debug_annotations(interner: Interner, args: dict) -> bytes:
-    """Encoded ``debug_annotations`` fields; scalar (name, value) pairs are cached per sequence,
-    since GPU records repeat the same grid/block/register values for every kernel of a name."""
+    """Encoded ``debug_annotations`` fields.
+
+    Other scalar (name, value) pairs are cached per sequence, since GPU records repeat the same
+    grid/block/register values for every kernel of a name. Ints are encoded from a cached name
+    prefix instead: as cheap as a cache hit, and ever-new values (step numbers, byte counts)
+    neither miss nor evict. Bytes are concatenated, not joined: cheaper for a few args.
+    """
     cache = interner.arg_cache
-    out = []
+    out = b""
     for k, v in args.items():
-        key = (k, type(v), v) if type(v) in _SCALARS else None
-        data = cache.get(key) if key is not None else None
-        if data is None:
-            data = w.f_bytes(w.TE_DEBUG_ANNOTATIONS,
-                             w.f_varint(w.DA_NAME_IID, interner.arg_name(str(k)))
-                             + debug_value(interner, v))
-            if key is not None:
+        t = type(v)
+        if t is int and _INT64_MIN <= v < _INT64_END:
+            head = cache.get((k,))
+            if head is None:
+                head = cache[(k,)] = (_DA_NAME_IID_TAG + _varint(interner.arg_name(str(k)))
+                                      + _DA_INT_TAG)
+            body = head + _varint(v)
+            out += _DA_TAG + _varint(len(body)) + body
+            continue
+        if t in _SCALARS:
+            key = (k, t, v)
+            data = cache.get(key)
+            if data is None:
+                data = _annotation(interner, k, v)
                 if len(cache) >= ARG_CACHE_SIZE:
                     cache.clear()
                 cache[key] = data
-        out.append(data)
-    return b"".join(out)
+        else:
+            data = _annotation(interner, k, v)
+        out += data
+    return out
+
+
+def _annotation(interner: Interner, k, v) -> bytes:
+    """One ``debug_annotations`` field: interned name, typed value."""
+    body = _DA_NAME_IID_TAG + _varint(interner.arg_name(str(k))) + debug_value(interner, v)
+    return _DA_TAG + _varint(len(body)) + body
 
 
 HEAD_CACHE_SIZE = 65536
 _TE_TAG = w.tag(w.PKT_TRACK_EVENT, w.LEN)
 _FLOW_TAG = w.tag(w.TE_FLOW_IDS, w.FIXED64)
 _TFLOW_TAG = w.tag(w.TE_TERMINATING_FLOW_IDS, w.FIXED64)
+_NAME_TAG = w.tag(w.TE_NAME, w.LEN)
+_COUNTER_TAG = w.tag(w.TE_COUNTER_VALUE, w.VARINT)
+_DOUBLE_COUNTER_TAG = w.tag(w.TE_DOUBLE_COUNTER_VALUE, w.FIXED64)
 _pack_q = struct.Struct("<Q").pack
 
 
@@ -250,46 +288,71 @@ def track_event(interner: Interner, kind: int, eid: int = 0, track: int | None =
     """The TrackEvent field of a packet (name/categories interned in this sequence).
 
     ``name`` is written inline instead of interned: for names used once (``step 123``), so
-    that no table grows with the length of the run.
+    that no table grows with the length of the run. The type/name/category/track fields of
+    each (kind, eid, track) are encoded once per sequence; only the parts that vary per event
+    are encoded here.
     """
     key = (kind, eid, track, name is None)
     head = interner.heads.get(key)
     if head is None:
-        parts = [w.f_varint(w.TE_TYPE, _TYPE_OF_KIND[kind])]
-        if eid:
-            name_iid, cats, loc = interner.event(eid)
-            if name is None:  # an inline name replaces the interned one (a oneof)
-                parts.append(w.f_varint(w.TE_NAME_IID, name_iid))
-            parts.extend(w.f_varint(w.TE_CATEGORY_IIDS, c) for c in cats)
-            if loc is not None:
-                parts.append(w.f_varint(w.TE_SOURCE_LOCATION_IID, loc))
-        if track is not None:
-            parts.append(w.f_varint(w.TE_TRACK_UUID, track))
-        head = b"".join(parts)
-        if len(interner.heads) >= HEAD_CACHE_SIZE:
-            interner.heads.clear()
-        interner.heads[key] = head
-    parts = [head]
+        head = _event_head(interner, kind, eid, track, name is None)
+    body = head
     if name is not None:
-        parts.append(w.f_str(w.TE_NAME, name))
+        try:
+            text = name.encode()
+        except UnicodeEncodeError:  # lone surrogates
+            text = w.utf8(name)
+        body += _NAME_TAG + _varint(len(text)) + text
     if value is not None:
         if isinstance(value, float):
-            parts.append(w.f_double(w.TE_DOUBLE_COUNTER_VALUE, value))
+            body += _DOUBLE_COUNTER_TAG + _pack_d(value)
         else:
-            parts.append(w.f_varint(w.TE_COUNTER_VALUE, int(value)))
+            body += _COUNTER_TAG + _varint(int(value))
     if args:
-        parts.append(debug_annotations(interner, args))
+        body += debug_annotations(interner, args)
     if flows:
-        parts.extend(_FLOW_TAG + _pack_q(f & 0xFFFFFFFFFFFFFFFF) for f in flows)
+        body += b"".join([_FLOW_TAG + _pack_q(f & 0xFFFFFFFFFFFFFFFF) for f in flows])
     if tflows:
-        parts.extend(_TFLOW_TAG + _pack_q(f & 0xFFFFFFFFFFFFFFFF) for f in tflows)
-    body = b"".join(parts)
-    return _TE_TAG + w.varint(len(body)) + body
+        body += b"".join([_TFLOW_TAG + _pack_q(f & 0xFFFFFFFFFFFFFFFF) for f in tflows])
+    return _TE_TAG + _varint(len(body)) + body
+
+
+def _event_head(interner: Interner, kind: int, eid: int, track: int | None,
+                interned_name: bool) -> bytes:
+    """Type, name iid (unless the name is inline: a oneof), categories, source location and
+    track of an event kind in this sequence, cached in ``interner.heads``."""
+    parts = [w.f_varint(w.TE_TYPE, _TYPE_OF_KIND[kind])]
+    if eid:
+        name_iid, cats, loc = interner.event(eid)
+        if interned_name:
+            parts.append(w.f_varint(w.TE_NAME_IID, name_iid))
+        parts.extend(w.f_varint(w.TE_CATEGORY_IIDS, c) for c in cats)
+        if loc is not None:
+            parts.append(w.f_varint(w.TE_SOURCE_LOCATION_IID, loc))
+    if track is not None:
+        parts.append(w.f_varint(w.TE_TRACK_UUID, track))
+    head = b"".join(parts)
+    if len(interner.heads) >= HEAD_CACHE_SIZE:
+        interner.heads.clear()
+    interner.heads[(kind, eid, track, interned_name)] = head
+    return head
 
 
 def blob_event(interner: Interner, blob: Blob) -> bytes:
+    """The TrackEvent field of a blob. A ``Blob`` subclass marks an immutable event recorded
+    many times (the profiler's step end): it is encoded once per sequence, then reused."""
+    if type(blob) is not Blob:
+        heads = interner.heads
+        data = heads.get((blob,))
+        if data is None:
+            if len(heads) >= HEAD_CACHE_SIZE:
+                heads.clear()
+            data = heads[(blob,)] = _blob_event(interner, blob)
+        return data
+    return _blob_event(interner, blob)
+
+
+def _blob_event(interner: Interner, blob: Blob) -> bytes:
     value = blob.value
-    if value is not None:
-        value = counter_value(value)
     return track_event(interner, blob.kind, blob.eid, blob.track, blob.args, blob.flows,
-                       blob.tflows, value, blob.name)
+                       blob.tflows, None if value is None else counter_value(value), blob.name)

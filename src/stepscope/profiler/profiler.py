@@ -15,9 +15,10 @@ dropped, so start-up cost does not distort the window) and the window's sink is 
 window's end detail recording is turned off and the sink closed (open slices are ended there).
 
 Steps: ``start()`` opens step 0 and each ``step()`` ends one and opens the next, as the slice
-``step <n>`` (category ``step``) on the calling thread. Its args (step, epoch, and num_samples when
-``step(num_samples=...)`` gives it) ride on the end event, which trace processor merges into the
-slice: the end is the cheapest place to encode them, and the epoch is known for sure there. When
+``step <n>`` (category ``step``) on the calling thread. Its args: ``step`` on the begin, ``epoch``
+and ``num_samples`` (when ``step(num_samples=...)`` gives it) on the end, where the epoch is known
+for sure; trace processor merges both into the slice's args. The end's args repeat from step to
+step, so the end is one shared event per (epoch, num_samples), encoded once per file. When
 the ``prof.dataloader`` wrapper finds its loader exhausted, the step just opened holds no work:
 its begin and the final wait are withdrawn (if not yet written), and the step opens again at the
 next fetch, phase, ``epoch()`` or ``step()``. So there is no empty trailing step per epoch.
@@ -43,7 +44,7 @@ from .. import _schema as S
 from . import options as _options
 from . import ranks as _ranks
 from .host_metrics import UNITS, HostSampler, SamplerCost
-from .schedule import Schedule, State, coerce
+from .schedule import NEVER, Schedule, State, coerce
 from .timer import StepTimer, TimerStats
 
 T = TypeVar("T")
@@ -91,6 +92,45 @@ class _Phase:
             _end_summary()
 
 
+class _FastPhase(_Phase):
+    """A phase with a class of its own (see ``_fast_phase``): while recording, ``__enter__`` is
+    the begin chain itself (no Python frame) and ``__exit__`` ends the slice without checking
+    the state; otherwise both are C no-ops. ``with prof.phase(...) as x`` binds nothing useful."""
+
+    __slots__ = ()
+
+    def _end(self, *exc: object) -> None:
+        _end_summary()
+
+
+_NOOP = "".format  # a C callable taking any arguments (returns "", falsy: exceptions propagate)
+_phase_lock = threading.Lock()  # phase creation vs rebinding when recording turns on or off
+
+
+def _bind_phase(cls: type, begin: Callable[[], Any], on: bool) -> None:
+    if on:  # staticmethod: the chain is called bare, whether or not it is a descriptor (a
+        # functools.partial becomes one in Python 3.14)
+        cls.__enter__, cls.__exit__ = staticmethod(begin), _FastPhase._end  # type: ignore
+    else:
+        cls.__enter__ = cls.__exit__ = _NOOP  # type: ignore[attr-defined]
+
+
+def _fast_phase(name: str) -> _FastPhase:
+    """A cached phase (call with ``_phase_lock`` held, then store it in ``_phases``)."""
+    ph = type("_FastPhase", (_FastPhase,), {"__slots__": ()})(name)
+    _bind_phase(type(ph), ph.begin, rec.ON)
+    return ph
+
+
+def _rebind_phases(on: bool, detail: bool) -> None:
+    with _phase_lock:
+        for ph in list(_phases.values()):
+            _bind_phase(type(ph), ph.begin, on)
+
+
+rec._state_listeners.append(_rebind_phases)  # noqa: SLF001
+
+
 class _SyncPhase(_Phase):
     """``sync_gpu=True``: a phase ends when its device work has finished."""
 
@@ -111,7 +151,22 @@ def _sync_gpu() -> None:
 
 
 _end_summary = rec.end_summary
-_phases: dict[str, _Phase] = {}
+# "step {step}" cut around its field: an f-string of the parts is several times cheaper than
+# str.format with a keyword
+_STEP_PREFIX, _STEP_SUFFIX = S.STEP_NAME.split("{step}")
+_ARG_STEP = S.ARG_STEP
+MAX_CACHED_STEP_ENDS = 64
+
+
+class _StepEnd(rec.Blob):
+    """A step end with its args, recorded for every step with the same (epoch, num_samples):
+    immutable, so the writer encodes it once per sequence (see ``_encoder.blob_event``)."""
+
+    __slots__ = ()
+
+
+_step_ends: dict[tuple, _StepEnd] = {}  # (epoch, type, num_samples) -> the shared step end
+_phases: dict[str, _FastPhase] = {}
 _sync_phases: dict[str, _Phase] = {}
 
 
@@ -259,9 +314,12 @@ class Profiler:
         self._step = 0
         self._epoch = 0
         self._batch = 0
+        self._stable_until = 0  # batch from which on _enter_batch must run again
         self._in_step = False
         self._pending = False  # the step's begin waits for its first activity (see _cancel_step)
         self._step_begin: tuple[int, int, int] | None = None
+        # step begins: no interned name (each is written inline), category "step"
+        self._step_eid = rec.event_id("", (S.CAT_STEP,))
         self._summary_sink: Any = None
         self._summary_path: Path | None = None
         self._started = False
@@ -466,9 +524,11 @@ class Profiler:
         if epoch is not None and epoch != self._epoch:
             self._epoch = epoch
             self._batch = 0
+            self._enter_batch()
         else:
             self._batch += 1
-        self._enter_batch()
+            if self._batch >= self._stable_until:
+                self._enter_batch()
         self._begin_step()
 
     def epoch(self, epoch: int | None = None) -> None:
@@ -496,20 +556,36 @@ class Profiler:
         self._in_step = True
         self._pending = False
         if self._recording and rec.ON:
-            # the name is written inline (used once: no table grows with the run); the args
-            # ride on the end event
-            self._step_begin = rec.begin(S.STEP_NAME.format(step=self._step), S.CAT_STEP,
-                                         level=S.LEVEL_SUMMARY, intern=False)
+            # the name is written inline (used once: no table grows with the run); the step
+            # number rides on the begin, epoch and num_samples on the end
+            n = self._step
+            self._step_begin = rec.record_blob(rec.Blob(
+                rec.BEGIN, self._step_eid, S.LEVEL_SUMMARY, None, {_ARG_STEP: n}, None, None,
+                None, f"{_STEP_PREFIX}{n}{_STEP_SUFFIX}"))
         else:
             self._step_begin = None
 
     def _end_step(self, num_samples: float | None) -> None:
-        """End the step slice; its args (step, epoch, num_samples) are on the end event, which
-        trace processor merges into the slice's args (the epoch is then known for sure)."""
-        args: dict[str, Any] = {S.ARG_STEP: self._step, S.ARG_EPOCH: self._epoch}
-        if num_samples is not None:
-            args[S.ARG_NUM_SAMPLES] = num_samples
-        rec.end(S.LEVEL_SUMMARY, args=args)
+        """End the step slice with its epoch and num_samples as args (the end is where the
+        epoch is known for sure); trace processor merges them into the slice's args.
+
+        The end's args repeat from step to step, so one shared, never mutated event per
+        (epoch, num_samples) is recorded: the writer encodes a repeat from its caches."""
+        key = (self._epoch, type(num_samples), num_samples)
+        try:
+            blob = _step_ends.get(key)
+        except TypeError:  # an unhashable num_samples
+            key, blob = None, None
+        if blob is None:
+            args: dict[str, Any] = {S.ARG_EPOCH: self._epoch}
+            if num_samples is not None:
+                args[S.ARG_NUM_SAMPLES] = num_samples
+            blob = _StepEnd(rec.END, 0, S.LEVEL_SUMMARY, args=args)
+            if key is not None:
+                if len(_step_ends) >= MAX_CACHED_STEP_ENDS:
+                    _step_ends.clear()
+                _step_ends[key] = blob
+        rec.record_blob(blob)
 
     def _cancel_step(self, wait_event: tuple[int, int, int] | None) -> None:
         """The loader is exhausted: the open step holds no work, only the final wait (recorded
@@ -539,16 +615,20 @@ class Profiler:
 
     # -- schedule -------------------------------------------------------------------------------
     def _enter_batch(self) -> None:
-        """Apply the schedule's state for the batch now starting."""
+        """Apply the schedule's state for the batch now starting. ``step()`` skips this until
+        the batch ``_stable_until``, from which on the state or the window may change."""
         sched = self.schedule
+        self._stable_until = self._batch + 1
         if sched is None or "detail" not in self.levels:
             if self._state is State.DISABLED and self._window_path is None:
+                self._stable_until = NEVER
                 return
             new = State.DISABLED
             key = None
         else:
             new = sched.state(self._batch)
             key = (self._epoch, sched.window_index(self._batch))
+            self._stable_until = sched.stable_until(self._batch)
         old, old_key = self._state, self._window_key
         if new is old and key == old_key:
             return
@@ -569,6 +649,7 @@ class Profiler:
         except Exception as exc:
             _warn(f"schedule transition failed ({exc!r}); detail tracing off")
             self.levels = tuple(lv for lv in self.levels if lv != "detail")
+            self._stable_until = self._batch + 1
 
     def _open_window(self) -> None:
         sess = self._sess
@@ -605,16 +686,21 @@ class Profiler:
     # -- phases and data loading ------------------------------------------------------------------
     def phase(self, name: str) -> _Phase | _NoPhase:
         """``with prof.phase("Forward"):`` — a phase slice inside the step (summary level)."""
-        if not self._recording:
-            return _NO_PHASE
-        if self._pending:
+        if self._pending or not self._recording:
+            if not self._recording:
+                return _NO_PHASE
             self._resume()
-        cache, cls = (_sync_phases, _SyncPhase) if self.sync_gpu else (_phases, _Phase)
-        ph = cache.get(name)
-        if ph is None:
-            if len(cache) >= MAX_CACHED_PHASES:
-                return _DynamicPhase(name)
-            ph = cache[name] = cls(name)
+        ph = (_sync_phases if self.sync_gpu else _phases).get(name)
+        return ph if ph is not None else self._new_phase(name)
+
+    def _new_phase(self, name: str) -> _Phase | _DynamicPhase:
+        cache: dict[str, Any] = _sync_phases if self.sync_gpu else _phases
+        with _phase_lock:
+            ph = cache.get(name)
+            if ph is None:
+                if len(cache) >= MAX_CACHED_PHASES:
+                    return _DynamicPhase(name)
+                ph = cache[name] = _SyncPhase(name) if self.sync_gpu else _fast_phase(name)
         return ph
 
     def dataloader(self, loader: Iterable[T]) -> Iterator[T]:

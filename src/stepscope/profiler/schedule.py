@@ -17,6 +17,9 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+NEVER = 1 << 63
+"""A batch index no epoch reaches."""
+
 
 class State(enum.Enum):
     """What the profiler does during one batch."""
@@ -83,6 +86,21 @@ class Schedule:
         if batch_in_epoch < self.skip_first:
             return -1
         return (batch_in_epoch - self.skip_first) // self.cycle
+
+    def stable_until(self, batch_in_epoch: int) -> int:
+        """The first batch after ``batch_in_epoch`` whose state or window index differs from
+        its own (a huge number when none does): the profiler skips the schedule until then."""
+        if batch_in_epoch < self.skip_first:
+            return self.skip_first
+        window, in_cycle = divmod(batch_in_epoch - self.skip_first, self.cycle)
+        if self.repeat >= 0 and window > self.repeat:
+            return NEVER
+        start = batch_in_epoch - in_cycle
+        if in_cycle < self.wait:
+            return start + self.wait
+        if in_cycle < self.wait + self.warmup:
+            return start + self.wait + self.warmup
+        return start + self.cycle
 
     def is_last_active(self, batch_in_epoch: int) -> bool:
         """True when this batch is the last active batch of its window."""

@@ -1,0 +1,121 @@
+"""The profiler's per-step events, made cheap: step number on the begin, a shared step end,
+cached encodings, phases bound to the recording state, and the sampler's cheaper readings."""
+
+import os
+
+import psutil
+import pytest
+from tracedecode import decode
+
+import perfetto_decode
+from stepscope import _recorder as rec
+from stepscope import _schema as S
+from stepscope._encoder import Interner, blob_event, debug_annotations
+from stepscope.profiler import Profiler
+from stepscope.profiler import host_metrics as hm
+from stepscope.profiler import profiler as P
+
+
+def test_int_annotation_bytes():
+    """{"step": 300}: debug_annotations (field 4) {name_iid 1, int_value 300}."""
+    it = Interner()
+    assert debug_annotations(it, {"step": 300}) == b"\x22\x05\x08\x01\x20\xac\x02"
+    assert debug_annotations(it, {"step": -1}) == (
+        b"\x22\x0d\x08\x01\x20" + b"\xff" * 9 + b"\x01")  # int64 -1: ten-byte varint
+    assert it.arg_names == {"step": 1}
+
+
+def test_shared_step_end_is_encoded_once_per_sequence():
+    end = P._StepEnd(rec.END, 0, S.LEVEL_SUMMARY, args={"epoch": 0, "num_samples": 128})
+    # TrackEvent (field 11) {type END; epoch=0 (iid 1); num_samples=128 (iid 2)}
+    want = bytes.fromhex("5a0f4802220408012000220508022080" "01")
+    a, b = Interner(), Interner()
+    first = blob_event(a, end)
+    assert first == want and blob_event(a, end) is first  # the second time: from the cache
+    assert a.take_pending() != b""  # the arg names were defined in sequence a ...
+    assert blob_event(b, end) == want and b.take_pending() != b""  # ... and again in b
+    plain = rec.Blob(rec.END, 0, S.LEVEL_SUMMARY, args={"epoch": 0, "num_samples": 128})
+    assert blob_event(Interner(), plain) == want  # the same bytes as an ordinary blob
+
+
+def _steps(path):
+    """(begin args, end args) of each step slice, in file order."""
+    ev = [e for e in perfetto_decode.decode(path).events if e.categories == (S.CAT_STEP,)
+          or (e.type == "E" and e.args and S.ARG_EPOCH in e.args)]
+    return ([e.args for e in ev if e.type == "B"], [e.args for e in ev if e.type == "E"])
+
+
+def test_step_args_split_between_begin_and_end(tmp_path):
+    prof = Profiler(tmp_path, schedule=None, run_id="r", host_metrics=False, report=False,
+                    use_env=False)
+    prof.start()
+    prof.step(num_samples=4)  # step 0
+    prof.step(num_samples=4)  # step 1: the same (shared) end event as step 0
+    prof.epoch()  # the open step 2 becomes batch 0 of epoch 1
+    prof.step(num_samples=4.0)  # a float stays a float
+    prof.step()  # step 3: no num_samples
+    prof.stop()
+    path = tmp_path / "r" / "rank0.summary.pftrace"
+    begins, ends = _steps(path)
+    assert begins == [{"step": i} for i in range(4)]
+    assert ends == [{"epoch": 0, "num_samples": 4}, {"epoch": 0, "num_samples": 4},
+                    {"epoch": 1, "num_samples": 4.0}, {"epoch": 1}]
+    assert type(ends[2]["num_samples"]) is float
+    merged = [x.args for x in decode(path).by_category(S.CAT_STEP)]  # as trace processor does
+    assert merged == [{"step": 0, "epoch": 0, "num_samples": 4},
+                      {"step": 1, "epoch": 0, "num_samples": 4},
+                      {"step": 2, "epoch": 1, "num_samples": 4.0}, {"step": 3, "epoch": 1}]
+
+
+def test_unhashable_num_samples_still_recorded(tmp_path):
+    import numpy as np
+
+    prof = Profiler(tmp_path, schedule=None, run_id="u", host_metrics=False, report=False,
+                    use_env=False)
+    prof.start()
+    prof.step(num_samples=np.array(128))  # not hashable: a fresh end event, not a shared one
+    prof.stop()
+    steps = decode(tmp_path / "u" / "rank0.summary.pftrace").by_category(S.CAT_STEP)
+    assert [x.args for x in steps] == [{"step": 0, "epoch": 0, "num_samples": 128}]
+
+
+def test_cached_phase_records_only_while_recording(tmp_path):
+    prof = Profiler(tmp_path, schedule=None, run_id="p", host_metrics=False, report=False,
+                    use_env=False)
+    prof.start()
+    ph = prof.phase("Forward")
+    with ph:
+        pass
+    prof.step()
+    prof.stop()
+    before = rec.pending_words()
+    with ph:  # kept by the user past stop(): records nothing
+        pass
+    assert rec.pending_words() == before
+    assert type(ph).__enter__ is P._NOOP
+    d = decode(tmp_path / "p" / "rank0.summary.pftrace")
+    assert [x.name for x in d.by_category(S.CAT_PHASE)] == ["Forward"]
+
+
+@pytest.mark.skipif(hm.resource is None or not os.path.exists("/proc/self/statm"),
+                    reason="Linux /proc and getrusage")
+def test_own_process_readings_match_psutil():
+    p = psutil.Process()
+    ctx_before = sum(p.num_ctx_switches())  # psutil: the main thread's switches
+    cpu, ctx, rss = hm._own_process()
+    t = p.cpu_times()
+    assert abs((t.user + t.system) - cpu) < 0.05  # psutil counts clock ticks (10 ms)
+    assert ctx >= ctx_before  # ours: every thread's
+    assert abs(p.memory_info().rss - rss) < 4 << 20
+
+
+def test_disk_totals_match_psutil():
+    s = hm.HostSampler(None, 0.5)
+    before = psutil.disk_io_counters(perdisk=False, nowrap=False)
+    ours = s._disk()
+    after = psutil.disk_io_counters(perdisk=False, nowrap=False)
+    if before is None:
+        assert ours is None
+        return
+    assert before.read_bytes <= ours[0] <= after.read_bytes
+    assert before.write_bytes <= ours[1] <= after.write_bytes

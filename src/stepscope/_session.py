@@ -44,6 +44,8 @@ from .profiler import ranks  # a leaf module: launcher variables -> rank
 # and int objects in the pure-Python one
 RAW_EVENT_BYTES = 24 if _recorder.fast is not None else 88
 BLOB_BYTES = 400  # a Blob with a small args dict
+_MIN_WAKE_S = 0.002
+_FLUSH_SWITCH_S = 0.0002  # GIL switch interval while the writer flushes
 _WAKE_S = 0.1  # a wake costs ~100 us of CPU on small VMs: 20 ms wakes were 0.5% of a core
 _current: Session | None = None
 
@@ -51,6 +53,26 @@ _current: Session | None = None
 def current() -> Session | None:
     """The active session, or None."""
     return _current
+
+
+@contextlib.contextmanager
+def _short_gil_turns():
+    """Shorten the GIL switch interval while the writer flushes.
+
+    numpy releases the GIL inside most operations; with a program thread busy in Python, each
+    release costs the writer a whole switch interval (5 ms) to get the GIL back, so a flush of a
+    few dozen operations took 300 ms instead of 30 and the buffer overflowed. The program loses
+    no more CPU than the flush needs; the value it had is restored after (unless it changed it
+    meanwhile).
+    """
+    old = sys.getswitchinterval()
+    short = min(old, _FLUSH_SWITCH_S)
+    sys.setswitchinterval(short)
+    try:
+        yield
+    finally:
+        if sys.getswitchinterval() == short:
+            sys.setswitchinterval(old)
 
 
 class Emitter:
@@ -410,19 +432,24 @@ class Session:
 
     # -- the writer ---------------------------------------------------------------------------
     def _writer_loop(self) -> None:
+        wait = _WAKE_S
         while not self._stopping.is_set():
-            self._flush_requested.wait(_WAKE_S)
+            self._flush_requested.wait(wait)
             if self._stopping.is_set():
                 break
             raw = (_recorder.pending_words() // 3 * RAW_EVENT_BYTES
                    + len(_recorder.blobs) * BLOB_BYTES)
+            # wake often while events pour in (a burst reaches the early-flush mark between two
+            # 100 ms wakes, and then the cap: drops), rarely while the program is quiet
+            wait = (max(_MIN_WAKE_S, wait / 2) if raw >= self.buffer_bytes // 16
+                    else min(_WAKE_S, wait * 2))
             due = (self._flush_requested.is_set()
                    or time.monotonic() - self._last_flush >= self.flush_interval_s
                    or raw >= self.buffer_bytes // 4)  # early: drops only for a real backlog
             self._flush_requested.clear()
             if due:
                 try:
-                    with self._lock:
+                    with self._lock, _short_gil_turns():
                         self._flush_locked(False)
                 except Exception as exc:  # never let the writer die silently
                     self._error(f"flush failed: {exc!r}")

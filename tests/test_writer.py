@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 
@@ -249,3 +250,18 @@ def test_open_ranges_are_closed_when_the_file_closes(path):
     (name, depth, t0, t1), = d.slices(d.thread_track("MainThread"))
     assert name == "left open" and t1 >= t_stop >= t0
     stepscope.pop_range()  # no session: a no-op
+
+
+def test_flushes_shorten_gil_turns_only_while_they_run():
+    from stepscope import _session
+
+    old = sys.getswitchinterval()
+    try:
+        with _session._short_gil_turns():
+            assert sys.getswitchinterval() == min(old, _session._FLUSH_SWITCH_S)
+        assert sys.getswitchinterval() == old
+        with _session._short_gil_turns():
+            sys.setswitchinterval(0.01)  # the program changed it meanwhile: its value stays
+        assert sys.getswitchinterval() == 0.01
+    finally:
+        sys.setswitchinterval(old)

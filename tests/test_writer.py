@@ -258,7 +258,7 @@ def test_flushes_shorten_gil_turns_only_while_they_run():
     old = sys.getswitchinterval()
     try:
         with _session._short_gil_turns():
-            assert sys.getswitchinterval() == min(old, _session._FLUSH_SWITCH_S)
+            assert sys.getswitchinterval() == pytest.approx(min(old, _session._FLUSH_SWITCH_S))
         assert sys.getswitchinterval() == old
         with _session._short_gil_turns():
             sys.setswitchinterval(0.01)  # the program changed it meanwhile: its value stays

@@ -66,8 +66,8 @@ def _short_gil_turns():
     meanwhile).
     """
     old = sys.getswitchinterval()
-    short = min(old, _FLUSH_SWITCH_S)
-    sys.setswitchinterval(short)
+    sys.setswitchinterval(min(old, _FLUSH_SWITCH_S))
+    short = sys.getswitchinterval()  # as stored (whole microseconds), for the comparison below
     try:
         yield
     finally:

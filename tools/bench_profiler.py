@@ -40,6 +40,9 @@ from stepscope.profiler import ALWAYS, Profiler  # noqa: E402
 from stepscope.profiler.host_metrics import HostSampler  # noqa: E402
 
 MODES = ("off", "timer_only", "summary", "detail")
+# a second "off" run in every round of the A/B: its distance from "off" is the noise floor
+CONTROL = "off (again)"
+AB_MODES = (*MODES, CONTROL)
 
 
 def load_example():
@@ -213,13 +216,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as out:
         for mode in MODES:  # warm-up: caches, first sessions, imports
             run_mode(ex, model, batches[:20], mode, out)
-        wall: dict[str, list[float]] = {m: [] for m in MODES}
-        cpu: dict[str, list[float]] = {m: [] for m in MODES}
-        order = list(MODES)
+        wall: dict[str, list[float]] = {m: [] for m in AB_MODES}
+        cpu: dict[str, list[float]] = {m: [] for m in AB_MODES}
+        order = list(AB_MODES)
         for _ in range(args.rounds):
             random.shuffle(order)
             for mode in order:
-                w, c = run_mode(ex, model, batches, mode, out)
+                w, c = run_mode(ex, model, batches, "off" if mode == CONTROL else mode, out)
                 wall[mode].append(w)
                 cpu[mode].append(c)
         calls = per_call_costs(out)
@@ -247,15 +250,18 @@ def main() -> int:
               f"or longer ({us:.1f} us per step + the sampler's {pct:.2f}%)")
     print(f"\n2) A/B timing of the whole step, {args.steps} steps x {args.rounds} interleaved "
           "rounds per mode (wall: loop time per step; CPU: process CPU per step, all threads, "
-          "start/stop included). Noisy on a shared machine: trust 1) for the small ratios.")
-    print(f"{'mode':<11} {'wall best ms':>12} {'ovh %':>7} {'wall med ms':>12} {'ovh %':>7} "
-          f"{'CPU med ms':>12} {'ovh %':>7}")
+          "start/stop included). Noisy on a shared machine: the row 'off (again)' is the same "
+          "code as 'off', so its distance from 'off' is the noise; trust 1) for the small ratios.")
+    print(f"{'mode':<12} {'wall best ms':>12} {'ovh %':>7} {'wall med ms':>12} {'ovh %':>7} "
+          f"{'CPU med ms':>12} {'ovh %':>7} {'paired %':>9}")
     base = (min(wall["off"]), statistics.median(wall["off"]), statistics.median(cpu["off"]))
-    for mode in MODES:
+    for mode in AB_MODES:
         vals = (min(wall[mode]), statistics.median(wall[mode]), statistics.median(cpu[mode]))
         cells = " ".join(f"{v * 1e3:>12.3f} {(v / b - 1) * 100:>+7.2f}"
                          for v, b in zip(vals, base, strict=True))
-        print(f"{mode:<11} {cells}")
+        # each round's ratio to that round's "off" run (neighbours in time share the drift)
+        paired = statistics.median(w / o for w, o in zip(wall[mode], wall["off"], strict=True))
+        print(f"{mode:<12} {cells} {(paired - 1) * 100:>+9.2f}")
     best_off = base[0]
     print("\nper call (summary level, empty step):")
     for name, us in calls.items():

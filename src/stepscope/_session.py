@@ -1,8 +1,8 @@
 """A tracing session: turns recording on, owns the output files and the two background threads.
 
-* The **writer thread** wakes every 20 ms, and every ``flush_interval_s`` (or when the buffer is
-  a quarter full) drains the recorder, splits events by thread and level, and has each sink
-  encode them.
+* The **writer thread** wakes every 100 ms (down to 2 ms while events pour in), and every
+  ``flush_interval_s`` (or when the buffer is a quarter full) drains the recorder, splits events
+  by thread and level, and has each sink encode them, with short GIL turns meanwhile.
 * The **I/O thread** compresses and writes what the sinks produced, so a slow disk never stalls
   encoding. When recorded events pass the buffer cap (encoding cannot keep up) or bytes waiting
   for the disk pass half of it, events are dropped instead, counted, and the count is written to

@@ -196,3 +196,12 @@ def test_core_tests_pass_on_the_pure_python_recorder():
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            *files], env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_a_failing_hash_other_than_unhashable_reaches_the_caller():
+    class Interrupting(str):
+        def __hash__(self):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        stepscope.annotate(Interrupting("x"))

@@ -72,7 +72,7 @@ if rec.fast is not None:
                 _Range._exit_forwarding(self, None, None, None)
 
 
-_ranges: dict = {}  # (message, domain, category) -> _Range
+_ranges: dict = {}  # (message, domain, category) -> cached range (_CRange, or _Range subclass)
 _by_message: dict = {}  # message -> _Range with no domain/category (the fast lookup)
 _lock = threading.RLock()  # reentrant: a signal handler may stop the session meanwhile
 
@@ -100,9 +100,10 @@ def _args_blob(kind: int, eid: int, payload, args) -> Blob:
     return Blob(kind, eid, LEVEL_DETAIL, args=_args_data(payload, args))
 
 
-def _make_range(message, color, domain, category, payload, args, fast=False) -> _Range:
-    """``fast``: a class of its own whose enter/exit ``_on_state`` rebinds (cached ranges only);
-    otherwise a ``_SlowRange``, which checks the state on every call."""
+def _make_range(message, color, domain, category, payload, args, fast=False) -> Any:
+    """``fast`` (cached ranges only): a C ``_CRange`` reading the global mode, or without the
+    extension a class of its own whose enter/exit ``_on_state`` rebinds; otherwise a
+    ``_SlowRange``, which checks the state on every call."""
     name = "" if message is None else message
     cats = _categories(domain, category)
     if fast and rec.fast is not None:

@@ -72,10 +72,11 @@ static inline void put_now(int64_t code) { put(code, now_ns()); }
 /* ---- module functions: the buffer ------------------------------------------------------------ */
 
 static PyObject *f_extend(PyObject *self, PyObject *seq) {
-    /* Append whole events from a tuple/list of ints (len % 3 == 0), all or nothing. */
-    PyObject *fast = PySequence_Fast(seq, "extend() needs a sequence of ints");
+    /* Append whole events from a sequence of ints (len % 3 == 0), all or nothing. A tuple
+     * copy: an item's __index__ cannot change what is being read. */
+    PyObject *fast = PySequence_Tuple(seq);
     if (fast == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    Py_ssize_t n = PyTuple_GET_SIZE(fast);
     if (n % 3) {
         Py_DECREF(fast);
         PyErr_SetString(PyExc_ValueError, "extend() needs whole (code, ts, ident) triples");
@@ -87,7 +88,7 @@ static PyObject *f_extend(PyObject *self, PyObject *seq) {
         Py_DECREF(fast);
         return PyErr_NoMemory();
     }
-    PyObject **items = PySequence_Fast_ITEMS(fast);
+    PyObject **items = &PyTuple_GET_ITEM(fast, 0);
     for (Py_ssize_t i = 0; i < n; i++) {
         tmp[i] = PyLong_AsLongLong(items[i]);
         if (tmp[i] == -1 && PyErr_Occurred()) {
@@ -189,7 +190,10 @@ static PyObject *f_annotate(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (nargs == 1 && kwnames == NULL && by_message != NULL) {
         PyObject *r = PyDict_GetItemWithError(by_message, args[0]);
         if (r != NULL) return Py_NewRef(r);
-        if (PyErr_Occurred()) PyErr_Clear(); /* unhashable: the slow path cleans it */
+        if (PyErr_Occurred()) { /* unhashable: the slow path cleans it; anything else is real */
+            if (!PyErr_ExceptionMatches(PyExc_TypeError)) return NULL;
+            PyErr_Clear();
+        }
     }
     return call_slow(annotate_slow, args, nargs, kwnames);
 }
@@ -200,10 +204,15 @@ static PyObject *f_push_range(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (mode == MODE_RECORD && nargs == 1 && kwnames == NULL && push_codes != NULL) {
         PyObject *c = PyDict_GetItemWithError(push_codes, args[0]);
         if (c != NULL) {
-            put_now(PyLong_AsLongLong(c));
+            long long code = PyLong_AsLongLong(c);
+            if (code == -1 && PyErr_Occurred()) return NULL;
+            put_now(code);
             Py_RETURN_NONE;
         }
-        if (PyErr_Occurred()) PyErr_Clear();
+        if (PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_TypeError)) return NULL;
+            PyErr_Clear();
+        }
     }
     return call_slow(push_slow, args, nargs, kwnames);
 }

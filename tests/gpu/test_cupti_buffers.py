@@ -181,6 +181,16 @@ def test_loaded_libcupti_path_reads_the_process_maps(tmp_path):
         "7f20-7f30 r-xp 00000000 08:01 2 /venv/nvidia/cu13/lib/libcupti.so.13\n"
     )
     assert cb.loaded_libcupti_path(str(maps)) == "/venv/nvidia/cu13/lib/libcupti.so.13"
+    maps.write_text(  # one file mapped twice (text and data): still that one
+        "7f20-7f30 r-xp 00000000 08:01 2 /venv/nvidia/cu13/lib/libcupti.so.13\n"
+        "7f40-7f50 rw-p 00010000 08:01 2 /venv/nvidia/cu13/lib/libcupti.so.13\n"
+    )
+    assert cb.loaded_libcupti_path(str(maps)) == "/venv/nvidia/cu13/lib/libcupti.so.13"
+    maps.write_text(  # two copies: which one cupti-python uses is unknown
+        "7f20-7f30 r-xp 00000000 08:01 2 /venv/nvidia/cu13/lib/libcupti.so.13\n"
+        "7f60-7f70 r-xp 00000000 08:01 3 /usr/local/cuda/lib64/libcupti.so.12\n"
+    )
+    assert cb.loaded_libcupti_path(str(maps)) is None
     maps.write_text("7f00-7f10 r-xp 00000000 08:01 1 /usr/lib/libc.so.6\n")
     assert cb.loaded_libcupti_path(str(maps)) is None
     assert cb.loaded_libcupti_path(str(tmp_path / "absent")) is None
@@ -215,3 +225,22 @@ def test_the_tracer_falls_back_to_records_when_the_raw_path_fails(records):
     assert tracer.stop().kernels.size == 545
     tracer = CuptiTracer(cupti_module=FakeCupti(records), raw_buffers=lambda **kw: None)
     assert tracer.start() and tracer.path == "records"
+
+
+def test_one_raw_buffer_owner_per_process_never_freed(monkeypatch):
+    # CUPTI keeps the callbacks and buffers it was handed: a second tracer must reuse them
+    from types import SimpleNamespace
+
+    opened = []
+
+    def fake_cdll(path):
+        opened.append(path)
+        return SimpleNamespace(cuptiActivityRegisterCallbacks=SimpleNamespace(),
+                               cuptiActivityGetNextRecord=SimpleNamespace())
+
+    monkeypatch.setattr(cb, "_PROCESS_RAW", None)
+    monkeypatch.setattr(cb, "loaded_libcupti_path", lambda: "/x/libcupti.so.13")
+    monkeypatch.setattr(cb.ctypes, "CDLL", fake_cdll)
+    first = cb.RawActivityBuffers.open(max_buffers=2)
+    assert first is not None and cb.RawActivityBuffers.open() is first
+    assert opened == ["/x/libcupti.so.13"]

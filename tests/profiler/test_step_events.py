@@ -2,6 +2,7 @@
 cached encodings, phases bound to the recording state, and the sampler's cheaper readings."""
 
 import os
+import threading
 
 import psutil
 import pytest
@@ -107,6 +108,18 @@ def test_own_process_readings_match_psutil():
     assert abs((t.user + t.system) - cpu) < 0.05  # psutil counts clock ticks (10 ms)
     assert ctx >= ctx_before  # ours: every thread's
     assert abs(p.memory_info().rss - rss) < 4 << 20
+
+    def switching():  # each wait that times out is a voluntary switch of this thread
+        ev = threading.Event()
+        for _ in range(50):
+            ev.wait(0.001)
+
+    main_before = sum(p.num_ctx_switches())
+    th = threading.Thread(target=switching)
+    th.start()
+    th.join()
+    assert hm._own_process()[1] - ctx >= 50  # the worker's switches count
+    assert sum(p.num_ctx_switches()) - main_before < 50  # psutil's count would miss them
 
 
 def test_disk_totals_match_psutil():

@@ -284,17 +284,23 @@ def loaded_libcupti_path(maps: str = "/proc/self/maps") -> str | None:
     """Path of the ``libcupti`` already mapped into this process (the one cupti-python uses).
 
     Loading exactly that file matters: a second copy of CUPTI would be a second, competing
-    subscriber. None when no libcupti is mapped (or on systems without ``/proc``).
+    subscriber. None when no libcupti is mapped, when two different copies are (which one
+    cupti-python uses is unknown: registering with the other would leave the trace silently
+    empty, so the per-record path is safer), or on systems without ``/proc``.
     """
+    paths = set()
     try:
         with open(maps, encoding="utf-8", errors="replace") as f:
             for line in f:
                 path = line.rsplit(" ", 1)[-1].strip()
                 if "/libcupti.so" in path:
-                    return path
+                    paths.add(path)
     except OSError:
         return None
-    return None
+    return paths.pop() if len(paths) == 1 else None
+
+
+_PROCESS_RAW: RawActivityBuffers | None = None  # see RawActivityBuffers.open
 
 
 class RawActivityBuffers:
@@ -321,7 +327,15 @@ class RawActivityBuffers:
 
     @classmethod
     def open(cls, **kw: Any) -> RawActivityBuffers | None:
-        """The raw path over the libcupti this process already loaded, or None."""
+        """The raw path over the libcupti this process already loaded, or None.
+
+        One instance per process, never freed: CUPTI keeps the C callbacks and the buffers it
+        was handed, and may call back or write after any tracer is gone (a window that failed
+        before disabling activity); freeing them would crash the program.
+        """
+        global _PROCESS_RAW
+        if _PROCESS_RAW is not None:
+            return _PROCESS_RAW
         path = loaded_libcupti_path()
         if path is None:
             return None
@@ -337,7 +351,8 @@ class RawActivityBuffers:
         lib.cuptiActivityGetNextRecord.restype = ctypes.c_int
         lib.cuptiActivityRegisterCallbacks.argtypes = [_REQUEST, _COMPLETE]
         lib.cuptiActivityRegisterCallbacks.restype = ctypes.c_int
-        return cls(lib, **kw)
+        _PROCESS_RAW = cls(lib, **kw)
+        return _PROCESS_RAW
 
     def register(self) -> None:
         """Make CUPTI hand its buffers to this object (replaces cupti-python's callbacks)."""

@@ -93,15 +93,14 @@ class CupyEventTimer:
         return self._cp is not None
 
     def _get_anchor(self) -> tuple[Any, int]:
-        with self._lock:  # one thread renews it; the others use the fresh one
-            now = time.monotonic()
-            if self._anchor is None or now - self._anchor_wall > self.reanchor_s:
-                ev = self._cp.cuda.Event()
-                ev.record()
-                ev.synchronize()
-                self._anchor = (ev, self._host_clock())
-                self._anchor_wall = now
-            return self._anchor
+        anchor, now = self._anchor, time.monotonic()
+        if anchor is None or now - self._anchor_wall > self.reanchor_s:
+            ev = self._cp.cuda.Event()
+            ev.record()
+            ev.synchronize()
+            anchor = (ev, self._host_clock())
+            self._anchor, self._anchor_wall = anchor, now
+        return anchor
 
     def push(self, name: str) -> None:
         """Record the begin event of a range on the current stream (of the calling thread)."""
@@ -157,8 +156,12 @@ class CupyEventTimer:
         """Emit the ranges whose end event completed; return how many were emitted."""
         if self._cp is None or not self._pending:
             return 0
-        with self._lock:  # take the list; pops from other threads go to a fresh one meanwhile
+        if not self._lock.acquire(timeout=0.5):
+            return 0
+        try:
             pending, self._pending = self._pending, []
+        finally:
+            self._lock.release()
         get_elapsed = self._cp.cuda.get_elapsed_time
         keep, n = [], 0
         for p in pending:
@@ -177,8 +180,13 @@ class CupyEventTimer:
             )
             n += 1
         if keep:
-            with self._lock:
-                self._pending[:0] = keep
+            if self._lock.acquire(timeout=0.5):
+                try:
+                    self._pending[:0] = keep
+                finally:
+                    self._lock.release()
+            else:
+                self.dropped += len(keep)
         return n
 
     def _track(self, device: int, stream: int, p: _Pending) -> int:

@@ -7,8 +7,9 @@ interval since the previous sample (definitions beside the names in ``_schema``)
   (all cores; guest time is already inside user), user includes nice, system includes irq and
   softirq; the five add up to 100.
 * process CPU %: delta of the process's user+system CPU time over wall time (100 = one core).
-* context switches/s: process (voluntary+involuntary, all its threads; ``getrusage``) and
-  system-wide, delta over wall time.
+* context switches/s: process (voluntary+involuntary: all its threads through ``getrusage``
+  when sampling this process; psutil's count, the main thread's on Linux, for another process
+  or without ``/proc``) and system-wide, delta over wall time.
 * process RSS and system memory used: instantaneous, bytes.
 * disk read/write and network sent/received: byte-counter deltas over wall time, bytes/s (absent
   where the platform has no counters, e.g. some containers).
@@ -162,6 +163,7 @@ class HostSampler:
                 return _own_process()
             except (OSError, ValueError, IndexError):
                 self._own = False  # no /proc/self/statm: psutil from now on
+                self._prev = None  # psutil counts differently: no delta across the switch
         p = self.proc
         with p.oneshot():
             pcpu = p.cpu_times()

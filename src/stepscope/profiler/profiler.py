@@ -104,7 +104,7 @@ class _FastPhase(_Phase):
 
 
 _NOOP = "".format  # a C callable taking any arguments (returns "", falsy: exceptions propagate)
-_phase_lock = threading.Lock()  # phase creation vs rebinding when recording turns on or off
+_phase_lock = threading.RLock()  # phase creation vs rebinding when recording turns on or off
 
 
 def _bind_phase(cls: type, begin: Callable[[], Any], on: bool) -> None:
@@ -123,9 +123,13 @@ def _fast_phase(name: str) -> _FastPhase:
 
 
 def _rebind_phases(on: bool, detail: bool) -> None:
-    with _phase_lock:
+    locked = _phase_lock.acquire(timeout=1.0)
+    try:
         for ph in list(_phases.values()):
             _bind_phase(type(ph), ph.begin, on)
+    finally:
+        if locked:
+            _phase_lock.release()
 
 
 rec._state_listeners.append(_rebind_phases)  # noqa: SLF001

@@ -69,3 +69,36 @@ def test_a_session_stopped_from_elsewhere_closes_the_open_window_first(tmp_path)
     assert "inside the window" in names
     prof.stop()
     assert any("summary" in p.name for p in prof.files)
+
+
+_SIGTERM_IN_PHASE = """
+import os, signal, sys, tempfile
+from stepscope.profiler import Profiler
+from stepscope.profiler import profiler as P
+prof = Profiler(tempfile.mkdtemp(), schedule=None, run_id="r", host_metrics=False,
+                report=False, use_env=False)
+prof.start()
+orig = P.rec.event_id
+def event_id(*a, **k):  # runs while prof.phase() creates the phase, its lock held
+    P.rec.event_id = orig
+    os.kill(os.getpid(), signal.SIGTERM)  # the handler stops the session right here
+    return orig(*a, **k)
+P.rec.event_id = event_id
+with prof.phase("Forward"):
+    pass
+print("SIGTERM was not delivered")
+"""
+
+
+def test_sigterm_while_a_phase_is_made_ends_the_program():
+    # the handler's stop() rebinds phases under the same lock: once a deadlock (hung job)
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+    env = dict(os.environ, PYTHONPATH=src)
+    proc = subprocess.run([sys.executable, "-c", _SIGTERM_IN_PHASE], env=env, timeout=30,
+                          capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGTERM, proc.stdout + proc.stderr

@@ -205,3 +205,27 @@ def test_a_failing_hash_other_than_unhashable_reaches_the_caller():
 
     with pytest.raises(KeyboardInterrupt):
         stepscope.annotate(Interrupting("x"))
+
+
+@pytest.mark.parametrize("n", [0, 5, 127, 128, 300, 1 << 40, -1, (1 << 63) - 1, -(1 << 63),
+                               1 << 63])
+@pytest.mark.parametrize("name", ["step 7", "étape ü", "bad \ud800 surrogate", ""])
+def test_named_int_begin_encodes_like_the_generic_path(n, name):
+    # C (named_int_event) where it can, Python otherwise: the bytes of track_event either way
+    eid = _recorder.event_id("", ("step",))
+    a, b = _encoder.Interner(), _encoder.Interner()
+    for _ in range(2):  # first use defines the interned category and arg name, then cached
+        got = _encoder.blob_event(a, _recorder.NamedIntBegin(eid, 1, name, "step", n))
+        want = _encoder.track_event(b, BEGIN, eid, None, {"step": n}, name=name)
+        assert got == want
+        assert a.take_pending() == b.take_pending()
+
+
+@needs_fast
+def test_named_int_event_checks_its_arguments():
+    with pytest.raises(TypeError, match="7 arguments"):
+        fast.named_int_event(b"", b"")
+    with pytest.raises(TypeError, match="bytes"):
+        fast.named_int_event("x", b"", b"", "n", b"", b"", 1)
+    with pytest.raises(OverflowError):
+        fast.named_int_event(b"", b"", b"", "n", b"", b"", 1 << 64)

@@ -15,7 +15,17 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import _wire as w
-from ._recorder import BEGIN, COUNTER, END, INSTANT, Blob, counter_value, fast, kinds
+from ._recorder import (
+    BEGIN,
+    COUNTER,
+    END,
+    INSTANT,
+    Blob,
+    NamedIntBegin,
+    counter_value,
+    fast,
+    kinds,
+)
 
 _TYPE_OF_KIND = {BEGIN: w.TYPE_SLICE_BEGIN, END: w.TYPE_SLICE_END, INSTANT: w.TYPE_INSTANT,
                  COUNTER: w.TYPE_COUNTER}
@@ -342,6 +352,8 @@ def blob_event(interner: Interner, blob: Blob) -> bytes:
     """The TrackEvent field of a blob. A ``Blob`` subclass marks an immutable event recorded
     many times (the profiler's step end): it is encoded once per sequence, then reused."""
     if type(blob) is not Blob:
+        if type(blob) is NamedIntBegin:
+            return _named_int_begin(interner, blob)
         heads = interner.heads
         data = heads.get((blob,))
         if data is None:
@@ -356,3 +368,24 @@ def _blob_event(interner: Interner, blob: Blob) -> bytes:
     value = blob.value
     return track_event(interner, blob.kind, blob.eid, blob.track, blob.args, blob.flows,
                        blob.tflows, None if value is None else counter_value(value), blob.name)
+
+
+def _named_int_begin(interner: Interner, blob: NamedIntBegin) -> bytes:
+    """A ``NamedIntBegin``: its type/category head and arg-name prefix cached per sequence, the
+    rest (name, value, lengths) written by one C call; ``track_event`` where that cannot be."""
+    heads = interner.heads
+    key = ("named int", blob.eid, blob.arg)
+    pre = heads.get(key)
+    if pre is None:
+        head = heads.get((BEGIN, blob.eid, None, False))
+        if head is None:
+            head = _event_head(interner, BEGIN, blob.eid, None, False)
+        pre = heads[key] = (head, _DA_NAME_IID_TAG + _varint(interner.arg_name(str(blob.arg)))
+                            + _DA_INT_TAG)
+    n = blob.n
+    if fast is not None and type(n) is int and _INT64_MIN <= n < _INT64_END:
+        try:
+            return fast.named_int_event(_TE_TAG, pre[0], _NAME_TAG, blob.name, _DA_TAG, pre[1], n)
+        except (TypeError, UnicodeEncodeError):  # not a str, lone surrogates: Python copes
+            pass
+    return track_event(interner, BEGIN, blob.eid, None, {blob.arg: n}, name=blob.name)

@@ -212,6 +212,18 @@ class Blob:
         self.name = name  # inline (not interned) name, for names used once
 
 
+class NamedIntBegin(Blob):
+    """A slice begin with an inline name and one int arg, e.g. the profiler's ``step N`` with
+    ``{step: N}``: one per step, so the writer encodes it from cached bytes in one C call."""
+
+    __slots__ = ("arg", "n")
+
+    def __init__(self, eid: int, level: int, name: str, arg: str, n: int):
+        super().__init__(BEGIN, eid, level, name=name)
+        self.arg = arg
+        self.n = n
+
+
 blobs: dict[int, Blob] = {}
 _blob_ids = itertools.count(1)
 

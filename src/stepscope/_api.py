@@ -63,13 +63,11 @@ if rec.fast is not None:
         __slots__ = ("message", "color", "domain", "category", "payload", "args", "begin")
         __call__ = _Range.__call__
 
-        def _enter_slow(self):
-            if _on:
-                _Range._enter_forwarding(self)
+        def _enter_slow(self):  # mode "delegate": detail recording and forwarding are on
+            _Range._enter_forwarding(self)
 
         def _exit_slow(self):
-            if _on:
-                _Range._exit_forwarding(self, None, None, None)
+            _Range._exit_forwarding(self, None, None, None)
 
 
 _ranges: dict = {}  # (message, domain, category) -> cached range (_CRange, or _Range subclass)
@@ -159,7 +157,7 @@ def _on_state(on: bool, detail: bool) -> None:
     global _on
     _on = detail
     if rec.fast is not None:  # the C objects read one mode; nothing to rebind
-        rec.fast.set_mode(0 if not detail else 2 if _forward else 1, rec.END_DETAIL)
+        rec.fast.set_mode(0 if not detail else 2 if _forward else 1)
         return
     # a timeout, not a plain acquire: in a forked child the lock may belong to a thread that no
     # longer exists (the child is single-threaded then, so going on without it is safe)
@@ -376,7 +374,8 @@ def pop_range(domain: Any = None) -> None:
 
 _push_range_py, _pop_range_py = push_range, pop_range
 if rec.fast is not None:  # the public names become the C fast paths over the functions above
-    rec.fast.configure(_by_message, _push_codes, _annotate_py, _push_range_py, _pop_range_py)
+    rec.fast.configure(rec.END_DETAIL, _by_message, _push_codes, _annotate_py, _push_range_py,
+                       _pop_range_py)
     annotate = rec.fast.annotate  # noqa: F811
     push_range = rec.fast.push_range  # noqa: F811
     pop_range = rec.fast.pop_range  # noqa: F811
@@ -451,8 +450,9 @@ def counter(name: str, value: float, unit: str | None = None) -> None:
             warn_once("counter_value",
                       f"counter {name!r}: value {value!r} is not a number; ignored")
             return
+    # the writer makes it an int64 or a double (``counter_value``)
     rec.record_blob(Blob(rec.COUNTER, 0, LEVEL_DETAIL, track=sess.counter_track(str(name), unit),
-                         value=rec.counter_value(value)))
+                         value=value))
 
 
 # --- sessions -----------------------------------------------------------------------------------

@@ -21,7 +21,6 @@ from ._recorder import (
     END,
     INSTANT,
     Blob,
-    NamedIntBegin,
     counter_value,
     fast,
     kinds,
@@ -255,11 +254,7 @@ def debug_annotations(interner: Interner, args: dict) -> bytes:
     for k, v in args.items():
         t = type(v)
         if t is int and _INT64_MIN <= v < _INT64_END:
-            head = cache.get((k,))
-            if head is None:
-                head = cache[(k,)] = (_DA_NAME_IID_TAG + _varint(interner.arg_name(str(k)))
-                                      + _DA_INT_TAG)
-            body = head + _varint(v)
+            body = _int_arg_head(interner, k) + _varint(v)
             out += _DA_TAG + _varint(len(body)) + body
             continue
         if t in _SCALARS:
@@ -274,6 +269,15 @@ def debug_annotations(interner: Interner, args: dict) -> bytes:
             data = _annotation(interner, k, v)
         out += data
     return out
+
+
+def _int_arg_head(interner: Interner, k) -> bytes:
+    """A DebugAnnotation's body up to its int value: the interned name, the int tag."""
+    cache = interner.arg_cache
+    head = cache.get((k,))
+    if head is None:
+        head = cache[(k,)] = _DA_NAME_IID_TAG + _varint(interner.arg_name(str(k))) + _DA_INT_TAG
+    return head
 
 
 def _annotation(interner: Interner, k, v) -> bytes:
@@ -306,6 +310,17 @@ def track_event(interner: Interner, kind: int, eid: int = 0, track: int | None =
     head = interner.heads.get(key)
     if head is None:
         head = _event_head(interner, kind, eid, track, name is None)
+    if name is not None and fast is not None and args and len(args) == 1 and value is None \
+            and not flows and not tflows:
+        # an inline name and one int arg (the profiler's "step N" with {step: N}, once per
+        # step): one C call instead of a dozen Python operations, the same bytes
+        ((k, v),) = args.items()
+        if type(v) is int and _INT64_MIN <= v < _INT64_END:
+            try:
+                return fast.named_int_event(_TE_TAG, head, _NAME_TAG, name, _DA_TAG,
+                                            _int_arg_head(interner, k), v)
+            except (TypeError, UnicodeEncodeError):  # lone surrogates: encoded below
+                pass
     body = head
     if name is not None:
         try:
@@ -352,8 +367,6 @@ def blob_event(interner: Interner, blob: Blob) -> bytes:
     """The TrackEvent field of a blob. A ``Blob`` subclass marks an immutable event recorded
     many times (the profiler's step end): it is encoded once per sequence, then reused."""
     if type(blob) is not Blob:
-        if type(blob) is NamedIntBegin:
-            return _named_int_begin(interner, blob)
         heads = interner.heads
         data = heads.get((blob,))
         if data is None:
@@ -369,23 +382,3 @@ def _blob_event(interner: Interner, blob: Blob) -> bytes:
     return track_event(interner, blob.kind, blob.eid, blob.track, blob.args, blob.flows,
                        blob.tflows, None if value is None else counter_value(value), blob.name)
 
-
-def _named_int_begin(interner: Interner, blob: NamedIntBegin) -> bytes:
-    """A ``NamedIntBegin``: its type/category head and arg-name prefix cached per sequence, the
-    rest (name, value, lengths) written by one C call; ``track_event`` where that cannot be."""
-    heads = interner.heads
-    key = ("named int", blob.eid, blob.arg)
-    pre = heads.get(key)
-    if pre is None:
-        head = heads.get((BEGIN, blob.eid, None, False))
-        if head is None:
-            head = _event_head(interner, BEGIN, blob.eid, None, False)
-        pre = heads[key] = (head, _DA_NAME_IID_TAG + _varint(interner.arg_name(str(blob.arg)))
-                            + _DA_INT_TAG)
-    n = blob.n
-    if fast is not None and type(n) is int and _INT64_MIN <= n < _INT64_END:
-        try:
-            return fast.named_int_event(_TE_TAG, pre[0], _NAME_TAG, blob.name, _DA_TAG, pre[1], n)
-        except (TypeError, UnicodeEncodeError):  # not a str, lone surrogates: Python copes
-            pass
-    return track_event(interner, BEGIN, blob.eid, None, {blob.arg: n}, name=blob.name)

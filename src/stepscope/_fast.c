@@ -130,8 +130,6 @@ static PyObject *f_clear(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static PyObject *f_now(PyObject *self, PyObject *unused) { return PyLong_FromLongLong(now_ns()); }
-
 static PyObject *f_withdraw(PyObject *self, PyObject *args) {
     /* Turn the recorded event (code, ts, ident) into `null_code`, searching the last `lookback`
      * events; True if found. */
@@ -149,24 +147,26 @@ static PyObject *f_withdraw(PyObject *self, PyObject *args) {
     Py_RETURN_FALSE;
 }
 
-static PyObject *f_set_mode(PyObject *self, PyObject *args) {
-    int m;
-    long long end;
-    if (!PyArg_ParseTuple(args, "iL", &m, &end)) return NULL;
+static PyObject *f_set_mode(PyObject *self, PyObject *arg) {
+    int m = PyLong_AsLong(arg);
+    if (m == -1 && PyErr_Occurred()) return NULL;
     if (m < MODE_OFF || m > MODE_DELEGATE) {
         PyErr_SetString(PyExc_ValueError, "mode must be 0, 1 or 2");
         return NULL;
     }
     mode = m;
-    end_code = end;
     Py_RETURN_NONE;
 }
 
 static PyObject *f_configure(PyObject *self, PyObject *args) {
-    /* configure(by_message: dict, push_codes: dict, annotate_slow, push_slow, pop_slow) */
+    /* configure(end_code, by_message: dict, push_codes: dict, annotate_slow, push_slow,
+     *           pop_slow) */
     PyObject *bm, *pc, *as, *ps, *pp;
-    if (!PyArg_ParseTuple(args, "O!O!OOO", &PyDict_Type, &bm, &PyDict_Type, &pc, &as, &ps, &pp))
+    long long end;
+    if (!PyArg_ParseTuple(args, "LO!O!OOO", &end, &PyDict_Type, &bm, &PyDict_Type, &pc, &as, &ps,
+                          &pp))
         return NULL;
+    end_code = end;
     Py_INCREF(bm); Py_XSETREF(by_message, bm);
     Py_INCREF(pc); Py_XSETREF(push_codes, pc);
     Py_INCREF(as); Py_XSETREF(annotate_slow, as);
@@ -184,16 +184,27 @@ static PyObject *call_slow(PyObject *fn, PyObject *const *args, Py_ssize_t nargs
     return PyObject_Vectorcall(fn, args, nargs, kwnames);
 }
 
+/* The entry of a fast-path cache for `key` (borrowed), or NULL: not cached, or unhashable (a
+ * TypeError, cleared: the Python path cleans such keys). *failed is set for any other error,
+ * which must reach the caller. */
+static PyObject *cached(PyObject *cache, PyObject *key, int *failed) {
+    *failed = 0;
+    PyObject *v = PyDict_GetItemWithError(cache, key);
+    if (v == NULL && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) PyErr_Clear();
+        else *failed = 1;
+    }
+    return v;
+}
+
 /* annotate(message=None, ...): the cached range of a plain message, else the Python path. */
 static PyObject *f_annotate(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                             PyObject *kwnames) {
     if (nargs == 1 && kwnames == NULL && by_message != NULL) {
-        PyObject *r = PyDict_GetItemWithError(by_message, args[0]);
+        int failed;
+        PyObject *r = cached(by_message, args[0], &failed);
         if (r != NULL) return Py_NewRef(r);
-        if (PyErr_Occurred()) { /* unhashable: the slow path cleans it; anything else is real */
-            if (!PyErr_ExceptionMatches(PyExc_TypeError)) return NULL;
-            PyErr_Clear();
-        }
+        if (failed) return NULL;
     }
     return call_slow(annotate_slow, args, nargs, kwnames);
 }
@@ -202,17 +213,15 @@ static PyObject *f_push_range(PyObject *self, PyObject *const *args, Py_ssize_t 
                               PyObject *kwnames) {
     if (mode == MODE_OFF) Py_RETURN_NONE;
     if (mode == MODE_RECORD && nargs == 1 && kwnames == NULL && push_codes != NULL) {
-        PyObject *c = PyDict_GetItemWithError(push_codes, args[0]);
+        int failed;
+        PyObject *c = cached(push_codes, args[0], &failed);
         if (c != NULL) {
             long long code = PyLong_AsLongLong(c);
             if (code == -1 && PyErr_Occurred()) return NULL;
             put_now(code);
             Py_RETURN_NONE;
         }
-        if (PyErr_Occurred()) {
-            if (!PyErr_ExceptionMatches(PyExc_TypeError)) return NULL;
-            PyErr_Clear();
-        }
+        if (failed) return NULL;
     }
     return call_slow(push_slow, args, nargs, kwnames);
 }
@@ -598,15 +607,14 @@ static PyMethodDef module_methods[] = {
     {"size", f_size, METH_NOARGS, "int64 words recorded and not yet drained (3 per event)."},
     {"lost", f_lost, METH_NOARGS, "Events not stored for lack of memory."},
     {"clear", f_clear, METH_NOARGS, "Forget everything recorded."},
-    {"now", f_now, METH_NOARGS, "The recording clock (CLOCK_MONOTONIC ns)."},
     {"withdraw", f_withdraw, METH_VARARGS, "withdraw(code, ts, ident, null_code, lookback)."},
-    {"set_mode", f_set_mode, METH_VARARGS, "set_mode(mode, end_code): 0 off, 1 record, 2 delegate."},
+    {"set_mode", f_set_mode, METH_O, "set_mode(mode): 0 off, 1 record, 2 delegate."},
     {"assemble", f_assemble, METH_VARARGS,
      "assemble(deltas, tidx, templates) -> bytes: Trace.packet entries (see _encoder.assemble)."},
     {"named_int_event", (PyCFunction)(void (*)(void))f_named_int_event, METH_FASTCALL,
      "named_int_event(te_tag, head, name_tag, name, da_tag, da_head, n) -> bytes."},
     {"configure", f_configure, METH_VARARGS,
-     "configure(by_message, push_codes, annotate_slow, push_slow, pop_slow)."},
+     "configure(end_code, by_message, push_codes, annotate_slow, push_slow, pop_slow)."},
     {"annotate", (PyCFunction)(void (*)(void))f_annotate, METH_FASTCALL | METH_KEYWORDS,
      "annotate(message=None, color=None, domain=None, category=None, payload=None, **args)\n--\n\n"
      "A range, as ``with annotate(\"x\"):`` or ``@annotate(\"x\")`` / ``@annotate``."},

@@ -1,7 +1,7 @@
 """Bridges to the ``nvtx`` package, in both directions.
 
 *Forwarding* sends every stepscope range to real NVTX too, so Nsight Systems shows the same
-ranges: while forwarding is on (``stepscope._api._forward``, or :func:`enable_forwarding`), the
+ranges: while forwarding is on (:func:`enable_forwarding`, called by ``set_forwarding``), the
 core calls :func:`forward_push` / :func:`forward_pop` / :func:`forward_start` /
 :func:`forward_end` / :func:`forward_mark`, which call nvtx's original functions.
 
@@ -53,10 +53,6 @@ def _warn_once(what: str, exc: BaseException | None = None) -> None:
                         f"{what}{detail} (further ones are not reported)")
 
 
-class _NoApi:  # stands in for stepscope._api when it is not loaded (tests with a fake core)
-    _forward = False
-
-
 def _import_nvtx() -> ModuleType | None:
     try:
         import nvtx
@@ -82,7 +78,7 @@ def _originals() -> dict[str, Any] | None:
 # Forwarding: stepscope ranges -> real NVTX
 # ---------------------------------------------------------------------------------------------
 
-forwarding = False  # enable_forwarding() is in effect (the core may also gate with its own flag)
+forwarding = False  # enable_forwarding() is in effect (``_api._forward`` mirrors it)
 _fwd: dict[str, Any] | None = None  # nvtx's original functions (no-ops if missing), on first use
 
 
@@ -171,7 +167,6 @@ _capture_depth = 0
 _saved_functions: dict[str, Any] | None = None
 _patched: list[tuple[ModuleType, str, Any, Any]] = []  # (module, name, original, wrapper)
 _target: Any = None  # the stepscope package (resolved lazily: it imports this module)
-_api: Any = None  # stepscope._api, whose _forward flag says whether the core forwards
 
 
 _NV = _schema.CAT_NVTX
@@ -182,7 +177,7 @@ def _record(method: str, *args: Any) -> Any:
     forwarding on, this thread's forwarding is suppressed meanwhile: nvtx already has the call."""
     try:
         fn = getattr(_target, method)
-        if not (forwarding or _api._forward):
+        if not forwarding:
             return fn(*args)
         _tls.capturing = True
         try:
@@ -398,7 +393,7 @@ def capture_nvtx() -> NvtxCapture:
     Calls nest: each ``capture_nvtx()`` needs one ``release_nvtx()`` (or use it as a context
     manager). Without the ``nvtx`` package it warns and returns an inactive handle.
     """
-    global _capturing, _capture_depth, _saved_functions, _target, _api
+    global _capturing, _capture_depth, _saved_functions, _target
     with _lock:
         nvtx = _import_nvtx()
         if nvtx is None:
@@ -412,9 +407,6 @@ def capture_nvtx() -> NvtxCapture:
             import stepscope
 
             _target = stepscope
-            _api = sys.modules.get("stepscope._api")
-            if not hasattr(_api, "_forward"):
-                _api = _NoApi
             _saved_functions = _functions_of(nvtx)
             wrappers = _make_wrappers(_saved_functions)
             for module in _modules_to_patch(nvtx):

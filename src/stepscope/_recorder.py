@@ -212,26 +212,19 @@ class Blob:
         self.name = name  # inline (not interned) name, for names used once
 
 
-class NamedIntBegin(Blob):
-    """A slice begin with an inline name and one int arg, e.g. the profiler's ``step N`` with
-    ``{step: N}``: one per step, so the writer encodes it from cached bytes in one C call."""
-
-    __slots__ = ("arg", "n")
-
-    def __init__(self, eid: int, level: int, name: str, arg: str, n: int):
-        super().__init__(BEGIN, eid, level, name=name)
-        self.arg = arg
-        self.n = n
-
-
 blobs: dict[int, Blob] = {}
 _blob_ids = itertools.count(1)
 
 
-def record_blob(blob: Blob, ts: int | None = None) -> tuple[int, int, int]:
+def register_blob(blob: Blob) -> int:
+    """Park a blob for the writer; its (negative) id is the event code that refers to it."""
     k = next(_blob_ids)
     blobs[k] = blob
-    event = (-k, perf_counter_ns() if ts is None else ts, get_ident())
+    return k
+
+
+def record_blob(blob: Blob, ts: int | None = None) -> tuple[int, int, int]:
+    event = (-register_blob(blob), perf_counter_ns() if ts is None else ts, get_ident())
     _ext(event)
     return event
 
@@ -270,38 +263,16 @@ def withdraw(event: tuple[int, int, int], lookback: int = 1 << 16) -> bool:
 
 
 # --- internal API for the profiler and others (events on the calling thread's track) -----------
-def begin(name: str, category: str | None = None, args: dict | None = None,
-          level: int = LEVEL_SUMMARY, intern: bool = True) -> tuple[int, int, int] | None:
-    """Open a slice on the calling thread's track (closed by ``end`` with the same level).
-
-    ``intern=False`` writes the name inline: for names used once (``step 123``), so that no
-    table grows with the length of the run. Returns the recorded event (for ``withdraw``).
-    """
-    if not ON or (level == LEVEL_DETAIL and not DETAIL):
-        return None
-    cats = (category,) if category else ()
-    if not intern:
-        return record_blob(Blob(BEGIN, event_id("", cats), level, args=args,
-                                name=clean_name(name)))
-    return record_named(BEGIN, name, cats, level, args)
+def begin(name: str, category: str | None = None, level: int = LEVEL_SUMMARY) -> None:
+    """Open a slice on the calling thread's track (closed by ``end`` with the same level)."""
+    if ON and (level == LEVEL_SUMMARY or DETAIL):
+        record_named(BEGIN, name, (category,) if category else (), level)
 
 
-def end(level: int = LEVEL_SUMMARY, args: dict | None = None) -> None:
-    """Close the innermost slice of that level; ``args`` are merged into the slice's args."""
-    if not ON:
-        return
-    if args:
-        record_blob(Blob(END, 0, level, args=args))
-    else:
-        _ext((END_SUMMARY if level == LEVEL_SUMMARY else END_DETAIL, perf_counter_ns(),
-              get_ident()))
-
-
-def instant(name: str, category: str | None = None, args: dict | None = None,
-            level: int = LEVEL_SUMMARY, track: int | None = None) -> None:
-    if not ON or (level == LEVEL_DETAIL and not DETAIL):
-        return
-    record_named(INSTANT, name, (category,) if category else (), level, args, track)
+def end(level: int = LEVEL_SUMMARY) -> None:
+    """Close the innermost slice of that level."""
+    if ON:
+        (end_summary if level == LEVEL_SUMMARY else end_detail)()
 
 
 def counter_value(value) -> int | float:
@@ -312,12 +283,6 @@ def counter_value(value) -> int | float:
         return float(value)
     except (TypeError, ValueError, OverflowError):
         return float("nan")
-
-
-def counter(track: int, value: float, level: int = LEVEL_SUMMARY) -> None:
-    """One sample on a counter track made with ``Session.new_counter_track``."""
-    if ON and (level == LEVEL_SUMMARY or DETAIL):
-        record_blob(Blob(COUNTER, 0, level, track=track, value=counter_value(value)))
 
 
 _state_listeners: list = []

@@ -489,7 +489,7 @@ class Session:
         for em in self._emitters:
             events = em.take()
             if events:  # one blob id per event, shared by every file that takes it
-                ids = -np.array([self._blob_id(e[4]) for e in events], dtype=np.int64)
+                ids = -np.array([_recorder.register_blob(e[4]) for e in events], dtype=np.int64)
                 emitted.append((em, ids, np.array([e[0] for e in events], dtype=np.int64)))
         groups = self._split(chunk, discard_detail)
         for sink in self.sinks:
@@ -523,12 +523,6 @@ class Session:
             sink.warn_unmatched = False  # ... which is expected now, not the user's mistake
             for seq in sink.sequences.values():
                 sink.close_open_slices(seq, now)
-
-    @staticmethod
-    def _blob_id(blob: Blob) -> int:
-        k = next(_recorder._blob_ids)  # noqa: SLF001
-        _recorder.blobs[k] = blob
-        return k
 
     def _split(self, chunk: np.ndarray, discard_detail: bool):
         """Per thread: (ident, codes, ts, levels) in time order."""
@@ -578,9 +572,9 @@ class Session:
         now = _clock.now()
         em_key = ("dropped",)
         seq = sink.sequence(em_key, None, _clock.MONOTONIC)
-        k1 = self._blob_id(Blob(COUNTER, 0, LEVEL_SUMMARY, self._dropped_track,
+        k1 = _recorder.register_blob(Blob(COUNTER, 0, LEVEL_SUMMARY, self._dropped_track,
                                 value=self.dropped))
-        k2 = self._blob_id(Blob(INSTANT, _recorder.event_id("stepscope dropped events",
+        k2 = _recorder.register_blob(Blob(INSTANT, _recorder.event_id("stepscope dropped events",
                                                             (CAT_STEPSCOPE,)),
                                 LEVEL_SUMMARY, self.process_uuid,
                                 args={ARG_DROPPED: self.dropped}))

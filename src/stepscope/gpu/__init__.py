@@ -178,9 +178,7 @@ class GpuTracing:
     def _thread_tracks(self, tids: set[int]) -> dict[int, int]:
         """CUPTI thread id → the thread's track. CUPTI's default thread id is ``pthread_self()``
         (``threading.get_ident()``) cut to 32 bits; the system thread id is matched too."""
-        make = getattr(self.sess, "thread_track", None) or getattr(self.sess, "_thread_track", None)
-        if make is None:
-            return {}
+        make = self.sess.thread_track
         out = {}
         for t in threading.enumerate():
             if t.ident is None:

@@ -563,8 +563,9 @@ class Profiler:
             # the name is written inline (used once: no table grows with the run); the step
             # number rides on the begin, epoch and num_samples on the end
             n = self._step
-            self._step_begin = rec.record_blob(rec.NamedIntBegin(
-                self._step_eid, S.LEVEL_SUMMARY, f"{_STEP_PREFIX}{n}{_STEP_SUFFIX}", _ARG_STEP, n))
+            self._step_begin = rec.record_blob(rec.Blob(
+                rec.BEGIN, self._step_eid, S.LEVEL_SUMMARY, args={_ARG_STEP: n},
+                name=f"{_STEP_PREFIX}{n}{_STEP_SUFFIX}"))
         else:
             self._step_begin = None
 

@@ -22,6 +22,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import importlib.util  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
@@ -52,6 +53,20 @@ def load_example():
     return mod
 
 
+_NULL = contextlib.nullcontext()  # one reusable do-nothing phase, as cheap as the old class
+
+
+def _no_phase(name: str) -> contextlib.nullcontext:
+    return _NULL
+
+
+def _profiler(out: str, mode: str, run_id: str, host_metrics: bool) -> Profiler:
+    """The profiler of a mode: timer_only, summary (no detail windows), detail (every step)."""
+    return Profiler(out, run_id=run_id, timer_only=mode == "timer_only",
+                    schedule=ALWAYS if mode == "detail" else None, host_metrics=host_metrics,
+                    report=False, use_env=False)
+
+
 def run_mode(ex, model, batches, mode: str, out: str) -> tuple[float, float]:
     """(wall seconds per step of the loop, process CPU seconds per step incl. start/stop)."""
     c0 = time.process_time()
@@ -61,10 +76,7 @@ def run_mode(ex, model, batches, mode: str, out: str) -> tuple[float, float]:
             ex.train_step(model, batch, None)
         wall = time.perf_counter() - t0
         return wall / len(batches), (time.process_time() - c0) / len(batches)
-    kwargs = {"timer_only": mode == "timer_only",
-              "schedule": ALWAYS if mode == "detail" else None,
-              "host_metrics": mode != "timer_only", "report": False, "use_env": False}
-    prof = Profiler(out, run_id=f"{mode}-{time.perf_counter_ns()}", **kwargs)
+    prof = _profiler(out, mode, f"{mode}-{time.perf_counter_ns()}", mode != "timer_only")
     prof.start()
     t0 = time.perf_counter()
     for batch in prof.dataloader(batches):
@@ -81,7 +93,7 @@ def _instrumented_loop(prof, n: int, user_ranges: int) -> None:
     import stepscope
 
     names = [f"range{i}" for i in range(user_ranges)]
-    phase = prof.phase if prof is not None else ex_no_phase
+    phase = prof.phase if prof is not None else _no_phase
     loader = prof.dataloader(range(n)) if prof is not None else range(n)
     for _ in loader:
         with phase("Forward"):
@@ -98,21 +110,6 @@ def _instrumented_loop(prof, n: int, user_ranges: int) -> None:
             prof.step(num_samples=128)
 
 
-class _NoPhase:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-
-_NO = _NoPhase()
-
-
-def ex_no_phase(name):
-    return _NO
-
-
 def per_step_cost(mode: str, out: str, n: int = 3000) -> tuple[float, float]:
     """(main-thread CPU us, writer+I/O CPU us) the profiler adds per instrumented step.
 
@@ -124,10 +121,7 @@ def per_step_cost(mode: str, out: str, n: int = 3000) -> tuple[float, float]:
     c0 = time.thread_time()
     _instrumented_loop(None, n, user)
     base = time.thread_time() - c0
-    kwargs = {"timer_only": mode == "timer_only",
-              "schedule": ALWAYS if mode == "detail" else None,
-              "host_metrics": False, "report": False, "use_env": False}
-    prof = Profiler(out, run_id=f"cost-{mode}-{time.perf_counter_ns()}", **kwargs)
+    prof = _profiler(out, mode, f"cost-{mode}-{time.perf_counter_ns()}", False)
     prof.start()
     sess = prof._sess  # noqa: SLF001
     if sess is not None:

@@ -88,11 +88,24 @@ def test_explicit_trace_processor_raises(written, monkeypatch):
                       trace_processor_bin="/nonexistent/trace_processor_shell")
 
 
+def test_a_crashing_binary_is_an_engine_error(written, tmp_path, monkeypatch):
+    monkeypatch.setattr(eng, "_download_failed", None)
+    shell = tmp_path / "trace_processor_shell"
+    shell.write_text("#!/bin/sh\nexit 3\n")
+    shell.chmod(0o755)
+    with pytest.raises(EngineError, match="^trace_processor_shell failed: "):
+        analysis.open(written, engine="trace_processor", trace_processor_bin=str(shell))
+    assert eng._download_failed is None  # a given binary failing is not a failed download
+
+
 def test_bad_arguments(written, tmp_path):
     with pytest.raises(ValueError, match="unknown engine"):
         analysis.open(written, engine="duckdb")
     with pytest.raises(TraceError, match="no such file"):
         analysis.open(str(tmp_path / "nope.pftrace"), engine="embedded")
+    for engine in ("auto", "trace_processor", "embedded"):  # refused before any engine starts
+        with pytest.raises(TraceError, match=r": is a directory, not a trace file$"):
+            analysis.open(str(tmp_path), engine=engine)
     bad = tmp_path / "bad.pftrace"
     bad.write_bytes(b"\x00\x01garbage" * 50)
     with pytest.raises(TraceError, match="not a Perfetto"):

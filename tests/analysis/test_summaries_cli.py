@@ -22,8 +22,8 @@ def trace(tmp_path, monkeypatch):
     path.write_bytes(b"x")
     opened = []
 
-    def fake_open(p, engine):
-        opened.append((p, engine))
+    def fake_open(p, args):
+        opened.append((p, args.engine))
         return scenario()
 
     monkeypatch.setattr(cli_summary, "_open", fake_open)
@@ -122,7 +122,7 @@ def test_unreadable_trace_is_one_line(monkeypatch, capsys, tmp_path):
     path = tmp_path / "bad.pftrace"
     path.write_bytes(b"\xff\xff")
 
-    def failing_open(p, engine):
+    def failing_open(p, args):
         raise ValueError("not a Perfetto trace")
 
     monkeypatch.setattr(cli_summary, "_open", failing_open)
@@ -138,3 +138,19 @@ def test_several_paths_load_into_one_database(trace, capsys, tmp_path):
     rc, out, _ = run([path, str(other), "--table", "distributed", "--format", "csv"], capsys)
     assert rc == 0 and opened == [([path, str(other)], "auto")]
     assert out.splitlines()[0] == "# distributed" and len(out.splitlines()) == 4
+
+
+def test_engine_arguments_reach_the_loader(monkeypatch, capsys, tmp_path):
+    path = tmp_path / "run.pftrace"
+    path.write_bytes(b"x")
+    seen = []
+
+    def fake_open(p, args):
+        seen.append((args.engine, args.trace_processor_bin, args.quiet))
+        return scenario()
+
+    monkeypatch.setattr(cli_summary, "_open", fake_open)
+    argv = [str(path), "-q", "--trace-processor-bin", "/opt/tp", "--engine", "trace_processor"]
+    rc, _, err = run([*argv, "--table", "overview"], capsys)
+    assert rc == 0 and err == ""
+    assert seen == [("trace_processor", "/opt/tp", True)]

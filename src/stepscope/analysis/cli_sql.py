@@ -16,13 +16,13 @@ import sys
 from typing import Any
 
 from . import engines
+from ._cli import add_engine_args, open_traces
+from ._cli import fail as _fail
 from ._errors import EngineError, TraceError
 
-_ENGINES = engines.ENGINES
 _FORMATS = ("text", "csv", "json")
 EXPORT_TABLES = ("slice", "counter", "args", "flow", "track", "thread_track", "process_track",
                  "counter_track", "thread", "process")
-_PROGRESS_BYTES = 8 << 20  # show loading progress for inputs bigger than this (a few seconds)
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -36,7 +36,7 @@ def add_parsers(subparsers: Any) -> None:
                    help="trace file(s) then the query (or give the query with -f)")
     p.add_argument("-f", "--file", metavar="SQL_FILE", help="read the query from this file")
     p.add_argument("--format", choices=_FORMATS, default="text")
-    _common(p)
+    add_engine_args(p)
     p.set_defaults(func=run_sql)
     e = subparsers.add_parser(
         "export-csv", help="write the trace's tables as CSV files",
@@ -47,27 +47,8 @@ def add_parsers(subparsers: Any) -> None:
                    help="directory for the CSV files (default: <first trace>_csv)")
     e.add_argument("--tables", metavar="T[,T]",
                    help="tables to write (default: " + ",".join(EXPORT_TABLES) + ")")
-    _common(e)
+    add_engine_args(e)
     e.set_defaults(func=run_export_csv)
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", choices=_ENGINES, default="auto")
-    p.add_argument("--trace-processor-bin", metavar="PATH",
-                   help=f"trace_processor_shell to use (else ${engines.ENV_BIN}, PATH)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no loading progress")
-
-
-def _fail(cmd: str, msg: str, code: int = 2) -> int:
-    print(f"stepscope {cmd}: error: {msg}", file=sys.stderr)
-    return code
-
-
-def _open(cmd: str, paths: list[str], args: argparse.Namespace):
-    size = sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
-    progress = None if args.quiet or size < _PROGRESS_BYTES else engines.print_progress()
-    return engines.open(paths, engine=args.engine, trace_processor_bin=args.trace_processor_bin,
-                        progress=progress)
 
 
 def run_sql(args: argparse.Namespace) -> int:
@@ -85,7 +66,7 @@ def run_sql(args: argparse.Namespace) -> int:
     if not query.strip():
         return _fail("sql", "empty query")
     try:
-        db = _open("sql", paths, args)
+        db = open_traces(paths, args)
     except (TraceError, EngineError, ValueError) as e:
         return _fail("sql", str(e))
     try:
@@ -144,7 +125,7 @@ def run_export_csv(args: argparse.Namespace) -> int:
                          + ", ".join(EXPORT_TABLES))
     out_dir = args.output or os.path.splitext(args.paths[0])[0] + "_csv"
     try:
-        db = _open("export-csv", list(args.paths), args)
+        db = open_traces(list(args.paths), args)
     except (TraceError, EngineError, ValueError) as e:
         return _fail("export-csv", str(e))
     try:

@@ -7,12 +7,15 @@ The lead's ``stepscope/cli.py`` calls :func:`add_parsers` with its subparsers; t
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
-from . import engines, summaries
-from ._format import UNITS, render_many
+from . import summaries
+from ._cli import add_engine_args
+from ._cli import fail as _fail
+from ._cli import open_traces as _open  # a module global: the tests replace it
+from ._errors import TraceError
+from ._format import UNITS
 
 _FORMATS = ("text", "csv", "json", "md")
 
@@ -35,7 +38,6 @@ def add_parsers(subparsers: Any) -> None:
     )
     p.add_argument("--sort", metavar="COLUMN", help="sort rows by this column (e.g. total, calls)")
     p.add_argument("--format", choices=_FORMATS, default="text")
-    p.add_argument("--engine", choices=engines.ENGINES, default="auto")
     p.add_argument("--unit", choices=tuple(UNITS), default="ms", help="time unit (default ms)")
     p.add_argument("--threads", metavar="T[,T]", help="thread ids or names to keep")
     p.add_argument("--ranks", metavar="R[,R]", help="ranks to keep")
@@ -51,6 +53,7 @@ def add_parsers(subparsers: Any) -> None:
     )
     p.add_argument("--cntk", metavar="DIR", help="also write CNTK-style per-rank files to DIR")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    add_engine_args(p)
     p.set_defaults(func=run)
 
 
@@ -58,11 +61,6 @@ def _split(values: str | None) -> list[str] | None:
     if not values:
         return None
     return [v.strip() for v in values.split(",") if v.strip()]
-
-
-def _fail(msg: str) -> int:
-    print(f"stepscope summary: error: {msg}", file=sys.stderr)
-    return 2
 
 
 def _options(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
@@ -75,8 +73,7 @@ def _options(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
             raise summaries.SummaryError(
                 f"unknown table {n!r}: choose from {', '.join(summaries.TABLES)}"
             )
-    if not names:
-        names = [n for n in summaries.TABLES if n != "step_times"]
+    names = names or list(summaries.DEFAULT_TABLES)
     ranks = _split(args.ranks)
     if ranks is not None:
         try:
@@ -99,31 +96,24 @@ def _options(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
     return names, kw
 
 
-def _open(paths: list[str], engine: str) -> Any:
-    from . import open as open_trace  # the engines (importer / trace processor)
-
-    return open_trace(paths, engine=engine, progress=True if sys.stderr.isatty() else None)
-
-
 def run(args: argparse.Namespace) -> int:
     """Handler of ``stepscope summary``: all PATHs are loaded into one database (one rank per
     file, typically), so the distributed table compares them."""
     try:
         names, kw = _options(args)
     except summaries.SummaryError as e:
-        return _fail(str(e))
-    for path in args.paths:
-        if not os.path.exists(path):
-            return _fail(f"no such file: {path}")
-        if os.path.isdir(path):
-            return _fail(f"{path} is a directory, not a trace file")
+        return _fail("summary", str(e))
     shown = ", ".join(args.paths)
     try:
-        db = _open(list(args.paths), args.engine)
+        db = _open(list(args.paths), args)
+    except TraceError as e:  # "PATH: what is wrong" (missing, a directory, corrupt)
+        return _fail("summary", f"cannot read {e}")
     except Exception as e:  # the engines' own messages say what is wrong with the file
-        return _fail(f"cannot read {shown}: {e}")
+        return _fail("summary", f"cannot read {shown}: {e}")
     try:
-        tables = summaries.all_tables(db, names=names, sort=args.sort, **kw)
+        text = summaries.report(
+            db, unit=args.unit, fmt=args.format, names=names, sort=args.sort, **kw
+        )
         if args.cntk:
             from .cntk import write_cntk
 
@@ -131,26 +121,19 @@ def run(args: argparse.Namespace) -> int:
             for p in write_cntk(db, args.cntk, **kw_f):
                 print(f"wrote {p}", file=sys.stderr)
     except summaries.SummaryError as e:
-        return _fail(f"{shown}: {e}")
+        return _fail("summary", f"{shown}: {e}")
     except OSError as e:  # --cntk DIR not writable, a file in the way, ...
-        return _fail(f"cannot write {e.filename or args.cntk}: {e.strerror or e}")
+        return _fail("summary", f"cannot write {e.filename or args.cntk}: {e.strerror or e}")
     finally:
         close = getattr(db, "close", None)
         if callable(close):
             close()
-    shown_tables = [t for t in tables.values() if t]
-    if shown_tables:
-        text = render_many(shown_tables, args.format, args.unit)
-    elif args.format == "json":
-        text = "{}\n"
-    else:
-        text = "No events to summarize.\n" if args.format == "text" else ""
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as f:
                 f.write(text)
         except OSError as e:
-            return _fail(f"cannot write {args.output}: {e.strerror or e}")
+            return _fail("summary", f"cannot write {args.output}: {e.strerror or e}")
     else:
         sys.stdout.write(text)
     return 0

@@ -112,9 +112,6 @@ class TraceProcessorDB(_Base):
         from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
 
         self.paths = paths
-        for p in paths:
-            if not os.path.isfile(p):
-                raise TraceError(f"{p}: no such file")
         trace: Any = paths[0] if len(paths) == 1 else _concatenated(paths)
         config = TraceProcessorConfig(bin_path=bin_path)
         if bin_path is None:  # the perfetto package downloads the binary: keep its output quiet
@@ -207,38 +204,47 @@ def open(  # noqa: A001 - mirrors the builtin on purpose: stepscope.analysis.ope
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
     paths = _paths(path_or_paths)
-    for p in paths:
-        if not os.path.exists(p):
-            raise TraceError(f"{p}: no such file")
+    _check_files(paths)
     if progress is True:
         progress = print_progress()
     elif progress is False:
         progress = None
-    global _download_failed
     if engine in ("auto", "trace_processor"):
         try:
-            explicit = find_trace_processor(trace_processor_bin)
-            if explicit is None and _download_failed:
-                raise EngineError(_download_failed)
-            try:
-                return TraceProcessorDB(paths, explicit)
-            except TraceError:  # the file's fault (missing, unreadable): not the binary's
-                raise
-            except Exception as e:
-                if explicit is None:  # the perfetto package's own download failed
-                    _download_failed = (f"no trace_processor_shell found and downloading it "
-                                        f"failed ({type(e).__name__}); set {ENV_BIN}")
-                    raise EngineError(_download_failed) from None
-                raise
-        except TraceError:
-            raise
-        except Exception as e:  # no binary, download failed, binary crashed, ...
+            return _start_trace_processor(paths, trace_processor_bin)
+        except EngineError as e:
             if engine == "trace_processor":
-                if isinstance(e, EngineError):
-                    raise
-                raise EngineError(f"trace processor unavailable: {_one_line(e)}") from None
+                raise
             _say(f"trace processor unavailable ({_one_line(e)}); using the embedded engine")
     return EmbeddedDB(paths, progress=progress)
+
+
+def _start_trace_processor(paths: list[str], bin_arg: str | None) -> TraceProcessorDB:
+    """Trace processor on ``paths``; EngineError whatever fails (no binary, failed download,
+    binary crashed), so ``open`` can fall back. The paths were checked: a failure is not theirs.
+    A failed download is remembered: it would fail again, slowly."""
+    global _download_failed
+    explicit = find_trace_processor(bin_arg)
+    if explicit is None and _download_failed:
+        raise EngineError(_download_failed)
+    try:
+        return TraceProcessorDB(paths, explicit)
+    except Exception as e:
+        if explicit is None:  # the perfetto package's own download failed
+            _download_failed = (f"no trace_processor_shell found and downloading it "
+                                f"failed ({type(e).__name__}); set {ENV_BIN}")
+            raise EngineError(_download_failed) from None
+        raise EngineError(f"trace_processor_shell failed: {_one_line(e)}") from None
+
+
+def _check_files(paths: list[str]) -> None:
+    """Fail on a missing path or a directory before any engine starts (same words as the
+    importer's own read, so both engines report a bad path alike)."""
+    for p in paths:
+        if os.path.isdir(p):
+            raise TraceError(f"{p}: is a directory, not a trace file")
+        if not os.path.isfile(p):
+            raise TraceError(f"{p}: no such file")
 
 
 def _one_line(e: BaseException) -> str:

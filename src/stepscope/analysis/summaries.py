@@ -330,6 +330,13 @@ _TIME_STATS = [
 ]
 
 
+def _split_stats(p: str, label: str) -> tuple[Column, ...]:
+    """Total/avg/max/min time and ratio of one side (``cpu``, ``gpu``) of a split table."""
+    stats = ("total", "avg", "max", "min")
+    times = [C(f"{p}_{s}_ns", f"{label} {s.capitalize()}", TIME) for s in stats]
+    return (*times, C(f"{p}_ratio", f"{label} Ratio", RATIO))
+
+
 @dataclass(frozen=True)
 class _Spec:
     title: str
@@ -354,16 +361,8 @@ _SPECS: dict[str, _Spec] = {
         (
             C("phase", "Phase"),
             C("calls", "Calls", INT),
-            C("cpu_total_ns", "CPU Total", TIME),
-            C("cpu_avg_ns", "CPU Avg", TIME),
-            C("cpu_max_ns", "CPU Max", TIME),
-            C("cpu_min_ns", "CPU Min", TIME),
-            C("cpu_ratio", "CPU Ratio", RATIO),
-            C("gpu_total_ns", "GPU Total", TIME),
-            C("gpu_avg_ns", "GPU Avg", TIME),
-            C("gpu_max_ns", "GPU Max", TIME),
-            C("gpu_min_ns", "GPU Min", TIME),
-            C("gpu_ratio", "GPU Ratio", RATIO),
+            *_split_stats("cpu", "CPU"),
+            *_split_stats("gpu", "GPU"),
         ),
     ),
     "steps": _Spec(
@@ -401,11 +400,7 @@ _SPECS: dict[str, _Spec] = {
             C("stddev_ns", "StdDev", TIME),
             C("self_ns", "Self", TIME),
             C("ratio", "Ratio", RATIO),
-            C("gpu_total_ns", "GPU Total", TIME),
-            C("gpu_avg_ns", "GPU Avg", TIME),
-            C("gpu_max_ns", "GPU Max", TIME),
-            C("gpu_min_ns", "GPU Min", TIME),
-            C("gpu_ratio", "GPU Ratio", RATIO),
+            *_split_stats("gpu", "GPU"),
         ),
     ),
     "kernels": _Spec(
@@ -461,6 +456,8 @@ _SPECS: dict[str, _Spec] = {
 
 #: Table names in report order.
 TABLES: tuple[str, ...] = tuple(_SPECS)
+#: The tables of a report when none are named: the per-step listing is left out.
+DEFAULT_TABLES: tuple[str, ...] = tuple(n for n in TABLES if n != "step_times")
 
 _OPERATOR_THREAD_COLS = (
     C("rank", "Rank", INT),
@@ -494,8 +491,14 @@ def table(
     ``straggler_margin``: a rank is a straggler when its mean step time exceeds the median of the
     ranks' mean step times by more than this fraction.
     """
+    _check_name(name)
     filters = Filters.make(threads, ranks, steps)
-    return _table(db, name, filters, None, sort, by_thread, straggler_margin)
+    return _table(db, name, filters, None, sort, by_thread, straggler_margin, {})
+
+
+def _check_name(name: str) -> None:
+    if name not in _SPECS:
+        raise SummaryError(f"unknown table {name!r}: choose from {', '.join(TABLES)}")
 
 
 def _table(
@@ -506,10 +509,8 @@ def _table(
     sort: str | None,
     by_thread: bool,
     straggler_margin: float,
-    cache: dict[str, list[dict]] | None = None,
+    cache: dict[str, list[dict]],
 ) -> Table:
-    if name not in _SPECS:
-        raise SummaryError(f"unknown table {name!r}: choose from {', '.join(TABLES)}")
     spec = _SPECS[name]
     columns = list(spec.columns)
     extra: dict[str, str] = {}
@@ -524,12 +525,9 @@ def _table(
         if by_thread:
             columns[1:1] = _OPERATOR_THREAD_COLS
     sql = render(spec.sql, filters, base=base, **extra)
-    if cache is not None and sql in cache:  # steps and step_times share one query
-        rows = [dict(r) for r in cache[sql]]
-    else:
-        rows = _run(db, name, sql)
-        if cache is not None:
-            cache[sql] = [dict(r) for r in rows]
+    if sql not in cache:  # steps and step_times share one query; their post-processors copy
+        cache[sql] = _run(db, name, sql)
+    rows = cache[sql]
     notes: list[str] = []
     post = _POST.get(name)
     if post is not None:
@@ -539,7 +537,15 @@ def _table(
 
 
 def all_tables(
-    db: Any, *, names: Sequence[str] | None = None, sort: str | None = None, **kwargs: Any
+    db: Any,
+    *,
+    names: Sequence[str] | None = None,
+    sort: str | None = None,
+    threads: Iterable[int | str] | None = None,
+    ranks: Iterable[int] | None = None,
+    steps: str | tuple[int | None, int | None] | None = None,
+    by_thread: bool = False,
+    straggler_margin: float = 0.10,
 ) -> dict[str, Table]:
     """Every table (or ``names``), keyed by name, in report order; empty tables included.
 
@@ -548,20 +554,13 @@ def all_tables(
     """
     wanted = list(names) if names else list(TABLES)
     for n in wanted:
-        if n not in _SPECS:
-            raise SummaryError(f"unknown table {n!r}: choose from {', '.join(TABLES)}")
-    filters = Filters.make(
-        kwargs.pop("threads", None), kwargs.pop("ranks", None), kwargs.pop("steps", None)
-    )
-    by_thread = kwargs.pop("by_thread", False)
-    margin = kwargs.pop("straggler_margin", 0.10)
-    if kwargs:
-        raise TypeError(f"unexpected arguments: {', '.join(kwargs)}")
+        _check_name(n)
+    filters = Filters.make(threads, ranks, steps)
     out: dict[str, Table] = {}
     cache: dict[str, list[dict]] = {}
     with shared_base(db, filters) as base:
         for n in wanted:
-            t = _table(db, n, filters, base, None, by_thread, margin, cache)
+            t = _table(db, n, filters, base, None, by_thread, straggler_margin, cache)
             if sort and t.column(sort) is not None:
                 t = t.sorted(sort)
             out[n] = t
@@ -580,8 +579,7 @@ def report(
 
     The per-step listing (``step_times``) is left out unless named.
     """
-    default = [n for n in TABLES if n != "step_times"]
-    tables = all_tables(db, names=names or default, **kwargs)
+    tables = all_tables(db, names=names or DEFAULT_TABLES, **kwargs)
     shown = [t for t in tables.values() if t]
     if not shown:
         return "No events to summarize.\n" if fmt == "text" else render_many([], fmt, unit)

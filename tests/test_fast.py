@@ -8,6 +8,7 @@ recorder forced (``STEPSCOPE_PURE_PYTHON=1``), so that neither path goes unteste
 from __future__ import annotations
 
 import functools
+import gc
 import inspect
 import os
 import pickle
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -178,6 +180,36 @@ def test_modes_follow_the_session(tmp_path):
             stepscope.pop_range()
         got = _recorder.drain().reshape(-1, 3)[:, 0].tolist()
     assert got == [begin, begin, END_DETAIL, END_DETAIL]
+
+
+@needs_fast
+def test_a_range_binds_enter_and_exit_once_and_is_collected_with_them():
+    class Probe(fast.Range):
+        __slots__ = ("__weakref__",)
+
+    r = Probe(code(_recorder.event_id("bound once", ()), LEVEL_DETAIL, BEGIN))
+    assert r.__enter__ is r.__enter__ and r.__exit__ is r.__exit__  # made once, kept
+    assert r.__enter__ is not Probe(0).__enter__
+    assert fast.Range.__enter__(r) is r and fast.Range.__exit__(r, None, None, None) is None
+    with pytest.raises(TypeError, match="non-Range"):
+        fast.Range.__dict__["__enter__"].__get__(object(), fast.Range)
+    with pytest.raises(TypeError, match="first argument"):
+        fast.Range.__enter__()
+    with r as entered:
+        assert entered is r
+    ref = weakref.ref(r)
+    del r, entered
+    gc.collect()  # the range and its kept bound methods form a cycle
+    assert ref() is None
+
+
+@needs_fast
+def test_noop_and_emit_take_any_arguments(tmp_path):
+    assert fast.noop() is None and fast.noop(1, 2, x=3) is None
+    _recorder.clear()
+    emit = fast.Emit(12345)
+    assert emit(None, None, None) is None and emit(ValueError, ValueError("x"), None) is None
+    assert _recorder.drain().reshape(-1, 3)[:, 0].tolist() == [12345, 12345]
 
 
 @pytest.mark.skipif(FORCED_PURE or fast is None, reason="this run already is the pure one")

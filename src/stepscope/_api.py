@@ -24,7 +24,7 @@ from . import _recorder as rec
 from ._recorder import BEGIN, END, INSTANT, Blob, code, event_id, warn_once
 from ._schema import LEVEL_DETAIL
 
-_NOOP = "".format  # a C callable taking any arguments and returning "" (falsy)
+_NOOP = rec.noop  # a C callable taking any arguments, returning a falsy value
 MAX_CACHED_RANGES = 4096
 
 _on = False  # detail-level recording (what user ranges need)

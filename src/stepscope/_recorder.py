@@ -67,7 +67,8 @@ DETAIL = False
 
 if fast is not None:
     _ext = fast.extend
-    chain = fast.Emit  # chain(code)() records (code, now, thread ident)
+    chain = fast.Emit  # chain(code)() records (code, now, thread ident); ignores arguments
+    noop = fast.noop  # a C callable taking any arguments, returning None
     pending_words = fast.size  # int64 words recorded and not drained yet (3 per event)
     lost_events = fast.lost  # events not stored for lack of memory
     clear = fast.clear
@@ -77,6 +78,7 @@ if fast is not None:
         return np.frombuffer(fast.drain(), dtype=np.int64)
 
 else:
+    noop = "".format  # a C callable taking any arguments, returning "" (falsy)
     events: list[int] = []
     _ext = events.extend
 

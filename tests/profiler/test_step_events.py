@@ -98,6 +98,25 @@ def test_cached_phase_records_only_while_recording(tmp_path):
     assert [x.name for x in d.by_category(S.CAT_PHASE)] == ["Forward"]
 
 
+def test_an_exception_leaves_a_phase_closed_and_propagates(tmp_path):
+    prof = Profiler(tmp_path, schedule=None, run_id="p", host_metrics=False, report=False,
+                    use_env=False)
+    prof.start()
+    with pytest.raises(ZeroDivisionError):
+        with prof.phase("Forward"):
+            with prof.phase("Backward"):
+                1 / 0  # noqa: B018
+    with prof.phase("Optimization"):
+        pass
+    prof.step()
+    prof.stop()
+    d = decode(tmp_path / "p" / "rank0.summary.pftrace")
+    fwd, bwd, opt = sorted(d.by_category(S.CAT_PHASE), key=lambda x: x.ts)
+    assert (fwd.name, bwd.name, opt.name) == ("Forward", "Backward", "Optimization")
+    assert None not in (fwd.dur, bwd.dur, opt.dur)  # every phase ended
+    assert fwd.ts <= bwd.ts and bwd.ts + bwd.dur <= fwd.ts + fwd.dur <= opt.ts  # nested, closed
+
+
 @pytest.mark.skipif(hm.resource is None or not os.path.exists("/proc/self/statm"),
                     reason="Linux /proc and getrusage")
 def test_own_process_readings_match_psutil():

@@ -102,8 +102,11 @@ class _FastPhase(_Phase):
     def _end(self, *exc: object) -> None:
         _end_summary()
 
+    if rec.fast is not None:  # the C chain ignores its arguments: no Python frame on exit
+        _end = staticmethod(rec.end_summary)  # type: ignore[assignment]
 
-_NOOP = "".format  # a C callable taking any arguments (returns "", falsy: exceptions propagate)
+
+_NOOP = rec.noop  # a C callable taking any arguments, returning a falsy value
 _phase_lock = threading.RLock()  # phase creation vs rebinding when recording turns on or off
 
 

@@ -364,20 +364,7 @@ def _event_head(interner: Interner, kind: int, eid: int, track: int | None,
 
 
 def blob_event(interner: Interner, blob: Blob) -> bytes:
-    """The TrackEvent field of a blob. A ``Blob`` subclass marks an immutable event recorded
-    many times (the profiler's step end): it is encoded once per sequence, then reused."""
-    if type(blob) is not Blob:
-        heads = interner.heads
-        data = heads.get((blob,))
-        if data is None:
-            if len(heads) >= HEAD_CACHE_SIZE:
-                heads.clear()
-            data = heads[(blob,)] = _blob_event(interner, blob)
-        return data
-    return _blob_event(interner, blob)
-
-
-def _blob_event(interner: Interner, blob: Blob) -> bytes:
+    """The TrackEvent field of a blob."""
     value = blob.value
     return track_event(interner, blob.kind, blob.eid, blob.track, blob.args, blob.flows,
                        blob.tflows, None if value is None else counter_value(value), blob.name)

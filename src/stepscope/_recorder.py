@@ -112,12 +112,16 @@ end_summary = chain(END_SUMMARY)
 
 # --- the event table: (name, categories, source location) -> eid ---------------------------------
 class EventKind:
-    __slots__ = ("name", "categories", "srcloc")
+    """What every event of one code shares; ``args``: debug annotations written with each."""
 
-    def __init__(self, name: str, categories: tuple[str, ...], srcloc: tuple | None):
+    __slots__ = ("name", "categories", "srcloc", "args")
+
+    def __init__(self, name: str, categories: tuple[str, ...], srcloc: tuple | None,
+                 args: dict | None = None):
         self.name = name
         self.categories = categories
         self.srcloc = srcloc
+        self.args = args
 
 
 kinds: list[EventKind | None] = [None]  # eid 0 is reserved (ends carry no name)
@@ -160,15 +164,26 @@ MAX_EVENT_KINDS = 1 << 16  # interned names; past this, new names are written in
 
 
 def event_id(name: Any, categories: tuple[str, ...] = (), srcloc: tuple | None = None,
-             force: bool = True) -> int | None:
+             force: bool = True, args: dict | None = None) -> int | None:
     """The interned id of an event kind. With ``force=False``, None once the table is full and
     the kind is new: the caller then writes the name inline (a run with endless distinct names,
-    ``f"batch {i}"``, must not grow a table forever)."""
+    ``f"batch {i}"``, must not grow a table forever).
+
+    ``args``: fixed debug annotations, written with every event of the kind, so that an event
+    whose args repeat (the profiler's step end) is a fast code: recorded by a bare chain and
+    encoded once per sequence. None when a value is unhashable (the caller records a blob).
+    """
     key = (name, categories, srcloc)
+    if args is not None:  # the type too: 128 and 128.0 are written differently
+        try:
+            key += tuple((k, type(v), v) for k, v in args.items())
+            hash(key)
+        except TypeError:
+            return None
     try:
         eid = _kind_ids.get(key)
     except TypeError:  # unhashable name
-        key = (clean_name(name), categories, srcloc)
+        key = (clean_name(name), categories, srcloc) + key[3:]
         eid = _kind_ids.get(key)
     if eid is None:
         if not force and len(kinds) >= MAX_EVENT_KINDS:
@@ -177,7 +192,8 @@ def event_id(name: Any, categories: tuple[str, ...] = (), srcloc: tuple | None =
             eid = _kind_ids.get(key)
             if eid is None:
                 eid = len(kinds)
-                kinds.append(EventKind(clean_name(name), categories, srcloc))
+                kinds.append(EventKind(clean_name(name), categories, srcloc,
+                                       None if args is None else dict(args)))
                 _kind_ids[key] = eid
     return eid
 
@@ -212,6 +228,32 @@ class Blob:
         self.tflows = tflows
         self.value = value
         self.name = name  # inline (not interned) name, for names used once
+
+
+class NumberedBegin(Blob):
+    """A begin named ``prefix + str(n) + suffix`` with the one int arg ``{arg: n}`` (the
+    profiler's ``step N``), one per use: made by a one-field call on the recording thread;
+    the writer forms its name and args. Subclasses set ``eid``, ``level``, ``prefix``,
+    ``suffix`` and ``arg`` (class attributes stand in for Blob's fields)."""
+
+    __slots__ = ("number",)
+    kind, track, flows, tflows, value = BEGIN, None, None, None, None
+    eid: int
+    level: int
+    prefix: str  # "step {step}" cut around its field: an f-string of the parts is several
+    suffix: str  # times cheaper than str.format with a keyword
+    arg: str
+
+    def __init__(self, number: int):  # noqa: D107 - no Blob.__init__: the fields are fixed
+        self.number = number
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"{self.prefix}{self.number}{self.suffix}"
+
+    @property
+    def args(self) -> dict:  # type: ignore[override]
+        return {self.arg: self.number}
 
 
 blobs: dict[int, Blob] = {}

@@ -15,7 +15,7 @@ import numpy as np
 from . import _clock
 from . import _wire as w
 from ._encoder import Interner, assemble, blob_event, packet, track_event
-from ._recorder import BEGIN, END, blobs, warn_once
+from ._recorder import BEGIN, END, blobs, kinds, warn_once
 
 _PREFIX_FLAGS = w.f_varint(w.PKT_SEQUENCE_FLAGS, w.SEQ_NEEDS_INCREMENTAL_STATE)
 MAIN_SEQUENCE = 1
@@ -65,7 +65,11 @@ class SequenceState:
         tpl = self.templates.get(code)
         if tpl is None:
             kind, eid = code & 3, code >> 3
-            tpl = self.templates[code] = self.prefix + track_event(self.interner, kind, eid)
+            args = kinds[eid].args if eid else None
+            if kind == END:  # an end names nothing; its fixed args join the slice's
+                eid = 0
+            tpl = self.templates[code] = self.prefix + track_event(self.interner, kind, eid,
+                                                                   args=args)
         return tpl
 
 

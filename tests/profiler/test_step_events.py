@@ -12,6 +12,7 @@ import perfetto_decode
 from stepscope import _recorder as rec
 from stepscope import _schema as S
 from stepscope._encoder import Interner, blob_event, debug_annotations
+from stepscope._sink import SequenceState
 from stepscope.profiler import Profiler
 from stepscope.profiler import host_metrics as hm
 from stepscope.profiler import profiler as P
@@ -26,17 +27,22 @@ def test_int_annotation_bytes():
     assert it.arg_names == {"step": 1}
 
 
-def test_shared_step_end_is_encoded_once_per_sequence():
-    end = P._StepEnd(rec.END, 0, S.LEVEL_SUMMARY, args={"epoch": 0, "num_samples": 128})
-    # TrackEvent (field 11) {type END; epoch=0 (iid 1); num_samples=128 (iid 2)}
+def test_a_step_end_is_a_fast_code_with_fixed_args_encoded_once_per_sequence():
+    args = {"epoch": 0, "num_samples": 128}
+    eid = rec.event_id("", (), args=args)
+    assert rec.event_id("", (), args=dict(args)) == eid  # the same kind again
+    assert rec.event_id("", (), args={"epoch": 0, "num_samples": 128.0}) != eid  # a double
+    assert rec.event_id("", (), args={"epoch": 0, "num_samples": [128]}) is None  # unhashable
+    end = rec.code(eid, S.LEVEL_SUMMARY, rec.END)
+    # TrackEvent (field 11) {type END; epoch=0 (iid 1); num_samples=128 (iid 2)}: no name
     want = bytes.fromhex("5a0f4802220408012000220508022080" "01")
-    a, b = Interner(), Interner()
-    first = blob_event(a, end)
-    assert first == want and blob_event(a, end) is first  # the second time: from the cache
-    assert a.take_pending() != b""  # the arg names were defined in sequence a ...
-    assert blob_event(b, end) == want and b.take_pending() != b""  # ... and again in b
-    plain = rec.Blob(rec.END, 0, S.LEVEL_SUMMARY, args={"epoch": 0, "num_samples": 128})
-    assert blob_event(Interner(), plain) == want  # the same bytes as an ordinary blob
+    a, b = SequenceState(2, None, 6), SequenceState(3, None, 6)
+    first = a.fast_template(end)
+    assert first == a.prefix + want and a.fast_template(end) is first  # then from the cache
+    assert a.interner.take_pending() != b""  # the arg names were defined in sequence a ...
+    assert b.fast_template(end) == b.prefix + want and b.interner.take_pending() != b""
+    plain = rec.Blob(rec.END, 0, S.LEVEL_SUMMARY, args=args)
+    assert blob_event(Interner(), plain) == want  # the same bytes as a blob with those args
 
 
 def _steps(path):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import itertools
 import os
 import sys
@@ -158,21 +159,38 @@ def _sync_gpu() -> None:
 
 
 _end_summary = rec.end_summary
-# "step {step}" cut around its field: an f-string of the parts is several times cheaper than
-# str.format with a keyword
-_STEP_PREFIX, _STEP_SUFFIX = S.STEP_NAME.split("{step}")
-_ARG_STEP = S.ARG_STEP
+
+
+class _StepBegin(rec.NumberedBegin):
+    """``step N`` with the arg ``step: N``: the name is written inline (used once, so no table
+    grows with the run); epoch and num_samples ride on the end."""
+
+    __slots__ = ()
+    eid = rec.event_id("", (S.CAT_STEP,))
+    level = S.LEVEL_SUMMARY
+    prefix, suffix = S.STEP_NAME.split("{step}")
+    arg = S.ARG_STEP
+
+
 MAX_CACHED_STEP_ENDS = 64
 
 
-class _StepEnd(rec.Blob):
-    """A step end with its args, recorded for every step with the same (epoch, num_samples):
-    immutable, so the writer encodes it once per sequence (see ``_encoder.blob_event``)."""
+def _step_end_recorder(epoch: int, num_samples: Any) -> Callable[[], Any]:
+    """What records a step end with its args: a chain of the fast code of an end with those
+    fixed args (see ``rec.event_id``), or, for an unhashable ``num_samples`` or a full event
+    table, a blob."""
+    args: dict[str, Any] = {S.ARG_EPOCH: epoch}
+    if num_samples is not None:
+        args[S.ARG_NUM_SAMPLES] = num_samples
+    eid = rec.event_id("", (), force=False, args=args)
+    if eid is None:
+        return functools.partial(rec.record_blob, rec.Blob(rec.END, 0, S.LEVEL_SUMMARY,
+                                                            args=args))
+    return rec.chain(rec.code(eid, S.LEVEL_SUMMARY, rec.END))
 
-    __slots__ = ()
 
-
-_step_ends: dict[tuple, _StepEnd] = {}  # (epoch, type, num_samples) -> the shared step end
+# (epoch, type, num_samples) -> records that step end
+_step_ends: dict[tuple, Callable[[], Any]] = {}
 _phases: dict[str, _FastPhase] = {}
 _sync_phases: dict[str, _Phase] = {}
 
@@ -326,7 +344,6 @@ class Profiler:
         self._pending = False  # the step's begin waits for its first activity (see _cancel_step)
         self._step_begin: tuple[int, int, int] | None = None
         # step begins: no interned name (each is written inline), category "step"
-        self._step_eid = rec.event_id("", (S.CAT_STEP,))
         self._summary_sink: Any = None
         self._summary_path: Path | None = None
         self._started = False
@@ -563,12 +580,7 @@ class Profiler:
         self._in_step = True
         self._pending = False
         if self._recording and rec.ON:
-            # the name is written inline (used once: no table grows with the run); the step
-            # number rides on the begin, epoch and num_samples on the end
-            n = self._step
-            self._step_begin = rec.record_blob(rec.Blob(
-                rec.BEGIN, self._step_eid, S.LEVEL_SUMMARY, args={_ARG_STEP: n},
-                name=f"{_STEP_PREFIX}{n}{_STEP_SUFFIX}"))
+            self._step_begin = rec.record_blob(_StepBegin(self._step))
         else:
             self._step_begin = None
 
@@ -576,23 +588,20 @@ class Profiler:
         """End the step slice with its epoch and num_samples as args (the end is where the
         epoch is known for sure); trace processor merges them into the slice's args.
 
-        The end's args repeat from step to step, so one shared, never mutated event per
-        (epoch, num_samples) is recorded: the writer encodes a repeat from its caches."""
+        The end's args repeat from step to step: each (epoch, num_samples) is an event kind
+        of its own, recorded by one C call and encoded once per file."""
         key = (self._epoch, type(num_samples), num_samples)
         try:
-            blob = _step_ends.get(key)
+            end = _step_ends.get(key)
         except TypeError:  # an unhashable num_samples
-            key, blob = None, None
-        if blob is None:
-            args: dict[str, Any] = {S.ARG_EPOCH: self._epoch}
-            if num_samples is not None:
-                args[S.ARG_NUM_SAMPLES] = num_samples
-            blob = _StepEnd(rec.END, 0, S.LEVEL_SUMMARY, args=args)
+            key, end = None, None
+        if end is None:
+            end = _step_end_recorder(self._epoch, num_samples)
             if key is not None:
                 if len(_step_ends) >= MAX_CACHED_STEP_ENDS:
                     _step_ends.clear()
-                _step_ends[key] = blob
-        rec.record_blob(blob)
+                _step_ends[key] = end
+        end()
 
     def _cancel_step(self, wait_event: tuple[int, int, int] | None) -> None:
         """The loader is exhausted: the open step holds no work, only the final wait (recorded

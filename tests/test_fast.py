@@ -234,25 +234,35 @@ def test_a_failing_hash_other_than_unhashable_reaches_the_caller():
 
 @pytest.mark.parametrize("n", [0, 5, 127, 128, 300, 1 << 40, -1, (1 << 63) - 1, -(1 << 63),
                                1 << 63])
-@pytest.mark.parametrize("name", ["step 7", "étape ü", "bad \ud800 surrogate", ""])
-def test_inline_name_and_int_arg_encode_like_python(n, name, monkeypatch):
-    # track_event's C shortcut (named_int_event, where it applies) writes the Python bytes
-    eid = _recorder.event_id("", ("step",))
+@pytest.mark.parametrize(("prefix", "suffix"), [("step ", ""), ("étape ", " ü"),
+                                                ("bad \ud800 ", "surrogate"), ("", "")])
+def test_numbered_begin_encodes_like_python(n, prefix, suffix, monkeypatch):
+    # blob_event's C path (numbered_event, where it applies) writes track_event's bytes
+    class Numbered(_recorder.NumberedBegin):
+        __slots__ = ()
+        eid = _recorder.event_id("", ("step",))
+        level = LEVEL_DETAIL
+        arg = "step"
+
+    Numbered.prefix, Numbered.suffix = prefix, suffix
+    blob = Numbered(n)
     a, b = _encoder.Interner(), _encoder.Interner()
     for _ in range(2):  # first use defines the interned category and arg name, then cached
-        got = _encoder.track_event(a, BEGIN, eid, None, {"step": n}, name=name)
+        got = _encoder.blob_event(a, blob)
         with monkeypatch.context() as m:
             m.setattr(_encoder, "fast", None)
-            want = _encoder.track_event(b, BEGIN, eid, None, {"step": n}, name=name)
+            want = _encoder.blob_event(b, blob)
         assert got == want
         assert a.take_pending() == b.take_pending()
+    assert want == _encoder.track_event(_encoder.Interner(), BEGIN, Numbered.eid,
+                                        args={"step": n}, name=f"{prefix}{n}{suffix}")
 
 
 @needs_fast
-def test_named_int_event_checks_its_arguments():
-    with pytest.raises(TypeError, match="7 arguments"):
-        fast.named_int_event(b"", b"")
+def test_numbered_event_checks_its_arguments():
+    with pytest.raises(TypeError, match="8 arguments"):
+        fast.numbered_event(b"", b"")
     with pytest.raises(TypeError, match="bytes"):
-        fast.named_int_event("x", b"", b"", "n", b"", b"", 1)
+        fast.numbered_event("x", b"", b"", "n", "", b"", b"", 1)
     with pytest.raises(OverflowError):
-        fast.named_int_event(b"", b"", b"", "n", b"", b"", 1 << 64)
+        fast.numbered_event(b"", b"", b"", "n", "", b"", b"", 1 << 64)

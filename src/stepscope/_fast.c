@@ -17,6 +17,7 @@
 #include <Python.h>
 #include <pythread.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -645,29 +646,35 @@ done:
     return out;
 }
 
-/* named_int_event(te_tag, head, name_tag, name, da_tag, da_head, n) -> bytes: the TrackEvent
- * field of a slice begin with an inline name and one int arg (the profiler's "step N"):
+/* numbered_event(te_tag, head, name_tag, prefix, suffix, da_tag, da_head, n) -> bytes: the
+ * TrackEvent field of a slice begin with the inline name prefix + str(n) + suffix and the one
+ * int arg n (the profiler's "step N"):
  *   te_tag len(head + name_tag len(name) name + da_tag len(da_head n) da_head n)
  * with n as a protobuf int64 varint. The same bytes as _encoder.track_event, without its
  * dozen Python operations per event. */
-static PyObject *f_named_int_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "named_int_event() takes 7 arguments");
+static PyObject *f_numbered_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "numbered_event() takes 8 arguments");
         return NULL;
     }
-    for (int k = 0; k < 6; k++) {
-        if (k != 3 && !PyBytes_Check(args[k])) {
-            PyErr_SetString(PyExc_TypeError, "named_int_event(): tags and heads must be bytes");
+    for (int k = 0; k < 7; k++) {
+        if (k != 3 && k != 4 && !PyBytes_Check(args[k])) {
+            PyErr_SetString(PyExc_TypeError, "numbered_event(): tags and heads must be bytes");
             return NULL;
         }
     }
-    Py_ssize_t name_len;
-    const char *name = PyUnicode_AsUTF8AndSize(args[3], &name_len);
-    if (name == NULL) return NULL; /* not a str, or lone surrogates: the caller's Python path */
-    long long n = PyLong_AsLongLong(args[6]);
+    Py_ssize_t pre_len, suf_len;
+    const char *pre = PyUnicode_AsUTF8AndSize(args[3], &pre_len);
+    if (pre == NULL) return NULL; /* not a str, or lone surrogates: the caller's Python path */
+    const char *suf = PyUnicode_AsUTF8AndSize(args[4], &suf_len);
+    if (suf == NULL) return NULL;
+    long long n = PyLong_AsLongLong(args[7]);
     if (n == -1 && PyErr_Occurred()) return NULL;
-    PyObject *te_tag = args[0], *head = args[1], *name_tag = args[2], *da_tag = args[4],
-             *da_head = args[5];
+    char digits[24];
+    int dig_len = snprintf(digits, sizeof digits, "%lld", n);
+    PyObject *te_tag = args[0], *head = args[1], *name_tag = args[2], *da_tag = args[5],
+             *da_head = args[6];
+    Py_ssize_t name_len = pre_len + dig_len + suf_len;
     Py_ssize_t da_len = PyBytes_GET_SIZE(da_head) + varint_size((uint64_t)n);
     Py_ssize_t body = PyBytes_GET_SIZE(head) + PyBytes_GET_SIZE(name_tag)
                       + varint_size((uint64_t)name_len) + name_len + PyBytes_GET_SIZE(da_tag)
@@ -676,23 +683,26 @@ static PyObject *f_named_int_event(PyObject *self, PyObject *const *args, Py_ssi
     PyObject *out = PyBytes_FromStringAndSize(NULL, total);
     if (out == NULL) return NULL;
     char *p = PyBytes_AS_STRING(out);
-#define PUT_BYTES(o)                                                    \
-    do {                                                                \
-        memcpy(p, PyBytes_AS_STRING(o), (size_t)PyBytes_GET_SIZE(o));   \
-        p += PyBytes_GET_SIZE(o);                                       \
+#define PUT(src, len)                    \
+    do {                                 \
+        memcpy(p, (src), (size_t)(len)); \
+        p += (len);                      \
     } while (0)
+#define PUT_BYTES(o) PUT(PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o))
     PUT_BYTES(te_tag);
     p = put_varint(p, (uint64_t)body);
     PUT_BYTES(head);
     PUT_BYTES(name_tag);
     p = put_varint(p, (uint64_t)name_len);
-    memcpy(p, name, (size_t)name_len);
-    p += name_len;
+    PUT(pre, pre_len);
+    PUT(digits, dig_len);
+    PUT(suf, suf_len);
     PUT_BYTES(da_tag);
     p = put_varint(p, (uint64_t)da_len);
     PUT_BYTES(da_head);
     p = put_varint(p, (uint64_t)n);
 #undef PUT_BYTES
+#undef PUT
     return out;
 }
 
@@ -708,8 +718,8 @@ static PyMethodDef module_methods[] = {
     {"set_mode", f_set_mode, METH_O, "set_mode(mode): 0 off, 1 record, 2 delegate."},
     {"assemble", f_assemble, METH_VARARGS,
      "assemble(deltas, tidx, templates) -> bytes: Trace.packet entries (see _encoder.assemble)."},
-    {"named_int_event", (PyCFunction)(void (*)(void))f_named_int_event, METH_FASTCALL,
-     "named_int_event(te_tag, head, name_tag, name, da_tag, da_head, n) -> bytes."},
+    {"numbered_event", (PyCFunction)(void (*)(void))f_numbered_event, METH_FASTCALL,
+     "numbered_event(te_tag, head, name_tag, prefix, suffix, da_tag, da_head, n) -> bytes."},
     {"configure", f_configure, METH_VARARGS,
      "configure(end_code, by_message, push_codes, annotate_slow, push_slow, pop_slow)."},
     {"annotate", (PyCFunction)(void (*)(void))f_annotate, METH_FASTCALL | METH_KEYWORDS,

@@ -196,7 +196,9 @@ def run_child(tmp_path, mode, sig=None):
 def test_sigkill_leaves_a_trace_with_everything_flushed(tmp_path):
     path, code, _, _ = run_child(tmp_path, "kill", signal.SIGKILL)
     assert code == -signal.SIGKILL
-    assert begins(path) == ["before"] * 3
+    got = begins(path)
+    # "never ends" begins just before the kill: a flush may or may not have taken it
+    assert got in (["before"] * 3, ["before"] * 3 + ["never ends"])
 
 
 def test_sigterm_finishes_the_file_and_still_dies_by_the_signal(tmp_path):

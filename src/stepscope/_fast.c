@@ -349,8 +349,10 @@ static PyObject *rangemethod_get(PyObject *op, PyObject *obj, PyObject *type) {
     int which = ((RangeMethodObject *)op)->which;
     PyObject **slot = &((RangeObject *)obj)->bound[which];
     if (*slot == NULL) {
-        *slot = PyCFunction_New(&range_method_defs[which], obj);
-        if (*slot == NULL) return NULL;
+        PyObject *bound = PyCFunction_New(&range_method_defs[which], obj);
+        if (bound == NULL) return NULL;
+        if (*slot == NULL) *slot = bound; /* the allocation may have let another thread in */
+        else Py_DECREF(bound);
     }
     return Py_NewRef(*slot);
 }

@@ -244,7 +244,7 @@ class NumberedBegin(Blob):
     suffix: str  # times cheaper than str.format with a keyword
     arg: str
 
-    def __init__(self, number: int):  # noqa: D107 - no Blob.__init__: the fields are fixed
+    def __init__(self, number: int):  # not Blob's: the other fields are fixed
         self.number = number
 
     @property

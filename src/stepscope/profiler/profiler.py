@@ -343,7 +343,6 @@ class Profiler:
         self._in_step = False
         self._pending = False  # the step's begin waits for its first activity (see _cancel_step)
         self._step_begin: tuple[int, int, int] | None = None
-        # step begins: no interned name (each is written inline), category "step"
         self._summary_sink: Any = None
         self._summary_path: Path | None = None
         self._started = False

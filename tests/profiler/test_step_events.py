@@ -74,6 +74,21 @@ def test_step_args_split_between_begin_and_end(tmp_path):
                       {"step": 2, "epoch": 1, "num_samples": 4.0}, {"step": 3, "epoch": 1}]
 
 
+def test_step_ends_past_the_kind_limit_are_blobs_with_the_same_args(tmp_path, monkeypatch):
+    monkeypatch.setattr(P, "_step_ends", {})
+    monkeypatch.setattr(P, "MAX_STEP_END_KINDS", P._step_end_kinds + 1)  # room for one more
+    prof = Profiler(tmp_path, schedule=None, run_id="k", host_metrics=False, report=False,
+                    use_env=False)
+    prof.start()
+    kinds_before = len(rec.kinds)
+    for n in (1000, 1001, 1002, 1000):  # tokens per batch: a new num_samples each step
+        prof.step(num_samples=n)
+    assert len(rec.kinds) <= kinds_before + 1  # one kind made, then blobs
+    prof.stop()
+    begins, ends = _steps(tmp_path / "k" / "rank0.summary.pftrace")
+    assert ends == [{"epoch": 0, "num_samples": n} for n in (1000, 1001, 1002, 1000)]
+
+
 def test_unhashable_num_samples_still_recorded(tmp_path):
     import numpy as np
 

@@ -173,16 +173,24 @@ class _StepBegin(rec.NumberedBegin):
 
 
 MAX_CACHED_STEP_ENDS = 64
+# Step ends made event kinds: a num_samples that changes every step (tokens per batch) must not
+# fill the event table that range names share; past this many, step ends are blobs.
+MAX_STEP_END_KINDS = 1024
+_step_end_kinds = 0
 
 
 def _step_end_recorder(epoch: int, num_samples: Any) -> Callable[[], Any]:
     """What records a step end with its args: a chain of the fast code of an end with those
-    fixed args (see ``rec.event_id``), or, for an unhashable ``num_samples`` or a full event
-    table, a blob."""
+    fixed args (see ``rec.event_id``), or, for an unhashable ``num_samples``, a full event
+    table or past ``MAX_STEP_END_KINDS``, a blob."""
+    global _step_end_kinds
     args: dict[str, Any] = {S.ARG_EPOCH: epoch}
     if num_samples is not None:
         args[S.ARG_NUM_SAMPLES] = num_samples
-    eid = rec.event_id("", (), force=False, args=args)
+    eid = None
+    if _step_end_kinds < MAX_STEP_END_KINDS:
+        eid = rec.event_id("", (), force=False, args=args)
+        _step_end_kinds += eid is not None
     if eid is None:
         return functools.partial(rec.record_blob, rec.Blob(rec.END, 0, S.LEVEL_SUMMARY,
                                                             args=args))

@@ -204,7 +204,7 @@ def test_a_range_binds_enter_and_exit_once_and_is_collected_with_them():
 
 
 @needs_fast
-def test_noop_and_emit_take_any_arguments(tmp_path):
+def test_noop_and_emit_take_any_arguments():
     assert fast.noop() is None and fast.noop(1, 2, x=3) is None
     _recorder.clear()
     emit = fast.Emit(12345)

@@ -85,7 +85,7 @@ def test_step_ends_past_the_kind_limit_are_blobs_with_the_same_args(tmp_path, mo
         prof.step(num_samples=n)
     assert len(rec.kinds) <= kinds_before + 1  # one kind made, then blobs
     prof.stop()
-    begins, ends = _steps(tmp_path / "k" / "rank0.summary.pftrace")
+    _, ends = _steps(tmp_path / "k" / "rank0.summary.pftrace")
     assert ends == [{"epoch": 0, "num_samples": n} for n in (1000, 1001, 1002, 1000)]
 
 

@@ -90,6 +90,31 @@ def test_args_are_typed_debug_annotations(path):
     assert next(e for e in d.events if e.name == "d").args == {"k": 1, "v": "w"}
 
 
+def test_a_decorated_function_writes_its_fixed_args_on_every_call(path, monkeypatch):
+    @stepscope.annotate("fixed", payload=7, phase="fwd")
+    def fixed(x):
+        return x
+
+    @stepscope.annotate("listed", dims=[2, 3])  # unhashable: a blob per call, same args
+    def listed(x):
+        return x
+
+    parked = []
+    register = _recorder.register_blob
+    monkeypatch.setattr(_recorder, "register_blob", lambda b: parked.append(b) or register(b))
+    with stepscope.trace(path):
+        assert fixed(1) == 1 and fixed(2) == 2
+        assert parked == []  # fast codes: nothing parked for the writer
+        assert listed(3) == 3
+        assert [b.args for b in parked] == [{"dims": [2, 3]}]
+    if _recorder.fast is not None:
+        assert isinstance(fixed, _recorder.fast.Decorated)
+    d = decode(path)
+    got = [(e.name, e.args) for e in d.events if e.type == "B"]
+    assert got == [("fixed", {"phase": "fwd", "payload": 7})] * 2 + [
+        ("listed", {"dims": [2, 3]})]
+
+
 def test_async_range_ends_on_another_thread_and_counters(path):
     with stepscope.trace(path):
         h1 = stepscope.start_range("fetch")

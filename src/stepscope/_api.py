@@ -94,10 +94,6 @@ def _args_data(payload, args) -> dict | None:
     return data or None
 
 
-def _args_blob(kind: int, eid: int, payload, args) -> Blob:
-    return Blob(kind, eid, LEVEL_DETAIL, args=_args_data(payload, args))
-
-
 def _make_range(message, color, domain, category, payload, args, fast=False) -> Any:
     """``fast`` (cached ranges only): a C ``_CRange`` reading the global mode, or without the
     extension a class of its own whose enter/exit ``_on_state`` rebinds; otherwise a
@@ -268,12 +264,18 @@ def _decorate(func, message, color, domain, category, payload, args):
     except (AttributeError, ValueError):
         srcloc = None
     name = message if message is not None else getattr(func, "__qualname__", repr(func))
-    eid = event_id(name, _categories(domain, category), srcloc)
-    if payload is None and not args:
+    cats = _categories(domain, category)
+    data = _args_data(payload, args)
+    # the args are fixed for the life of the function: an event kind carrying them, so every
+    # call records a fast code (see rec.event_id); a blob per call only for unhashable values
+    eid = event_id(name, cats, srcloc, args=data)
+    if eid is not None:
         begin = rec.chain(code(eid, LEVEL_DETAIL, BEGIN))
     else:
+        eid = event_id(name, cats, srcloc)
+
         def begin(eid=eid):
-            rec.record_blob(_args_blob(BEGIN, eid, payload, args))
+            rec.record_blob(Blob(BEGIN, eid, LEVEL_DETAIL, args=data))
     end = rec.end_detail
     clean = rec.kinds[eid].name
 
@@ -307,9 +309,9 @@ def _decorate(func, message, color, domain, category, payload, args):
             if _forward:
                 _nvtx.forward_pop(domain)
 
-    if rec.fast is not None and payload is None and not args:
+    if rec.fast is not None and isinstance(begin, rec.fast.Emit):
         # C: calls func directly when off, records around it when on, ``wrapper`` when forwarding
-        fast = rec.fast.Decorated(func, wrapper, code(eid, LEVEL_DETAIL, BEGIN))
+        fast = rec.fast.Decorated(func, wrapper, begin.code)
         return functools.update_wrapper(fast, func)
     return wrapper
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import sys
 import threading
@@ -62,12 +63,20 @@ def workers():
     b.stop()
 
 
+@contextlib.contextmanager
+def timer_session(path):
+    """A session writing ``path`` and a CUDA-event timer on it; the session stops on exit."""
+    sess = _session.Session(path).start()
+    try:
+        yield CupyEventTimer(sess, host_clock=lambda: HOST_ANCHOR)
+    finally:
+        sess.stop()
+
+
 def run_script(tmp_path, cuda, steps):
     """Run ``(worker, gpu_time, "push name" | "pop")`` steps, then resolve every range."""
     path = tmp_path / "threads.pftrace"
-    sess = _session.Session(path).start()
-    try:
-        timer = CupyEventTimer(sess, host_clock=lambda: HOST_ANCHOR)
+    with timer_session(path) as timer:
         for worker, gpu_ns, op in steps:
             cuda.gpu_now = gpu_ns
             if op == "pop":
@@ -78,8 +87,6 @@ def run_script(tmp_path, cuda, steps):
         for p in timer._pending:
             p.end.done = True
         n = timer.poll()
-    finally:
-        sess.stop()
     return decode(path), timer, n
 
 
@@ -128,9 +135,7 @@ def test_two_threads_on_one_stream_get_two_tracks(tmp_path, cuda, workers):
 def test_a_pop_without_a_range_on_its_thread_is_ignored(tmp_path, cuda, workers):
     a, b = workers
     path = tmp_path / "p.pftrace"
-    sess = _session.Session(path).start()
-    try:
-        timer = CupyEventTimer(sess, host_clock=lambda: HOST_ANCHOR)
+    with timer_session(path) as timer:
         cuda.gpu_now = 100_000
         a.call(lambda: timer.push("a"))
         b.call(timer.pop)  # b has nothing open: a's range stays open
@@ -142,8 +147,6 @@ def test_a_pop_without_a_range_on_its_thread_is_ignored(tmp_path, cuda, workers)
         assert a.call(timer.open_ranges) == [] and timer._stacks == {}
         timer._pending[0].end.done = True
         assert timer.poll() == 1
-    finally:
-        sess.stop()
     (s,) = decode(path).slices
     assert (s.name, s.ts, s.dur) == ("a", 5_000_000, 150_000)
 
@@ -153,9 +156,7 @@ def test_ranges_popped_while_polling_are_kept(tmp_path, cuda, workers):
     front of ranges popped meanwhile, and the next poll emits both."""
     a, _ = workers
     path = tmp_path / "k.pftrace"
-    sess = _session.Session(path).start()
-    try:
-        timer = CupyEventTimer(sess, host_clock=lambda: HOST_ANCHOR)
+    with timer_session(path) as timer:
         cuda.gpu_now = 100_000
         a.call(lambda: timer.push("first"))
         cuda.gpu_now = 200_000
@@ -168,7 +169,5 @@ def test_ranges_popped_while_polling_are_kept(tmp_path, cuda, workers):
         for p in timer._pending:
             p.end.done = True
         assert timer.poll() == 2
-    finally:
-        sess.stop()
     got = sorted((s.name, s.ts, s.dur) for s in decode(path).slices)
     assert got == [("first", 5_000_000, 100_000), ("second", 5_100_000, 100_000)]

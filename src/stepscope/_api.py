@@ -24,7 +24,6 @@ from . import _recorder as rec
 from ._recorder import BEGIN, END, INSTANT, Blob, code, event_id, warn_once
 from ._schema import LEVEL_DETAIL
 
-_NOOP = rec.noop  # a C callable taking any arguments, returning a falsy value
 MAX_CACHED_RANGES = 4096
 
 _on = False  # detail-level recording (what user ranges need)
@@ -51,8 +50,7 @@ class _Range:
         rec.end_detail()
         _nvtx.forward_pop(self.domain)
 
-    __enter__ = _NOOP
-    __exit__ = _NOOP
+    __enter__ = __exit__ = rec.noop  # switched by _bind_class
 
 
 if rec.fast is not None:
@@ -141,7 +139,7 @@ class _SlowRange(_Range):
 def _bind_class(cls: type, begin) -> None:
     """Set a fast range class's enter/exit for the current recording state."""
     if not _on:
-        cls.__enter__ = cls.__exit__ = _NOOP
+        cls.__enter__ = cls.__exit__ = rec.noop
     elif _forward:
         cls.__enter__, cls.__exit__ = _Range._enter_forwarding, _Range._exit_forwarding
     else:

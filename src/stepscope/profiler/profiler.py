@@ -18,8 +18,8 @@ Steps: ``start()`` opens step 0 and each ``step()`` ends one and opens the next,
 ``step <n>`` (category ``step``) on the calling thread. Its args: ``step`` on the begin, ``epoch``
 and ``num_samples`` (when ``step(num_samples=...)`` gives it) on the end, where the epoch is known
 for sure; trace processor merges both into the slice's args. The end's args repeat from step to
-step, so the end is one shared event per (epoch, num_samples), encoded once per file. When
-the ``prof.dataloader`` wrapper finds its loader exhausted, the step just opened holds no work:
+step, so each (epoch, num_samples) is an event kind of its own: one C call, encoded once per file.
+When the ``prof.dataloader`` wrapper finds its loader exhausted, the step just opened holds no work:
 its begin and the final wait are withdrawn (if not yet written), and the step opens again at the
 next fetch, phase, ``epoch()`` or ``step()``. So there is no empty trailing step per epoch.
 Phases (category ``phase``) and data-loader waits (category ``dataloader``, name
@@ -107,7 +107,6 @@ class _FastPhase(_Phase):
         _end = staticmethod(rec.end_summary)  # type: ignore[assignment]
 
 
-_NOOP = rec.noop  # a C callable taking any arguments, returning a falsy value
 _phase_lock = threading.RLock()  # phase creation vs rebinding when recording turns on or off
 
 
@@ -116,7 +115,7 @@ def _bind_phase(cls: type, begin: Callable[[], Any], on: bool) -> None:
         # functools.partial becomes one in Python 3.14)
         cls.__enter__, cls.__exit__ = staticmethod(begin), _FastPhase._end  # type: ignore
     else:
-        cls.__enter__ = cls.__exit__ = _NOOP  # type: ignore[attr-defined]
+        cls.__enter__ = cls.__exit__ = rec.noop  # type: ignore[attr-defined]
 
 
 def _fast_phase(name: str) -> _FastPhase:

@@ -144,3 +144,23 @@ def test_real_cupti_raw_and_record_paths_agree():
     assert (raw.kernels["end"] > raw.kernels["start"]).all()
     api = np.concatenate([raw.runtime["correlation"], raw.driver["correlation"]])
     assert np.isin(raw.kernels["correlation"], api).all()
+
+
+def test_a_binding_without_graph_node_ids_switches_getters_once():
+    from types import SimpleNamespace
+
+    from stepscope.gpu.cupti_live import _Getter
+
+    g = _Getter("memset", ("start", "graph_node_id", "bytes"))
+    full = g.row
+    assert g.row(SimpleNamespace(start=1, graph_node_id=9, bytes=4)) == (1, 9, 4)
+    old = SimpleNamespace(start=2, bytes=5)  # an older binding: no graph_node_id
+    with pytest.raises(AttributeError):
+        g.row(old)
+    assert g.row_after_error(old) == (2, 5) and g.row is not full  # switched
+    assert g.row(SimpleNamespace(start=3, bytes=6)) == (3, 6)  # C getter, no retry
+    assert g.row_after_error(SimpleNamespace(start=4)) is None  # unknown layout: dropped
+    assert g.widen([(1, 9, 4), (2, 5), (3, 6)]) == [(1, 9, 4), (2, 0, 5), (3, 0, 6)]
+    plain = _Getter("sync", ("start", "end"))
+    assert plain.row_after_error(SimpleNamespace(start=1)) is None
+    assert plain.widen([(1, 2)]) == [(1, 2)]

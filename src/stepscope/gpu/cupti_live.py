@@ -71,26 +71,38 @@ _OPTIONAL_ATTR = "graph_node_id"  # read as 0 from a binding whose records lack 
 
 
 class _Getter:
-    """Row tuple of one record kind: one C-level attrgetter; without the optional attribute
-    (an older binding) a second getter and a 0 spliced in its place."""
+    """Row tuple of one record kind: ``row`` is one C-level attrgetter, so the buffer callback
+    runs no Python frame per record. A binding whose records lack the optional attribute (an
+    older one) makes ``row`` switch, once, to a getter without it; ``widen`` puts its 0 back at
+    window end."""
 
-    __slots__ = ("key", "full", "reduced", "pos")
+    __slots__ = ("key", "width", "pos", "reduced", "row")
 
     def __init__(self, key: str, attrs: tuple[str, ...]) -> None:
         self.key = key
-        self.full = attrgetter(*attrs)
+        self.width = len(attrs)
+        self.row = attrgetter(*attrs)
         self.pos = attrs.index(_OPTIONAL_ATTR) if _OPTIONAL_ATTR in attrs else -1
         rest = tuple(a for a in attrs if a != _OPTIONAL_ATTR)
         self.reduced = attrgetter(*rest) if self.pos >= 0 else None
 
-    def row(self, a: Any) -> tuple:
+    def row_after_error(self, a: Any) -> tuple | None:
+        """The row of a record ``row`` failed on, switching to the reduced getter the first
+        time; None for a record of a layout we do not know."""
+        if self.reduced is None or self.row is self.reduced:
+            return None
+        self.row = self.reduced
         try:
-            return self.full(a)
+            return self.row(a)
         except AttributeError:
-            if self.reduced is None:
-                raise
-            r = self.reduced(a)  # AttributeError again: a malformed record
-            return r[: self.pos] + (0,) + r[self.pos :]
+            return None
+
+    def widen(self, rows: list[tuple]) -> list[tuple]:
+        """Rows with the optional attribute as 0 where the reduced getter read them."""
+        if self.row is not self.reduced:
+            return rows
+        p = self.pos
+        return [r if len(r) == self.width else r[:p] + (0,) + r[p:] for r in rows]
 
 
 def _import_cupti() -> Any | None:
@@ -298,8 +310,12 @@ class CuptiTracer:
                 if g is not None:
                     try:
                         rows[g.key].append(g.row(a))
-                    except AttributeError:  # a record layout we do not know: count, go on
-                        self._dropped += 1
+                    except AttributeError:  # an older binding, or a layout we do not know
+                        row = g.row_after_error(a)
+                        if row is None:
+                            self._dropped += 1
+                        else:
+                            rows[g.key].append(row)
 
     # --- window end ----------------------------------------------------------------------------
     def stop(self) -> ActivityBatch:
@@ -316,6 +332,9 @@ class CuptiTracer:
             self._active = False
             rows, self._rows = self._rows, {}
             dropped = self._dropped
+        for g in self._getters.values():
+            if g.key in rows:
+                rows[g.key] = g.widen(rows[g.key])
         try:
             dropped += int(cupti.activity_get_num_dropped_records(0, 0))
         except Exception:

@@ -6,11 +6,13 @@ phases, the phases hold nested user ranges, a second thread runs its own ranges,
 sampled every step. One *event* is one TrackEvent packet (a begin, an end, an instant or a
 counter value): a range is two events.
 
-    PYTHONPATH=src python tools/bench_analysis.py            # 100k and 1M events
-    PYTHONPATH=src python tools/bench_analysis.py --10m      # and 10M events
-    PYTHONPATH=src python tools/bench_analysis.py --sizes 200000 --keep /tmp/traces
+    python tools/bench_analysis.py            # 100k and 1M events
+    python tools/bench_analysis.py --10m      # and 10M events
+    python tools/bench_analysis.py --sizes 200000 --keep /tmp/traces
 
-Each size runs in a fresh subprocess so that peak memory (ru_maxrss) is that of one load.
+The script puts the checkout's ``src`` first on ``sys.path`` itself (no PYTHONPATH needed).
+Each size runs in a fresh subprocess (this same file, so the same ``src``) so that peak memory
+(ru_maxrss) is that of one load.
 The summaries are computed as a report does: ``summaries.all_tables(db)``, which computes the
 shared base pieces once (``--per-table`` prints each table's share).
 Targets (issue 3): 10M events loaded and summarized in <= 20 s, peak memory <= 2 GB.
@@ -137,31 +139,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sizes = list(a.sizes) + ([10_000_000] if a.ten else [])
     scratch = None if a.keep else tempfile.TemporaryDirectory(prefix="stepscope-bench-")
-    tmp = a.keep or scratch.name  # generated traces are removed at exit unless --keep
-    os.makedirs(tmp, exist_ok=True)
-    rows = []
-    for n in sizes:
-        path = os.path.join(tmp, f"bench_{n}.pftrace")
-        if not os.path.exists(path):
-            info = generate(path, n)
-            print(f"wrote {path}: {info['bytes'] / 1e6:.1f} MB in {info['write_s']:.1f} s",
-                  file=sys.stderr)
-        env = dict(os.environ)
-        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
-        cmd = [sys.executable, __file__, "--measure", path] + (["--load-only"] if a.load_only
-                                                              else [])
-        out = subprocess.run(cmd, env=env,
-                             capture_output=True, text=True, check=False)
-        if out.returncode != 0:
-            print(out.stderr, file=sys.stderr)
-            continue
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        r["events"] = n
-        r["mb"] = os.path.getsize(path) / 1e6
-        rows.append(r)
-        if a.per_table:
-            print(f"{n}: {r['tables']}", file=sys.stderr)
+    tmp = a.keep or scratch.name  # generated traces are removed at the end unless --keep
+    try:
+        os.makedirs(tmp, exist_ok=True)
+        rows = _run_sizes(a, sizes, tmp)
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
     print("summaries:" if not a.load_only else "load + 3 aggregate queries (--load-only):")
     hdr = f"{'events':>11} {'file MB':>8} {'slices':>10} {'load s':>7} {'summ. s':>8} " \
           f"{'total s':>8} {'load cpu':>8} {'tot cpu':>8} {'peak MB':>8}"
@@ -173,6 +157,31 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['total_cpu_s']:>8.2f} {r['peak_rss_mb']:>8.0f}")
     print("(s: wall seconds; cpu: process CPU seconds, less sensitive to a busy machine)")
     return 0
+
+
+def _run_sizes(a: argparse.Namespace, sizes: list[int], tmp: str) -> list[dict]:
+    """Measure each size in a child process (this same file, ``--measure``)."""
+    rows = []
+    for n in sizes:
+        path = os.path.join(tmp, f"bench_{n}.pftrace")
+        if not os.path.exists(path):
+            info = generate(path, n)
+            print(f"wrote {path}: {info['bytes'] / 1e6:.1f} MB in {info['write_s']:.1f} s",
+                  file=sys.stderr)
+        # the child's module-level sys.path.insert finds the same src: no PYTHONPATH needed
+        cmd = [sys.executable, __file__, "--measure", path] + (["--load-only"] if a.load_only
+                                                              else [])
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            print(out.stderr, file=sys.stderr)
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        r["events"] = n
+        r["mb"] = os.path.getsize(path) / 1e6
+        rows.append(r)
+        if a.per_table:
+            print(f"{n}: {r['tables']}", file=sys.stderr)
+    return rows
 
 
 if __name__ == "__main__":

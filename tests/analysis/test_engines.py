@@ -112,6 +112,31 @@ def test_bad_arguments(written, tmp_path):
         analysis.open(str(bad), engine="embedded")
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
+def test_a_pipe_opens_with_the_embedded_engine(written, tmp_path):
+    """Not only regular files: a FIFO (as /dev/stdin or ``<(...)`` would be) is read too."""
+    fifo = str(tmp_path / "trace.fifo")
+    os.mkfifo(fifo)
+    with open(written, "rb") as f:
+        data = f.read()
+
+    def feed():
+        with open(fifo, "wb") as w:  # blocks until the reader opens the pipe
+            w.write(data)
+
+    t = threading.Thread(target=feed, daemon=True)
+    t.start()
+    try:
+        with analysis.open(fifo, engine="embedded") as db:
+            got = db.query("SELECT name FROM slice ORDER BY ts")
+            assert [r["name"] for r in got] == ["outer", "inner", "m", "work"]
+    finally:
+        if t.is_alive():  # the open failed before reading: unblock the writer
+            with open(fifo, "rb") as r:
+                r.read()
+        t.join(5)
+
+
 def test_progress_callback(written):
     seen = []
     analysis.open(written, engine="embedded", progress=lambda s, f: seen.append((s, f))).close()

@@ -57,6 +57,11 @@ def test_a_corrupt_source_location_loses_only_itself(tmp_path):
     path = tmp_path / "t.pftrace"
     path.write_bytes(DESC + packet(event(100, 1, broken, "a")) + packet(event(200, 2)))
     assert slices(path) == [(100, 100, "a")]
+    conn, stats = importer.load(str(path))
+    assert stats["corrupt_source_locations"] == 1  # counted, as other corrupt input is
+    assert conn.execute("select value from stats where name = 'corrupt_source_locations'"
+                        ).fetchall() == [(1,)]
+    assert conn.execute("select count(*) from args").fetchone() == (0,)
 
 
 def test_a_table_whose_last_interior_page_would_hold_one_child_is_well_formed():

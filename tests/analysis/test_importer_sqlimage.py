@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from stepscope.analysis import _protoscan as ps
 from stepscope.analysis import _sqlimage as si
+from stepscope.analysis import _state
+from stepscope.analysis import importer as im
 
 
 def test_image_round_trip_many_pages():
@@ -36,3 +40,34 @@ def test_image_round_trip_many_pages():
     assert conn.execute("SELECT COUNT(*) FROM e").fetchone() == (0,)
     conn.execute("INSERT INTO e VALUES (1, 'writable')")  # the database stays writable
     assert conn.execute("SELECT v FROM e").fetchall() == [("writable",)]
+
+
+def test_image_index_keys_must_be_non_null_int_columns(monkeypatch):
+    """An image index stores raw key values: a nullable, text or left-out column is refused."""
+    n = 3
+    z = np.zeros(n, np.int64)
+    slice_t = si.Table("slice", im.BIG_SCHEMA["slice"], np.arange(1, n + 1), [
+        si.Column("rowid"), si.Column("int", z), si.Column("int", z), si.Column("int", z),
+        si.Column("text", z - 1), si.Column("text", z), si.Column("int", z),
+        si.Column("int", z - 1, np.ones(n, bool)), si.Column("int", z)])
+    monkeypatch.setattr(im, "INDEXES", (("slice_track_ts", "slice", ("track_id", "ts")),))
+    (ix,) = im._image_indexes([slice_t])
+    assert ix.sql == "CREATE INDEX slice_track_ts ON slice(track_id, ts)"
+    for key in ("parent_id", "category", "thread_ts"):
+        monkeypatch.setattr(im, "INDEXES", (("bad", "slice", (key,)),))
+        with pytest.raises(ValueError, match=rf"^index bad: key slice\.{key} must be a non-NULL "
+                                             r"integer column"):
+            im._image_indexes([slice_t])
+
+
+def test_small_sort_keys_keep_the_order():
+    a = np.array([70_000, 3, 70_000, 0, 3], np.int64)
+    assert ps.small_key(a).dtype == np.uint32
+    assert ps.small_key(a % 7).dtype == np.uint16
+    assert ps.small_key(a - 1).dtype == np.int64  # a -1 among them: kept as it is
+    for k in (a, a % 7, a - 1, a << 33):
+        assert np.argsort(ps.small_key(k), kind="stable").tolist() == \
+            np.argsort(k, kind="stable").tolist()
+    got = _state._segmented_cumsum(np.array([1, 2, 3, 4, 5]), np.array([0, 0, 1, 1, 1]),
+                                   dtype=np.int32)
+    assert got.dtype == np.int32 and got.tolist() == [1, 3, 3, 7, 12]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import gzip
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -244,3 +245,52 @@ def test_one_raw_buffer_owner_per_process_never_freed(monkeypatch):
     first = cb.RawActivityBuffers.open(max_buffers=2)
     assert first is not None and cb.RawActivityBuffers.open() is first
     assert opened == ["/x/libcupti.so.13"]
+
+
+def test_a_failed_buffer_allocation_hands_cupti_no_buffer():
+    """ctypes swallows an exception raised in the callback: the outputs CUPTI reads must already
+    say "no buffer" when the allocation fails."""
+    raw = cb.RawActivityBuffers(FakeLibCupti([]))
+    raw.buffer_bytes = 1 << 62  # no such allocation can succeed
+    buffer = ctypes.cast(ctypes.c_void_p(0x1000), ctypes.POINTER(ctypes.c_uint8))
+    buffer_p = ctypes.pointer(buffer)
+    size, max_records = ctypes.c_size_t(123), ctypes.c_size_t(7)
+    with pytest.raises(MemoryError):
+        raw._on_request(buffer_p, ctypes.pointer(size), ctypes.pointer(max_records))
+    assert not buffer_p[0] and size.value == 0 and max_records.value == 0
+    assert raw._allocated == 0 and raw._in_use == {}
+
+
+def test_the_process_owner_is_made_once_and_keeps_its_settings(monkeypatch, caplog):
+    import logging
+    import time
+    from types import SimpleNamespace
+
+    opened = []
+
+    def slow_cdll(path):
+        opened.append(path)
+        time.sleep(0.05)  # wide window for a second thread to make a second owner
+        return SimpleNamespace(cuptiActivityRegisterCallbacks=SimpleNamespace(),
+                               cuptiActivityGetNextRecord=SimpleNamespace())
+
+    monkeypatch.setattr(cb, "_PROCESS_RAW", None)
+    monkeypatch.setattr(cb, "loaded_libcupti_path", lambda: "/x/libcupti.so.13")
+    monkeypatch.setattr(cb.ctypes, "CDLL", slow_cdll)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(cb.RawActivityBuffers.open(
+        max_buffers=2))) for _ in range(4)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(opened) == 1 and len({id(r) for r in got}) == 1 and got[0] is not None
+    with caplog.at_level(logging.DEBUG, logger="stepscope.gpu"):
+        assert cb.RawActivityBuffers.open(max_buffers=2, buffer_bytes=8 << 20) is got[0]
+        assert caplog.records == []  # same settings: nothing to say
+        assert cb.RawActivityBuffers.open(max_buffers=4, buffer_bytes=1001) is got[0]
+    assert [r.getMessage() for r in caplog.records] == [
+        "stepscope: raw CUPTI buffers already open with (buffer_bytes, max_buffers) "
+        "(8388608, 2); (1008, 4) ignored"
+    ]
+    assert (got[0].buffer_bytes, got[0].max_buffers) == (8 << 20, 2)

@@ -171,3 +171,58 @@ def test_ranges_popped_while_polling_are_kept(tmp_path, cuda, workers):
         assert timer.poll() == 2
     got = sorted((s.name, s.ts, s.dur) for s in decode(path).slices)
     assert got == [("first", 5_000_000, 100_000), ("second", 5_100_000, 100_000)]
+
+
+class _EndWhilePolling:
+    """An end event not done yet whose first ``done`` check runs ``fn`` (other threads' pops
+    landing while poll() has the pending list out)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    @property
+    def done(self):
+        fn, self.fn = self.fn, None
+        if fn is not None:
+            fn()
+        return False
+
+
+def test_kept_ranges_merged_back_respect_max_pending(tmp_path, cuda, workers):
+    a, _ = workers
+    sess = _session.Session(tmp_path / "m.pftrace").start()
+    try:
+        timer = CupyEventTimer(sess, max_pending=2, host_clock=lambda: HOST_ANCHOR)
+        cuda.gpu_now = 100_000
+        a.call(lambda: timer.push("first"))
+        a.call(timer.pop)
+
+        def two_more():
+            for name in ("x", "y"):
+                a.call(lambda name=name: timer.push(name))
+                a.call(timer.pop)
+
+        timer._pending[0].end = _EndWhilePolling(two_more)
+        assert timer.poll() == 0
+        # "first" goes back in front; the list is over its cap by one: the newest is dropped
+        assert [p.name for p in timer._pending] == ["first", "x"] and timer.dropped == 1
+    finally:
+        sess.stop()
+
+
+def test_ranges_that_cannot_be_timed_are_counted_as_dropped(tmp_path, cuda, workers):
+    a, _ = workers
+    path = tmp_path / "f.pftrace"
+    with timer_session(path) as timer:
+        cuda.gpu_now = 100_000
+        for name in ("bad", "good"):
+            a.call(lambda name=name: timer.push(name))
+            cuda.gpu_now += 50_000
+            a.call(timer.pop)
+        for p in timer._pending:
+            p.end.done = True
+        timer._pending[0].begin = object()  # no GPU time: the elapsed time raises
+        assert timer.poll() == 1
+        assert timer.dropped == 1 and timer._pending == []
+    (s,) = decode(path).slices
+    assert (s.name, s.ts, s.dur) == ("good", 5_050_000, 50_000)

@@ -142,3 +142,28 @@ def test_graph_launch_names():
 
     assert api_name(311, driver=False) == "cudaGraphLaunch"
     assert api_name(514, driver=True) == "cuGraphLaunch"
+
+
+def test_flow_plan_across_tables_and_orphan_groups(tmp_path):
+    """Extra ids go, in (correlation, start) order, to every linked record after the first of
+    its correlation id, across tables; records of an orphan group (launch call not in the
+    batch) get no flow and use up no sequence number."""
+    sess = _session.Session(tmp_path / "p.pftrace").start()
+    try:
+        conv = GpuTraceConverter(sess, {0: H100}, pid=PID, counters=False)
+        k = np.zeros(4, dtype=[("correlation", "i8"), ("start", "i8")])
+        k["correlation"], k["start"] = [70, 71, 70, 72], [300, 100, 200, 50]
+        m = np.zeros(3, dtype=k.dtype)
+        m["correlation"], m["start"] = [72, 70, 71], [60, 100, 400]
+        empty = np.zeros(0, dtype=k.dtype)
+        plan = conv.flow_plan((k, m, empty), np.array([70, 71]))
+    finally:
+        sess.stop()
+    # corr 70: m (100) first, then k (200), k (300); corr 71: k (100), then m (400)
+    assert plan.terminating == [
+        [[extra(1)], [fid(71)], [extra(0)], None],
+        [None, [fid(70)], [extra(2)]],
+        [],
+    ]
+    assert plan.by_correlation == {70: [fid(70), extra(0), extra(1)], 71: [fid(71), extra(2)]}
+    assert plan.arrows == 5

@@ -8,7 +8,13 @@ import pytest
 from stepscope import _schema
 from stepscope.gpu import clock
 from stepscope.gpu.fixture import batch_from_records, load_fixture
-from stepscope.gpu.records import ActivityBatch, api_name, kernel_category, kernel_class
+from stepscope.gpu.records import (
+    ActivityBatch,
+    api_name,
+    kernel_category,
+    kernel_class,
+    signed_ids,
+)
 
 MAIN, LOADER = 80499008, 1459615424  # CUPTI thread ids of the fixture's two threads
 
@@ -150,3 +156,17 @@ def test_host_and_device_line_up_through_the_clock_pairs(fixture):
     main_in_steps = launches & (api["thread"] == MAIN) & (start >= steps[0]["start"])
     assert main_in_steps.sum() > 400
     assert inside(main_in_steps, steps).all()
+
+
+def test_invalid_ids_become_minus_one():
+    """CUPTI's unsigned invalid id (0xFFFFFFFF) as -1, from lists and unsigned arrays alike."""
+    assert signed_ids([0, 7, 0xFFFFFFFF]).tolist() == [0, 7, -1]
+    got = signed_ids(np.array([0xFFFFFFFF, 3], dtype=np.uint32))
+    assert got.tolist() == [-1, 3]
+    assert signed_ids(np.array([0xFFFFFFFF, 0xFFFFFFFE], dtype=np.int64)).tolist() == [
+        -1, 0xFFFFFFFE]  # fmt: skip
+    rows = batch_from_records(
+        [{"kind": "SYNCHRONIZATION", "start": 1, "end": 2, "stream_id": 0xFFFFFFFF,
+          "correlation_id": 3, "type": 3}]  # no context id: CUPTI's invalid one
+    ).syncs  # fmt: skip
+    assert (rows["context"].tolist(), rows["stream"].tolist()) == ([-1], [0xFFFFFFFF])

@@ -59,6 +59,74 @@ def test_nvml_missing_is_one_line(tmp_path, caplog):
     assert len(caplog.records) == 1 and "NVML counters off" in caplog.records[0].message
 
 
+class FakeNvml:
+    """``pynvml`` failing at one step of :meth:`NvmlSampler.start`; counts init and shutdown."""
+
+    def __init__(self, *, fail=None, count=1):
+        self.fail, self.count = fail, count
+        self.calls: list[str] = []
+
+    def _step(self, name):
+        self.calls.append(name)
+        if name == self.fail:
+            raise RuntimeError(f"{name} failed")
+
+    def nvmlInit(self):
+        self._step("init")
+
+    def nvmlDeviceGetCount(self):
+        self._step("count")
+        return self.count
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        self._step("handle")
+        return f"h{i}"
+
+    def nvmlShutdown(self):
+        self._step("shutdown")
+
+    def nvmlGpmSampleFree(self, s):
+        self._step("free")
+
+
+@pytest.mark.parametrize(
+    "fail, count, calls",
+    [
+        ("init", 1, ["init"]),  # nothing to balance
+        ("count", 1, ["init", "count", "shutdown"]),
+        ("handle", 1, ["init", "count", "handle", "shutdown"]),
+        (None, 0, ["init", "count", "shutdown"]),  # no GPU
+        ("shutdown", 0, ["init", "count", "shutdown"]),  # its error is not the caller's
+    ],
+)
+def test_nvml_start_failures_balance_init_with_shutdown(monkeypatch, fail, count, calls):
+    nv = FakeNvml(fail=fail, count=count)
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    sampler = NvmlSampler(None, log_level=logging.DEBUG)
+    assert sampler.start() is False
+    assert nv.calls == calls
+
+
+def test_nvml_stop_leaves_nvml_alone_while_the_sampler_is_stuck():
+    """A sampler thread still inside an NVML call after the join: no free, no shutdown."""
+    nv = FakeNvml()
+    release = threading.Event()
+    sampler = NvmlSampler(None)
+    sampler._nvml, sampler._prev = nv, {0: "sample"}
+    sampler._thread = threading.Thread(target=release.wait, daemon=True)
+    sampler._thread.start()
+    join = sampler._thread.join
+    sampler._thread.join = lambda timeout=None: join(timeout=0.01)  # do not wait 5 s
+    try:
+        sampler.stop()
+        assert nv.calls == [] and sampler._nvml is nv and sampler._prev == {0: "sample"}
+    finally:
+        release.set()
+    join()
+    sampler.stop()  # once it has ended, a later stop cleans up
+    assert nv.calls == ["free", "shutdown"] and sampler._nvml is None and sampler._prev == {}
+
+
 def test_window_through_a_session_puts_api_calls_under_the_thread(tmp_path, fixture):
     me = threading.get_ident() & 0xFFFFFFFF
     t0 = 1_700_000_000_000_000_000

@@ -165,6 +165,8 @@ def _build_args(buf, E: _Acc, st: _State, egen, ev_slice, sl: dict, stats) -> di
                 try:
                     s = pb.SourceLocation.FromString(buf[o : o + ln].tobytes())
                 except Exception:  # a corrupt location loses itself, not the trace
+                    stats["corrupt_source_locations"] = (
+                        stats.get("corrupt_source_locations", 0) + 1)
                     continue
                 locs.append((int(ev_slice[e]), (s.file_name, s.function_name, s.line_number)))
     if locs:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _protoscan as ps
 from ._args import _build_args
 from ._model import NONE, Strings, Tables, Track
 from ._packets import (
@@ -113,7 +114,8 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
     etrack[tr_ev] = E.pop("tr_uuid")
     has_track[tr_ev] = True
     del tr_ev
-    egen = egen.astype(np.int32) if n < (1 << 31) - 1 else egen  # generation ids < packets
+    # generation ids < clears + sequences <= 2 * packets (see _generations), not < packets
+    egen = egen.astype(np.int32) if 2 * n < (1 << 31) - 1 else egen
     tracks = sorted(st.tracks.values(), key=lambda t: t.id)
     uuids = np.array([t.uuid for t in tracks], np.int64)
     uorder = np.argsort(uuids).astype(np.int32)
@@ -192,14 +194,6 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
                   track_utid=track_utid, track_upid=track_upid, stats=stats)
 
 
-def _small_key(a: np.ndarray) -> np.ndarray:
-    """Non-negative keys in the smallest unsigned type: numpy sorts 16-bit ones by radix."""
-    top = int(a.max()) if len(a) else 0
-    if top < (1 << 16):
-        return a.astype(np.uint16)
-    return a.astype(np.uint32) if top < (1 << 32) else a
-
-
 def _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats):
     """Slices from begin/end/instant events: depth and parent from nesting per track.
 
@@ -219,15 +213,13 @@ def _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats):
     ev_slice[ev[is_open]] = sid[is_open]
     # per track, in time order
     trk = etid[ev]
-    o = np.argsort(_small_key(trk), kind="stable")
+    o = np.argsort(ps.small_key(trk), kind="stable")
     t_o, typ_o, sid_o, ev_o = trk[o], typ[o], sid[o], ev[o]
     del trk, sid, o
     newseg = np.r_[True, t_o[1:] != t_o[:-1]] if k else np.zeros(0, bool)
     delta = (typ_o == T_BEGIN).astype(ix)
     delta -= typ_o == T_END
-    raw = np.cumsum(delta, dtype=ix)  # open slices after each event, per track
-    starts = np.flatnonzero(newseg)
-    raw -= np.repeat(raw[starts] - delta[starts], np.diff(np.r_[starts, k]))
+    raw = _segmented_cumsum(delta, t_o, dtype=ix)  # open slices after each event, per track
     del delta
     if k and int(raw.min()) < 0:
         # ends with nothing open are ignored (as trace processor): running minimum per track
@@ -244,7 +236,7 @@ def _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats):
         stats["slice_end_without_begin"] = int(unmatched_end.sum())
     else:
         unmatched_end = None
-    del newseg, starts
+    del newseg
     depth_o = raw
     depth_o -= typ_o == T_BEGIN  # begin/instant: depth; end: the level it closes
     del raw
@@ -252,7 +244,7 @@ def _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats):
     dmax = int(depth_o.max()) + 2 if k else 2
     key = t_o.astype(np.int64) * dmax + depth_o
     del t_o
-    po = np.argsort(_small_key(key), kind="stable")
+    po = np.argsort(ps.small_key(key), kind="stable")
     # pair each begin with the next end at the same level on the same track
     is_begin = typ_o == T_BEGIN
     pair = is_begin | (typ_o == T_END)

@@ -9,6 +9,12 @@ import numpy as np
 NONE = -1  # string / row id meaning NULL
 
 
+def to_str(v) -> str:
+    """A string field's value: bytes when the field held invalid UTF-8 (decoded here with
+    replacement characters), else the str itself."""
+    return v if isinstance(v, str) else bytes(v).decode("utf-8", "replace")
+
+
 class Strings:
     """Interned strings: id <-> str; id -1 means NULL."""
 
@@ -20,7 +26,7 @@ class Strings:
         if s is None:
             return NONE
         if not isinstance(s, str):  # bytes from a string field with invalid UTF-8
-            s = bytes(s).decode("utf-8", "replace")
+            s = to_str(s)
         i = self.ids.get(s)
         if i is None:
             i = self.ids[s] = len(self.list)

@@ -381,9 +381,7 @@ def _expand(t: dict, inv: np.ndarray, ts: np.ndarray) -> dict:
     for c in _EV_COLS:
         out[c] = t[c][r]
     # multi-row arrays: each template row is copied once per packet using its event
-    small = r.astype(np.uint16) if len(t["pkt"]) <= (1 << 16) else r  # radix sort when it fits
-    order = np.argsort(small, kind="stable")
-    del small
+    order = np.argsort(ps.small_key(r), kind="stable")
     cnt = np.bincount(r, minlength=len(t["pkt"]))
     first = np.zeros(len(cnt), np.int64)
     np.cumsum(cnt[:-1], out=first[1:])

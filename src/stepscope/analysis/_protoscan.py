@@ -245,3 +245,14 @@ def mix64(x: np.ndarray) -> np.ndarray:
     x *= np.uint64(0x94D049BB133111EB)
     x ^= x >> np.uint64(31)
     return x
+
+
+def small_key(a: np.ndarray) -> np.ndarray:
+    """``a`` as sort keys in the smallest unsigned type that holds them, same stable order:
+    numpy sorts 16-bit keys by radix. Keys with a negative value are returned as they are."""
+    if not len(a) or int(a.min()) < 0:
+        return a
+    top = int(a.max())
+    if top < (1 << 16):
+        return a.astype(np.uint16)
+    return a.astype(np.uint32) if top < (1 << 32) else a

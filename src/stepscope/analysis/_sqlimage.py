@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import _protoscan as ps
+
 PAGE = 65536
 MAX_TEXT = 8192  # bytes of a text value kept (keeps every cell on its page, no overflow pages)
 _LEAF_HDR, _INTERIOR_HDR = 8, 12
@@ -283,11 +285,15 @@ def _index_order(keys: list[np.ndarray], rowid: np.ndarray) -> np.ndarray:
     n = len(rowid)
     inc = n < 2 or bool((rowid[1:] > rowid[:-1]).all())
     if inc and (len(keys) == 1 or (len(keys) == 2 and bool((keys[1][1:] >= keys[1][:-1]).all()))):
-        k0 = keys[0]  # later keys already sorted in row order: a stable sort on the first
-        if n and int(k0.min()) >= 0 and int(k0.max()) < (1 << 16):
-            k0 = k0.astype(np.uint16)  # numpy sorts those by radix
-        return np.argsort(k0, kind="stable")
+        # later keys already sorted in row order: a stable sort on the first
+        return np.argsort(ps.small_key(keys[0]), kind="stable")
     return np.lexsort([rowid, *keys[::-1]])
+
+
+def _even_split(n: int, parts: int) -> np.ndarray:
+    """Sizes of ``parts`` runs holding ``n`` items as evenly as possible (the first ones get
+    the remainder, one each)."""
+    return n // parts + (np.arange(parts) < n % parts)
 
 
 def _index_layout(ix: Index, st: _Strings) -> tuple[_Layout, list[bytes]]:
@@ -303,7 +309,7 @@ def _index_layout(ix: Index, st: _Strings) -> tuple[_Layout, list[bytes]]:
     cap = (PAGE - _LEAF_HDR) // (int(cell.max()) + 2) if n else 1
     n_leaves = max(1, -(-(n + 1) // (cap + 1)))
     in_leaves = n - (n_leaves - 1)
-    size = in_leaves // n_leaves + (np.arange(n_leaves) < in_leaves % n_leaves)
+    size = _even_split(in_leaves, n_leaves)
     div_at = np.cumsum(size + 1)[:-1] - 1  # entry positions that move up
     is_div = np.zeros(n, bool)
     is_div[div_at] = True
@@ -369,7 +375,7 @@ def _interior_pages(children: list[int], keys: list[int], first_page: int) -> tu
     # spread the children evenly: a last page with a single child would hold no cell at all,
     # which SQLite reads as a malformed database
     n_pages = -(-len(children) // per)
-    sizes = [len(children) // n_pages + (j < len(children) % n_pages) for j in range(n_pages)]
+    sizes = _even_split(len(children), n_pages).tolist()
     bounds = [sum(sizes[:j]) for j in range(n_pages + 1)]
     pages, up = [], []
     for i, j in zip(bounds[:-1], bounds[1:], strict=True):
@@ -435,7 +441,7 @@ def _index_interior(children: list[int], divs: list[bytes], first_page: int) -> 
     up). ``divs[i]`` is the entry between ``children[i]`` and ``children[i + 1]``."""
     per = (PAGE - _INTERIOR_HDR) // (2 + 4 + 9 + max(len(d) for d in divs)) + 1  # children
     n_pages = -(-len(children) // per)
-    sizes = [len(children) // n_pages + (j < len(children) % n_pages) for j in range(n_pages)]
+    sizes = _even_split(len(children), n_pages).tolist()
     pages, up_divs, i = [], [], 0
     for j, sz in enumerate(sizes):
         ch, dv = children[i : i + sz], divs[i : i + sz - 1]

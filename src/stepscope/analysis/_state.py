@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import _wire as w
 from .._clock import BOOTTIME
-from ._model import Strings, Track
+from ._model import Strings, Track, to_str
 from ._packets import (
     P_CLOCK_SNAPSHOT,
     P_DEFAULTS,
@@ -37,9 +37,10 @@ def _pb():
     return perfetto_trace_pb2
 
 
-def _segmented_cumsum(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
-    """Cumulative sum restarting where ``seg`` (sorted group labels) changes."""
-    cs = np.cumsum(values)
+def _segmented_cumsum(values: np.ndarray, seg: np.ndarray, dtype=None) -> np.ndarray:
+    """Cumulative sum restarting where ``seg`` (sorted group labels) changes; ``dtype``: of
+    the sums (as np.cumsum's; a narrow one keeps peak memory down)."""
+    cs = np.cumsum(values, dtype=dtype)
     if not len(values):
         return cs
     starts = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])
@@ -50,7 +51,8 @@ def _segmented_cumsum(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
             if v:
                 cs[a:b] -= v
         return cs
-    return cs - np.repeat(before, np.diff(np.r_[starts, len(values)]))
+    cs -= np.repeat(before, np.diff(np.r_[starts, len(values)]))  # in place: cs is ours
+    return cs
 
 
 def _generations(seq: np.ndarray, flags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -144,7 +146,9 @@ class _Clocks:
 
     def __init__(self) -> None:
         self.snapshots: list[dict[int, int]] = []
-        self.groups: dict[frozenset, list[int]] = {}
+        # clock sets of the snapshots (>= 2 clocks), as an insertion-ordered set: the order
+        # decides which of equally short paths path() finds, so keep it as first seen
+        self.groups: dict[frozenset, None] = {}
         self.incremental: dict[int, bool] = {}
         self.multiplier: dict[int, int] = {}
         self.anchors: dict[int, list[tuple[int, int]]] = defaultdict(list)
@@ -165,15 +169,15 @@ class _Clocks:
         elif BOOTTIME in snap and self.trace_clock is None:
             self.trace_clock = BOOTTIME
         if len(snap) >= 2:
-            self.groups.setdefault(frozenset(snap), []).append(len(self.snapshots))
+            self.groups[frozenset(snap)] = None  # a known key keeps its place
         self.snapshots.append(snap)
 
     def path(self, src: int) -> list | None:
-        """Hops (a, b, snapshot group) from ``src`` to the trace clock, breadth first."""
+        """Hops (a, b) from ``src`` to the trace clock, breadth first."""
         if src in self._paths:
             return self._paths[src]
         dst = self.trace_clock
-        prev: dict[int, tuple] = {src: None}
+        prev: dict[int, int | None] = {src: None}
         frontier = [src]
         while frontier and dst not in prev:
             nxt = []
@@ -183,7 +187,7 @@ class _Clocks:
                         continue
                     for b in grp:
                         if b not in prev:
-                            prev[b] = (a, grp)
+                            prev[b] = a
                             nxt.append(b)
             frontier = nxt
         if dst not in prev:
@@ -192,8 +196,8 @@ class _Clocks:
         hops = []
         c = dst
         while prev[c] is not None:
-            a, grp = prev[c]
-            hops.append((a, c, grp))
+            a = prev[c]
+            hops.append((a, c))
             c = a
         self._paths[src] = hops[::-1]
         return self._paths[src]
@@ -204,7 +208,7 @@ class _Clocks:
         hops = self.path(src)
         if hops is None:
             return None
-        for a, b, _ in hops:
+        for a, b in hops:
             # every snapshot that has both clocks, whatever else it lists (as trace processor)
             snaps = [snap for snap in self.snapshots if a in snap and b in snap]
             av = np.array([s[a] for s in snaps], np.int64)
@@ -234,11 +238,6 @@ def _clock_key(clock_id: int, srank: int) -> int:
 # --------------------------------------------------------------------------------------------
 
 _UNITS = {v: k for k, v in w.COUNTER_UNITS.items()}  # CounterDescriptor.Unit -> name
-
-
-def _s(v) -> str:
-    """A string field's value (bytes when the field held invalid UTF-8)."""
-    return v if isinstance(v, str) else bytes(v).decode("utf-8", "replace")
 
 
 def _text(buf: np.ndarray, off: int, ln: int) -> str:
@@ -293,24 +292,24 @@ class _State:
         if t is None:
             t = self.tracks[uuid] = Track(id=len(self.tracks), uuid=uuid)
         if d.HasField("name"):
-            t.name = _s(d.name)
+            t.name = to_str(d.name)
         elif d.HasField("static_name"):
-            t.name = _s(d.static_name)
+            t.name = to_str(d.static_name)
         if d.HasField("parent_uuid"):
             p = d.parent_uuid
             t.parent_uuid = p if p < (1 << 63) else p - (1 << 64)
         if d.HasField("thread"):
             t.kind, t.pid, t.tid = "thread", d.thread.pid, d.thread.tid
             if d.thread.HasField("thread_name"):
-                t.thread_name = _s(d.thread.thread_name)
+                t.thread_name = to_str(d.thread.thread_name)
         elif d.HasField("process"):
             t.kind, t.pid = "process", d.process.pid
             if d.process.HasField("process_name"):
-                t.process_name = _s(d.process.process_name)
+                t.process_name = to_str(d.process.process_name)
         elif d.HasField("counter"):
             c = d.counter
             t.kind = "counter"
-            t.unit = _s(c.unit_name) or _UNITS.get(c.unit)
+            t.unit = to_str(c.unit_name) or _UNITS.get(c.unit)
             t.multiplier = c.unit_multiplier or 1
             t.incremental = c.is_incremental
 

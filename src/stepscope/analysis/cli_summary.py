@@ -69,10 +69,7 @@ def _options(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
     for group in args.table or []:
         names += _split(group) or []
     for n in names:
-        if n not in summaries.TABLES:
-            raise summaries.SummaryError(
-                f"unknown table {n!r}: choose from {', '.join(summaries.TABLES)}"
-            )
+        summaries._check_name(n)  # SummaryError, as compute() would raise
     names = names or list(summaries.DEFAULT_TABLES)
     ranks = _split(args.ranks)
     if ranks is not None:

@@ -239,11 +239,12 @@ def _start_trace_processor(paths: list[str], bin_arg: str | None) -> TraceProces
 
 def _check_files(paths: list[str]) -> None:
     """Fail on a missing path or a directory before any engine starts (same words as the
-    importer's own read, so both engines report a bad path alike)."""
+    importer's own read, so both engines report a bad path alike). Not isfile: pipes,
+    /dev/stdin and ``<(...)`` are readable traces too."""
     for p in paths:
         if os.path.isdir(p):
             raise TraceError(f"{p}: is a directory, not a trace file")
-        if not os.path.isfile(p):
+        if not os.path.exists(p):
             raise TraceError(f"{p}: no such file")
 
 

@@ -37,18 +37,22 @@ from ._errors import TraceError
 from ._packets import Progress
 
 # Big tables: written as an SQLite file image (see _sqlimage), no per-row Python work.
-BIG_SCHEMA = {
-    "slice": "CREATE TABLE slice(id INTEGER PRIMARY KEY, ts INTEGER, dur INTEGER,"
-             " track_id INTEGER, category TEXT, name TEXT, depth INTEGER, parent_id INTEGER,"
-             " arg_set_id INTEGER, thread_ts INTEGER, thread_dur INTEGER)",
-    "counter": "CREATE TABLE counter(id INTEGER PRIMARY KEY, ts INTEGER, track_id INTEGER,"
-               " value REAL, arg_set_id INTEGER)",
-    "args": "CREATE TABLE args(id INTEGER PRIMARY KEY, arg_set_id INTEGER, flat_key TEXT,"
-            " key TEXT, int_value INTEGER, string_value TEXT, real_value REAL,"
-            " value_type TEXT, display_value TEXT)",
-    "flow": "CREATE TABLE flow(id INTEGER PRIMARY KEY, slice_out INTEGER, slice_in INTEGER,"
-            " trace_id INTEGER, arg_set_id INTEGER)",
+# Column names and types, kept once: the CREATE TABLE text and index key positions come from here.
+BIG_COLUMNS = {
+    "slice": (("id", "INTEGER PRIMARY KEY"), ("ts", "INTEGER"), ("dur", "INTEGER"),
+              ("track_id", "INTEGER"), ("category", "TEXT"), ("name", "TEXT"),
+              ("depth", "INTEGER"), ("parent_id", "INTEGER"), ("arg_set_id", "INTEGER"),
+              ("thread_ts", "INTEGER"), ("thread_dur", "INTEGER")),
+    "counter": (("id", "INTEGER PRIMARY KEY"), ("ts", "INTEGER"), ("track_id", "INTEGER"),
+                ("value", "REAL"), ("arg_set_id", "INTEGER")),
+    "args": (("id", "INTEGER PRIMARY KEY"), ("arg_set_id", "INTEGER"), ("flat_key", "TEXT"),
+             ("key", "TEXT"), ("int_value", "INTEGER"), ("string_value", "TEXT"),
+             ("real_value", "REAL"), ("value_type", "TEXT"), ("display_value", "TEXT")),
+    "flow": (("id", "INTEGER PRIMARY KEY"), ("slice_out", "INTEGER"), ("slice_in", "INTEGER"),
+             ("trace_id", "INTEGER"), ("arg_set_id", "INTEGER")),
 }
+BIG_SCHEMA = {t: f"CREATE TABLE {t}({', '.join(f'{n} {ty}' for n, ty in cols)})"
+              for t, cols in BIG_COLUMNS.items()}
 
 SMALL_SCHEMA = """
 CREATE TABLE track(id INTEGER PRIMARY KEY, name TEXT, type TEXT, classification TEXT,
@@ -100,7 +104,7 @@ def decode_files(path_or_paths, progress: Progress | None = None) -> Tables:
     datas = [(p, read_file(p)) for p in paths]
     try:
         return decode(datas, progress)
-    except (TraceError, MemoryError, KeyboardInterrupt):
+    except (TraceError, MemoryError):  # as they are (KeyboardInterrupt is no Exception)
         raise
     except Exception as e:  # corrupt input the checks above did not catch: still a clear error
         raise TraceError(f"{', '.join(paths)}: cannot decode the trace "
@@ -152,15 +156,25 @@ def _image_tables(t: Tables) -> list[si.Table]:
 
 
 def _image_indexes(tables: list[si.Table]) -> list[si.Index]:
-    """The indexes of INDEXES over the image tables' columns."""
+    """The indexes of INDEXES over the image tables' columns.
+
+    Keys must be integer columns with no NULL mask: an image index stores the column's raw
+    values, so a NULL (held as a placeholder value) would be indexed as a number."""
     by_name = {t.name: t for t in tables}
     out = []
     for name, table, keys in INDEXES:
         t = by_name[table]
-        cols = BIG_SCHEMA[table].split("(", 1)[1].split(",")
-        pos = [[c.split()[0] for c in cols].index(k) for k in keys]
+        names = [n for n, _ in BIG_COLUMNS[table]]
+        vals = []
+        for k in keys:
+            i = names.index(k)
+            col = t.columns[i] if i < len(t.columns) else None  # missing trailing: all NULL
+            if col is None or col.kind != "int" or col.null is not None:
+                raise ValueError(f"index {name}: key {table}.{k} must be a non-NULL integer "
+                                 f"column (image indexes cannot hold NULLs)")
+            vals.append(col.values)
         out.append(si.Index(name, f"CREATE INDEX {name} ON {table}({', '.join(keys)})", table,
-                            [t.columns[i].values for i in pos], t.rowid))
+                            vals, t.rowid))
     return out
 
 

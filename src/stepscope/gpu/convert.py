@@ -57,9 +57,6 @@ MEMORY_KIND_NAMES = {
     6: "Device static", 7: "Managed static",
 }  # fmt: skip
 
-ARG_GRAPH_ID = "graph_id"  # CUDA graph that ran the record (only on graph work)
-ARG_GRAPH_NODE_ID = "graph_node_id"
-
 _FLOW_TAG = 0x5C << 56  # keeps GPU flow ids apart from other producers' ids
 _EXTRA_FLOW_TAG = 0x5D << 56  # 2nd, 3rd, ... record of one correlation id (graph launches)
 
@@ -83,20 +80,11 @@ class FlowPlan:
 
     terminating: list[list[list[int] | None]]
     by_correlation: dict[int, list[int]]
-    arrows: int
 
-
-def _ordinals(corr: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(order by correlation then start, rank of each record within its correlation id)."""
-    order = np.lexsort((start, corr))
-    sc = corr[order]
-    n = sc.size
-    first = np.ones(n, dtype=bool)
-    first[1:] = sc[1:] != sc[:-1]
-    head = np.maximum.accumulate(np.where(first, np.arange(n), 0))
-    ordinal = np.empty(n, dtype=np.int64)
-    ordinal[order] = np.arange(n) - head
-    return order, ordinal
+    @property
+    def arrows(self) -> int:
+        """One per linked device record (each is in exactly one launch call's list)."""
+        return sum(len(ids) for ids in self.by_correlation.values())
 
 
 def assign_lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -316,7 +304,7 @@ class GpuTraceConverter:
                         _schema.ARG_BLOCKS_PER_SM: bps, _schema.ARG_WARPS_PER_SM: wps,
                         _schema.ARG_OCCUPANCY: occ, _schema.ARG_CORRELATION: corr}  # fmt: skip
                 if gid:
-                    args[ARG_GRAPH_ID], args[ARG_GRAPH_NODE_ID] = gid, gnode
+                    args[_schema.ARG_GRAPH_ID], args[_schema.ARG_GRAPH_NODE_ID] = gid, gnode
                 em.complete(ts, dur, names[nid], trk, cat_names[cat], args,
                             terminating_flow_ids=fl)  # fmt: skip
 
@@ -339,7 +327,7 @@ class GpuTraceConverter:
                         _schema.ARG_SRC_KIND: src, _schema.ARG_DST_KIND: dst,
                         _schema.ARG_BANDWIDTH: b, _schema.ARG_CORRELATION: corr}  # fmt: skip
                 if gid:
-                    args[ARG_GRAPH_ID], args[ARG_GRAPH_NODE_ID] = gid, gnode
+                    args[_schema.ARG_GRAPH_ID], args[_schema.ARG_GRAPH_NODE_ID] = gid, gnode
                 em.complete(ts, d, f"Memcpy {kind} ({src} -> {dst})", trk, _schema.CAT_MEMCPY,
                             args, terminating_flow_ids=fl)  # fmt: skip
 
@@ -354,7 +342,7 @@ class GpuTraceConverter:
             ):  # fmt: skip
                 args = {_schema.ARG_BYTES: nbytes, _schema.ARG_CORRELATION: corr}
                 if gid:
-                    args[ARG_GRAPH_ID], args[ARG_GRAPH_NODE_ID] = gid, gnode
+                    args[_schema.ARG_GRAPH_ID], args[_schema.ARG_GRAPH_NODE_ID] = gid, gnode
                 em.complete(ts, d, "Memset", trk, _schema.CAT_MEMSET, args,
                             terminating_flow_ids=fl)  # fmt: skip
 
@@ -452,8 +440,12 @@ class GpuTraceConverter:
         start = np.concatenate([t["start"] for t in tables]).astype(np.int64)
         linked = np.isin(corr, api_corr)
         fids = flow_ids_for(corr, self.pid)
-        order, ordinal = _ordinals(corr, start)
-        extra = (linked & (ordinal > 0))[order]  # in (correlation, start) order
+        order = np.lexsort((start, corr))  # by correlation, then start
+        sc = corr[order]
+        # in that order: linked records after the first of their correlation id
+        extra = np.zeros(sc.size, dtype=bool)
+        extra[1:] = sc[1:] == sc[:-1]
+        extra &= linked[order]
         n_extra = int(extra.sum())
         if n_extra:
             seq = (self._extra_flows + np.arange(n_extra)) & 0xFFFFFFFF
@@ -467,7 +459,7 @@ class GpuTraceConverter:
                       for f, lk in zip(fids.tolist(), linked.tolist(), strict=True)]  # fmt: skip
         bounds = np.cumsum([0] + [t.size for t in tables]).tolist()
         terminating = [per_record[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-        return FlowPlan(terminating, by_corr, int(linked.sum()))
+        return FlowPlan(terminating, by_corr)
 
     def _context_devices(self, batch: ActivityBatch) -> dict[int, int]:
         out: dict[int, int] = {}

@@ -42,7 +42,7 @@ import ctypes
 import logging
 import struct
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,12 +50,12 @@ import numpy as np
 
 from .records import (
     API_DTYPE,
-    INVALID_ID,
     KERNEL_DTYPE,
     MEMCPY_DTYPE,
     MEMSET_DTYPE,
     SYNC_DTYPE,
     ActivityBatch,
+    signed_ids,
 )
 
 log = logging.getLogger("stepscope.gpu")
@@ -151,25 +151,24 @@ class RecordSizes:
     known: dict[int, int] = field(default_factory=dict)
     learn: Callable[[int, int, int], int] | None = None
 
-    def size(self, kind: int, address: int, valid: int, offset: int) -> int | None:
-        s = self.known.get(kind)
-        if s is None and self.learn is not None:
-            try:
-                s = self.learn(address, valid, offset) - offset
-            except Exception as exc:
-                log.debug("stepscope: cannot step over a CUPTI record of kind %d: %s", kind, exc)
-                return None
-            if s <= 0 or s % 8:
-                return None
-            if offset + s < valid:  # the last record's distance is only an upper bound
-                self.known[kind] = s
+    def learn_size(self, kind: int, address: int, valid: int, offset: int) -> int | None:
+        """Size of a kind not in ``known`` (:func:`walk` looks there first), or None."""
+        if self.learn is None:
+            return None
+        try:
+            s = self.learn(address, valid, offset) - offset
+        except Exception as exc:
+            log.debug("stepscope: cannot step over a CUPTI record of kind %d: %s", kind, exc)
+            return None
+        if s <= 0 or s % 8:
+            return None
+        if offset + s < valid:  # the last record's distance is only an upper bound
+            self.known[kind] = s
         return s
 
 
 def buffer_address(data: Any) -> int:
-    """Address of a writable buffer (ctypes array or numpy array); 0 for read-only bytes."""
-    if isinstance(data, np.ndarray):
-        return int(data.ctypes.data)
+    """Address of a writable buffer (a ctypes array); 0 for read-only bytes."""
     try:
         return ctypes.addressof(data)
     except TypeError:
@@ -191,7 +190,7 @@ def walk(buf: RawBuffer, sizes: RecordSizes) -> WalkResult:
     off, undecoded = 0, 0
     while off + 4 <= valid:  # the only per-record Python: one unpack, one dict lookup
         kind = unpack(mv, off)[0]
-        step = get(kind) or sizes.size(kind, address, valid, off)
+        step = get(kind) or sizes.learn_size(kind, address, valid, off)
         if not step or off + step > valid:
             undecoded = max(1, (valid - off) // min(sizes.known.values(), default=8))
             break
@@ -226,23 +225,19 @@ def decode_buffers(
     sizes: RecordSizes,
     *,
     dropped: int = 0,
-    name_of: Callable[[int], str] = read_c_string,
-    kinds: Mapping[int, str] | None = None,
 ) -> ActivityBatch:
     """Raw buffers → one columnar batch (the same model the per-record path fills).
 
-    ``kinds`` restricts the kinds decoded (default: all of :data:`_TABLES`); other records are
-    skipped silently, records of a kind whose learnt size is below the layout's prefix are
-    counted as dropped.
+    Records of kinds outside :data:`_TABLES` are skipped silently; records of a kind whose learnt
+    size is below the layout's prefix are counted as dropped.
     """
-    wanted = set(_TABLES) if kinds is None else set(kinds)
     parts: dict[str, list[np.ndarray]] = {}
     names: dict[int, int] = {}  # name pointer -> interned index
     for buf in buffers:
         w = walk(buf, sizes)
         dropped += w.undecoded
         for kind in np.unique(w.kinds).tolist():
-            if kind not in wanted or kind not in _TABLES:
+            if kind not in _TABLES:
                 continue
             attr, layout, dtype = _TABLES[kind]
             offs = w.offsets[w.kinds == kind]
@@ -254,7 +249,7 @@ def decode_buffers(
     b = ActivityBatch(dropped=int(dropped))
     for attr, chunks in parts.items():
         setattr(b, attr, np.concatenate(chunks))
-    b.names = [name_of(p) for p in names]
+    b.names = [read_c_string(p) for p in names]
     return b
 
 
@@ -266,7 +261,7 @@ def _to_columns(raw: np.ndarray, dtype: np.dtype, names: dict[int, int]) -> np.n
         elif col in raw.dtype.names:
             vals = raw[col]
             if col in _ID_COLUMNS and dtype[col] == np.dtype("i4"):
-                vals = np.where(vals == INVALID_ID, -1, vals)
+                vals = signed_ids(vals)
             out[col] = vals
     return out
 
@@ -301,6 +296,7 @@ def loaded_libcupti_path(maps: str = "/proc/self/maps") -> str | None:
 
 
 _PROCESS_RAW: RawActivityBuffers | None = None  # see RawActivityBuffers.open
+_PROCESS_RAW_LOCK = threading.Lock()  # two tracers starting at once must not make two
 
 
 class RawActivityBuffers:
@@ -313,8 +309,9 @@ class RawActivityBuffers:
 
     def __init__(self, lib: Any, *, buffer_bytes: int = 8 << 20, max_buffers: int = 16) -> None:
         self.lib = lib
-        self.buffer_bytes = (int(buffer_bytes) + 7) & ~7
-        self.max_buffers = int(max_buffers)
+        self.buffer_bytes, self.max_buffers = self._settings(
+            buffer_bytes=buffer_bytes, max_buffers=max_buffers
+        )
         self.sizes = RecordSizes(learn=self._next_record_offset)
         self.refused = 0  # requests answered with no buffer
         self._lock = threading.Lock()
@@ -333,9 +330,27 @@ class RawActivityBuffers:
         was handed, and may call back or write after any tracer is gone (a window that failed
         before disabling activity); freeing them would crash the program.
         """
+        with _PROCESS_RAW_LOCK:
+            raw = _PROCESS_RAW
+            if raw is None:
+                return cls._open_new(**kw)
+        want = cls._settings(**kw)
+        have = (raw.buffer_bytes, raw.max_buffers)
+        if want != have:  # the buffers already handed to CUPTI stay as they are
+            log.debug(
+                "stepscope: raw CUPTI buffers already open with (buffer_bytes, max_buffers) %s;"
+                " %s ignored", have, want,
+            )  # fmt: skip
+        return raw
+
+    @staticmethod
+    def _settings(*, buffer_bytes: int = 8 << 20, max_buffers: int = 16) -> tuple[int, int]:
+        """(buffer_bytes, max_buffers) as :meth:`__init__` would store them."""
+        return (int(buffer_bytes) + 7) & ~7, int(max_buffers)
+
+    @classmethod
+    def _open_new(cls, **kw: Any) -> RawActivityBuffers | None:
         global _PROCESS_RAW
-        if _PROCESS_RAW is not None:
-            return _PROCESS_RAW
         path = loaded_libcupti_path()
         if path is None:
             return None
@@ -362,6 +377,11 @@ class RawActivityBuffers:
 
     # CUPTI's threads (or the thread calling cuptiActivityFlushAll) run these two
     def _on_request(self, buffer, size, max_records) -> None:
+        # "no buffer" first: ctypes swallows an exception raised below (an allocation failing),
+        # and CUPTI would then read whatever these outputs held
+        buffer[0] = ctypes.POINTER(ctypes.c_uint8)()
+        size[0] = 0
+        max_records[0] = 0
         with self._lock:
             if self._free:
                 buf = self._free.pop()
@@ -373,13 +393,9 @@ class RawActivityBuffers:
                 self.refused += 1
             if buf is not None:
                 self._in_use[ctypes.addressof(buf)] = buf
-        if buf is None:
-            buffer[0] = ctypes.POINTER(ctypes.c_uint8)()
-            size[0] = 0
-        else:
+        if buf is not None:
             buffer[0] = ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint8))
             size[0] = self.buffer_bytes
-        max_records[0] = 0
 
     def _on_complete(self, context, stream_id, buffer, size, valid) -> None:
         address = ctypes.cast(buffer, ctypes.c_void_p).value or 0
@@ -410,10 +426,10 @@ class RawActivityBuffers:
         with self._lock:
             self._free.extend(b.data for b in buffers)
 
-    def decode(self, *, dropped: int = 0, kinds: Mapping[int, str] | None = None) -> ActivityBatch:
+    def decode(self, *, dropped: int = 0) -> ActivityBatch:
         """Decode and recycle everything completed so far."""
         bufs = self.take()
         try:
-            return decode_buffers(bufs, self.sizes, dropped=dropped, kinds=kinds)
+            return decode_buffers(bufs, self.sizes, dropped=dropped)
         finally:
             self.recycle(bufs)

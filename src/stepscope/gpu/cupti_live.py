@@ -45,6 +45,7 @@ from .records import (
     MEMSET_DTYPE,
     SYNC_DTYPE,
     ActivityBatch,
+    signed_ids,
 )
 
 log = logging.getLogger("stepscope.gpu")
@@ -384,7 +385,7 @@ def _to_table(rows: list[tuple], dtype: np.dtype) -> np.ndarray:
     for i, name in enumerate(dtype.names):
         col = wide[:, i]
         if dtype[name] == np.dtype("i4"):
-            col = np.where(col == 0xFFFFFFFF, -1, col)
+            col = signed_ids(col)
         out[name] = col.astype(dtype[name], copy=False)
     return out
 

@@ -163,7 +163,7 @@ class CupyEventTimer:
         finally:
             self._lock.release()
         get_elapsed = self._cp.cuda.get_elapsed_time
-        keep, n = [], 0
+        keep, n, failed = [], 0, 0
         for p in pending:
             try:
                 if not p.end.done:
@@ -173,20 +173,27 @@ class CupyEventTimer:
                 t0 = anchor_ns + round(get_elapsed(anchor_ev, p.begin) * 1e6)
                 t1 = anchor_ns + round(get_elapsed(anchor_ev, p.end) * 1e6)
             except Exception:
-                self.dropped += 1
+                failed += 1
                 continue
             self._em.complete(
                 t0, max(t1 - t0, 0), p.name, self._track(p.device, p.stream, p), self.category
             )
             n += 1
-        if keep:
+        if keep or failed:
             if self._lock.acquire(timeout=0.5):
-                try:
+                try:  # dropped is counted under the lock: pop() counts into it too
+                    self.dropped += failed
                     self._pending[:0] = keep
+                    # pop() may have filled the list meanwhile: keep the cap, dropping the
+                    # newest as pop() does
+                    excess = len(self._pending) - self.max_pending
+                    if excess > 0:
+                        del self._pending[self.max_pending :]
+                        self.dropped += excess
                 finally:
                     self._lock.release()
-            else:
-                self.dropped += len(keep)
+            else:  # the lock is stuck (rare): the kept ranges are lost, counted without it
+                self.dropped += failed + len(keep)
         return n
 
     def _track(self, device: int, stream: int, p: _Pending) -> int:

@@ -26,6 +26,7 @@ from .records import (
     MEMSET_DTYPE,
     SYNC_DTYPE,
     ActivityBatch,
+    signed_ids,
 )
 
 # dtype field -> record key, per kind (same names as cupti-python's activity attributes)
@@ -71,7 +72,7 @@ def _table(records: list[Mapping[str, Any]], dtype: np.dtype, fields: dict[str, 
         default = INVALID_ID if col in ("device", "context", "stream") else 0
         vals = [r.get(key, default) for r in records]
         if dtype[col] == np.dtype("i4"):
-            vals = [v if v != INVALID_ID else -1 for v in vals]  # ids that do not fit
+            vals = signed_ids(vals)  # ids that do not fit
         out[col] = vals
     return out
 

@@ -86,6 +86,14 @@ class CounterWriter:
         return n
 
 
+def _shutdown(nv: Any) -> None:
+    """``nvmlShutdown``, balancing one ``nvmlInit`` (NVML counts them); errors ignored."""
+    try:
+        nv.nvmlShutdown()
+    except Exception:
+        pass
+
+
 class NvmlSampler:
     """Background NVML/GPM sampler for the given NVML device indices (default: all)."""
 
@@ -118,14 +126,20 @@ class NvmlSampler:
             return False
         try:
             pynvml.nvmlInit()
-            count = pynvml.nvmlDeviceGetCount()
-            idx = list(range(count)) if self.devices is None else list(self.devices)
-            self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in idx]
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
             log.log(self.log_level, "stepscope: NVML unavailable (%s); NVML counters off", exc)
             return False
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            idx = list(range(count)) if self.devices is None else list(self.devices)
+            self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in idx]
+        except Exception as exc:
+            log.log(self.log_level, "stepscope: NVML unavailable (%s); NVML counters off", exc)
+            _shutdown(pynvml)
+            return False
         if not self._handles:
             log.log(self.log_level, "stepscope: no NVIDIA GPU found; NVML counters off")
+            _shutdown(pynvml)
             return False
         self._nvml = pynvml
         if self.gpm:
@@ -140,6 +154,11 @@ class NvmlSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            if self._thread.is_alive():
+                # still inside an NVML call: freeing its samples or shutting NVML down under it
+                # could crash; leave both to the process' exit
+                log.debug("stepscope: NVML sampler thread did not stop; NVML left initialised")
+                return
             self._thread = None
         if self._nvml is not None:
             for s in self._prev.values():
@@ -148,10 +167,7 @@ class NvmlSampler:
                 except Exception:
                     pass
             self._prev.clear()
-            try:
-                self._nvml.nvmlShutdown()  # balances nvmlInit (NVML counts them)
-            except Exception:
-                pass
+            _shutdown(self._nvml)
             self._nvml = None
 
     def _gpm_supported(self, handle: Any) -> bool:

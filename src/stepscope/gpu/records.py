@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -59,6 +60,13 @@ API_DTYPE = np.dtype(
 )  # fmt: skip
 
 INVALID_ID = 0xFFFFFFFF  # CUPTI's invalid stream/context/device id
+
+
+def signed_ids(values: Any) -> np.ndarray:
+    """Ids bound for an ``i4`` column: CUPTI's unsigned invalid id (:data:`INVALID_ID`) → -1."""
+    values = np.asarray(values, dtype=np.int64)  # signed first: -1 must not wrap to uint32
+    return np.where(values == INVALID_ID, -1, values)
+
 
 # CUpti_ActivityMemcpyKind
 COPY_KIND_NAMES = {

@@ -26,7 +26,7 @@
 --       Synchronization category 'sync'            Runtime API    'cuda_runtime' / 'cuda_driver'
 --       GPU ranges      category 'gpu_range'       (none)         category 'stepscope'
 --       User ranges     anything else (no category, 'nvtx', or a user's domain/category)
---   * device activity (is_device = 1): kernel, communication, memcpy, memset slices; ss_device
+--   * device activity (kind_id 9-12): kernel, communication, memcpy, memset slices; ss_device
 --     holds just those rows of ss_slice (the tables that only need device slices read it).
 --   * filters: rank filter -> ss_track_sel (tracks of the selected ranks); selected steps (step
 --     number in [A, B)) -> ss_step; with a step range set, slices are kept when they START
@@ -45,7 +45,7 @@
 --     with no step slices gets one frame from its first slice start to its last slice end.
 --   * totals (ss_totals, one row): frame_ns = the union of ss_frame per rank, summed over ranks
 --     (the denominator of the time ratios); device_ns = the union of the device slices
---     (is_device = 1) per rank, summed over ranks (the denominator of the GPU ratios).
+--     (kind_id 9-12) per rank, summed over ranks (the denominator of the GPU ratios).
 WITH RECURSIVE
 ss_track_up(track_id, cur_id, hops) AS (
   SELECT id, id, 0 FROM track
@@ -128,9 +128,7 @@ ss_slice AS (
            WHEN s.category = 'gpu_range' THEN 13
            WHEN s.category = 'stepscope' THEN NULL
            ELSE 6
-         END AS kind_id,
-         CASE WHEN s.category IN ('kernel', 'communication', 'memcpy', 'memset')
-              THEN 1 ELSE 0 END AS is_device
+         END AS kind_id
   FROM slice s
   CROSS JOIN ss_track_sel ti  -- slices in id order, each track looked up (no per-track scans)
   WHERE ti.track_id = s.track_id AND s.dur >= 0 AND ({{thread_filter}}) AND ({{window_filter}})
@@ -146,7 +144,7 @@ ss_frame AS (
   GROUP BY upid
 ),
 ss_device AS (
-  SELECT * FROM ss_slice WHERE kind_id BETWEEN 9 AND 12  -- is_device = 1, by kind
+  SELECT * FROM ss_slice WHERE kind_id BETWEEN 9 AND 12  -- device activity
 ),
 ss_totals AS (
   SELECT SUM(CASE WHEN g = 0 THEN len ELSE 0 END) AS frame_ns,

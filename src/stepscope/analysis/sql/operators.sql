@@ -5,6 +5,11 @@
 --   calls           number of ranges; total_ns = sum of durations; avg = total / calls; max, min.
 --   sumsq_ns2       sum of the squared durations, as a REAL (no integer overflow); Python takes
 --                   stddev = sqrt(sumsq / calls - avg^2) (population), clamped at 0.
+--                   One pass, at a precision cost: the subtraction cancels, so the variance's
+--                   relative error is about (avg / stddev)^2 * 1e-16, times up to the number of
+--                   calls (SUM rounds once per row). Invisible at nanosecond display unless the
+--                   spread is tiny next to the mean: 10 ms ranges with 10 ns jitter show
+--                   10.9 ns instead of 10.0 over 10,000 calls.
 --   self_ns         sum over ranges of (duration - sum of the durations of its direct children,
 --                   i.e. slices whose parent_id is the range, which are on the same track).
 --   ratio           total_ns / frame time (union of ss_frame per rank, summed); nested ranges

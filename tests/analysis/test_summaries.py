@@ -398,6 +398,13 @@ def test_shared_base_keys_slices_by_id_and_orders_the_overview_window():
         # is the final ORDER BY of the kinds
         assert any("COVERING INDEX ss_slice_ix0" in d for d in plan)
         assert sum("TEMP B-TREE FOR ORDER BY" in d for d in plan) == 1
+        assert not any("GROUP BY" in d for d in plan)  # kinds are counted in index order
+        # threads merged, the operators read no process or thread row per range
+        for by_thread in (False, True):
+            sql = S.render("operators", base=base, **S.operator_values(by_thread))
+            plan = [r["detail"].split() for r in db.query("EXPLAIN QUERY PLAN " + sql)]
+            joined = {d[1] for d in plan if d[0] in ("SCAN", "SEARCH")} & {"p", "th"}
+            assert joined == ({"p", "th"} if by_thread else set())
     conn = db.conn  # a repeated id: the keyed table is refused and removed
     with pytest.raises(sqlite3.IntegrityError):
         S._create_temp(conn, "dup", "SELECT 1 AS id, 2 AS x UNION ALL SELECT 1, 3", keyed=True)

@@ -501,6 +501,21 @@ def _check_name(name: str) -> None:
         raise SummaryError(f"unknown table {name!r}: choose from {', '.join(TABLES)}")
 
 
+def operator_values(by_thread: bool) -> dict[str, str]:
+    """The placeholders of ``operators.sql``: per rank and thread, or threads merged (rows
+    grouped by name alone, no process or thread row read per range)."""
+    keys = ("COALESCE(p.rank, s.upid)", "th.tid", "th.name") if by_thread else ("NULL",) * 3
+    return {
+        "op_rank": keys[0],
+        "op_tid": keys[1],
+        "op_thread": keys[2],
+        "op_group": "per rank and thread" if by_thread else "threads merged",
+        "op_join": ("LEFT JOIN ss_process p ON p.upid = s.upid "
+                    "LEFT JOIN thread th ON th.utid = s.utid") if by_thread else "",
+        "op_keys": "name, rank, tid, thread_name" if by_thread else "name",
+    }
+
+
 def _table(
     db: Any,
     name: str,
@@ -515,13 +530,7 @@ def _table(
     columns = list(spec.columns)
     extra: dict[str, str] = {}
     if spec.sql == "operators":
-        keys = ("COALESCE(p.rank, s.upid)", "th.tid", "th.name") if by_thread else ("NULL",) * 3
-        extra = {
-            "op_rank": keys[0],
-            "op_tid": keys[1],
-            "op_thread": keys[2],
-            "op_group": "per rank and thread" if by_thread else "threads merged",
-        }
+        extra = operator_values(by_thread)
         if by_thread:
             columns[1:1] = _OPERATOR_THREAD_COLS
     sql = render(spec.sql, filters, base=base, **extra)

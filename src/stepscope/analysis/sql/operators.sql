@@ -1,5 +1,6 @@
 -- Operators / user ranges: one row per range name, threads merged or per rank and thread
--- (this query: {{op_group}}).
+-- (this query: {{op_group}}). Threads merged, rank / tid / thread_name are NULL and the rows
+-- are grouped by name alone (no join to the process and thread tables).
 --
 --   ranges          slices of kind 'User ranges' (no category, 'nvtx', or a user's domain).
 --   calls           number of ranges; total_ns = sum of durations; avg = total / calls; max, min.
@@ -31,9 +32,7 @@
 op_range AS (
   SELECT s.id, s.name, {{op_rank}} AS rank, {{op_tid}} AS tid, {{op_thread}} AS thread_name,
          s.ts, s.dur
-  FROM ss_slice s
-  LEFT JOIN ss_process p ON p.upid = s.upid
-  LEFT JOIN thread th ON th.utid = s.utid
+  FROM ss_slice s {{op_join}}
   WHERE s.kind_id = 6  -- User ranges
 ),
 op_launch AS (
@@ -86,26 +85,23 @@ op_self AS (  -- per row: the durations of the direct children of its ranges
     SELECT s.name, {{op_rank}} AS rank, {{op_tid}} AS tid, {{op_thread}} AS thread_name,
            c.dur AS child_ns
     FROM slice c CROSS JOIN ss_slice s  -- each child first, then its parent by id
-    LEFT JOIN ss_process p ON p.upid = s.upid
-    LEFT JOIN thread th ON th.utid = s.utid
+    {{op_join}}
     WHERE s.id = c.parent_id AND s.kind_id = 6 AND c.dur >= 0
-  ) GROUP BY name, rank, tid, thread_name
+  ) GROUP BY {{op_keys}}
 ),
 op_gpu AS (  -- per row: the ranges with device work, their GPU time
   SELECT name, rank, tid, thread_name, COUNT(*) AS ranges, SUM(ns) AS ns,
          MAX(ns) AS max_ns, MIN(ns) AS min_ns FROM (
     SELECT s.name, {{op_rank}} AS rank, {{op_tid}} AS tid, {{op_thread}} AS thread_name, g.ns
-    FROM op_range_gpu g JOIN ss_slice s ON s.id = g.range_id
-    LEFT JOIN ss_process p ON p.upid = s.upid
-    LEFT JOIN thread th ON th.utid = s.utid
-  ) GROUP BY name, rank, tid, thread_name
+    FROM op_range_gpu g JOIN ss_slice s ON s.id = g.range_id {{op_join}}
+  ) GROUP BY {{op_keys}}
 ),
 op_stats AS (
   SELECT name, rank, tid, thread_name, COUNT(*) AS calls,
          SUM(dur) AS total_ns, AVG(dur) AS avg_ns, MAX(dur) AS max_ns, MIN(dur) AS min_ns,
          SUM(CAST(dur AS REAL) * dur) AS sumsq_ns2
   FROM op_range
-  GROUP BY name, rank, tid, thread_name
+  GROUP BY {{op_keys}}
 )
 -- ranges without device work count 0: gpu_max = max(0, max over the others), gpu_min = 0
 -- when there is such a range

@@ -8,17 +8,17 @@
 --   ratio      total_ns / frame time, where frame time is the same union taken over ss_frame
 --              (the selected steps; a rank without steps: its whole span): ss_totals.frame_ns.
 {{base}},
--- the window reads only (kind_id, upid, ts, end_ts): the embedded engine has them in one index
-ov_len AS (
-  SELECT kind_id, MAX(0, end_ts - MAX(ts, COALESCE(m, ts))) AS len FROM (
-    SELECT kind_id, ts, end_ts,
-           MAX(end_ts) OVER (PARTITION BY kind_id, upid ORDER BY ts
-                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
-    FROM ss_slice WHERE kind_id IS NOT NULL
-  )
-),
+-- per kind: its slices, and the union window run on that kind's rows alone (no sort of every
+-- slice by kind; the embedded engine reads (kind_id, upid, ts, end_ts) from one index)
 ov_union AS (
-  SELECT kind_id, SUM(len) AS total_ns, COUNT(*) AS calls FROM ov_len GROUP BY kind_id
+  SELECT k.kind_id, COUNT(*) AS calls, (
+    SELECT SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) FROM (
+      SELECT ts, end_ts,
+             MAX(end_ts) OVER (PARTITION BY upid ORDER BY ts
+                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
+      FROM ss_slice s WHERE s.kind_id = k.kind_id
+    )) AS total_ns
+  FROM ss_slice k WHERE k.kind_id IS NOT NULL GROUP BY k.kind_id
 ),
 ov_nested_dl AS (  -- dataloader waits directly inside a 'Dataloader' phase (kind 1): no call
   SELECT COUNT(*) AS n FROM ss_slice s

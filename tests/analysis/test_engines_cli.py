@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import sqlite3
 
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
@@ -75,3 +76,28 @@ def test_export_csv(trace, tmp_path, capsys):
         assert [r["name"] for r in csv.DictReader(f)] == ["lane"]
     assert run("export-csv", trace, "--tables", "bogus", "--engine", "embedded") == 2
     assert "unknown table 'bogus'" in capsys.readouterr().err
+
+
+def test_export_csv_query_errors_say_query_failed_once(trace, tmp_path, capsys, monkeypatch):
+    """Trace processor's errors come as QueryError, whose text already says "query failed";
+    the embedded engine's come straight from SQLite: both read the same way."""
+    from stepscope.analysis import engines
+
+    class NoConn:  # an engine without a SQLite connection (trace processor's shape)
+        def query(self, sql):
+            raise engines.QueryError("query failed: no such table: slice")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(cli_sql, "open_traces", lambda paths, args: NoConn())
+    assert run("export-csv", trace, "-o", str(tmp_path / "a"), "--tables", "slice") == 1
+    assert capsys.readouterr().err.count("query failed") == 1
+
+    class BrokenConn(NoConn):  # the embedded engine, its table gone
+        conn = sqlite3.connect(":memory:")
+
+    monkeypatch.setattr(cli_sql, "open_traces", lambda paths, args: BrokenConn())
+    assert run("export-csv", trace, "-o", str(tmp_path / "b"), "--tables", "slice") == 1
+    err = capsys.readouterr().err
+    assert err.count("query failed") == 1 and "no such table: slice" in err

@@ -143,6 +143,22 @@ def test_a_kind_smaller_than_its_prefix_is_dropped_not_misread():
     assert b.memcpys.size == 0 and b.dropped == 5 + 3
 
 
+def test_a_short_last_record_of_an_unlearnt_kind_is_dropped_not_misread():
+    """A kind seen only as a buffer's last record: its size is known only as the distance to
+    the buffer's end, and that bound, under the layout, drops it (it once read past the end)."""
+    names, recs, _ = synthetic()
+    (api,) = [r for r in recs if r["kind"] == "RUNTIME"][:1]
+    (memset,) = [r for r in recs if r["kind"] == "MEMSET"]
+    data = encode_record(api, names) + encode_record(memset, names)[:48]
+    sizes = cb.RecordSizes(known={5: RAW_SIZES[5]}, learn=lambda address, valid, off: valid)
+    b = cb.decode_buffers([cb.RawBuffer(data, len(data))], sizes)
+    assert (b.runtime.size, b.memsets.size, b.dropped) == (1, 0, 1)
+    assert 2 not in sizes.known  # a bound, never learnt as the kind's size
+    full = encode_record(api, names) + encode_record(memset, names)  # the whole record: read
+    b = cb.decode_buffers([cb.RawBuffer(full, len(full))], sizes)
+    assert (b.runtime.size, b.memsets.size, b.dropped) == (1, 1, 0)
+
+
 def test_raw_decoding_matches_the_per_record_adapter_on_the_fixture(records):
     """Every real record of the H100 fixture, packed as CUPTI packs it, decodes to the batch
     the fixture adapter builds from the same records (all kinds, all fields)."""

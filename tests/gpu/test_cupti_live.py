@@ -153,6 +153,8 @@ def test_a_binding_without_graph_node_ids_switches_getters_once():
 
     g = _Getter("memset", ("start", "graph_node_id", "bytes"))
     full = g.row
+    odd = SimpleNamespace(start=0, graph_node_id=1)  # it has the optional one: another layout
+    assert g.row_after_error(odd) is None and g.row is full  # dropped, no switch
     assert g.row(SimpleNamespace(start=1, graph_node_id=9, bytes=4)) == (1, 9, 4)
     old = SimpleNamespace(start=2, bytes=5)  # an older binding: no graph_node_id
     with pytest.raises(AttributeError):
@@ -164,3 +166,21 @@ def test_a_binding_without_graph_node_ids_switches_getters_once():
     plain = _Getter("sync", ("start", "end"))
     assert plain.row_after_error(SimpleNamespace(start=1)) is None
     assert plain.widen([(1, 2)]) == [(1, 2)]
+
+
+def test_decode_puts_back_the_optional_attribute_of_switched_rows(records):
+    """``decode`` (public: the benchmark calls it) widens the rows a switched getter read, as
+    the window end does: mixed rows make one table, the missing graph node id read as 0."""
+    from types import SimpleNamespace
+
+    tracer = CuptiTracer(cupti_module=FakeCupti(records))
+    assert tracer.start()
+    tracer.stop()
+    (g,) = [g for g in tracer._getters.values() if g.key == "memset"]
+    g.row_after_error(SimpleNamespace(start=0))  # as an older binding's first memset does
+    full = (1, 2, 0, 0, 7, 11, 64, 0, 5, 6)  # start, end, device, ..., graph_id, graph_node_id
+    rows = {"memset": [full, full[:-1]]}
+    b = tracer.decode(rows)
+    assert b.memsets["graph_node_id"].tolist() == [6, 0]
+    assert b.memsets["graph_id"].tolist() == [5, 5]
+    assert rows["memset"][1] == full[:-1]  # the caller's rows are left as they were

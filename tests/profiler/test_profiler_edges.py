@@ -78,6 +78,25 @@ from stepscope.profiler import profiler as P
 prof = Profiler(tempfile.mkdtemp(), schedule=None, run_id="r", host_metrics=False,
                 report=False, use_env=False)
 prof.start()
+
+
+class Watched:  # says when the handler's rebinding had to give up waiting for the lock
+    def __init__(self, lock):
+        self.lock = lock
+    def acquire(self, *a, **k):
+        got = self.lock.acquire(*a, **k)
+        if not got:
+            sys.stderr.write("phase lock timed out\\n")
+        return got
+    def release(self):
+        self.lock.release()
+    def __enter__(self):
+        self.lock.acquire()
+    def __exit__(self, *exc):
+        self.lock.release()
+
+
+P._phase_lock = Watched(P._phase_lock)
 orig = P.rec.event_id
 def event_id(*a, **k):  # runs while prof.phase() creates the phase, its lock held
     P.rec.event_id = orig
@@ -102,3 +121,4 @@ def test_sigterm_while_a_phase_is_made_ends_the_program():
     proc = subprocess.run([sys.executable, "-c", _SIGTERM_IN_PHASE], env=env, timeout=30,
                           capture_output=True, text=True)
     assert proc.returncode == -signal.SIGTERM, proc.stdout + proc.stderr
+    assert "phase lock timed out" not in proc.stderr  # the rebinding took the lock it holds

@@ -76,7 +76,7 @@ def test_step_args_split_between_begin_and_end(tmp_path):
 
 def test_step_ends_past_the_kind_limit_are_blobs_with_the_same_args(tmp_path, monkeypatch):
     monkeypatch.setattr(P, "_step_ends", {})
-    monkeypatch.setattr(P, "MAX_STEP_END_KINDS", P._step_end_kinds + 1)  # room for one more
+    monkeypatch.setattr(P, "MAX_STEP_END_KINDS", 1)  # room for one kind
     prof = Profiler(tmp_path, schedule=None, run_id="k", host_metrics=False, report=False,
                     use_env=False)
     prof.start()
@@ -87,6 +87,26 @@ def test_step_ends_past_the_kind_limit_are_blobs_with_the_same_args(tmp_path, mo
     prof.stop()
     _, ends = _steps(tmp_path / "k" / "rank0.summary.pftrace")
     assert ends == [{"epoch": 0, "num_samples": n} for n in (1000, 1001, 1002, 1000)]
+
+
+def test_repeated_step_ends_make_one_kind_each_however_many_there_are(tmp_path, monkeypatch):
+    """More distinct (epoch, num_samples) than any cache of ends, cycling: each is one kind,
+    made once, and every later end of it is that kind's fast code, not a blob."""
+    monkeypatch.setattr(P, "_step_ends", {})
+    prof = Profiler(tmp_path, schedule=None, run_id="c", host_metrics=False, report=False,
+                    use_env=False)
+    prof.start()
+    kinds_before = len(rec.kinds)
+    blobs = []
+    real = rec.record_blob
+    monkeypatch.setattr(rec, "record_blob", lambda b, *a: blobs.append(b) or real(b, *a))
+    for i in range(3 * 100):
+        prof.step(num_samples=10_000 + i % 100)  # values no other test uses
+    assert len(rec.kinds) == kinds_before + 100 and len(P._step_ends) == 100
+    assert [b for b in blobs if b.kind == rec.END] == []  # every end a fast code
+    prof.stop()
+    _, ends = _steps(tmp_path / "c" / "rank0.summary.pftrace")
+    assert ends == [{"epoch": 0, "num_samples": 10_000 + i % 100} for i in range(300)]
 
 
 def test_unhashable_num_samples_still_recorded(tmp_path):
@@ -172,3 +192,17 @@ def test_disk_totals_match_psutil():
         return
     assert before.read_bytes <= ours[0] <= after.read_bytes
     assert before.write_bytes <= ours[1] <= after.write_bytes
+
+
+def test_disk_totals_elsewhere_than_linux_are_psutils_own(monkeypatch):
+    """psutil keeps whole disks only on Linux (there is no /sys/block elsewhere): other
+    platforms' totals are taken as psutil gives them, not filtered down to zero."""
+    from collections import namedtuple
+
+    io = namedtuple("io", "read_bytes write_bytes")
+    monkeypatch.setattr(psutil, "LINUX", False)
+    monkeypatch.setattr(psutil, "disk_io_counters",
+                        lambda perdisk, nowrap: None if perdisk else io(7, 9))
+    assert hm.HostSampler(None, 0.5)._disk() == (7, 9)
+    monkeypatch.setattr(psutil, "disk_io_counters", lambda perdisk, nowrap: None)
+    assert hm.HostSampler(None, 0.5)._disk() is None

@@ -136,7 +136,9 @@ def run_export_csv(args: argparse.Namespace) -> int:
             print(f"{path}: {n} rows", file=sys.stderr)
     except OSError as e:
         return _fail("export-csv", f"cannot write {out_dir}: {e.strerror or e}")
-    except (engines.QueryError, sqlite3.Error) as e:
+    except engines.QueryError as e:  # its message says "query failed: ..." already
+        return _fail("export-csv", str(e), 1)
+    except sqlite3.Error as e:  # streamed from the embedded engine's connection
         return _fail("export-csv", f"query failed: {e}", 1)
     finally:
         db.close()

@@ -133,11 +133,14 @@ class RawBuffer:
 
 @dataclass
 class WalkResult:
-    """Record offsets and kinds of one buffer; ``undecoded`` counts records past a stop."""
+    """Record offsets and kinds of one buffer; ``undecoded`` counts records past a stop.
+    ``bounds``: the step taken over kinds whose size is not in ``RecordSizes.known`` (a
+    buffer's last record: only its distance to the end is known)."""
 
     offsets: np.ndarray
     kinds: np.ndarray
     undecoded: int = 0
+    bounds: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -188,9 +191,14 @@ def walk(buf: RawBuffer, sizes: RecordSizes) -> WalkResult:
     offsets: list[int] = []
     append, get = offsets.append, sizes.known.get
     off, undecoded = 0, 0
+    bounds: dict[int, int] = {}
     while off + 4 <= valid:  # the only per-record Python: one unpack, one dict lookup
         kind = unpack(mv, off)[0]
-        step = get(kind) or sizes.learn_size(kind, address, valid, off)
+        step = get(kind)
+        if not step:
+            step = sizes.learn_size(kind, address, valid, off)
+            if step and kind not in sizes.known:
+                bounds[kind] = min(step, bounds.get(kind, step))
         if not step or off + step > valid:
             undecoded = max(1, (valid - off) // min(sizes.known.values(), default=8))
             break
@@ -198,7 +206,7 @@ def walk(buf: RawBuffer, sizes: RecordSizes) -> WalkResult:
         off += step
     offs = np.asarray(offsets, np.int64)
     words = np.frombuffer(buf.data, dtype=np.uint8)[: valid - valid % 4].view("<u4")
-    return WalkResult(offs, words[offs // 4].astype(np.uint32), undecoded)
+    return WalkResult(offs, words[offs // 4].astype(np.uint32), undecoded, bounds)
 
 
 def gather(data: Any, offsets: np.ndarray, layout: np.dtype) -> np.ndarray:
@@ -241,7 +249,7 @@ def decode_buffers(
                 continue
             attr, layout, dtype = _TABLES[kind]
             offs = w.offsets[w.kinds == kind]
-            if sizes.known.get(kind, layout.itemsize) < layout.itemsize:
+            if sizes.known.get(kind, w.bounds.get(kind, 0)) < layout.itemsize:
                 dropped += int(offs.size)
                 continue
             raw = gather(buf.data, offs, layout)

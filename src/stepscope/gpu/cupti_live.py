@@ -90,8 +90,8 @@ class _Getter:
     def row_after_error(self, a: Any) -> tuple | None:
         """The row of a record ``row`` failed on, switching to the reduced getter the first
         time; None for a record of a layout we do not know."""
-        if self.reduced is None or self.row is self.reduced:
-            return None
+        if self.reduced is None or self.row is self.reduced or hasattr(a, _OPTIONAL_ATTR):
+            return None  # not the optional attribute missing: this record's layout is unknown
         self.row = self.reduced
         try:
             return self.row(a)
@@ -333,9 +333,6 @@ class CuptiTracer:
             self._active = False
             rows, self._rows = self._rows, {}
             dropped = self._dropped
-        for g in self._getters.values():
-            if g.key in rows:
-                rows[g.key] = g.widen(rows[g.key])
         try:
             dropped += int(cupti.activity_get_num_dropped_records(0, 0))
         except Exception:
@@ -346,6 +343,10 @@ class CuptiTracer:
 
     def decode(self, rows: dict[str, list[tuple]], dropped: int = 0) -> ActivityBatch:
         """Per-kind row tuples (attribute order as above) → columnar batch, in bulk."""
+        rows = dict(rows)  # the caller's lists stay as they are
+        for g in self._getters.values():
+            if g.key in rows:
+                rows[g.key] = g.widen(rows[g.key])
         b = ActivityBatch(dropped=dropped)
         kernels = rows.get("kernel", [])
         if kernels:

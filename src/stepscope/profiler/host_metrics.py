@@ -140,8 +140,12 @@ class HostSampler:
         }
 
     def _disk(self) -> tuple[int, int] | None:
-        """(read, written) bytes of the whole disks: psutil's ``perdisk=False`` total, with the
-        whole-disk test (``/sys/block/<name>`` exists, as psutil's) made once per name."""
+        """(read, written) bytes of the whole disks: psutil's ``perdisk=False`` total. On Linux
+        that total keeps whole disks only (``/sys/block/<name>`` exists): the test is made here
+        once per name instead of on every sample; elsewhere psutil's total is used as it is."""
+        if not psutil.LINUX:
+            c = psutil.disk_io_counters(perdisk=False, nowrap=False)
+            return None if c is None else (c.read_bytes, c.write_bytes)
         per = psutil.disk_io_counters(perdisk=True, nowrap=False)
         if not per:
             return None

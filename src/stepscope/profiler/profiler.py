@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import itertools
 import os
 import sys
@@ -145,8 +144,7 @@ class _SyncPhase(_Phase):
 
     def __exit__(self, *exc: object) -> None:
         _sync_gpu()
-        if rec.ON:
-            _end_summary()
+        super().__exit__(*exc)
 
 
 def _sync_gpu() -> None:
@@ -171,33 +169,36 @@ class _StepBegin(rec.NumberedBegin):
     arg = S.ARG_STEP
 
 
-MAX_CACHED_STEP_ENDS = 64
 # Step ends made event kinds: a num_samples that changes every step (tokens per batch) must not
 # fill the event table that range names share; past this many, step ends are blobs.
 MAX_STEP_END_KINDS = 1024
-_step_end_kinds = 0
-
-
-def _step_end_recorder(epoch: int, num_samples: Any) -> Callable[[], Any]:
-    """What records a step end with its args: a chain of the fast code of an end with those
-    fixed args (see ``rec.event_id``), or, for an unhashable ``num_samples``, a full event
-    table or past ``MAX_STEP_END_KINDS``, a blob."""
-    global _step_end_kinds
-    args: dict[str, Any] = {S.ARG_EPOCH: epoch}
-    if num_samples is not None:
-        args[S.ARG_NUM_SAMPLES] = num_samples
-    eid = None
-    if _step_end_kinds < MAX_STEP_END_KINDS:
-        eid = rec.event_id("", (), force=False, args=args)
-        _step_end_kinds += eid is not None
-    if eid is None:
-        return functools.partial(rec.record_blob, rec.Blob(rec.END, 0, S.LEVEL_SUMMARY,
-                                                            args=args))
-    return rec.chain(rec.code(eid, S.LEVEL_SUMMARY, rec.END))
-
-
-# (epoch, type, num_samples) -> records that step end
+# (epoch, type, num_samples) -> the chain recording that step end's fast code (its kind: see
+# rec.event_id); one entry per kind made, never cleared, so its size is the count of kinds
 _step_ends: dict[tuple, Callable[[], Any]] = {}
+
+
+def _record_step_end(epoch: int, num_samples: Any) -> None:
+    """Record a step end with its args: the fast code of an end with those fixed args, or a
+    blob for an unhashable ``num_samples``, a full event table or past ``MAX_STEP_END_KINDS``."""
+    key = (epoch, type(num_samples), num_samples)
+    try:
+        end = _step_ends.get(key)
+    except TypeError:  # an unhashable num_samples
+        key, end = None, None
+    if end is None:
+        args: dict[str, Any] = {S.ARG_EPOCH: epoch}
+        if num_samples is not None:
+            args[S.ARG_NUM_SAMPLES] = num_samples
+        eid = None
+        if key is not None and len(_step_ends) < MAX_STEP_END_KINDS:
+            eid = rec.event_id("", (), force=False, args=args)
+        if eid is None:
+            rec.record_blob(rec.Blob(rec.END, 0, S.LEVEL_SUMMARY, args=args))
+            return
+        end = _step_ends[key] = rec.chain(rec.code(eid, S.LEVEL_SUMMARY, rec.END))
+    end()
+
+
 _phases: dict[str, _FastPhase] = {}
 _sync_phases: dict[str, _Phase] = {}
 
@@ -596,18 +597,7 @@ class Profiler:
 
         The end's args repeat from step to step: each (epoch, num_samples) is an event kind
         of its own, recorded by one C call and encoded once per file."""
-        key = (self._epoch, type(num_samples), num_samples)
-        try:
-            end = _step_ends.get(key)
-        except TypeError:  # an unhashable num_samples
-            key, end = None, None
-        if end is None:
-            end = _step_end_recorder(self._epoch, num_samples)
-            if key is not None:
-                if len(_step_ends) >= MAX_CACHED_STEP_ENDS:
-                    _step_ends.clear()
-                _step_ends[key] = end
-        end()
+        _record_step_end(self._epoch, num_samples)
 
     def _cancel_step(self, wait_event: tuple[int, int, int] | None) -> None:
         """The loader is exhausted: the open step holds no work, only the final wait (recorded

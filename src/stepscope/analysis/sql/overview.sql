@@ -8,8 +8,8 @@
 --   ratio      total_ns / frame time, where frame time is the same union taken over ss_frame
 --              (the selected steps; a rank without steps: its whole span): ss_totals.frame_ns.
 {{base}},
--- per kind: its slices, and the union window run on that kind's rows alone (no sort of every
--- slice by kind; the embedded engine reads (kind_id, upid, ts, end_ts) from one index)
+-- per kind: its slices, and the union window run on that kind's rows alone (on the embedded
+-- engine's shared base, read from one index on (kind_id, upid, ts, end_ts): no sort at all)
 ov_union AS (
   SELECT k.kind_id, COUNT(*) AS calls, (
     SELECT SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) FROM (

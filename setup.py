@@ -1,7 +1,10 @@
-"""Build the optional C hot path (``stepscope._fast``); everything else is in pyproject.toml.
+"""Build the optional C extensions; everything else is in pyproject.toml.
 
-The extension is optional: where it cannot be compiled (no compiler, another platform) the install
-goes on and stepscope records through its pure-Python twin in ``_recorder.py``.
+``stepscope._fast`` is the hot recording path. ``stepscope.analysis._sqlpages`` (the row loops of
+the embedded engine's database image) and ``_decodeloops`` (the decoder's sequential loops)
+speed up loading a trace. All are optional: where they cannot be compiled (no compiler, another
+platform) the install goes on with their pure-Python / numpy twins (``_recorder.py``,
+``analysis/_sqlimage.py``, ``analysis/_protoscan.py``, ``analysis/_decode.py``).
 """
 
 import sys
@@ -11,5 +14,9 @@ from setuptools import Extension, setup
 ext_modules = []
 if sys.platform.startswith("linux"):  # CLOCK_MONOTONIC is what perf_counter_ns reads there
     ext_modules.append(Extension("stepscope._fast", ["src/stepscope/_fast.c"], optional=True))
+
+for name in ("_sqlpages", "_decodeloops"):
+    ext_modules.append(Extension(f"stepscope.analysis.{name}",
+                                 [f"src/stepscope/analysis/{name}.c"], optional=True))
 
 setup(ext_modules=ext_modules)

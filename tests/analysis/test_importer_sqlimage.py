@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from stepscope.analysis import _decode, _state
 from stepscope.analysis import _protoscan as ps
 from stepscope.analysis import _sqlimage as si
-from stepscope.analysis import _state
 from stepscope.analysis import importer as im
 
 
@@ -42,21 +42,24 @@ def test_image_round_trip_many_pages():
     assert conn.execute("SELECT v FROM e").fetchall() == [("writable",)]
 
 
-def test_image_index_keys_must_be_non_null_int_columns(monkeypatch):
-    """An image index stores raw key values: a nullable, text or left-out column is refused."""
+def test_image_index_keys_must_be_int_or_text_columns_in_the_image(monkeypatch):
+    """A real column or one left out of the records (always NULL) is refused as an index key;
+    nullable integers and text are indexed as SQLite would."""
     n = 3
     z = np.zeros(n, np.int64)
     slice_t = si.Table("slice", im.BIG_SCHEMA["slice"], np.arange(1, n + 1), [
         si.Column("rowid"), si.Column("int", z), si.Column("int", z), si.Column("int", z),
         si.Column("text", z - 1), si.Column("text", z), si.Column("int", z),
-        si.Column("int", z - 1, np.ones(n, bool)), si.Column("int", z)])
-    monkeypatch.setattr(im, "INDEXES", (("slice_track_ts", "slice", ("track_id", "ts")),))
-    (ix,) = im._image_indexes([slice_t])
-    assert ix.sql == "CREATE INDEX slice_track_ts ON slice(track_id, ts)"
-    for key in ("parent_id", "category", "thread_ts"):
+        si.Column("int", z - 1, np.ones(n, bool)), si.Column("real", z.astype(float))])
+    monkeypatch.setattr(im, "INDEXES", (("slice_track_ts", "slice", ("track_id", "ts")),
+                                        ("slice_cat", "slice", ("category", "parent_id"))))
+    ixs = im._image_indexes([slice_t])
+    assert [ix.sql for ix in ixs] == ["CREATE INDEX slice_track_ts ON slice(track_id, ts)",
+                                      "CREATE INDEX slice_cat ON slice(category, parent_id)"]
+    for key in ("arg_set_id", "thread_ts"):
         monkeypatch.setattr(im, "INDEXES", (("bad", "slice", (key,)),))
-        with pytest.raises(ValueError, match=rf"^index bad: key slice\.{key} must be a non-NULL "
-                                             r"integer column"):
+        with pytest.raises(ValueError, match=rf"^index bad: key slice\.{key} must be an integer "
+                                             r"or text column written to the image"):
             im._image_indexes([slice_t])
 
 
@@ -71,3 +74,195 @@ def test_small_sort_keys_keep_the_order():
     got = _state._segmented_cumsum(np.array([1, 2, 3, 4, 5]), np.array([0, 0, 1, 1, 1]),
                                    dtype=np.int32)
     assert got.dtype == np.int32 and got.tolist() == [1, 3, 3, 7, 12]
+
+
+def _mixed_table(n: int) -> tuple[si.Table, list[str]]:
+    """A table with every serial type: ints of each width (and 0 / 1), NULLs, doubles, text
+    (empty, multi-byte, longer than MAX_TEXT)."""
+    rng = np.random.default_rng(7)
+    widths = np.array([0, 1, 5, -100, 300, -40_000, 8_000_000, -2**31, 2**40, -2**47, 2**62])
+    ival = widths[np.arange(n) % len(widths)] + rng.integers(0, 2, n) * (np.arange(n) % 2)
+    strings = ["b", "a", "", "é∂", "ab", "x" * (si.MAX_TEXT + 5), "a\0b"]
+    ids = rng.integers(-1, len(strings), n)
+    t = si.Table("t", "CREATE TABLE t(id INTEGER PRIMARY KEY, a INTEGER, s TEXT, r REAL, "
+                      "k INTEGER)", np.arange(n) * 3 + 1, [
+        si.Column("rowid"), si.Column("int", ival), si.Column("text", ids),
+        si.Column("real", rng.normal(size=n), np.arange(n) % 3 == 0),
+        si.Column("int", rng.integers(-3, 4, n), np.arange(n) % 4 == 1)])
+    return t, strings
+
+
+def _mixed_indexes(t: si.Table) -> list[si.Index]:
+    _, a, s, _, k = t.columns
+    return [si.Index("t_k_a", "CREATE INDEX t_k_a ON t(k, a)", "t", [k, a], t.rowid),
+            si.Index("t_s_a", "CREATE INDEX t_s_a ON t(s, a)", "t", [s, a.values], t.rowid)]
+
+
+@pytest.mark.skipif(si._native is None, reason="the C extension _sqlpages is not built")
+def test_c_and_numpy_writers_lay_out_the_same_bytes(monkeypatch):
+    t, strings = _mixed_table(30_000)  # several pages per B-tree, interior levels
+    c_image = si.build([t], strings, _mixed_indexes(t))
+    monkeypatch.setattr(si, "_native", None)
+    np_image = si.build([t], strings, _mixed_indexes(t))
+    assert len(c_image) == len(np_image)
+    assert np.flatnonzero(c_image != np_image)[:5].tolist() == []
+
+
+@pytest.mark.parametrize("writer", ["c", "numpy"])
+def test_image_indexes_on_nullable_and_text_keys_read_as_sqlite_built_them(monkeypatch, writer):
+    """An index with NULL integer keys and text keys (BINARY order) passes SQLite's own
+    integrity check and walks in the order of an index SQLite builds on the same rows."""
+    if writer == "numpy":
+        monkeypatch.setattr(si, "_native", None)
+    elif si._native is None:
+        pytest.skip("the C extension _sqlpages is not built")
+    t, strings = _mixed_table(5_000)
+    conn = si.connect(si.build([t], strings, _mixed_indexes(t)))
+    assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    conn.execute("CREATE TABLE u AS SELECT * FROM t")
+    conn.execute("CREATE INDEX u_k_a ON u(k, a)")
+    conn.execute("CREATE INDEX u_s_a ON u(s, a)")
+    for ours, ref, cols in (("t_k_a", "u_k_a", "k, a"), ("t_s_a", "u_s_a", "s, a")):
+        got = conn.execute(f"SELECT {cols}, id FROM t INDEXED BY {ours} "
+                           f"WHERE {cols.split(',')[0]} IS NULL OR 1 ORDER BY {cols}").fetchall()
+        want = conn.execute(f"SELECT {cols}, id FROM u INDEXED BY {ref} "
+                            f"WHERE {cols.split(',')[0]} IS NULL OR 1 ORDER BY {cols}").fetchall()
+        assert got == want
+        assert [r[0] for r in got[:3]] == [None] * 3  # NULLs first
+    # a text key compares as SQLite's BINARY collation: 'a' < 'a\0b' < 'ab' < 'b' < 'é∂'
+    order = [r[0] for r in conn.execute("SELECT DISTINCT s FROM t INDEXED BY t_s_a "
+                                        "WHERE s IS NOT NULL ORDER BY s")]
+    assert order == ["", "a", "a\0b", "ab", "b", "x" * si.MAX_TEXT, "é∂"]
+
+
+@pytest.mark.skipif(si._native is None, reason="the C extension _sqlpages is not built")
+def test_c_writer_refuses_inconsistent_input():
+    t, strings = _mixed_table(10)
+    st = si._Strings(strings)
+    args = si._native_args(t.columns, st, None, t.rowid)
+    out = np.zeros(si.PAGE, np.uint8)
+    bad_rows = si._native_args(t.columns, st, np.array([0, 10]), t.rowid)
+    with pytest.raises(IndexError, match="rows: index out of range"):
+        si._native.cell_sizes(*bad_rows, np.zeros(2, np.int32))
+    bad_text = list(args)
+    bad_text[0] = [(3, np.array([len(st.len)] * 10, np.int64), None)]
+    with pytest.raises(IndexError, match="text id out of range"):
+        si._native.cell_sizes(*bad_text, np.zeros(10, np.int32))
+    with pytest.raises(ValueError, match="pages do not fit the image"):
+        si._native.write_leaves(*args, out, si.PAGE, si.PAGE, 13, np.zeros(1, np.int64))
+    with pytest.raises(ValueError, match="page_first: not increasing"):
+        si._native.write_leaves(*args, out, 0, si.PAGE, 13, np.array([5], np.int64))
+    assert not out.any()  # nothing written on a refused call
+
+
+def _packet_run(rng, n: int) -> bytes:
+    """A Trace.packet run: n items (payloads full of 0x0A bytes, so stray tag bytes abound),
+    lengths of 1..3 varint bytes."""
+    out = bytearray()
+    for _ in range(n):
+        ln = int(rng.choice([0, 1, 5, 127, 128, 300, 20_000]))
+        out += b"\x0a" + ps_varint(ln) + bytes(rng.choice([0x0A, 0x01, 0x80], ln))
+    return bytes(out)
+
+
+def ps_varint(v: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, v = v & 0x7F, v >> 7
+        out.append(b | (0x80 if v else 0))
+        if not v:
+            return bytes(out)
+
+
+@pytest.mark.parametrize("walker", ["c", "numpy"])
+def test_split_repeated_finds_the_items_and_where_the_run_stops(monkeypatch, walker):
+    if walker == "numpy":
+        monkeypatch.setattr(ps, "_walk", None)
+    elif ps._walk is None:
+        pytest.skip("the C extension _decodeloops is not built")
+    run = b"\x0a\x02\x0a\x0a" + b"\x0a\x00" + b"\x0a\x81\x01" + b"x" * 129  # 3 items
+    cases = {
+        run: ([2, 6, 9], [4, 6, 138], 138),
+        run + b"\x0a\x05abc": ([2, 6, 9], [4, 6, 138], 138),  # truncated last item: dropped
+        run + b"\x12\x00": ([2, 6, 9], [4, 6, 138], 138),  # not the tag: stops there
+        b"\x0a" + b"\xff" * 10 + b"\x01": ([], [], 0),  # an 11-byte varint: runs past the end
+        b"\x12\x00" + run: ([], [], 0),
+        b"": ([], [], 0),
+    }
+    for data, (starts, ends, stop) in cases.items():
+        st, en, got_stop = ps.split_repeated(ps.padded(data), 0, len(data))
+        assert (st.tolist(), en.tolist(), got_stop) == (starts, ends, stop), data[:12]
+    buf = ps.padded(run * 2)  # a window of the buffer
+    st, en, stop = ps.split_repeated(buf, len(run), 2 * len(run))
+    assert (st.tolist(), stop) == ([len(run) + 2, len(run) + 6, len(run) + 9], 2 * len(run))
+
+
+@pytest.mark.skipif(ps._walk is None, reason="the C extension _decodeloops is not built")
+def test_split_repeated_c_and_numpy_agree_on_random_runs(monkeypatch):
+    rng = np.random.default_rng(3)
+    for trial in range(60):
+        data = bytearray(_packet_run(rng, int(rng.integers(0, 40))))
+        if trial % 3 == 1 and data:  # damage a byte or cut the run short
+            data[int(rng.integers(0, len(data)))] = int(rng.integers(0, 256))
+        elif trial % 3 == 2:
+            data = data[: int(rng.integers(0, len(data) + 1))]
+        buf = ps.padded(bytes(data))
+        got = ps.split_repeated(buf, 0, len(data))
+        with monkeypatch.context() as m:
+            m.setattr(ps, "_walk", None)
+            want = ps.split_repeated(buf, 0, len(data))
+        assert (got[0].tolist(), got[1].tolist(), got[2]) == \
+            (want[0].tolist(), want[1].tolist(), want[2]), trial
+
+
+def _random_events(rng, k: int, tracks: int):
+    """Slice events in time order on a few tracks: begins, ends (some with nothing open),
+    instants, and other events (counters) that make no slice."""
+    from stepscope.analysis import _packets as pk
+
+    typ = rng.choice([pk.T_BEGIN, pk.T_BEGIN, pk.T_END, pk.T_END, pk.T_INSTANT, pk.T_COUNTER],
+                     k).astype(np.int8)
+    return typ, rng.integers(0, tracks, k).astype(np.int64), np.sort(rng.integers(0, 10**6, k))
+
+
+@pytest.mark.skipif(_decode._loops is None, reason="the C extension _decodeloops is not built")
+def test_nesting_c_and_numpy_agree(monkeypatch):
+    from stepscope.analysis import _packets as pk
+
+    rng = np.random.default_rng(11)
+    for trial in range(40):
+        k = int(rng.integers(0, 300))
+        typ, trk, ts = _random_events(rng, k, int(rng.integers(1, 5)) * 3)
+        order = rng.permutation(k)
+        order = order[np.argsort(ts[order], kind="stable")]  # time order, ties in any order
+        is_slice_ev = typ != pk.T_COUNTER
+        args = (order, typ, ts, trk, np.arange(k) % 7, np.arange(k) % 3 - 1, is_slice_ev)
+        got_stats, want_stats = {}, {}
+        got, got_ev = _decode._build_slices(*args, got_stats)
+        with monkeypatch.context() as m:
+            m.setattr(_decode, "_loops", None)
+            want, want_ev = _decode._build_slices(*args, want_stats)
+        assert got_ev.tolist() == want_ev.tolist(), trial
+        assert {c: v.tolist() for c, v in got.items()} == \
+            {c: v.tolist() for c, v in want.items()}, trial
+        assert got_stats == want_stats, trial
+
+
+def test_nesting_of_a_hand_made_track():
+    """begin A, end (nothing else open: closes A), end with nothing open (ignored), begin B,
+    instant I inside B, begin C, end C, (B never ends); another track: begin D, end D."""
+    from stepscope.analysis import _packets as pk
+
+    B, E, In = pk.T_BEGIN, pk.T_END, pk.T_INSTANT
+    typ = np.array([B, E, E, B, In, B, B, E, E, E], np.int8)
+    trk = np.array([0, 0, 0, 0, 0, 5, 0, 0, 5, 5])
+    ts = np.array([0, 10, 11, 20, 25, 26, 30, 35, 40, 41])
+    stats = {}
+    cols, ev_slice = _decode._build_slices(np.arange(10), typ, ts, trk, np.zeros(10, int),
+                                           np.zeros(10, int), np.ones(10, bool), stats)
+    # slices: A(0) B(1) I(2) D(3) C(4)
+    assert cols["dur"].tolist() == [10, -1, 0, 14, 5]
+    assert cols["depth"].tolist() == [0, 0, 1, 0, 1]
+    assert cols["parent_id"].tolist() == [-1, -1, 1, -1, 1]
+    assert ev_slice.tolist() == [0, 0, -1, 1, 2, 3, 4, 4, 3, -1]
+    assert stats == {"slice_end_without_begin": 2, "slices_unfinished": 1}

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -202,3 +203,50 @@ def test_cli_on_written_traces(traces, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"stepscope summary: error: cannot read {garbage}: ")
     assert len(err.splitlines()) == 1
+
+
+def test_loaded_slice_base_is_the_cte_and_gives_the_same_tables(traces, expected):
+    """The importer's ss_slice_base (_slicebase, numpy) holds exactly the rows and values of
+    _base.sql's ss_slice CTE; all_tables reads it (no filter) and gives every table as the CTEs
+    do, and as the hand-checked database does."""
+    from stepscope import analysis
+    from stepscope.analysis import _slicebase
+
+    with analysis.open(list(traces), engine="embedded") as db:
+        ctes = [f"{n}{c} AS ({b})" for n, c, b in S._base_ctes(S.Filters())]
+        cte = db.conn.execute(f"WITH RECURSIVE {', '.join(ctes)} "
+                              "SELECT * FROM ss_slice ORDER BY id").fetchall()
+        loaded = db.conn.execute(f"SELECT {', '.join(_slicebase.SS_COLUMNS)} "
+                                 f"FROM {_slicebase.SS_TABLE} ORDER BY id").fetchall()
+        assert len(cte) == 31 and loaded == cte  # as test_summaries counts
+        kinds = dict(db.conn.execute(f"SELECT name, kind_id FROM {_slicebase.SS_TABLE} "
+                                     "WHERE name IN ('step 1', 'Forward', 'matmul', 'gemm')"))
+        assert kinds == {"step 1": 0, "Forward": 2, "matmul": 6, "gemm": 9}
+        with S.shared_base(db, S.Filters()) as base:
+            assert base is not None
+            assert db.query("SELECT type FROM sqlite_temp_master WHERE name = 'ss_slice'") == \
+                [{"type": "view"}]
+            # the overview's windows read the loaded index in order: no sort but the final
+            # ORDER BY
+            plan = [r["detail"] for r in
+                    db.query("EXPLAIN QUERY PLAN " + S.render("overview", base=base))]
+            assert any("COVERING INDEX ss_slice_base_kind" in d for d in plan)
+            assert [d for d in plan if "TEMP B-TREE" in d] == ["USE TEMP B-TREE FOR ORDER BY"]
+        for kw in ({}, {"by_thread": True}, {"steps": "2"}):  # the last: the CTE path
+            for name, t in S.all_tables(db, **kw).items():
+                assert t.rows == S.table(db, name, **kw).rows, (name, kw)
+                if "by_thread" not in kw:  # the written main thread is named MainThread
+                    want = S.table(expected, name, **kw).rows
+                    assert _strip(t.rows) == _strip(want), (name, kw)
+        assert db.query("SELECT name FROM sqlite_temp_master") == []
+
+
+def test_slice_kinds_follow_the_base_sql_case():
+    from stepscope.analysis import _slicebase
+
+    strings = ["step", "phase", "Forward", "Custom", "stepscope", "nvtx", "Step", "kernel",
+               "cuda_driver", "dataloader", "Dataloader", "memset", "gpu_range"]
+    cat = [-1, 0, 1, 1, 1, 1, 4, 5, 6, 7, 8, 9, 1, 11, 12]
+    name = [0, 6, 2, 3, -1, 10, 2, 2, 2, 2, 2, 2, 6, 2, 2]
+    kind, null = _slicebase.kinds(strings, np.array(cat), np.array(name))
+    assert np.where(null, -1, kind).tolist() == [6, 0, 2, 5, 5, 1, -1, 6, 6, 9, 7, 1, 5, 12, 13]

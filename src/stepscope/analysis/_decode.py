@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _ext
 from . import _protoscan as ps
 from ._args import _build_args
 from ._model import NONE, Strings, Tables, Track
@@ -48,6 +49,8 @@ from ._state import (
 )
 
 _I64 = np.int64
+_loops = _ext.load("_decodeloops")  # C twins of the sequential loops (None: numpy)
+_MAX_TRACK_INDEX = 1 << 24  # beyond: track ids too sparse for the C loop's per-track array
 
 __all__ = ["Strings", "Tables", "Track", "decode", "read_file"]
 
@@ -199,6 +202,8 @@ def _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats):
 
     Returns the slice columns (in id order) and, per event, the id of its slice (-1: none).
     Working arrays are int32 where the values fit (event counts < 2**31): peak memory.
+    The C loop ``_decodeloops.nest`` does the nesting with a stack per track when built; the
+    numpy passes below give the same columns.
     """
     m = len(etyp)
     ev = order[is_slice_ev[order]]  # slice events in global time order
@@ -207,6 +212,11 @@ def _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats):
     is_open = (typ == T_BEGIN) | (typ == T_INSTANT)
     n_sl = int(is_open.sum())
     ix = np.int32 if k < (1 << 31) - 1 else np.int64
+    if _loops is not None and ix is np.int32:
+        trk = etid[ev]
+        if not k or (int(trk.min()) >= 0 and int(trk.max()) < _MAX_TRACK_INDEX):
+            return _slice_columns(ev, typ, is_open, ets, etid, ename, ecat, stats,
+                                  *_nest_c(ev, typ, trk, ets, m, n_sl))
     ev_slice = np.full(m, -1, ix)
     sid = np.cumsum(is_open, dtype=ix)
     sid -= 1  # slice id of begin/instant events (time order)
@@ -284,9 +294,34 @@ def _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats):
         parent[sid_o[kid]] = sid_o[pb[np.maximum(j, 0)]]
         del j
     del key, kid, pb, sid_o, typ_o
-    opened = ev[is_open]
-    del ev
     dur[typ[is_open] == T_INSTANT] = 0
+    return _slice_columns(ev, typ, is_open, ets, etid, ename, ecat, stats, ev_slice, dur, depth,
+                          parent)
+
+
+def _nest_c(ev, typ, trk, ets, m: int, n_sl: int) -> tuple:
+    """ev_slice, dur, depth, parent by the C loop (int32 ids)."""
+    out = np.empty(len(ev), np.int32)
+    dur = np.empty(n_sl, np.int64)
+    depth = np.empty(n_sl, np.int32)
+    parent = np.empty(n_sl, np.int32)
+    top = np.empty(int(trk.max()) + 1 if len(trk) else 1, np.int32)
+    unmatched = _loops.nest(np.ascontiguousarray(typ, np.int8), trk.astype(np.int32),
+                            ets[ev].astype(np.int64, copy=False), T_BEGIN, T_END, T_INSTANT,
+                            out, dur, depth, parent, top)
+    ev_slice = np.full(m, -1, np.int32)
+    ev_slice[ev] = out
+    return ev_slice, dur, depth, parent, unmatched
+
+
+def _slice_columns(ev, typ, is_open, ets, etid, ename, ecat, stats, ev_slice, dur, depth,
+                   parent, unmatched: int = 0) -> tuple[dict, np.ndarray]:
+    """The slice table's columns from the nesting results (either loop's)."""
+    if unmatched:
+        stats["slice_end_without_begin"] = unmatched
+    opened = ev[is_open]
+    n_sl = len(opened)
+    ix = depth.dtype
     cols = {
         "id": np.arange(n_sl, dtype=np.int64),
         "ts": ets[opened],

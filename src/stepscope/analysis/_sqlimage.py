@@ -11,10 +11,15 @@ fraction of a ``CREATE INDEX`` afterwards. The image is then handed to SQLite
 
 Only what the loader needs is supported: rowid tables whose ``INTEGER PRIMARY KEY`` is the rowid,
 columns of integers, doubles, or UTF-8 text (each nullable), rows given in rowid order; indexes
-over non-NULL integer columns. Integers are stored in the smallest serial type that holds them
-(1..8 bytes, none for 0 and 1), as SQLite itself does: the values read back are the same.
+over integer and text columns (each nullable; text in BINARY order). Integers are stored in the
+smallest serial type that holds them (1..8 bytes, none for 0 and 1), as SQLite itself does: the
+values read back are the same.
 A table may be given fewer columns than its SQL declares: the trailing ones read as NULL.
 Rows are laid out a block at a time, so temporary arrays stay small next to the columns.
+
+The per-row loops (cell sizes, leaf pages) run in the optional C extension ``_sqlpages`` when it
+is built (one pass per B-tree instead of a dozen array passes per column), else in numpy
+(``STEPSCOPE_PURE_PYTHON=1`` forces numpy); both write the same bytes.
 """
 
 from __future__ import annotations
@@ -25,11 +30,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import _ext
 from . import _protoscan as ps
 
 PAGE = 65536
 MAX_TEXT = 8192  # bytes of a text value kept (keeps every cell on its page, no overflow pages)
 _LEAF_HDR, _INTERIOR_HDR = 8, 12
+
+
+_native = _ext.load("_sqlpages")
 
 
 @dataclass
@@ -55,16 +64,24 @@ class Table:
 
 @dataclass
 class Index:
-    """An index over integer columns (no NULLs) of a table: entries (keys..., rowid).
+    """An index over columns of a table: entries (keys..., rowid).
 
-    Built as SQLite's own index B-tree would be, so no ``CREATE INDEX`` pass is needed.
+    A key is a ``Column`` of kind "int" (nullable) or "text", or an int64 array (non-NULL
+    integers). Built as SQLite's own index B-tree would be, so no ``CREATE INDEX`` pass is needed.
     """
 
     name: str
     sql: str
     table: str
-    keys: list[np.ndarray]
+    keys: list
     rowid: np.ndarray
+
+    def key_columns(self) -> list[Column]:
+        cols = [k if isinstance(k, Column) else Column("int", k) for k in self.keys]
+        for c in cols:
+            if c.kind not in ("int", "text"):
+                raise ValueError(f"index {self.name}: keys must be int or text columns")
+        return cols
 
 
 _ROWS = 1 << 18  # rows laid out per numpy pass (bounds temporary memory)
@@ -133,11 +150,52 @@ def _text_bytes(s: str | None) -> bytes:
 class _Strings:
     def __init__(self, strings: list[str | None]) -> None:
         enc = [_text_bytes(s) for s in strings] + [b""]  # never empty
+        self.enc = enc
         self.len = np.array([len(e) for e in enc], np.int64)
         self.off = np.zeros(len(enc), np.int64)
         if len(enc):
             np.cumsum(self.len[:-1], out=self.off[1:])
         self.blob = np.frombuffer(b"".join(enc) + b"\0", np.uint8)
+        self._rank: np.ndarray | None = None
+
+    def rank(self) -> np.ndarray:
+        """Position of each string in SQLite's BINARY order (memcmp of the stored bytes)."""
+        if self._rank is None:
+            order = sorted(range(len(self.enc)), key=self.enc.__getitem__)
+            r = np.zeros(len(order), np.int64)
+            r[np.array(order, np.int64)] = np.arange(len(order))
+            self._rank = r
+        return self._rank
+
+
+_CTYPE = {"rowid": 0, "int": 1, "real": 2, "text": 3}
+
+
+def _native_args(cols: list[Column], st: _Strings, rows, rowid) -> list:
+    """The leading arguments of _sqlpages' functions (see _sqlpages.c)."""
+    spec = []
+    nrows = None
+    for c in cols:
+        if c.kind == "rowid":
+            spec.append((0, None, None))
+            continue
+        if c.kind == "real":
+            v = np.ascontiguousarray(c.values, np.float64)
+        elif c.values.dtype in (np.int32, np.int64):  # read as they are
+            v = np.ascontiguousarray(c.values)
+        else:
+            v = np.ascontiguousarray(c.values, np.int64)
+        nl = None if c.null is None else np.ascontiguousarray(c.null, np.bool_)
+        spec.append((_CTYPE[c.kind], v, nl))
+        nrows = len(v) if nrows is None else min(nrows, len(v))
+    if rowid is not None:
+        rowid = np.ascontiguousarray(rowid, np.int64)
+        nrows = len(rowid) if nrows is None else min(nrows, len(rowid))
+    nrows = nrows or 0
+    if rows is not None:
+        rows = np.ascontiguousarray(rows, np.int64)
+    ncells = nrows if rows is None else len(rows)
+    return [spec, rows, rowid, nrows, ncells, st.blob, st.off, st.len, len(st.len)]
 
 
 def _serial(c: Column, st: _Strings, rows, known=None) -> tuple[np.ndarray, np.ndarray]:
@@ -211,14 +269,19 @@ class _Layout:
     rowid: np.ndarray | None  # table B-trees: the rowid of each cell
     serials: dict  # column index -> serial types (int8) of an int column, per cell
     page: np.ndarray  # leaf page (0-based) of each cell
-    cell_off: np.ndarray  # offset of each cell in its page
-    pfirst: np.ndarray  # first cell of each page
-    content_start: np.ndarray  # per page
+    cell_off: np.ndarray | None  # offset of each cell in its page (numpy writer)
+    pfirst: np.ndarray | None  # first cell of each page
+    content_start: np.ndarray | None  # per page (numpy writer)
     n_pages: int
 
 
 def _cell_sizes(cols: list[Column], st: _Strings, n: int, rows, rowid) -> tuple:
-    """Cell size of each row and the serial types of the int columns (kept for writing)."""
+    """Cell size of each row and the serial types of the int columns (kept for the numpy
+    writer; none with the C extension, which recomputes them as it writes)."""
+    if _native is not None:
+        cell = np.empty(n, np.int32)
+        _native.cell_sizes(*_native_args(cols, st, rows, rowid), cell)
+        return cell, {}
     cell = np.zeros(n, np.int32)
     serials = {i: np.zeros(n, np.int8) for i, c in enumerate(cols) if c.kind == "int"}
     for lo in range(0, n, _ROWS):
@@ -276,18 +339,68 @@ def _table_layout(t: Table, st: _Strings) -> _Layout:
     page = cstart.astype(np.int32)
     del cstart
     n_pages = int(page[-1]) + 1 if n else 1
-    pfirst, cell_off, cs = _place(cell, page, n_pages)
-    return _Layout(t.columns, None, rowid, serials, page, cell_off, pfirst, cs, n_pages)
+    return _finish(_Layout(t.columns, None, rowid, serials, page, None, None, None, n_pages),
+                   cell)
+
+
+def _finish(lay: _Layout, cell: np.ndarray) -> _Layout:
+    """Where each page's cells start (and for the numpy writer, each cell's offset)."""
+    if _native is not None:
+        n = len(lay.page)
+        lay.pfirst = np.flatnonzero(np.r_[True, lay.page[1:] != lay.page[:-1]]) if n else \
+            np.zeros(1, np.int64)
+        if len(lay.pfirst) != lay.n_pages:  # every page holds a cell (empty B-tree: one page)
+            raise ValueError("a leaf page without cells")
+        return lay
+    lay.pfirst, lay.cell_off, lay.content_start = _place(cell, lay.page, lay.n_pages)
+    return lay
+
+
+def _sort_keys(c: Column, st: _Strings) -> list[np.ndarray]:
+    """Arrays whose lexicographic order is SQLite's order of the column (NULLs first, text in
+    BINARY order), most significant first."""
+    if c.kind == "text":
+        return [np.where(c.values < 0, -1, st.rank()[np.maximum(c.values, 0)])]
+    v = c.values.astype(np.int64, copy=False)
+    if c.null is None or not c.null.any():
+        return [v]
+    return [(~c.null).astype(np.int8), np.where(c.null, 0, v)]
 
 
 def _index_order(keys: list[np.ndarray], rowid: np.ndarray) -> np.ndarray:
-    """Order of the entries by (keys..., rowid)."""
+    """Order of the entries by (keys..., rowid): ``keys`` as _sort_keys gives them.
+
+    Keys are packed, most significant first, into as few int64 words as their value ranges
+    allow (a stable sort per word instead of per key); rows in rowid order need no rowid key.
+    """
     n = len(rowid)
     inc = n < 2 or bool((rowid[1:] > rowid[:-1]).all())
-    if inc and (len(keys) == 1 or (len(keys) == 2 and bool((keys[1][1:] >= keys[1][:-1]).all()))):
-        # later keys already sorted in row order: a stable sort on the first
-        return np.argsort(ps.small_key(keys[0]), kind="stable")
-    return np.lexsort([rowid, *keys[::-1]])
+    words = _packed(keys)
+    if not inc:
+        words.append(rowid.astype(np.int64, copy=False))
+    if len(words) == 1:
+        return np.argsort(ps.small_key(words[0]), kind="stable")
+    return np.lexsort(words[::-1])
+
+
+def _packed(keys: list[np.ndarray]) -> list[np.ndarray]:
+    """``keys`` packed into int64 words with the same lexicographic order."""
+    words: list[np.ndarray] = []
+    word, used = None, 0
+    for k in keys:
+        k = k.astype(np.int64, copy=False)
+        lo = int(k.min()) if len(k) else 0
+        bits = (int(k.max()) - lo).bit_length() if len(k) else 0
+        if word is not None and used + bits <= 62:
+            word = (word << bits) | (k - lo)
+            used += bits
+            continue
+        if word is not None:
+            words.append(word)
+        word, used = (k - lo if bits <= 62 else k), bits
+    if word is not None:
+        words.append(word)
+    return words
 
 
 def _even_split(n: int, parts: int) -> np.ndarray:
@@ -302,8 +415,9 @@ def _index_layout(ix: Index, st: _Strings) -> tuple[_Layout, list[bytes]]:
     In an index B-tree every entry is stored once: the leaves hold runs of entries and each
     entry between two runs moves to the parent page.
     """
-    cols = [Column("int", k) for k in ix.keys] + [Column("int", ix.rowid)]
-    order = _index_order(ix.keys, ix.rowid)
+    cols = ix.key_columns()
+    order = _index_order([a for c in cols for a in _sort_keys(c, st)], ix.rowid)
+    cols.append(Column("int", ix.rowid))
     n = len(order)
     cell, serials = _cell_sizes(cols, st, n, order, None)
     cap = (PAGE - _LEAF_HDR) // (int(cell.max()) + 2) if n else 1
@@ -313,18 +427,32 @@ def _index_layout(ix: Index, st: _Strings) -> tuple[_Layout, list[bytes]]:
     div_at = np.cumsum(size + 1)[:-1] - 1  # entry positions that move up
     is_div = np.zeros(n, bool)
     is_div[div_at] = True
-    divs = [_record([int(c.values[r]) for c in cols]) for r in order[div_at].tolist()]
+    divs = [_record([_value(c, r, st) for c in cols]) for r in order[div_at].tolist()]
     keep = ~is_div
     rows, cell = order[keep], cell[keep]
     serials = {i: a[keep] for i, a in serials.items()}
     del order, is_div
     page = np.repeat(np.arange(n_leaves, dtype=np.int32), size)
-    pfirst, cell_off, cs = _place(cell, page, n_leaves)
-    return _Layout(cols, rows, None, serials, page, cell_off, pfirst, cs, n_leaves), divs
+    return _finish(_Layout(cols, rows, None, serials, page, None, None, None, n_leaves),
+                   cell), divs
+
+
+def _value(c: Column, r: int, st: _Strings):
+    """Row ``r`` of an index key column as _record takes it (None, int, or the stored bytes)."""
+    if c.kind == "text":
+        i = int(c.values[r])
+        return None if i < 0 else st.enc[i]
+    if c.null is not None and c.null[r]:
+        return None
+    return int(c.values[r])
 
 
 def _write_leaves(out: np.ndarray, base: int, lay: _Layout, kind: int, st: _Strings) -> None:
     """Write the leaf pages of ``lay`` into ``out`` starting at byte ``base``."""
+    if _native is not None:
+        _native.write_leaves(*_native_args(lay.cols, st, lay.rows, lay.rowid), out, base, PAGE,
+                             kind, np.ascontiguousarray(lay.pfirst, np.int64))
+        return
     n = len(lay.page)
     hb = base + np.arange(lay.n_pages, dtype=np.int64) * PAGE
     pcount = np.bincount(lay.page, minlength=lay.n_pages) if n else np.zeros(lay.n_pages, int)
@@ -427,6 +555,9 @@ def _record(values: list) -> bytes:
         elif isinstance(v, int):
             types.append(6)
             body.append(struct.pack(">q", v))
+        elif isinstance(v, bytes):
+            types.append(2 * len(v) + 13)
+            body.append(v)
         else:
             b = str(v).encode("utf-8")
             types.append(2 * len(b) + 13)

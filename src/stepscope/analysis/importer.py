@@ -31,6 +31,7 @@ from os import PathLike, fspath
 
 import numpy as np
 
+from . import _slicebase
 from . import _sqlimage as si
 from ._decode import Tables, decode, read_file
 from ._errors import TraceError
@@ -116,11 +117,12 @@ def load(
     db: str = ":memory:",
     progress: Progress | None = None,
     indexes: bool = True,
+    slice_base: bool = True,
 ) -> tuple[sqlite3.Connection, dict[str, int]]:
     """Load trace file(s) into a new SQLite database; returns (connection, decoder stats)."""
     progress = progress or _noop
     tables = decode_files(path_or_paths, progress)
-    conn = write_tables(tables, db, progress, indexes=indexes)
+    conn = write_tables(tables, db, progress, indexes=indexes, slice_base=slice_base)
     return conn, tables.stats
 
 
@@ -156,38 +158,35 @@ def _image_tables(t: Tables) -> list[si.Table]:
 
 
 def _image_indexes(tables: list[si.Table]) -> list[si.Index]:
-    """The indexes of INDEXES over the image tables' columns.
-
-    Keys must be integer columns with no NULL mask: an image index stores the column's raw
-    values, so a NULL (held as a placeholder value) would be indexed as a number."""
+    """The indexes of INDEXES over the image tables' columns (integer or text keys)."""
     by_name = {t.name: t for t in tables}
     out = []
     for name, table, keys in INDEXES:
         t = by_name[table]
         names = [n for n, _ in BIG_COLUMNS[table]]
-        vals = []
+        cols = []
         for k in keys:
             i = names.index(k)
             col = t.columns[i] if i < len(t.columns) else None  # missing trailing: all NULL
-            if col is None or col.kind != "int" or col.null is not None:
-                raise ValueError(f"index {name}: key {table}.{k} must be a non-NULL integer "
-                                 f"column (image indexes cannot hold NULLs)")
-            vals.append(col.values)
+            if col is None or col.kind not in ("int", "text"):
+                raise ValueError(f"index {name}: key {table}.{k} must be an integer or text "
+                                 f"column written to the image")
+            cols.append(col)
         out.append(si.Index(name, f"CREATE INDEX {name} ON {table}({', '.join(keys)})", table,
-                            vals, t.rowid))
+                            cols, t.rowid))
     return out
 
 
 def write_tables(t: Tables, db: str = ":memory:", progress: Progress = _noop,
-                 indexes: bool = True) -> sqlite3.Connection:
+                 indexes: bool = True, slice_base: bool = True) -> sqlite3.Connection:
     """A database (in memory or at path ``db``) holding the decoded tables.
 
-    The big columns of ``t`` (slice, counter, args) are released once written.
+    ``slice_base``: with the summaries' slice base (``_slicebase``, which the summaries compute
+    themselves when it is missing). The big columns of ``t`` (slice, counter, args) are
+    released once written.
     """
     progress("load", 0.0)
-    tables = _image_tables(t)
-    image = si.build(tables, t.strings.list, _image_indexes(tables) if indexes else ())
-    del tables
+    image = _image(t, indexes, slice_base)
     t.slice, t.counter, t.args = {}, {}, {}  # now in the image: free the columns
     progress("load", 0.5)
     conn = si.connect(image, db)
@@ -206,6 +205,28 @@ def write_tables(t: Tables, db: str = ":memory:", progress: Progress = _noop,
         conn.close()
         raise
     return conn
+
+
+def _image(t: Tables, indexes: bool, slice_base: bool) -> np.ndarray:
+    """The database image of the big tables (their arrays are dropped on return)."""
+    tables = _image_tables(t)
+    ixs = _image_indexes(tables) if indexes else []
+    if slice_base:
+        base, base_ixs = _slicebase.image_parts(t.slice, t.strings.list, _track_owners(t))
+        tables.append(base)
+        ixs.extend(base_ixs)
+    return si.build(tables, t.strings.list, ixs)
+
+
+def _track_owners(t: Tables) -> dict[int, tuple[int, int | None]]:
+    """The owner of each track, read by _base.sql's SQL from the track tables alone."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.executescript(SMALL_SCHEMA)
+        _write_tracks(conn, t)
+        return _slicebase.track_owners(conn)
+    finally:
+        conn.close()
 
 
 def _write_tracks(conn: sqlite3.Connection, t: Tables) -> None:

@@ -27,6 +27,7 @@ from importlib import resources
 from typing import Any
 
 from ._format import BOOL, FLOAT, INT, RATIO, TEXT, TIME, Column, Table, render_many
+from ._slicebase import SS_TABLE
 
 __all__ = [
     "TABLES",
@@ -202,7 +203,12 @@ def shared_base(db: Any, filters: Filters):
     base = None
     if conn is not None:
         try:
+            loaded = filters == Filters() and _has_slice_base(conn)
             for name, cols, body in _base_ctes(filters):
+                if name == "ss_slice" and loaded:  # laid out at load time: no pass at all
+                    conn.execute(f"CREATE TEMP VIEW ss_slice AS SELECT * FROM main.{SS_TABLE}")
+                    made.append(name)
+                    continue
                 if re.search(rf"\b{name}\b", body):  # recursive
                     sql = f"WITH RECURSIVE {name}{cols} AS ({body}) SELECT * FROM {name}"
                 else:
@@ -251,10 +257,19 @@ def _create_temp(conn: sqlite3.Connection, name: str, sql: str, keyed: bool) -> 
         raise
 
 
+def _has_slice_base(conn: sqlite3.Connection) -> bool:
+    """Whether the importer wrote the unfiltered ss_slice (see _slicebase) into ``conn``."""
+    return conn.execute("SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?",
+                        (SS_TABLE,)).fetchone() is not None
+
+
 def _drop(conn: sqlite3.Connection, names: list[str]) -> None:
     for n in reversed(names):
         try:
-            conn.execute(f"DROP TABLE IF EXISTS temp.{n}")
+            kind = conn.execute("SELECT type FROM sqlite_temp_master WHERE name = ?",
+                                (n,)).fetchone()
+            if kind is not None:
+                conn.execute(f"DROP {'VIEW' if kind[0] == 'view' else 'TABLE'} temp.{n}")
         except sqlite3.Error:  # pragma: no cover - a closed connection
             pass
 

@@ -1,0 +1,202 @@
+/* stepscope.analysis._decodeloops: the decoder's sequential loops, which numpy can only do in
+ * many passes (optional; _protoscan.py and _decode.py have the numpy twins, same results).
+ *
+ * split_repeated(buf, start, end, tag) -> (starts, ends, stop): the items of a run of one
+ * repeated length-delimited field (Trace.packet) in buf[start:end], as _protoscan.split_repeated
+ * defines them: starts/ends are the payload bounds (native int64 bytes), stop is where the walk
+ * stopped (end for a clean run; a byte that is not `tag`, or an item running past end, stops it
+ * and such an item is dropped). A length varint longer than 10 bytes or above 2**40 counts as
+ * 2**40 (it runs past any end).
+ *
+ * nest(typ, track, ts, begin, end, instant, out_slice, dur, depth, parent) -> unmatched ends:
+ * slices from begin / end / instant events in time order (typ, track, ts: one per event), as
+ * _decode._build_slices defines them: each begin or instant opens the next slice id, one level
+ * below the slice open on its track (parent), and an end closes the innermost open one; an end
+ * with nothing open is ignored (as trace processor). out_slice gets each event's slice (-1: an
+ * ignored end); dur (-1: never closed; instants 0), depth and parent (-1: none) one per slice.
+ * Tracks are indexes 0..ntracks-1 (ntracks = the size of `top`, a scratch array).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LEN_CAP ((int64_t)1 << 40)
+
+/* one walk; with out != NULL, the payload bounds are stored. Returns the item count. */
+static Py_ssize_t walk(const unsigned char *b, Py_ssize_t blen, Py_ssize_t start, Py_ssize_t end,
+                       unsigned char tag, int64_t *starts, int64_t *ends, Py_ssize_t *stop) {
+    Py_ssize_t p = start, n = 0;
+    while (p < end && b[p] == tag) {
+        uint64_t v = 0;
+        int k = 0;
+        Py_ssize_t q = p + 1;
+        int ok = 0;
+        for (; k < 10 && q + k < blen; k++) {
+            unsigned char c = b[q + k];
+            if (k < 9) v |= (uint64_t)(c & 0x7f) << (7 * k);
+            else v |= (uint64_t)(c & 0x01) << 63;
+            if (c < 0x80) {
+                ok = 1;
+                break;
+            }
+        }
+        int64_t ln = (!ok || v > (uint64_t)LEN_CAP) ? LEN_CAP : (int64_t)v;
+        int64_t body = (int64_t)q + (ok ? k + 1 : 1);
+        int64_t nxt = body + ln;
+        if (nxt > (int64_t)end) break; /* runs past the end: dropped, the walk stops here */
+        if (starts != NULL) {
+            starts[n] = body;
+            ends[n] = nxt;
+        }
+        n++;
+        p = (Py_ssize_t)nxt;
+    }
+    *stop = p;
+    return n;
+}
+
+static PyObject *f_split_repeated(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "split_repeated(buf, start, end, tag)");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]), end = PyLong_AsSsize_t(args[2]);
+    long tag = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(args[0], &b, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    PyObject *res = NULL, *s = NULL, *e = NULL;
+    if (start < 0 || end < start || end > b.len || tag < 0 || tag > 255) {
+        PyErr_SetString(PyExc_ValueError, "split_repeated: bad start, end or tag");
+        goto done;
+    }
+    Py_ssize_t stop;
+    Py_ssize_t n = walk(b.buf, b.len, start, end, (unsigned char)tag, NULL, NULL, &stop);
+    s = PyBytes_FromStringAndSize(NULL, n * 8);
+    e = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (s == NULL || e == NULL) goto done;
+    walk(b.buf, b.len, start, end, (unsigned char)tag, (int64_t *)PyBytes_AS_STRING(s),
+         (int64_t *)PyBytes_AS_STRING(e), &stop);
+    res = Py_BuildValue("(OOn)", s, e, stop);
+done:
+    Py_XDECREF(s);
+    Py_XDECREF(e);
+    PyBuffer_Release(&b);
+    return res;
+}
+
+typedef struct {
+    Py_buffer b;
+    int held;
+} buf_t;
+
+static int get(buf_t *x, PyObject *o, int writable, Py_ssize_t itemsize, Py_ssize_t n,
+               const char *what) {
+    if (PyObject_GetBuffer(o, &x->b, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    x->held = 1;
+    if (x->b.itemsize != itemsize || x->b.len != n * itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd items of %zd bytes expected", what, n, itemsize);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *f_nest(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError,
+                        "nest(typ, track, ts, begin, end, instant, out_slice, dur, depth, parent, "
+                        "top)");
+        return NULL;
+    }
+    buf_t v[8] = {{{0}}};
+    PyObject *res = NULL;
+    long tb = PyLong_AsLong(args[3]), te = PyLong_AsLong(args[4]), ti = PyLong_AsLong(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    if (PyObject_GetBuffer(args[0], &v[0].b, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    v[0].held = 1;
+    Py_ssize_t k = v[0].b.len; /* typ: int8 per event */
+    if (v[0].b.itemsize != 1) {
+        PyErr_SetString(PyExc_ValueError, "typ: int8 expected");
+        goto done;
+    }
+    if (get(&v[1], args[1], 0, 4, k, "track") < 0 || get(&v[2], args[2], 0, 8, k, "ts") < 0 ||
+        get(&v[3], args[6], 1, 4, k, "out_slice") < 0)
+        goto done;
+    const int8_t *typ = v[0].b.buf;
+    const int32_t *trk = v[1].b.buf;
+    const int64_t *ts = v[2].b.buf;
+    int32_t *out = v[3].b.buf;
+    Py_ssize_t nsl = 0;
+    for (Py_ssize_t i = 0; i < k; i++) nsl += typ[i] == tb || typ[i] == ti;
+    if (get(&v[4], args[7], 1, 8, nsl, "dur") < 0 || get(&v[5], args[8], 1, 4, nsl, "depth") < 0 ||
+        get(&v[6], args[9], 1, 4, nsl, "parent") < 0)
+        goto done;
+    if (PyObject_GetBuffer(args[10], &v[7].b, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto done;
+    v[7].held = 1;
+    if (v[7].b.itemsize != 4) {
+        PyErr_SetString(PyExc_ValueError, "top: int32 expected");
+        goto done;
+    }
+    int64_t *dur = v[4].b.buf;
+    int32_t *depth = v[5].b.buf, *parent = v[6].b.buf, *top = v[7].b.buf;
+    Py_ssize_t ntracks = v[7].b.len / 4;
+    for (Py_ssize_t t = 0; t < ntracks; t++) top[t] = -1;
+    int64_t *begin_ts = dur; /* an open slice's dur holds its begin time until it closes */
+    Py_ssize_t next = 0, unmatched = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        int32_t t = trk[i];
+        if (t < 0 || t >= ntracks) {
+            PyErr_SetString(PyExc_IndexError, "track: index out of range");
+            goto done;
+        }
+        int y = typ[i];
+        if (y == tb || y == ti) {
+            int32_t s = (int32_t)next++, up = top[t];
+            parent[s] = up;
+            depth[s] = up < 0 ? 0 : depth[up] + 1;
+            out[i] = s;
+            if (y == tb) {
+                begin_ts[s] = ts[i];
+                top[t] = s;
+            } else {
+                dur[s] = 0;
+            }
+        } else if (y == te) {
+            int32_t s = top[t];
+            if (s < 0) {
+                out[i] = -1;
+                unmatched++;
+                continue;
+            }
+            dur[s] = ts[i] - begin_ts[s];
+            top[t] = parent[s];
+            out[i] = s;
+        } else {
+            out[i] = -1;
+        }
+    }
+    for (Py_ssize_t t = 0; t < ntracks; t++) { /* still open: never closed */
+        for (int32_t s = top[t]; s >= 0; s = parent[s]) dur[s] = -1;
+    }
+    res = PyLong_FromSsize_t(unmatched);
+done:
+    for (int i = 0; i < 8; i++)
+        if (v[i].held) PyBuffer_Release(&v[i].b);
+    return res;
+}
+
+static PyMethodDef methods[] = {
+    {"split_repeated", (PyCFunction)(void (*)(void))f_split_repeated, METH_FASTCALL,
+     "Payload bounds of the items of a repeated length-delimited field, and where it stopped."},
+    {"nest", (PyCFunction)(void (*)(void))f_nest, METH_FASTCALL,
+     "Slices (duration, depth, parent) from begin/end/instant events in time order."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_decodeloops",
+                                    "The decoder's sequential loops (see _decode.py).", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__decodeloops(void) { return PyModule_Create(&module); }

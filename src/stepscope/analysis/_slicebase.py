@@ -1,0 +1,122 @@
+"""The summaries' slice base, laid into the embedded engine's database at load time.
+
+Every summary reads ``ss_slice`` (``sql/_base.sql``): the finished slices with their process
+(upid), thread (utid), end and event kind (kind_id). Computed as a CTE and then indexed by
+SQLite, it costs two passes over every slice (about 9 s at 5M slices). The importer holds the
+slice columns in numpy already, so it computes the same rows (with no filter set) and writes them,
+with the index the overview's union window reads, into the database image as table ``SS_TABLE``.
+``summaries.shared_base`` reads that table instead of computing the CTE when no filter is set.
+
+The rules are _base.sql's; the owner of each track comes from running _base.sql's own
+``ss_track_info`` on the track tables, and the kind of each slice from its category and name
+strings as the CASE there reads them. Tests check the table against the CTE on written traces.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import numpy as np
+
+from . import _sqlimage as si
+
+SS_TABLE = "ss_slice_base"
+# the columns of _base.sql's ss_slice, in its order
+SS_COLUMNS = ("id", "ts", "dur", "end_ts", "track_id", "category", "name", "parent_id",
+              "arg_set_id", "upid", "utid", "kind_id")
+SS_SCHEMA = (f"CREATE TABLE {SS_TABLE}(id INTEGER PRIMARY KEY, ts INTEGER, dur INTEGER, "
+             "end_ts INTEGER, track_id INTEGER, category TEXT, name TEXT, parent_id INTEGER, "
+             "arg_set_id INTEGER, upid INTEGER, utid INTEGER, kind_id INTEGER)")
+SS_INDEX = f"{SS_TABLE}_kind"  # (kind_id, upid, ts, end_ts): as summaries._BASE_INDEXES
+
+# kind_id by category (_base.sql's CASE); 'phase' goes by name, None = NULL, others: 6
+_KIND_OF_CATEGORY = {"step": 0, "dataloader": 1, "cuda_runtime": 7, "cuda_driver": 7, "sync": 8,
+                     "kernel": 9, "communication": 10, "memcpy": 11, "memset": 12,
+                     "gpu_range": 13, "stepscope": None}
+_KIND_OF_PHASE = {"Dataloader": 1, "Forward": 2, "Backward": 3, "Optimization": 4}
+_USER, _OTHER_PHASE = 6, 5
+
+
+def track_owners(conn: sqlite3.Connection) -> dict[int, tuple[int, int | None]]:
+    """track id -> (upid, utid) as _base.sql's ss_track_info gives them (every track)."""
+    from .summaries import Filters, _base_ctes
+
+    ctes = []
+    for name, cols, body in _base_ctes(Filters()):
+        ctes.append(f"{name}{cols} AS ({body})")
+        if name == "ss_track_info":
+            break
+    sql = f"WITH RECURSIVE {', '.join(ctes)} SELECT track_id, upid, utid FROM ss_track_info"
+    return {int(t): (int(u), None if ut is None else int(ut))
+            for t, u, ut in conn.execute(sql)}
+
+
+def kinds(strings: list[str], category: np.ndarray, name: np.ndarray) -> tuple:
+    """kind_id of each slice and its NULL mask, from category / name string ids (-1: NULL)."""
+    n = len(strings)
+    by_cat = np.full(n + 1, _USER, np.int64)  # index n: the NULL category
+    null_cat = np.zeros(n + 1, bool)
+    phase = -1
+    for i, s in enumerate(strings):
+        if s in _KIND_OF_CATEGORY:
+            k = _KIND_OF_CATEGORY[s]
+            by_cat[i] = -1 if k is None else k
+            null_cat[i] = k is None
+        elif s == "phase":
+            phase = i
+    by_name = np.full(n + 1, _OTHER_PHASE, np.int64)
+    for s, k in _KIND_OF_PHASE.items():
+        i = _index_of(strings, s)
+        if i is not None:
+            by_name[i] = k
+    cat = np.where(category < 0, n, category)
+    kind = by_cat[cat]
+    if phase >= 0:
+        is_phase = category == phase
+        kind[is_phase] = by_name[np.where(name < 0, n, name)[is_phase]]
+    return kind, null_cat[cat]
+
+
+def _index_of(strings: list[str], s: str) -> int | None:
+    try:
+        return strings.index(s)
+    except ValueError:
+        return None
+
+
+def image_parts(slices: dict, strings: list[str],
+                owners: dict[int, tuple[int, int | None]]) -> tuple[si.Table, si.Index]:
+    """SS_TABLE and its index, from the importer's slice columns."""
+    track = slices["track_id"].astype(np.int64, copy=False)
+    known = np.array(sorted(owners), np.int64)
+    at = np.minimum(np.searchsorted(known, track), max(len(known) - 1, 0))
+    keep = slices["dur"] >= 0  # finished slices on listed tracks
+    if len(known):
+        keep &= known[at] == track
+    else:
+        keep[:] = False
+    rows = slice(None) if keep.all() else np.flatnonzero(keep)  # all: views, no copies
+    own = [owners[k] for k in known.tolist()] or [(0, None)]
+    upid_of = np.array([u for u, _ in own], np.int64)
+    utid_of = np.array([0 if t is None else t for _, t in own], np.int64)
+    no_utid = np.array([t is None for _, t in own], bool)
+
+    def col(k: str) -> np.ndarray:
+        return slices[k][rows]
+
+    ts, dur, cat, name = col("ts"), col("dur"), col("category"), col("name")
+    kind, kind_null = kinds(strings, cat, name)
+    own_at = at[rows]
+    upid, utid, utid_null = upid_of[own_at], utid_of[own_at], no_utid[own_at]
+    parent, args = col("parent_id"), col("arg_set_id")
+    end_ts = ts + dur
+    kind_col = si.Column("int", kind, kind_null)
+    table = si.Table(SS_TABLE, SS_SCHEMA, col("id"), [
+        si.Column("rowid"), si.Column("int", ts), si.Column("int", dur),
+        si.Column("int", end_ts), si.Column("int", track[rows]), si.Column("text", cat),
+        si.Column("text", name), si.Column("int", parent, parent < 0),
+        si.Column("int", args, args < 0), si.Column("int", upid),
+        si.Column("int", utid, utid_null), kind_col])
+    return table, [
+        si.Index(SS_INDEX, f"CREATE INDEX {SS_INDEX} ON {SS_TABLE}(kind_id, upid, ts, end_ts)",
+                 SS_TABLE, [kind_col, upid, ts, end_ts], table.rowid)]

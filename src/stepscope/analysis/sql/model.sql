@@ -35,35 +35,36 @@ md_dev AS (
   LEFT JOIN flow f ON f.slice_in = d.id
   LEFT JOIN slice l ON l.id = f.slice_out
 ),
+-- the phase / step current at each row: one window counting, in (time, ord, id) order, the steps
+-- (high 32 bits) and phases (low 32 bits) seen so far. At a step or phase row the count is its
+-- own ordinal by (ts, id); at a later row it is the ordinal of the instance that started last
+-- at or before the time of that row (ties: the larger id), or 0 before the first one.
 md_seq AS (
-  SELECT upid, ts AS t, 0 AS ord, id, ts, end_ts, dur,
-         ROW_NUMBER() OVER (PARTITION BY upid ORDER BY ts, id) AS sseq, NULL AS pseq,
-         NULL AS phase
-  FROM ss_step
+  SELECT upid, ts AS t, 0 AS ord, id, ts, end_ts, dur, NULL AS phase FROM ss_step
   UNION ALL
-  SELECT upid, ts, 1, id, ts, end_ts, dur, NULL,
-         ROW_NUMBER() OVER (PARTITION BY upid ORDER BY ts, id), phase
-  FROM md_phase
+  SELECT upid, ts, 1, id, ts, end_ts, dur, phase FROM md_phase
   UNION ALL
-  SELECT upid, launch_ts, 2, id, ts, end_ts, dur, NULL, NULL, NULL FROM md_dev
+  SELECT upid, launch_ts, 2, id, ts, end_ts, dur, NULL FROM md_dev
 ),
+-- (the window sits in the select list of md_carry: computed once for its three readers)
 md_carry AS (
-  SELECT upid, t, ord, id, ts, end_ts, dur, sseq, pseq, phase,
-         MAX(sseq) OVER (PARTITION BY upid ORDER BY t, ord ROWS UNBOUNDED PRECEDING) AS cur_s,
-         MAX(pseq) OVER (PARTITION BY upid ORDER BY t, ord ROWS UNBOUNDED PRECEDING) AS cur_p
+  SELECT upid, t, ord, id, ts, end_ts, dur, phase,
+         SUM(CASE ord WHEN 0 THEN 4294967296 WHEN 1 THEN 1 ELSE 0 END)
+           OVER (PARTITION BY upid ORDER BY t, ord, id ROWS UNBOUNDED PRECEDING) AS n
   FROM md_seq
 ),
 md_steps AS (
-  SELECT upid, sseq, id AS step_id, ts, end_ts, dur FROM md_carry WHERE ord = 0
+  SELECT upid, n >> 32 AS sseq, id AS step_id, ts, end_ts, dur FROM md_carry WHERE ord = 0
 ),
 md_phases AS (
-  SELECT upid, pseq, id AS phase_id, phase, ts, end_ts, dur, cur_s FROM md_carry WHERE ord = 1
+  SELECT upid, n & 4294967295 AS pseq, id AS phase_id, phase, ts, end_ts, dur, n >> 32 AS cur_s
+  FROM md_carry WHERE ord = 1
 ),
 md_dev_attr AS (
   SELECT d.id AS dev_id, d.upid, d.ts, d.end_ts, mp.phase_id, ms.step_id
   FROM md_carry d
-  LEFT JOIN md_phases mp ON mp.upid = d.upid AND mp.pseq = d.cur_p AND d.t < mp.end_ts
-  LEFT JOIN md_steps ms ON ms.upid = d.upid AND ms.sseq = d.cur_s AND d.t < ms.end_ts
+  LEFT JOIN md_phases mp ON mp.upid = d.upid AND mp.pseq = d.n & 4294967295 AND d.t < mp.end_ts
+  LEFT JOIN md_steps ms ON ms.upid = d.upid AND ms.sseq = d.n >> 32 AND d.t < ms.end_ts
   WHERE d.ord = 2
 ),
 -- unions (see _base.sql), one pass over three tagged inputs: kind 1 = device work per phase

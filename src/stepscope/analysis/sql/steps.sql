@@ -12,20 +12,21 @@ st_reader AS (
   SELECT upid, ts, end_ts FROM ss_slice
   WHERE kind_id = 1  -- category 'dataloader', or a 'phase' named 'Dataloader'
 ),
+-- the step current at each reader row: a window counting the steps seen so far in
+-- (time, ord, id) order; at a step row the count is its own ordinal by (ts, id)
 st_seq AS (
-  SELECT upid, ts AS t, 0 AS ord, id, ts, end_ts,
-         ROW_NUMBER() OVER (PARTITION BY upid ORDER BY ts, id) AS sseq
-  FROM ss_step
+  SELECT upid, ts AS t, 0 AS ord, id, ts, end_ts FROM ss_step
   UNION ALL
-  SELECT upid, ts, 1, NULL, ts, end_ts, NULL FROM st_reader
+  SELECT upid, ts, 1, NULL, ts, end_ts FROM st_reader
 ),
 st_carry AS (
-  SELECT upid, t, ord, id, ts, end_ts, sseq,
-         MAX(sseq) OVER (PARTITION BY upid ORDER BY t, ord ROWS UNBOUNDED PRECEDING) AS cur_s
+  SELECT upid, t, ord, id, ts, end_ts,
+         SUM(CASE WHEN ord = 0 THEN 1 ELSE 0 END)
+           OVER (PARTITION BY upid ORDER BY t, ord, id ROWS UNBOUNDED PRECEDING) AS cur_s
   FROM st_seq
 ),
 st_steps AS (
-  SELECT upid, sseq, id, ts, end_ts FROM st_carry WHERE ord = 0
+  SELECT upid, cur_s AS sseq, id, ts, end_ts FROM st_carry WHERE ord = 0
 ),
 st_clip AS (
   SELECT ms.id AS step_id, MAX(r.ts, ms.ts) AS ts, MIN(r.end_ts, ms.end_ts) AS end_ts

@@ -173,8 +173,8 @@ static const void *view(spec_t *s, PyObject *o, Py_ssize_t n, Py_ssize_t item, c
     Py_buffer *b = &s->views[s->nviews];
     if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS) < 0) return NULL;
     s->nviews++;
-    if (b->len < n * item) {
-        PyErr_Format(PyExc_ValueError, "%s: %zd bytes, need %zd", what, b->len, n * item);
+    if (b->itemsize != item || b->len < n * item) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd items of %zd bytes needed", what, n, item);
         return NULL;
     }
     return b->buf;

@@ -21,6 +21,9 @@ processor's clock / interning / nesting semantics) and writes the tables into an
 ``flow``           id, slice_out, slice_in, trace_id, arg_set_id
 ``stats``          name, idx, severity, source, value (decoder counters: unknown packets, ...)
 =================  ===========================================================================
+
+Not a trace processor table: ``ss_slice_base``, the summaries' unfiltered slice base
+(``_slicebase``), which the summaries read instead of computing it.
 """
 
 from __future__ import annotations
@@ -212,9 +215,13 @@ def _image(t: Tables, indexes: bool, slice_base: bool) -> np.ndarray:
     tables = _image_tables(t)
     ixs = _image_indexes(tables) if indexes else []
     if slice_base:
-        base, base_ixs = _slicebase.image_parts(t.slice, t.strings.list, _track_owners(t))
-        tables.append(base)
-        ixs.extend(base_ixs)
+        try:
+            base, base_ixs = _slicebase.image_parts(t.slice, t.strings.list, _track_owners(t))
+        except (sqlite3.Error, ValueError, KeyError, IndexError):
+            pass  # an optional shortcut: the summaries compute ss_slice themselves
+        else:
+            tables.append(base)
+            ixs.extend(base_ixs)
     return si.build(tables, t.strings.list, ixs)
 
 

@@ -177,8 +177,8 @@ def ps_varint(v: int) -> bytes:
 @pytest.mark.parametrize("walker", ["c", "numpy"])
 def test_split_repeated_finds_the_items_and_where_the_run_stops(monkeypatch, walker):
     if walker == "numpy":
-        monkeypatch.setattr(ps, "_walk", None)
-    elif ps._walk is None:
+        monkeypatch.setattr(ps, "_loops", None)
+    elif ps._loops is None:
         pytest.skip("the C extension _decodeloops is not built")
     run = b"\x0a\x02\x0a\x0a" + b"\x0a\x00" + b"\x0a\x81\x01" + b"x" * 129  # 3 items
     cases = {
@@ -197,7 +197,7 @@ def test_split_repeated_finds_the_items_and_where_the_run_stops(monkeypatch, wal
     assert (st.tolist(), stop) == ([len(run) + 2, len(run) + 6, len(run) + 9], 2 * len(run))
 
 
-@pytest.mark.skipif(ps._walk is None, reason="the C extension _decodeloops is not built")
+@pytest.mark.skipif(ps._loops is None, reason="the C extension _decodeloops is not built")
 def test_split_repeated_c_and_numpy_agree_on_random_runs(monkeypatch):
     rng = np.random.default_rng(3)
     for trial in range(60):
@@ -209,7 +209,7 @@ def test_split_repeated_c_and_numpy_agree_on_random_runs(monkeypatch):
         buf = ps.padded(bytes(data))
         got = ps.split_repeated(buf, 0, len(data))
         with monkeypatch.context() as m:
-            m.setattr(ps, "_walk", None)
+            m.setattr(ps, "_loops", None)
             want = ps.split_repeated(buf, 0, len(data))
         assert (got[0].tolist(), got[1].tolist(), got[2]) == \
             (want[0].tolist(), want[1].tolist(), want[2]), trial

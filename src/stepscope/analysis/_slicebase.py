@@ -21,13 +21,16 @@ import numpy as np
 from . import _sqlimage as si
 
 SS_TABLE = "ss_slice_base"
-# the columns of _base.sql's ss_slice, in its order
-SS_COLUMNS = ("id", "ts", "dur", "end_ts", "track_id", "category", "name", "parent_id",
-              "arg_set_id", "upid", "utid", "kind_id")
-SS_SCHEMA = (f"CREATE TABLE {SS_TABLE}(id INTEGER PRIMARY KEY, ts INTEGER, dur INTEGER, "
-             "end_ts INTEGER, track_id INTEGER, category TEXT, name TEXT, parent_id INTEGER, "
-             "arg_set_id INTEGER, upid INTEGER, utid INTEGER, kind_id INTEGER)")
-SS_INDEX = f"{SS_TABLE}_kind"  # (kind_id, upid, ts, end_ts): as summaries._BASE_INDEXES
+# the columns of _base.sql's ss_slice, in its order, with their declared types
+_COLUMNS = (("id", "INTEGER PRIMARY KEY"), ("ts", "INTEGER"), ("dur", "INTEGER"),
+            ("end_ts", "INTEGER"), ("track_id", "INTEGER"), ("category", "TEXT"),
+            ("name", "TEXT"), ("parent_id", "INTEGER"), ("arg_set_id", "INTEGER"),
+            ("upid", "INTEGER"), ("utid", "INTEGER"), ("kind_id", "INTEGER"))
+SS_COLUMNS = tuple(n for n, _ in _COLUMNS)
+SS_SCHEMA = f"CREATE TABLE {SS_TABLE}({', '.join(f'{n} {t}' for n, t in _COLUMNS)})"
+# the order the overview's union window reads ss_slice in (summaries indexes its own copy alike)
+SS_INDEX_KEYS = "kind_id, upid, ts, end_ts"
+SS_INDEX = f"{SS_TABLE}_kind"
 
 # kind_id by category (_base.sql's CASE); 'phase' goes by name, None = NULL, others: 6
 _KIND_OF_CATEGORY = {"step": 0, "dataloader": 1, "cuda_runtime": 7, "cuda_driver": 7, "sync": 8,
@@ -53,9 +56,10 @@ def track_owners(conn: sqlite3.Connection) -> dict[int, tuple[int, int | None]]:
 
 def kinds(strings: list[str], category: np.ndarray, name: np.ndarray) -> tuple:
     """kind_id of each slice and its NULL mask, from category / name string ids (-1: NULL)."""
-    n = len(strings)
-    by_cat = np.full(n + 1, _USER, np.int64)  # index n: the NULL category
+    n = len(strings)  # index n of the lookup arrays: a NULL string
+    by_cat = np.full(n + 1, _USER, np.int64)
     null_cat = np.zeros(n + 1, bool)
+    by_name = np.full(n + 1, _OTHER_PHASE, np.int64)
     phase = -1
     for i, s in enumerate(strings):
         if s in _KIND_OF_CATEGORY:
@@ -64,11 +68,7 @@ def kinds(strings: list[str], category: np.ndarray, name: np.ndarray) -> tuple:
             null_cat[i] = k is None
         elif s == "phase":
             phase = i
-    by_name = np.full(n + 1, _OTHER_PHASE, np.int64)
-    for s, k in _KIND_OF_PHASE.items():
-        i = _index_of(strings, s)
-        if i is not None:
-            by_name[i] = k
+        by_name[i] = _KIND_OF_PHASE.get(s, _OTHER_PHASE)
     cat = np.where(category < 0, n, category)
     kind = by_cat[cat]
     if phase >= 0:
@@ -77,15 +77,8 @@ def kinds(strings: list[str], category: np.ndarray, name: np.ndarray) -> tuple:
     return kind, null_cat[cat]
 
 
-def _index_of(strings: list[str], s: str) -> int | None:
-    try:
-        return strings.index(s)
-    except ValueError:
-        return None
-
-
 def image_parts(slices: dict, strings: list[str],
-                owners: dict[int, tuple[int, int | None]]) -> tuple[si.Table, si.Index]:
+                owners: dict[int, tuple[int, int | None]]) -> tuple[si.Table, list[si.Index]]:
     """SS_TABLE and its index, from the importer's slice columns."""
     track = slices["track_id"].astype(np.int64, copy=False)
     known = np.array(sorted(owners), np.int64)
@@ -118,5 +111,5 @@ def image_parts(slices: dict, strings: list[str],
         si.Column("int", args, args < 0), si.Column("int", upid),
         si.Column("int", utid, utid_null), kind_col])
     return table, [
-        si.Index(SS_INDEX, f"CREATE INDEX {SS_INDEX} ON {SS_TABLE}(kind_id, upid, ts, end_ts)",
+        si.Index(SS_INDEX, f"CREATE INDEX {SS_INDEX} ON {SS_TABLE}({SS_INDEX_KEYS})",
                  SS_TABLE, [kind_col, upid, ts, end_ts], table.rowid)]

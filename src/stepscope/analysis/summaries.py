@@ -27,7 +27,7 @@ from importlib import resources
 from typing import Any
 
 from ._format import BOOL, FLOAT, INT, RATIO, TEXT, TIME, Column, Table, render_many
-from ._slicebase import SS_TABLE
+from ._slicebase import SS_INDEX_KEYS, SS_TABLE
 
 __all__ = [
     "TABLES",
@@ -233,7 +233,7 @@ def shared_base(db: Any, filters: Filters):
 _KEYED_BASE = frozenset({"ss_slice", "ss_device"})
 # Indexes on base tables: the union window of the overview reads its rows in this order
 # (no sort), and the tables that want a few kinds of slices read just those.
-_BASE_INDEXES = {"ss_slice": ("kind_id, upid, ts, end_ts",)}
+_BASE_INDEXES = {"ss_slice": (SS_INDEX_KEYS,)}
 
 
 def _create_temp(conn: sqlite3.Connection, name: str, sql: str, keyed: bool) -> None:

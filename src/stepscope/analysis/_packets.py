@@ -18,6 +18,7 @@ import numpy as np
 from .. import _wire as w
 from . import _protoscan as ps
 from ._errors import TraceError
+from ._threads import map_ordered
 
 Progress = Callable[[str, float], None]  # (stage, fraction done)
 
@@ -98,6 +99,14 @@ def _runs_past(buf: np.ndarray, pos: int, n: int) -> bool:
     return nl[0] < 0 or pos + 1 + int(nl[0]) + int(ln[0]) > n
 
 
+def _inflate(data: bytes, off: int, ln: int) -> bytes | None:
+    """A compressed batch inflated (None: it does not inflate)."""
+    try:
+        return zlib.decompress(data[off : off + ln])
+    except zlib.error:
+        return None
+
+
 def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progress) -> _Packets:
     """All packets of all files in import order, compressed batches expanded in place."""
     bufs: list[bytes] = []
@@ -160,12 +169,14 @@ def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progre
             base += len(blob)
             inflated, owner, size = [], [], 0
 
-        for k, (m, off, ln) in enumerate(zip(f.msg[comp], f.off[comp], f.ln[comp], strict=True)):
+        batches = list(zip(f.msg[comp].tolist(), f.off[comp].tolist(), f.ln[comp].tolist(),
+                           strict=True))
+        # inflated on a few threads (zlib lets go of the GIL), handed over in order
+        raws = map_ordered(lambda b, data=data: _inflate(data, b[1], b[2]), batches)
+        for k, ((m, _, _), raw) in enumerate(zip(batches, raws, strict=True)):
             if k % 64 == 0:
                 progress("inflate", k / max(len(comp), 1))
-            try:
-                raw = zlib.decompress(data[off : off + ln])
-            except zlib.error:
+            if raw is None:
                 stats["corrupt_compressed_batches"] = stats.get("corrupt_compressed_batches", 0) + 1
                 continue
             inflated.append(raw)
@@ -431,61 +442,68 @@ def _merge_parts(parts: list[tuple[np.ndarray, dict]], m: int) -> dict:
     return out
 
 
+def _scan_chunk(pk: _Packets, c0: int, c1: int) -> dict:
+    """_scan_set's result for packets c0..c1-1, bodies repeated byte for byte decoded once."""
+    buf = pk.buf
+    st, en = pk.start[c0:c1], pk.end[c0:c1]
+    # fast path: leading timestamp varint, short body
+    lead = (buf[st] == 0x40) & (en > st + 1)  # TracePacket.timestamp tag
+    tsv, tsl = ps.varints(buf, st + 1)
+    bstart = st + 1 + np.maximum(tsl, 1)
+    blen = en - bstart
+    fast = lead & (tsl > 0) & (blen > 0) & (blen <= _TPL_MAX)
+    fi = np.flatnonzero(fast)
+    parts = []
+    if len(fi):
+        w = _TPL_MAX
+        win = np.lib.stride_tricks.sliding_window_view(buf, w)
+        rows = win[bstart[fi]]  # (n, w) copy without an (n, w) index matrix
+        bl = blen[fi]
+        words = rows.view(np.uint64).reshape(len(fi), w // 8)
+        if np.little_endian:  # zero the bytes past each body, a word at a time
+            for j in range(w // 8):
+                words[:, j] &= _MASKS[np.clip(bl - 8 * j, 0, 8)]
+        else:
+            rows *= (np.arange(w, dtype=np.uint8)[None, :] < bl[:, None])
+        h = ps.mix64(bl.astype(np.uint64))
+        for j in range(w // 8):
+            h = ps.mix64(h ^ words[:, j])
+        rep, inv = _factorize(h)
+        r = rep[inv]
+        same = bl == bl[r]  # bodies equal to their template (hashes may collide)
+        for j in range(w // 8):
+            same &= words[:, j] == words[r, j]
+        del r
+        del rows, words
+        fi_ok, inv = fi[same], inv[same]
+        tpl = _scan_set(buf, bstart[fi][rep], en[fi][rep])
+        res = _expand(tpl, inv, _as_i64(tsv[fi_ok]))
+        parts.append((fi_ok, res))
+        fast[:] = False
+        fast[fi_ok] = True
+    slow = np.flatnonzero(~fast)
+    if len(slow):
+        parts.append((slow, _scan_set(buf, st[slow], en[slow])))
+    return _merge_parts(parts, c1 - c0)
+
+
 def scan_packets(pk: _Packets, stats: dict, progress: Progress):
     """Per packet and per track event columns, plus the rare packets to decode one by one.
 
     Most packets are ``timestamp`` + a body repeated byte for byte (same sequence, flags and
     event kind); those bodies are decoded once per distinct body and copied.
     """
-    buf = pk.buf
     n = len(pk.start)
     P, E = _Acc(), _Acc()
     rare: list[tuple[int, int, int, int]] = []
     unknown = np.zeros(0, np.int64)
     nev = 0
-    for c0 in range(0, n, _CHUNK):
+    chunks = [(c0, min(n, c0 + _CHUNK)) for c0 in range(0, n, _CHUNK)]
+    # chunks are scanned on a few threads (numpy lets go of the GIL in its big passes) and
+    # gathered here in file order
+    for (c0, c1), res in zip(chunks, map_ordered(lambda c: _scan_chunk(pk, *c), chunks),
+                             strict=True):
         progress("decode", c0 / max(n, 1))
-        c1 = min(n, c0 + _CHUNK)
-        st, en = pk.start[c0:c1], pk.end[c0:c1]
-        # fast path: leading timestamp varint, short body
-        lead = (buf[st] == 0x40) & (en > st + 1)  # TracePacket.timestamp tag
-        tsv, tsl = ps.varints(buf, st + 1)
-        bstart = st + 1 + np.maximum(tsl, 1)
-        blen = en - bstart
-        fast = lead & (tsl > 0) & (blen > 0) & (blen <= _TPL_MAX)
-        fi = np.flatnonzero(fast)
-        parts = []
-        if len(fi):
-            w = _TPL_MAX
-            win = np.lib.stride_tricks.sliding_window_view(buf, w)
-            rows = win[bstart[fi]]  # (n, w) copy without an (n, w) index matrix
-            bl = blen[fi]
-            words = rows.view(np.uint64).reshape(len(fi), w // 8)
-            if np.little_endian:  # zero the bytes past each body, a word at a time
-                for j in range(w // 8):
-                    words[:, j] &= _MASKS[np.clip(bl - 8 * j, 0, 8)]
-            else:
-                rows *= (np.arange(w, dtype=np.uint8)[None, :] < bl[:, None])
-            h = ps.mix64(bl.astype(np.uint64))
-            for j in range(w // 8):
-                h = ps.mix64(h ^ words[:, j])
-            rep, inv = _factorize(h)
-            r = rep[inv]
-            same = bl == bl[r]  # bodies equal to their template (hashes may collide)
-            for j in range(w // 8):
-                same &= words[:, j] == words[r, j]
-            del r
-            del rows, words
-            fi_ok, inv = fi[same], inv[same]
-            tpl = _scan_set(buf, bstart[fi][rep], en[fi][rep])
-            res = _expand(tpl, inv, _as_i64(tsv[fi_ok]))
-            parts.append((fi_ok, res))
-            fast[:] = False
-            fast[fi_ok] = True
-        slow = np.flatnonzero(~fast)
-        if len(slow):
-            parts.append((slow, _scan_set(buf, st[slow], en[slow])))
-        res = _merge_parts(parts, c1 - c0)
         gpk = np.arange(c0, c1)
         seqk = res["seq"] | (pk.file[c0:c1].astype(np.int64) << 32)
         P.add(ts=res["ts"], has_ts=res["has_ts"], seq=seqk, flags=res["flags"].astype(np.int8),

@@ -31,6 +31,10 @@ SS_SCHEMA = f"CREATE TABLE {SS_TABLE}({', '.join(f'{n} {t}' for n, t in _COLUMNS
 # the order the overview's union window reads ss_slice in (summaries indexes its own copy alike)
 SS_INDEX_KEYS = "kind_id, upid, ts, end_ts"
 SS_INDEX = f"{SS_TABLE}_kind"
+# the operators' statistics per range name read their rows in this order (no sort for the
+# GROUP BY name; the index holds every column they read)
+SS_NAME_INDEX_KEYS = "kind_id, name, dur"
+SS_NAME_INDEX = f"{SS_TABLE}_name"
 
 # kind_id by category (_base.sql's CASE); 'phase' goes by name, None = NULL, others: 6
 _KIND_OF_CATEGORY = {"step": 0, "dataloader": 1, "cuda_runtime": 7, "cuda_driver": 7, "sync": 8,
@@ -79,7 +83,7 @@ def kinds(strings: list[str], category: np.ndarray, name: np.ndarray) -> tuple:
 
 def image_parts(slices: dict, strings: list[str],
                 owners: dict[int, tuple[int, int | None]]) -> tuple[si.Table, list[si.Index]]:
-    """SS_TABLE and its index, from the importer's slice columns."""
+    """SS_TABLE and its indexes, from the importer's slice columns."""
     track = slices["track_id"].astype(np.int64, copy=False)
     known = np.array(sorted(owners), np.int64)
     at = np.minimum(np.searchsorted(known, track), max(len(known) - 1, 0))
@@ -103,13 +107,15 @@ def image_parts(slices: dict, strings: list[str],
     upid, utid, utid_null = upid_of[own_at], utid_of[own_at], no_utid[own_at]
     parent, args = col("parent_id"), col("arg_set_id")
     end_ts = ts + dur
-    kind_col = si.Column("int", kind, kind_null)
+    kind_col, name_col = si.Column("int", kind, kind_null), si.Column("text", name)
     table = si.Table(SS_TABLE, SS_SCHEMA, col("id"), [
         si.Column("rowid"), si.Column("int", ts), si.Column("int", dur),
         si.Column("int", end_ts), si.Column("int", track[rows]), si.Column("text", cat),
-        si.Column("text", name), si.Column("int", parent, parent < 0),
+        name_col, si.Column("int", parent, parent < 0),
         si.Column("int", args, args < 0), si.Column("int", upid),
         si.Column("int", utid, utid_null), kind_col])
     return table, [
         si.Index(SS_INDEX, f"CREATE INDEX {SS_INDEX} ON {SS_TABLE}({SS_INDEX_KEYS})",
-                 SS_TABLE, [kind_col, upid, ts, end_ts], table.rowid)]
+                 SS_TABLE, [kind_col, upid, ts, end_ts], table.rowid),
+        si.Index(SS_NAME_INDEX, f"CREATE INDEX {SS_NAME_INDEX} ON {SS_TABLE}({SS_NAME_INDEX_KEYS})",
+                 SS_TABLE, [kind_col, name_col, dur], table.rowid)]

@@ -7,7 +7,8 @@ numpy: table B-tree leaf pages filled in rowid order, interior pages above them,
 holding ``sqlite_schema``. Indexes are laid out the same way (index B-trees: entries sorted by
 key, each entry stored once, in a leaf or between two leaves in the level above), which costs a
 fraction of a ``CREATE INDEX`` afterwards. The image is then handed to SQLite
-(``Connection.deserialize``, or a file), which reads it like any database it wrote itself.
+(``Connection.deserialize``), or laid out straight into a mapped file (``build_file``), which
+SQLite reads like any database it wrote itself.
 
 Only what the loader needs is supported: rowid tables whose ``INTEGER PRIMARY KEY`` is the rowid,
 columns of integers, doubles, or UTF-8 text (each nullable), rows given in rowid order; indexes
@@ -24,14 +25,18 @@ is built (one pass per B-tree instead of a dozen array passes per column), else 
 
 from __future__ import annotations
 
+import mmap
+import os
 import sqlite3
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import _ext
 from . import _protoscan as ps
+from ._threads import in_parallel
 
 PAGE = 65536
 MAX_TEXT = 8192  # bytes of a text value kept (keeps every cell on its page, no overflow pages)
@@ -585,15 +590,22 @@ def _index_interior(children: list[int], divs: list[bytes], first_page: int) -> 
     return pages, list(range(first_page, first_page + n_pages)), up_divs
 
 
-def build(tables: list[Table], strings: list[str | None],
-          indexes: list[Index] | tuple = ()) -> np.ndarray:
-    """The bytes (a uint8 array) of an SQLite database holding ``tables`` and ``indexes``."""
+def build(tables: list[Table], strings: list[str | None], indexes: list[Index] | tuple = (),
+          alloc: Callable[[int], np.ndarray] | None = None) -> np.ndarray:
+    """The bytes (a uint8 array) of an SQLite database holding ``tables`` and ``indexes``.
+
+    ``alloc(n)``: where to lay them out (n zero bytes, e.g. a mapped file); default: memory.
+    """
     st = _Strings(strings)
+    if any(c.kind == "text" for ix in indexes for c in ix.key_columns()):
+        st.rank()  # computed once, before the threads
+    # each B-tree's leaf layout is independent of the others: laid out on several threads
+    layouts = in_parallel(lambda x: _table_layout(x, st) if isinstance(x, Table) else
+                          _index_layout(x, st), [*tables, *indexes], cost=_rows)
     plans: list[tuple] = []  # (type, name, table, sql, layout, index entries between leaves)
-    for t in tables:
-        plans.append(("table", t.name, t.name, t.sql, _table_layout(t, st), None))
-    for ix in indexes:
-        lay, divs = _index_layout(ix, st)
+    for t, lay in zip(tables, layouts[:len(tables)], strict=True):
+        plans.append(("table", t.name, t.name, t.sql, lay, None))
+    for ix, (lay, divs) in zip(indexes, layouts[len(tables):], strict=True):
         plans.append(("index", ix.name, ix.table, ix.sql, lay, divs))
     # leaves first (pages 2...), then the interior pages of every B-tree
     firsts, next_page = [], 2
@@ -625,15 +637,20 @@ def build(tables: list[Table], strings: list[str | None],
     page1 = bytearray(_page(13, cells, offset=100))
     n_pages = next_page - 1
     page1[:100] = _header(n_pages)
-    out = np.zeros(n_pages * PAGE, np.uint8)
+    out = np.zeros(n_pages * PAGE, np.uint8) if alloc is None else alloc(n_pages * PAGE)
     out[:PAGE] = np.frombuffer(bytes(page1), np.uint8)
-    for (typ, *_, lay, _d), first in zip(plans, firsts, strict=True):
-        _write_leaves(out, (first - 1) * PAGE, lay, 13 if typ == "table" else 10, st)
+    in_parallel(lambda pf: _write_leaves(out, (pf[1] - 1) * PAGE, pf[0][4],
+                                         13 if pf[0][0] == "table" else 10, st),
+                list(zip(plans, firsts, strict=True)), cost=lambda pf: len(pf[0][4].page))
     pos = (next_page - 1 - len(interior)) * PAGE
     for pg in interior:
         out[pos : pos + PAGE] = np.frombuffer(pg, np.uint8)
         pos += PAGE
     return out
+
+
+def _rows(x: Table | Index) -> int:
+    return len(x.rowid)
 
 
 def _header(n_pages: int) -> bytes:
@@ -652,17 +669,76 @@ def _header(n_pages: int) -> bytes:
     return bytes(h)
 
 
-def connect(image, path: str = ":memory:") -> sqlite3.Connection:
-    """A connection to a database holding ``image`` (in memory, or written to ``path``)."""
-    if path != ":memory:":
+def build_file(path: str, tables: list[Table], strings: list[str | None],
+               indexes: list[Index] | tuple = ()) -> None:
+    """Lay the database out straight into the file ``path`` (mapped, so its bytes exist once:
+    in the OS's file cache, which can write them out under memory pressure).
+
+    The file's space is reserved before anything is written to the mapping: a full disk is an
+    OSError here, never a signal while writing.
+    """
+    if not hasattr(os, "posix_fallocate"):  # no reservation to be had: write a copy instead
+        image = build(tables, strings, indexes)
         with open(path, "wb") as f:
             f.write(image)
-        return sqlite3.connect(path, check_same_thread=False)
+        return
+    maps: list[mmap.mmap] = []
+    with open(path, "w+b") as f:
+        def alloc(n: int) -> np.ndarray:
+            os.posix_fallocate(f.fileno(), 0, n)
+            maps.append(mmap.mmap(f.fileno(), n))
+            return np.frombuffer(maps[-1], np.uint8)
+
+        try:
+            build(tables, strings, indexes, alloc)
+        finally:
+            for m in maps:
+                try:
+                    m.close()
+                except BufferError:  # pragma: no cover - a view still alive: closed when freed
+                    pass
+
+
+# SQLite maps at most its compile-time limit (2 GB by default), the rest is read as needed
+MMAP_BYTES = 1 << 40
+
+
+def open_file(path: str, reader: bool = False) -> sqlite3.Connection:
+    """A connection to the database file ``path`` that any thread may use (``reader``:
+    read-only, for another thread).
+
+    It reads the file mapped (read through SQLite's small page cache instead, random lookups
+    cost 1.6 times more): the pages count in this process's memory while mapped, as an
+    in-memory copy would, and those of a second mapping count again although they are the same
+    physical pages.
+    """
+    if reader:
+        from urllib.parse import quote
+
+        conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, check_same_thread=False)
+    else:
+        conn = sqlite3.connect(path, check_same_thread=False)
+    try:
+        conn.execute(f"PRAGMA mmap_size={MMAP_BYTES}")
+        conn.execute("PRAGMA temp_store=MEMORY")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def file_of(conn: sqlite3.Connection) -> str | None:
+    """The file holding the main database of ``conn`` (None: in memory)."""
+    path = conn.execute("PRAGMA database_list").fetchone()[2]
+    return path or None
+
+
+def connect(image) -> sqlite3.Connection:
+    """A connection to an in-memory database holding ``image``."""
     conn = sqlite3.connect(":memory:", check_same_thread=False)
     if hasattr(conn, "deserialize"):
         conn.deserialize(image)
         return conn
-    import os
     import tempfile
 
     fd, tmp = tempfile.mkstemp(suffix=".db")  # Python < 3.11: go through a file

@@ -307,8 +307,10 @@ static PyObject *f_cell_sizes(PyObject *self, PyObject *const *args, Py_ssize_t 
         int32_t *o = out.buf;
         uint32_t ser[MAX_COLS];
         Py_ssize_t payload;
+        Py_BEGIN_ALLOW_THREADS /* plain C on buffers held by this call: B-trees in parallel */
         for (Py_ssize_t j = 0; j < s.ncells; j++)
             o[j] = (int32_t)cell_size(&s, row_of(&s, j), ser, &payload);
+        Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&out);
     release(&s);
@@ -364,11 +366,13 @@ static PyObject *f_write_leaves(PyObject *self, PyObject *const *args, Py_ssize_
         PyErr_SetString(PyExc_ValueError, "page_first: not increasing cell numbers from 0");
         goto done;
     }
+    const char *err = NULL; /* set without the GIL, raised after */
+    Py_BEGIN_ALLOW_THREADS /* plain C on buffers held by this call: B-trees in parallel */
     for (Py_ssize_t k = 0; k < npages; k++) {
         Py_ssize_t lo = first[k], hi = k + 1 < npages ? first[k + 1] : s.ncells;
         if (lo < 0 || hi < lo || hi > s.ncells || hi - lo > MAX_PAGE_CELLS) {
-            PyErr_SetString(PyExc_ValueError, "page_first: not increasing cell numbers from 0");
-            goto done;
+            err = "page_first: not increasing cell numbers from 0";
+            break;
         }
         unsigned char *page = img + base + k * page_size;
         Py_ssize_t bytes = 0;
@@ -379,8 +383,8 @@ static PyObject *f_write_leaves(PyObject *self, PyObject *const *args, Py_ssize_
         }
         Py_ssize_t ptr = 8, at = page_size - bytes;
         if (at < ptr + 2 * (hi - lo)) {
-            PyErr_SetString(PyExc_ValueError, "page overflow");
-            goto done;
+            err = "page overflow";
+            break;
         }
         page[5] = (unsigned char)((at % 65536) >> 8); /* content start; 65536 is written as 0 */
         page[6] = (unsigned char)(at % 65536);
@@ -399,6 +403,8 @@ static PyObject *f_write_leaves(PyObject *self, PyObject *const *args, Py_ssize_
         page[4] = (unsigned char)n;
         page[7] = 0;
     }
+    Py_END_ALLOW_THREADS
+    if (err != NULL) PyErr_SetString(PyExc_ValueError, err);
 done:
     PyMem_Free(psize);
     PyMem_Free(ser);

@@ -20,12 +20,14 @@ import shutil
 import sqlite3
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from os import PathLike
 from typing import Any
 
 from ._errors import EngineError, TraceError
-from .importer import Progress, _paths, load
+from ._sqlimage import file_of
+from .importer import Progress, _paths, load, remove_db_file
 
 ENV_BIN = "STEPSCOPE_TRACE_PROCESSOR"
 ENGINES = ("auto", "trace_processor", "embedded")
@@ -83,9 +85,14 @@ class EmbeddedDB(_Base):
     engine = "embedded"
 
     def __init__(self, paths: list[str], progress: Progress | None = None,
-                 db: str = ":memory:") -> None:
+                 db: str | None = None) -> None:
+        """``db``: where SQLite keeps the tables: None (default) a temporary file, deleted on
+        close or exit (other connections can then open it: the summaries use several cores),
+        ":memory:", or a file path (kept)."""
         self.paths = paths
         self.conn, self.stats = load(paths, db=db, progress=progress)
+        tmp = file_of(self.conn) if db is None else None
+        self._cleanup = weakref.finalize(self, _close, self.conn, tmp)
 
     def query(self, sql: str) -> Rows:
         try:  # rows are fetched inside: SQLite reports some errors only while stepping
@@ -98,9 +105,14 @@ class EmbeddedDB(_Base):
             raise QueryError(f"query failed: {e}") from None
 
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        self._cleanup()
+        self.conn = None
+
+
+def _close(conn: sqlite3.Connection, tmp: str | None) -> None:
+    conn.close()
+    if tmp is not None:
+        remove_db_file(tmp)
 
 
 class TraceProcessorDB(_Base):

@@ -28,7 +28,10 @@ Not a trace processor table: ``ss_slice_base``, the summaries' unfiltered slice 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
+import tempfile
 from collections.abc import Iterable, Sequence
 from os import PathLike, fspath
 
@@ -117,12 +120,14 @@ def decode_files(path_or_paths, progress: Progress | None = None) -> Tables:
 
 def load(
     path_or_paths: str | PathLike | Sequence[str | PathLike],
-    db: str = ":memory:",
+    db: str | None = ":memory:",
     progress: Progress | None = None,
     indexes: bool = True,
     slice_base: bool = True,
 ) -> tuple[sqlite3.Connection, dict[str, int]]:
-    """Load trace file(s) into a new SQLite database; returns (connection, decoder stats)."""
+    """Load trace file(s) into a new SQLite database; returns (connection, decoder stats).
+
+    ``db``: ":memory:", a file path, or None for a new temporary file (see write_tables)."""
     progress = progress or _noop
     tables = decode_files(path_or_paths, progress)
     conn = write_tables(tables, db, progress, indexes=indexes, slice_base=slice_base)
@@ -180,20 +185,35 @@ def _image_indexes(tables: list[si.Table]) -> list[si.Index]:
     return out
 
 
-def write_tables(t: Tables, db: str = ":memory:", progress: Progress = _noop,
+def write_tables(t: Tables, db: str | None = ":memory:", progress: Progress = _noop,
                  indexes: bool = True, slice_base: bool = True) -> sqlite3.Connection:
-    """A database (in memory or at path ``db``) holding the decoded tables.
+    """A database holding the decoded tables: in memory, in the file ``db``, or (``db=None``) in
+    a new temporary file, which the caller deletes (``remove_db_file(si.file_of(conn))``, as
+    EmbeddedDB does; in memory when it cannot be written).
 
-    ``slice_base``: with the summaries' slice base (``_slicebase``, which the summaries compute
-    themselves when it is missing). The big columns of ``t`` (slice, counter, args) are
-    released once written.
+    A file is laid out in place and read mapped (see _sqlimage.build_file); other connections
+    can open it, which lets the summaries run on several cores. ``slice_base``: with the
+    summaries' slice base (``_slicebase``, which the summaries compute themselves when it is
+    missing). The big columns of ``t`` (slice, counter, args) are released once written.
     """
     progress("load", 0.0)
-    image = _image(t, indexes, slice_base)
-    t.slice, t.counter, t.args = {}, {}, {}  # now in the image: free the columns
+    tables, ixs = _image_parts(t, indexes, slice_base)
+    strings = t.strings.list
+    conn = None
+    if db is None:
+        conn = _temp_file_db(tables, ixs, strings)
+    elif db != ":memory:":
+        si.build_file(db, tables, strings, ixs)
+        conn = si.open_file(db)
+    if conn is None:
+        image = si.build(tables, strings, ixs)
+        del tables, ixs
+        t.slice, t.counter, t.args = {}, {}, {}  # now in the image: free the columns
+        conn = si.connect(image)
+        del image
+    t.slice, t.counter, t.args = {}, {}, {}
     progress("load", 0.5)
-    conn = si.connect(image, db)
-    del image
+    tmp = si.file_of(conn) if db is None else None
     try:
         conn.execute("PRAGMA synchronous=OFF")
         conn.execute("PRAGMA temp_store=MEMORY")
@@ -206,12 +226,41 @@ def write_tables(t: Tables, db: str = ":memory:", progress: Progress = _noop,
         progress("load", 1.0)
     except BaseException:
         conn.close()
+        if tmp is not None:
+            remove_db_file(tmp)
         raise
     return conn
 
 
-def _image(t: Tables, indexes: bool, slice_base: bool) -> np.ndarray:
-    """The database image of the big tables (their arrays are dropped on return)."""
+TEMP_PREFIX = "stepscope-"
+
+
+def _temp_file_db(tables: list[si.Table], ixs: list[si.Index],
+                  strings: list[str | None]) -> sqlite3.Connection | None:
+    """The database laid out in a new temporary file; None (and no file left) when the file
+    cannot be made or written (no temporary directory, a full disk)."""
+    path = None
+    try:
+        fd, path = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".db")
+        os.close(fd)
+        si.build_file(path, tables, strings, ixs)
+        return si.open_file(path)
+    except (OSError, sqlite3.Error):
+        if path is not None:
+            remove_db_file(path)
+        return None
+
+
+def remove_db_file(path: str) -> None:
+    """Delete a database file and the journal a crash may have left beside it."""
+    for p in (path, path + "-journal"):
+        with contextlib.suppress(OSError):
+            os.unlink(p)
+
+
+def _image_parts(t: Tables, indexes: bool,
+                 slice_base: bool) -> tuple[list[si.Table], list[si.Index]]:
+    """The image's tables and indexes (the big tables, and the slice base when wanted)."""
     tables = _image_tables(t)
     ixs = _image_indexes(tables) if indexes else []
     if slice_base:
@@ -222,7 +271,7 @@ def _image(t: Tables, indexes: bool, slice_base: bool) -> np.ndarray:
         else:
             tables.append(base)
             ixs.extend(base_ixs)
-    return si.build(tables, t.strings.list, ixs)
+    return tables, ixs
 
 
 def _track_owners(t: Tables) -> dict[int, tuple[int, int | None]]:

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import re
 import sqlite3
 import statistics
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -28,6 +30,8 @@ from typing import Any
 
 from ._format import BOOL, FLOAT, INT, RATIO, TEXT, TIME, Column, Table, render_many
 from ._slicebase import SS_INDEX_KEYS, SS_TABLE
+from ._sqlimage import file_of, open_file
+from ._threads import cpus
 
 __all__ = [
     "TABLES",
@@ -570,24 +574,108 @@ def all_tables(
     steps: str | tuple[int | None, int | None] | None = None,
     by_thread: bool = False,
     straggler_margin: float = 0.10,
+    workers: int | None = None,
 ) -> dict[str, Table]:
     """Every table (or ``names``), keyed by name, in report order; empty tables included.
 
     ``sort`` applies to the tables that have that column. Other keyword arguments as
-    :func:`table`.
+    :func:`table`. ``workers``: how many tables are computed at once (default: one per CPU, at
+    most 4), each on its own connection; above 1 this needs a database in a file (the
+    embedded engine's default), else the tables are computed one after the other.
     """
     wanted = list(names) if names else list(TABLES)
     for n in wanted:
         _check_name(n)
     filters = Filters.make(threads, ranks, steps)
+    jobs = _jobs(wanted)
+    n_workers = min(len(jobs), cpus() if workers is None else max(1, workers))
+    done: dict[str, Table] = {}
+
+    def run(conn: Any, take: Callable[[], list[str] | None]) -> None:
+        cache: dict[str, list[dict]] = {}
+        with shared_base(conn, filters) as base:
+            while (job := take()) is not None:
+                for n in job:
+                    done[n] = _table(conn, n, filters, base, None, by_thread, straggler_margin,
+                                     cache)
+
+    _run_jobs(db, jobs, n_workers, run)
     out: dict[str, Table] = {}
-    cache: dict[str, list[dict]] = {}
-    with shared_base(db, filters) as base:
-        for n in wanted:
-            t = _table(db, n, filters, base, None, by_thread, straggler_margin, cache)
-            if sort and t.column(sort) is not None:
-                t = t.sorted(sort)
-            out[n] = t
+    for n in wanted:
+        t = done[n]
+        out[n] = t.sorted(sort) if sort and t.column(sort) is not None else t
+    return out
+
+
+# Report tables by their expected cost on a big trace, the heaviest first: with several
+# workers each takes the next one when it is free, so the long ones start at once.
+_COST_ORDER = ("overview", "operators", "model", "steps", "step_times", "distributed",
+               "device", "kernels", "memcpy")
+
+
+def _jobs(names: list[str]) -> list[list[str]]:
+    """``names`` grouped by the query they read (steps and step_times share one), heaviest
+    first."""
+    groups: dict[str, list[str]] = {}
+    for n in sorted(dict.fromkeys(names), key=_COST_ORDER.index):
+        groups.setdefault(_SPECS[n].sql, []).append(n)
+    return list(groups.values())
+
+
+def _run_jobs(db: Any, jobs: list[list[str]], n_workers: int,
+              run: Callable[[Any, Callable[[], list[str] | None]], None]) -> None:
+    """``run(conn, take)`` on ``db`` in this thread and on new connections to the same
+    database in ``n_workers - 1`` more threads (as many as can be opened; SQLite releases the
+    GIL while it runs a query), all taking jobs from one list until it is empty.
+
+    The first error stops the others (their queries are interrupted) and is raised here.
+    """
+    pending = list(jobs)
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def take() -> list[str] | None:
+        with lock:
+            return pending.pop(0) if pending and not errors else None
+
+    def work(conn: Any) -> None:
+        try:
+            run(conn, take)
+        except BaseException as e:  # handed to the calling thread
+            with lock:
+                errors.append(e)
+
+    others = _more_connections(db, n_workers - 1)
+    threads = [threading.Thread(target=work, args=(c,), daemon=True) for c in others]
+    try:
+        for th in threads:
+            th.start()
+        work(db)
+    finally:
+        if errors:
+            for c in others:
+                c.interrupt()
+        for th in threads:
+            th.join()
+        for c in others:
+            c.close()
+    if errors:
+        raise errors[0]
+
+
+def _more_connections(db: Any, n: int) -> list[sqlite3.Connection]:
+    """Up to ``n`` new read-only connections to the file database of ``db`` (none for other
+    engines, an in-memory database, or one with uncommitted changes they would not see)."""
+    conn = _sqlite_conn(db)
+    if n < 1 or conn is None or conn.in_transaction:
+        return []
+    path = file_of(conn)
+    if path is None or not os.path.isfile(path):
+        return []
+    out: list[sqlite3.Connection] = []
+    with contextlib.suppress(sqlite3.Error):
+        while len(out) < n:
+            out.append(open_file(path, reader=True))
     return out
 
 

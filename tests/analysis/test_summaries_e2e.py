@@ -233,6 +233,10 @@ def test_loaded_slice_base_is_the_cte_and_gives_the_same_tables(traces, expected
                     db.query("EXPLAIN QUERY PLAN " + S.render("overview", base=base))]
             assert any("COVERING INDEX ss_slice_base_kind" in d for d in plan)
             assert [d for d in plan if "TEMP B-TREE" in d] == ["USE TEMP B-TREE FOR ORDER BY"]
+            # the operators' per-name statistics read the name index: no sort for that GROUP BY
+            ops = S.render("operators", base=base, **S.operator_values(False))
+            plan = [r["detail"] for r in db.query("EXPLAIN QUERY PLAN " + ops)]
+            assert any("COVERING INDEX ss_slice_base_name (kind_id=?)" in d for d in plan)
         for kw in ({}, {"by_thread": True}, {"steps": "2"}):  # the last: the CTE path
             for name, t in S.all_tables(db, **kw).items():
                 assert t.rows == S.table(db, name, **kw).rows, (name, kw)
@@ -265,3 +269,92 @@ def test_a_failing_slice_base_leaves_the_summaries_to_the_ctes(traces, expected,
         assert not S._has_slice_base(db.conn)
         got = S.all_tables(db, names=["overview"])["overview"].rows
         assert _strip(got) == _strip(S.table(expected, "overview").rows)
+
+
+def test_all_tables_on_several_connections_give_what_one_gives(traces, monkeypatch):
+    """With workers=2 the tables are shared between this thread (the db's connection) and a
+    second thread on its own read-only connection to the same file; the rows are those of a
+    run on one connection, and nothing is left behind."""
+    from stepscope import analysis
+
+    seen: dict[str, tuple[int, object]] = {}
+    inner = S._table
+
+    def spy(db_, name, *args):
+        seen[name] = (threading.get_ident(), db_)
+        if not isinstance(db_, sqlite3.Connection):  # this thread: leave tables to the other
+            time.sleep(0.05)
+        return inner(db_, name, *args)
+
+    monkeypatch.setattr(S, "_table", spy)
+    with analysis.open(list(traces), engine="embedded") as db:
+        one = S.all_tables(db, workers=1)
+        assert {t for t, _ in seen.values()} == {threading.get_ident()}
+        seen.clear()
+        two = S.all_tables(db, workers=2)
+        assert len({t for t, _ in seen.values()}) == 2
+        readers = [d for _, d in seen.values() if isinstance(d, sqlite3.Connection)]
+        assert readers and all(d is not db.conn for d in readers)
+        with pytest.raises(sqlite3.ProgrammingError):  # closed once the tables are done
+            readers[0].execute("SELECT 1")
+        assert list(two) == list(one) == list(S.TABLES)  # report order, whoever ran them
+        for name in S.TABLES:
+            assert two[name].rows == one[name].rows, name
+        assert db.query("SELECT name FROM sqlite_temp_master") == []
+        assert not db.conn.in_transaction  # so the next report shares the work again
+        seen.clear()
+        S.all_tables(db, workers=2, names=["overview", "operators", "model"])
+        assert len({t for t, _ in seen.values()}) == 2
+
+
+def test_a_table_failing_on_another_thread_fails_the_call(traces, monkeypatch):
+    from stepscope import analysis
+
+    inner = S._table
+    opened: list[sqlite3.Connection] = []
+    more = S._more_connections
+
+    def spy_more(db_, n):
+        got = more(db_, n)
+        opened.extend(got)
+        return got
+
+    def failing(db_, name, *args):
+        if isinstance(db_, sqlite3.Connection):  # the second thread's connection
+            raise S.SummaryError(f"summary {name!r} failed: boom")
+        return inner(db_, name, *args)
+
+    monkeypatch.setattr(S, "_more_connections", spy_more)
+    monkeypatch.setattr(S, "_table", failing)
+    with analysis.open(list(traces), engine="embedded") as db:
+        with pytest.raises(S.SummaryError, match="failed: boom"):
+            S.all_tables(db, workers=2)
+        assert len(opened) == 1
+        with pytest.raises(sqlite3.ProgrammingError):
+            opened[0].execute("SELECT 1")
+        assert db.query("SELECT name FROM sqlite_temp_master") == []
+        assert S.all_tables(db, workers=1, names=["overview"])["overview"].rows
+
+
+def test_no_second_connection_without_a_file_or_with_pending_changes(traces, tmp_path):
+    from stepscope.analysis import importer
+
+    mem, _ = importer.load(list(traces))  # in memory: nothing else can open it
+    assert S._more_connections(mem, 3) == []
+    mem.close()
+    path = str(tmp_path / "kept.db")
+    conn, _ = importer.load(list(traces), db=path)
+    others = S._more_connections(conn, 2)
+    assert len(others) == 2
+    assert [c.execute("SELECT COUNT(*) FROM slice").fetchone() for c in others] == \
+        [conn.execute("SELECT COUNT(*) FROM slice").fetchone()] * 2
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        others[0].execute("DELETE FROM slice")
+    for c in others:
+        c.close()
+    conn.execute("DELETE FROM slice WHERE id = 1")  # uncommitted: another connection would
+    assert conn.in_transaction                      # not see it
+    assert S._more_connections(conn, 2) == []
+    conn.rollback()
+    conn.close()
+    assert os.path.exists(path)  # a file the caller named is the caller's

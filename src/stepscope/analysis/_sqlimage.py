@@ -728,9 +728,10 @@ def open_file(path: str, reader: bool = False) -> sqlite3.Connection:
 
 
 def file_of(conn: sqlite3.Connection) -> str | None:
-    """The file holding the main database of ``conn`` (None: in memory)."""
+    """The file holding the main database of ``conn`` (None: in memory; SQLite names files by
+    absolute paths, and a deserialized database "x")."""
     path = conn.execute("PRAGMA database_list").fetchone()[2]
-    return path or None
+    return path if path and os.path.isabs(path) and os.path.isfile(path) else None
 
 
 def connect(image) -> sqlite3.Connection:

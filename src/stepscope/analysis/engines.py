@@ -91,7 +91,7 @@ class EmbeddedDB(_Base):
         ":memory:", or a file path (kept)."""
         self.paths = paths
         self.conn, self.stats = load(paths, db=db, progress=progress)
-        tmp = file_of(self.conn) if db is None else None
+        tmp = file_of(self.conn) if db is None else None  # None: kept in memory after all
         self._cleanup = weakref.finalize(self, _close, self.conn, tmp)
 
     def query(self, sql: str) -> Rows:

@@ -254,8 +254,11 @@ def _create_temp(conn: sqlite3.Connection, name: str, sql: str, keyed: bool) -> 
     cols = ", ".join(f'"{c[1]}" INTEGER PRIMARY KEY' if c[1] == "id" else f'"{c[1]}" {c[2]}'
                      for c in info)
     conn.execute(f"CREATE TEMP TABLE {name}({cols})")
+    began = not conn.in_transaction
     try:
         conn.execute(f"INSERT INTO temp.{name} SELECT * FROM ({sql})")
+        if began:  # the INSERT opened a transaction (sqlite3's default): end it, or the
+            conn.commit()  # connection looks busy (_more_connections would not share it)
     except sqlite3.Error:
         _drop(conn, [name])
         raise

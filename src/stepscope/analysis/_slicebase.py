@@ -4,7 +4,8 @@ Every summary reads ``ss_slice`` (``sql/_base.sql``): the finished slices with t
 (upid), thread (utid), end and event kind (kind_id). Computed as a CTE and then indexed by
 SQLite, it costs two passes over every slice (about 9 s at 5M slices). The importer holds the
 slice columns in numpy already, so it computes the same rows (with no filter set) and writes them,
-with the index the overview's union window reads, into the database image as table ``SS_TABLE``.
+with the indexes the overview's union window and the operators' GROUP BY read, into the database
+image as table ``SS_TABLE``.
 ``summaries.shared_base`` reads that table instead of computing the CTE when no filter is set.
 
 The rules are _base.sql's; the owner of each track comes from running _base.sql's own

@@ -205,13 +205,13 @@ def write_tables(t: Tables, db: str | None = ":memory:", progress: Progress = _n
     elif db != ":memory:":
         si.build_file(db, tables, strings, ixs)
         conn = si.open_file(db)
-    if conn is None:
+    if conn is None:  # in memory: the columns are freed before SQLite copies the image
         image = si.build(tables, strings, ixs)
         del tables, ixs
-        t.slice, t.counter, t.args = {}, {}, {}  # now in the image: free the columns
+        t.slice, t.counter, t.args = {}, {}, {}
         conn = si.connect(image)
         del image
-    t.slice, t.counter, t.args = {}, {}, {}
+    t.slice, t.counter, t.args = {}, {}, {}  # written: free the columns
     progress("load", 0.5)
     tmp = si.file_of(conn) if db is None else None
     try:

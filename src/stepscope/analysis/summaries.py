@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import re
 import sqlite3
 import statistics
@@ -673,7 +672,7 @@ def _more_connections(db: Any, n: int) -> list[sqlite3.Connection]:
     if n < 1 or conn is None or conn.in_transaction:
         return []
     path = file_of(conn)
-    if path is None or not os.path.isfile(path):
+    if path is None:
         return []
     out: list[sqlite3.Connection] = []
     with contextlib.suppress(sqlite3.Error):

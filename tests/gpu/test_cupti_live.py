@@ -156,6 +156,9 @@ def test_a_binding_without_graph_node_ids_switches_getters_once():
     odd = SimpleNamespace(start=0, graph_node_id=1)  # it has the optional one: another layout
     assert g.row_after_error(odd) is None and g.row is full  # dropped, no switch
     assert g.row(SimpleNamespace(start=1, graph_node_id=9, bytes=4)) == (1, 9, 4)
+    # more than the optional one missing: dropped, and the getter keeps reading graph ids
+    assert g.row_after_error(SimpleNamespace(start=1)) is None and g.row is full
+    assert g.row(SimpleNamespace(start=2, graph_node_id=7, bytes=4)) == (2, 7, 4)
     old = SimpleNamespace(start=2, bytes=5)  # an older binding: no graph_node_id
     with pytest.raises(AttributeError):
         g.row(old)

@@ -31,6 +31,7 @@ import sqlite3
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import numpy as np
 
@@ -639,9 +640,12 @@ def build(tables: list[Table], strings: list[str | None], indexes: list[Index] |
     page1[:100] = _header(n_pages)
     out = np.zeros(n_pages * PAGE, np.uint8) if alloc is None else alloc(n_pages * PAGE)
     out[:PAGE] = np.frombuffer(bytes(page1), np.uint8)
-    in_parallel(lambda pf: _write_leaves(out, (pf[1] - 1) * PAGE, pf[0][4],
-                                         13 if pf[0][0] == "table" else 10, st),
-                list(zip(plans, firsts, strict=True)), cost=lambda pf: len(pf[0][4].page))
+
+    def write(i: int) -> None:  # the B-trees' leaves lie in separate pages: one per thread
+        typ, lay = plans[i][0], plans[i][4]
+        _write_leaves(out, (firsts[i] - 1) * PAGE, lay, 13 if typ == "table" else 10, st)
+
+    in_parallel(write, range(len(plans)), cost=lambda i: len(plans[i][4].page))
     pos = (next_page - 1 - len(interior)) * PAGE
     for pg in interior:
         out[pos : pos + PAGE] = np.frombuffer(pg, np.uint8)
@@ -713,8 +717,6 @@ def open_file(path: str, reader: bool = False) -> sqlite3.Connection:
     physical pages.
     """
     if reader:
-        from urllib.parse import quote
-
         conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, check_same_thread=False)
     else:
         conn = sqlite3.connect(path, check_same_thread=False)

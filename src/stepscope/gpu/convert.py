@@ -441,19 +441,18 @@ class GpuTraceConverter:
         linked = np.isin(corr, api_corr)
         fids = flow_ids_for(corr, self.pid)
         order = np.lexsort((start, corr))  # by correlation, then start
-        sc = corr[order]
+        sc, lo = corr[order], linked[order]
         # in that order: linked records after the first of their correlation id
         extra = np.zeros(sc.size, dtype=bool)
         extra[1:] = sc[1:] == sc[:-1]
-        extra &= linked[order]
+        extra &= lo
         n_extra = int(extra.sum())
         if n_extra:
             seq = (self._extra_flows + np.arange(n_extra)) & 0xFFFFFFFF
             fids[order[extra]] = flow_ids_for(seq, self.pid, tag=_EXTRA_FLOW_TAG)
             self._extra_flows += n_extra
         by_corr: dict[int, list[int]] = {}
-        for c, f in zip(corr[order][linked[order]].tolist(),
-                        fids[order][linked[order]].tolist(), strict=True):  # fmt: skip
+        for c, f in zip(sc[lo].tolist(), fids[order][lo].tolist(), strict=True):
             by_corr.setdefault(c, []).append(f)
         per_record = [[f] if lk else None
                       for f, lk in zip(fids.tolist(), linked.tolist(), strict=True)]  # fmt: skip

@@ -303,6 +303,7 @@ def loaded_libcupti_path(maps: str = "/proc/self/maps") -> str | None:
     return paths.pop() if len(paths) == 1 else None
 
 
+_BUFFER_BYTES, _MAX_BUFFERS = 8 << 20, 16  # RawActivityBuffers' defaults
 _PROCESS_RAW: RawActivityBuffers | None = None  # see RawActivityBuffers.open
 _PROCESS_RAW_LOCK = threading.Lock()  # two tracers starting at once must not make two
 
@@ -315,7 +316,8 @@ class RawActivityBuffers:
     request callback hands CUPTI no buffer and CUPTI counts the records it drops.
     """
 
-    def __init__(self, lib: Any, *, buffer_bytes: int = 8 << 20, max_buffers: int = 16) -> None:
+    def __init__(self, lib: Any, *, buffer_bytes: int = _BUFFER_BYTES,
+                 max_buffers: int = _MAX_BUFFERS) -> None:
         self.lib = lib
         self.buffer_bytes, self.max_buffers = self._settings(
             buffer_bytes=buffer_bytes, max_buffers=max_buffers
@@ -352,7 +354,8 @@ class RawActivityBuffers:
         return raw
 
     @staticmethod
-    def _settings(*, buffer_bytes: int = 8 << 20, max_buffers: int = 16) -> tuple[int, int]:
+    def _settings(*, buffer_bytes: int = _BUFFER_BYTES,
+                  max_buffers: int = _MAX_BUFFERS) -> tuple[int, int]:
         """(buffer_bytes, max_buffers) as :meth:`__init__` would store them."""
         return (int(buffer_bytes) + 7) & ~7, int(max_buffers)
 

@@ -92,11 +92,12 @@ class _Getter:
         time; None for a record of a layout we do not know."""
         if self.reduced is None or self.row is self.reduced or hasattr(a, _OPTIONAL_ATTR):
             return None  # not the optional attribute missing: this record's layout is unknown
-        self.row = self.reduced
         try:
-            return self.row(a)
-        except AttributeError:
+            r = self.reduced(a)
+        except AttributeError:  # more than the optional one missing: unknown, no switch
             return None
+        self.row = self.reduced
+        return r
 
     def widen(self, rows: list[tuple]) -> list[tuple]:
         """Rows with the optional attribute as 0 where the reduced getter read them."""

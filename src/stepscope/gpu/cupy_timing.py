@@ -80,7 +80,7 @@ class CupyEventTimer:
         # per thread ident: open ranges (name, begin event, stream ptr, device, anchor)
         self._stacks: dict[int, list[tuple[str, Any, int, int, tuple[Any, int]]]] = {}
         self._pending: list[_Pending] = []
-        self._lock = threading.Lock()  # pending list, anchor; pops from user threads vs poll
+        self._lock = threading.Lock()  # pending list, dropped count: pop() vs poll
         self._anchor: tuple[Any, int] | None = None
         self._anchor_wall = 0.0
         self._tracks: dict[tuple[int, int, int], int] = {}
@@ -181,7 +181,7 @@ class CupyEventTimer:
             n += 1
         if keep or failed:
             if self._lock.acquire(timeout=0.5):
-                try:  # dropped is counted under the lock: pop() counts into it too
+                try:  # dropped is counted under the lock (pop() counts into it too)
                     self.dropped += failed
                     self._pending[:0] = keep
                     # pop() may have filled the list meanwhile: keep the cap, dropping the

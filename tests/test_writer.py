@@ -290,3 +290,39 @@ def test_flushes_shorten_gil_turns_only_while_they_run():
         assert sys.getswitchinterval() == 0.01
     finally:
         sys.setswitchinterval(old)
+
+
+def test_a_child_forked_during_a_flush_gets_the_gil_interval_back():
+    from stepscope import _session
+
+    old = sys.getswitchinterval()
+    try:
+        with _session._short_gil_turns():
+            _session._restore_switch_in_child()  # what a fork runs in the child
+            assert sys.getswitchinterval() == old
+        assert _session._switch_to_restore == [] and sys.getswitchinterval() == old
+    finally:
+        sys.setswitchinterval(old)
+
+
+def test_the_writer_wakes_at_least_every_flush_interval(tmp_path):
+    """A flush interval below the quiet wake (0.1 s) bounds the writer's waits."""
+    from stepscope import _session
+
+    waits: list[float] = []
+
+    class Wake(threading.Event):
+        def wait(self, timeout=None):
+            waits.append(timeout)
+            return super().wait(min(timeout, 0.001))
+
+    for interval, top in ((0.03, 0.03), (5.0, _session._WAKE_S)):
+        waits.clear()
+        sess = stepscope.start(str(tmp_path / f"w{interval}.pftrace"), flush_interval_s=interval)
+        try:
+            sess._flush_requested = Wake()  # the loop reads it at each wait
+            while len(waits) < 20:
+                time.sleep(0.001)
+        finally:
+            stepscope.stop()
+        assert max(waits[1:]) == top, interval  # quiet: waits grow to the cap and stay there

@@ -313,10 +313,7 @@ def track_event(interner: Interner, kind: int, eid: int = 0, track: int | None =
         head = _event_head(interner, kind, eid, track, name is None)
     body = head
     if name is not None:
-        try:
-            text = name.encode()
-        except UnicodeEncodeError:  # lone surrogates
-            text = w.utf8(name)
+        text = w.utf8(name)  # lone surrogates become U+FFFD
         body += _NAME_TAG + _varint(len(text)) + text
     if value is not None:
         if isinstance(value, float):

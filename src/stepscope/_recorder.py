@@ -175,11 +175,12 @@ def event_id(name: Any, categories: tuple[str, ...] = (), srcloc: tuple | None =
     """
     key = (name, categories, srcloc)
     if args is not None:  # the type too: 128 and 128.0 are written differently
-        try:
-            key += tuple((k, type(v), v) for k, v in args.items())
-            hash(key)
+        try:  # an unhashable name is cleaned below; an unhashable value makes no kind
+            fixed = tuple((k, type(v), v) for k, v in args.items())
+            hash(fixed)
         except TypeError:
             return None
+        key += fixed
     try:
         eid = _kind_ids.get(key)
     except TypeError:  # unhashable name

@@ -68,11 +68,27 @@ def _short_gil_turns():
     old = sys.getswitchinterval()
     sys.setswitchinterval(min(old, _FLUSH_SWITCH_S))
     short = sys.getswitchinterval()  # as stored (whole microseconds), for the comparison below
+    _switch_to_restore.append(old)
     try:
         yield
     finally:
+        with contextlib.suppress(ValueError):  # gone if the child restored it
+            _switch_to_restore.remove(old)
         if sys.getswitchinterval() == short:
             sys.setswitchinterval(old)
+
+
+_switch_to_restore: list[float] = []  # intervals a flush in progress shortened
+
+
+def _restore_switch_in_child() -> None:
+    """A child forked during a flush has no writer to end it: it gets the interval back."""
+    if _switch_to_restore:
+        sys.setswitchinterval(_switch_to_restore[0])
+        _switch_to_restore.clear()
+
+
+os.register_at_fork(after_in_child=_restore_switch_in_child)
 
 
 class Emitter:
@@ -432,7 +448,8 @@ class Session:
 
     # -- the writer ---------------------------------------------------------------------------
     def _writer_loop(self) -> None:
-        wait = _WAKE_S
+        top = min(_WAKE_S, self.flush_interval_s)  # a shorter flush interval wakes more often
+        wait = top
         while not self._stopping.is_set():
             self._flush_requested.wait(wait)
             if self._stopping.is_set():
@@ -442,7 +459,7 @@ class Session:
             # wake often while events pour in (a burst reaches the early-flush mark between two
             # 100 ms wakes, and then the cap: drops), rarely while the program is quiet
             wait = (max(_MIN_WAKE_S, wait / 2) if raw >= self.buffer_bytes // 16
-                    else min(_WAKE_S, wait * 2))
+                    else min(top, wait * 2))
             due = (self._flush_requested.is_set()
                    or time.monotonic() - self._last_flush >= self.flush_interval_s
                    or raw >= self.buffer_bytes // 4)  # early: drops only for a real backlog

@@ -279,18 +279,23 @@ def test_all_tables_on_several_connections_give_what_one_gives(traces, monkeypat
 
     seen: dict[str, tuple[int, object]] = {}
     inner = S._table
+    other_took_one = threading.Event()
 
     def spy(db_, name, *args):
         seen[name] = (threading.get_ident(), db_)
-        if not isinstance(db_, sqlite3.Connection):  # this thread: leave tables to the other
-            time.sleep(0.05)
+        if isinstance(db_, sqlite3.Connection):  # the other thread's connection
+            other_took_one.set()
+        else:  # this thread waits until the other has a table (it builds its base first)
+            other_took_one.wait(10)
         return inner(db_, name, *args)
 
     monkeypatch.setattr(S, "_table", spy)
     with analysis.open(list(traces), engine="embedded") as db:
+        other_took_one.set()  # one connection: nothing to wait for
         one = S.all_tables(db, workers=1)
         assert {t for t, _ in seen.values()} == {threading.get_ident()}
         seen.clear()
+        other_took_one.clear()
         two = S.all_tables(db, workers=2)
         assert len({t for t, _ in seen.values()}) == 2
         readers = [d for _, d in seen.values() if isinstance(d, sqlite3.Connection)]
@@ -303,6 +308,7 @@ def test_all_tables_on_several_connections_give_what_one_gives(traces, monkeypat
         assert db.query("SELECT name FROM sqlite_temp_master") == []
         assert not db.conn.in_transaction  # so the next report shares the work again
         seen.clear()
+        other_took_one.clear()
         S.all_tables(db, workers=2, names=["overview", "operators", "model"])
         assert len({t for t, _ in seen.values()}) == 2
 

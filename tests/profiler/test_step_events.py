@@ -33,6 +33,10 @@ def test_a_step_end_is_a_fast_code_with_fixed_args_encoded_once_per_sequence():
     assert rec.event_id("", (), args=dict(args)) == eid  # the same kind again
     assert rec.event_id("", (), args={"epoch": 0, "num_samples": 128.0}) != eid  # a double
     assert rec.event_id("", (), args={"epoch": 0, "num_samples": [128]}) is None  # unhashable
+    # an unhashable name is cleaned (as without args), not refused
+    with pytest.warns(RuntimeWarning, match="not a str"):
+        odd = rec.event_id(["odd"], (), args=args)
+    assert odd == rec.event_id(rec.clean_name(["odd"]), (), args=args) is not None
     end = rec.code(eid, S.LEVEL_SUMMARY, rec.END)
     # TrackEvent (field 11) {type END; epoch=0 (iid 1); num_samples=128 (iid 2)}: no name
     want = bytes.fromhex("5a0f4802220408012000220508022080" "01")
@@ -107,6 +111,22 @@ def test_repeated_step_ends_make_one_kind_each_however_many_there_are(tmp_path, 
     prof.stop()
     _, ends = _steps(tmp_path / "c" / "rank0.summary.pftrace")
     assert ends == [{"epoch": 0, "num_samples": 10_000 + i % 100} for i in range(300)]
+
+
+def test_nan_num_samples_make_no_kind_per_step(tmp_path, monkeypatch):
+    """NaN equals nothing, itself included: its step ends are blobs, not a new kind a step."""
+    monkeypatch.setattr(P, "_step_ends", {})
+    prof = Profiler(tmp_path, schedule=None, run_id="n", host_metrics=False, report=False,
+                    use_env=False)
+    prof.start()
+    kinds_before = len(rec.kinds)
+    for _ in range(20):
+        prof.step(num_samples=float("nan"))
+    prof.stop()
+    assert len(rec.kinds) == kinds_before and P._step_ends == {}
+    _, ends = _steps(tmp_path / "n" / "rank0.summary.pftrace")
+    assert len(ends) == 20 and all(e["epoch"] == 0 and e["num_samples"] != e["num_samples"]
+                                   for e in ends)
 
 
 def test_unhashable_num_samples_still_recorded(tmp_path):

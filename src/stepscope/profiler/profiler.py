@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
+import math
 import os
 import sys
 import threading
@@ -180,9 +181,11 @@ _step_ends: dict[tuple, Callable[[], Any]] = {}
 def _record_step_end(epoch: int, num_samples: Any) -> None:
     """Record a step end with its args: the fast code of an end with those fixed args, or a
     blob for an unhashable ``num_samples``, a full event table or past ``MAX_STEP_END_KINDS``."""
-    key = (epoch, type(num_samples), num_samples)
+    key: tuple | None = (epoch, type(num_samples), num_samples)
+    if isinstance(num_samples, float) and math.isnan(num_samples):
+        key = None  # NaN equals nothing, itself included: each step would make a new kind
     try:
-        end = _step_ends.get(key)
+        end = _step_ends.get(key) if key is not None else None
     except TypeError:  # an unhashable num_samples
         key, end = None, None
     if end is None:

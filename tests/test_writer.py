@@ -90,6 +90,19 @@ def test_args_are_typed_debug_annotations(path):
     assert next(e for e in d.events if e.name == "d").args == {"k": 1, "v": "w"}
 
 
+def test_args_none_means_no_args(path):
+    # annotate("x", args=cond and {...} or None): None is "no args", not an arg named "args"
+    with stepscope.trace(path):
+        with stepscope.annotate("n", args=None):
+            pass
+        with stepscope.annotate("k", args=None, lr=0.5):
+            pass
+        stepscope.mark("m", args=None)
+    d = decode(path)
+    assert {e.name: e.args for e in d.events if e.name in ("n", "k", "m")} == {
+        "n": {}, "k": {"lr": 0.5}, "m": {}}
+
+
 def test_a_decorated_function_writes_its_fixed_args_on_every_call(path, monkeypatch):
     @stepscope.annotate("fixed", payload=7, phase="fwd")
     def fixed(x):

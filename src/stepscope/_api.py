@@ -82,10 +82,21 @@ def _categories(domain, category) -> tuple[str, ...]:
     return tuple(cats)
 
 
+def _kwargs(args: dict) -> dict:
+    """Keyword args as meant: ``args={...}`` alone means those args, ``args=None`` none (not an
+    arg named "args")."""
+    if "args" in args:
+        v = args["args"]
+        if v is None:
+            return {k: x for k, x in args.items() if k != "args"}
+        if isinstance(v, dict) and len(args) == 1:
+            return v
+    return args
+
+
 def _args_data(payload, args) -> dict | None:
     """The typed args of a range: keyword args, plus ``payload``; None when there are none."""
-    if args and len(args) == 1 and isinstance(args.get("args"), dict):
-        args = args["args"]  # annotate("x", args={...}) means these args, not one named "args"
+    args = _kwargs(args) if args else args
     data = {str(k): v for k, v in args.items()} if args else {}
     if payload is not None:
         data["payload"] = payload
@@ -221,6 +232,7 @@ class _GpuRange:
 
 
 def _annotate_slow(message, color, domain, category, payload, args):
+    args = _kwargs(args)
     if "gpu" in args:  # annotate(..., gpu=True): also time the range on the GPU
         args = dict(args)
         if args.pop("gpu"):

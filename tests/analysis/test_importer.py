@@ -356,6 +356,26 @@ def test_compressed_packets_match_plain(tmp_path):
     assert rows(plain, q) == rows(comp, q) and len(rows(plain, q)) == 6
 
 
+def test_plain_packets_between_compressed_batches_keep_their_place(tmp_path):
+    # batch, plain packet, batch: the plain clear sits between the two batches' events
+    def batch(packets) -> bytes:
+        t = pb.Trace()
+        for p in packets:
+            t.packet.add().CopyFrom(p)
+        outer = pb.Trace()
+        outer.packet.add().compressed_packets = zlib.compress(t.SerializeToString())
+        return outer.SerializeToString()
+
+    plain = pb.Trace()
+    plain.packet.add().CopyFrom(start(names=[(1, "second")]))
+    path = tmp_path / "mixed.pftrace"
+    path.write_bytes(batch(descriptors() + [start(names=[(1, "first")]), ev(10, TI, name_iid=1)])
+                     + plain.SerializeToString() + batch([ev(20, TI, name_iid=1)]))
+    conn, _ = load(str(path))
+    assert rows(conn, "SELECT ts, name FROM slice ORDER BY ts") == [
+        {"ts": 10, "name": "first"}, {"ts": 20, "name": "second"}]
+
+
 def test_truncated_last_packet(tmp_path):
     path = write(tmp_path, nesting_trace())
     data = open(path, "rb").read()

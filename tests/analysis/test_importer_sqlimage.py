@@ -42,6 +42,34 @@ def test_image_round_trip_many_pages():
     assert conn.execute("SELECT v FROM e").fetchall() == [("writable",)]
 
 
+def test_an_index_in_scattered_row_order_is_laid_out_from_gathered_columns(monkeypatch):
+    """Keys in no row order (names, then random durations): the key columns are gathered into
+    index order first. The image is byte for byte the one laid out row by row, and SQLite
+    finds every entry."""
+    n = 70_000  # above the size where gathering starts
+    rng = np.random.default_rng(2)
+    name, dur = rng.integers(-1, 3, n), rng.integers(0, 1 << 40, n)
+    t = si.Table("t", "CREATE TABLE t(id INTEGER PRIMARY KEY, name TEXT, dur INTEGER)",
+                 np.arange(1, n + 1), [si.Column("rowid"), si.Column("text", name),
+                                       si.Column("int", dur, dur % 11 == 0)])
+    ix = si.Index("t_name", "CREATE INDEX t_name ON t(name, dur)", "t",
+                  [t.columns[1], t.columns[2]], t.rowid)
+    strings = ["b", "a", "ab"]
+    gathered = []
+    monkeypatch.setattr(si, "_scattered", lambda o, f=si._scattered: gathered.append(f(o))
+                        or gathered[-1])
+    image = si.build([t], strings, [ix])
+    assert gathered == [True]
+    monkeypatch.setattr(si, "_scattered", lambda o: False)
+    assert (si.build([t], strings, [ix]) == image).all()
+    conn = si.connect(image)
+    assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    k = int(np.flatnonzero(name == 2)[0])
+    got = conn.execute("SELECT id FROM t INDEXED BY t_name WHERE name = 'ab' AND dur IS ?",
+                       (None if dur[k] % 11 == 0 else int(dur[k]),)).fetchall()
+    assert (k + 1,) in got
+
+
 def test_image_index_keys_must_be_int_or_text_columns_in_the_image(monkeypatch):
     """A real column or one left out of the records (always NULL) is refused as an index key;
     nullable integers and text are indexed as SQLite would."""
@@ -246,6 +274,44 @@ def test_nesting_c_and_numpy_agree(monkeypatch):
         assert {c: v.tolist() for c, v in got.items()} == \
             {c: v.tolist() for c, v in want.items()}, trial
         assert got_stats == want_stats, trial
+
+
+def test_last_owner_of_a_hand_made_sequence():
+    # owners (defaults packets): #0 at packet 2 of generation 1, #1 at 5 of generation 2,
+    # #2 at 7 of generation 1 (replaces #0 from there on)
+    og, op = np.array([1, 2, 1]), np.array([2, 5, 7])
+    gen = np.array([1, 1, 2, 2, 1, 1, -1, 3])
+    pkt = np.array([1, 2, 4, 5, 6, 7, 8, 9])
+    assert _state._lookup_last(og, op, gen, pkt, 10).tolist() == [-1, 0, -1, 1, 0, 2, -1, -1]
+
+
+@pytest.mark.skipif(_state._loops is None, reason="the C extension _decodeloops is not built")
+def test_last_owner_c_and_numpy_agree(monkeypatch):
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        n, ng = int(rng.integers(1, 60)), int(rng.integers(1, 5))
+        no = int(rng.integers(1, 8))
+        op, og = np.sort(rng.integers(0, n, no)), rng.integers(-1, ng, no)  # ties, gen -1
+        pkt = np.sort(rng.integers(0, n, int(rng.integers(0, 40))))
+        gen = rng.integers(-1, ng + 2, len(pkt))  # also generations without an owner
+        got = _state._lookup_last(og, op, gen, pkt, n)
+        with monkeypatch.context() as m:
+            m.setattr(_state, "_loops", None)
+            want = _state._lookup_last(og, op, gen, pkt, n)
+        assert got.tolist() == want.tolist(), trial
+    with pytest.raises(ValueError, match="packet order"):  # the C walk checks its inputs
+        _state._loops.last_owner(*(np.array(a, np.int64) for a in ([0], [1], [0, 0], [3, 2])),
+                                 np.zeros(2, np.int64), np.zeros(1, np.int64))
+
+
+def test_stable_order_is_a_stable_argsort():
+    rng = np.random.default_rng(9)
+    for a in (rng.integers(0, 1 << 40, 5000),  # packed with positions
+              rng.integers(-(1 << 40), 1 << 40, 5000), rng.integers(0, 50, 5000) << 30,
+              rng.integers(0, 7, 5000), 10**9 + rng.integers(0, 9, 5000),  # radix
+              rng.integers(-(1 << 62), 1 << 62, 500),  # too wide to pack
+              np.array([4]), np.zeros(0, np.int64)):
+        assert ps.stable_order(a).tolist() == np.argsort(a, kind="stable").tolist()
 
 
 def test_nesting_of_a_hand_made_track():

@@ -227,6 +227,13 @@ def test_loaded_slice_base_is_the_cte_and_gives_the_same_tables(traces, expected
             assert base is not None
             assert db.query("SELECT type FROM sqlite_temp_master WHERE name = 'ss_slice'") == \
                 [{"type": "view"}]
+            # the step rows come from the base's kind index, and are those of the CTE
+            body = dict((n, b) for n, _, b in S._base_ctes(S.Filters()))["ss_step_all"]
+            assert "s.kind_id = 0" in S._steps_from_base(body)
+            steps = db.conn.execute("SELECT * FROM temp.ss_step_all ORDER BY id").fetchall()
+            assert len(steps) == 4 and steps == db.conn.execute(
+                f"WITH RECURSIVE {', '.join(ctes)} SELECT * FROM ss_step_all ORDER BY id"
+            ).fetchall()
             # the overview's windows read the loaded index in order: no sort but the final
             # ORDER BY
             plan = [r["detail"] for r in

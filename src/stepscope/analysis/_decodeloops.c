@@ -187,11 +187,75 @@ done:
     return res;
 }
 
+/* last_owner(owner_gen, owner_pkt, gen, pkt, out, last): for each query packet pkt[i] (of
+ * generation gen[i]), the index of the last owner of the same generation at or before it, or -1
+ * (_state._lookup_last's numpy twin). Owners and queries are in packet order; one merged walk
+ * keeps the latest owner per generation in `last` (one slot per generation: owner generations are
+ * < its size, a query of any other generation has no owner). All int64. */
+static PyObject *f_last_owner(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "last_owner(owner_gen, owner_pkt, gen, pkt, out, last)");
+        return NULL;
+    }
+    buf_t v[6] = {{{0}}};
+    PyObject *res = NULL;
+    if (PyObject_GetBuffer(args[0], &v[0].b, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    v[0].held = 1;
+    Py_ssize_t no = v[0].b.len / 8;
+    if (PyObject_GetBuffer(args[2], &v[2].b, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    v[2].held = 1;
+    Py_ssize_t nq = v[2].b.len / 8;
+    if (PyObject_GetBuffer(args[5], &v[5].b, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto done;
+    v[5].held = 1;
+    Py_ssize_t ngen = v[5].b.len / 8;
+    if (v[0].b.itemsize != 8 || v[2].b.itemsize != 8 || v[5].b.itemsize != 8 ||
+        get(&v[1], args[1], 0, 8, no, "owner_pkt") < 0 || get(&v[3], args[3], 0, 8, nq, "pkt") < 0 ||
+        get(&v[4], args[4], 1, 8, nq, "out") < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "int64 arrays expected");
+        goto done;
+    }
+    const int64_t *ogen = v[0].b.buf, *opkt = v[1].b.buf, *gen = v[2].b.buf, *pkt = v[3].b.buf;
+    int64_t *out = v[4].b.buf, *last = v[5].b.buf;
+    for (Py_ssize_t g = 0; g < ngen; g++) last[g] = -1;
+    const char *err = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t j = 0;
+    for (Py_ssize_t i = 0; i < nq && err == NULL; i++) {
+        if (i > 0 && pkt[i] < pkt[i - 1]) err = "pkt: not in packet order";
+        for (; j < no && opkt[j] <= pkt[i]; j++) {
+            if (j > 0 && opkt[j] < opkt[j - 1]) {
+                err = "owner_pkt: not in packet order";
+                break;
+            }
+            if (ogen[j] >= ngen) {
+                err = "owner_gen: beyond last";
+                break;
+            }
+            if (ogen[j] >= 0) last[ogen[j]] = j;
+        }
+        int64_t g = gen[i];
+        out[i] = g >= 0 && g < ngen ? last[g] : -1;
+    }
+    Py_END_ALLOW_THREADS
+    if (err != NULL) {
+        PyErr_SetString(PyExc_ValueError, err);
+        goto done;
+    }
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    for (int i = 0; i < 6; i++)
+        if (v[i].held) PyBuffer_Release(&v[i].b);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"split_repeated", (PyCFunction)(void (*)(void))f_split_repeated, METH_FASTCALL,
      "Payload bounds of the items of a repeated length-delimited field, and where it stopped."},
     {"nest", (PyCFunction)(void (*)(void))f_nest, METH_FASTCALL,
      "Slices (duration, depth, parent) from begin/end/instant events in time order."},
+    {"last_owner", (PyCFunction)(void (*)(void))f_last_owner, METH_FASTCALL,
+     "Per query packet: the last owner of its generation at or before it (-1: none)."},
     {NULL, NULL, 0, NULL},
 };
 

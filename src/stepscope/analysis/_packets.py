@@ -200,7 +200,10 @@ def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progre
     start, end = np.concatenate(starts), np.concatenate(ends)
     file = np.concatenate(files)
     # packets of a compressed batch take its place; within a batch they keep their order
-    order = np.argsort(np.concatenate(keys), kind="stable")
+    key = np.concatenate(keys)
+    if ps.in_order(key):  # already in place (all batches, or none)
+        return _Packets(buf, start, end, file)
+    order = np.argsort(key, kind="stable")
     return _Packets(buf, start[order], end[order], file[order])
 
 

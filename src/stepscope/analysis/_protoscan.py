@@ -263,3 +263,31 @@ def small_key(a: np.ndarray) -> np.ndarray:
     if top < (1 << 16):
         return a.astype(np.uint16)
     return a.astype(np.uint32) if top < (1 << 32) else a
+
+
+def in_order(a: np.ndarray) -> bool:
+    """Whether ``a`` never decreases."""
+    return len(a) < 2 or bool((a[1:] >= a[:-1]).all())
+
+
+def stable_order(a: np.ndarray) -> np.ndarray:
+    """``np.argsort(a, kind="stable")`` (int64 positions), faster on keys in no particular order.
+
+    Keys above 16 bits are sorted by timsort, which is quick on runs but takes about 250 ns a
+    key on shuffled ones; when the key's range and the positions fit in 63 bits together, each
+    key is packed with its position (ties then keep position order, as a stable sort) and the
+    packed values are sorted by numpy's vectorised quicksort (about 15 ns a key)."""
+    n = len(a)
+    if n < 2:
+        return np.arange(n, dtype=np.int64)
+    lo, hi = int(a.min()), int(a.max())
+    pos_bits = (n - 1).bit_length()
+    if (hi - lo).bit_length() + pos_bits > 63:
+        return np.argsort(a, kind="stable")
+    if hi - lo < (1 << 16):  # numpy sorts 16-bit keys by radix
+        return np.argsort((a - lo).astype(np.uint16), kind="stable")
+    packed = (a.astype(np.int64) - lo) << pos_bits
+    packed |= np.arange(n, dtype=np.int64)
+    packed.sort()
+    packed &= (1 << pos_bits) - 1
+    return packed

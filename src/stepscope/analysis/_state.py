@@ -18,6 +18,8 @@ import numpy as np
 
 from .. import _wire as w
 from .._clock import BOOTTIME
+from . import _ext
+from . import _protoscan as ps
 from ._model import Strings, Track, to_str
 from ._packets import (
     P_CLOCK_SNAPSHOT,
@@ -26,6 +28,8 @@ from ._packets import (
     P_INTERNED,
     _Acc,
 )
+
+_loops = _ext.load("_decodeloops")  # last_owner: _lookup_last in one pass (None: numpy)
 
 # Sequence state: generations, defaults, interning
 # --------------------------------------------------------------------------------------------
@@ -91,6 +95,12 @@ def _lookup_last(owner_gen: np.ndarray, owner_pkt: np.ndarray, gen: np.ndarray,
     """Index into owners of the last owner in the same generation at or before each packet."""
     if not len(owner_pkt):
         return np.full(len(pkt), -1, np.int64)
+    if _loops is not None and ps.in_order(owner_pkt) and ps.in_order(pkt):  # one merged walk
+        out = np.empty(len(pkt), np.int64)
+        last = np.empty(max(int(owner_gen.max()) + 1, 0), np.int64)
+        _loops.last_owner(*(np.ascontiguousarray(a, np.int64)
+                            for a in (owner_gen, owner_pkt, gen, pkt)), out, last)
+        return out
     comb = owner_gen.astype(np.int64) * (n + 1) + owner_pkt
     order = np.argsort(comb, kind="stable")
     sc = comb[order]

@@ -206,12 +206,15 @@ def shared_base(db: Any, filters: Filters):
     base = None
     if conn is not None:
         try:
-            loaded = filters == Filters() and _has_slice_base(conn)
+            has_base = _has_slice_base(conn)
+            loaded = filters == Filters() and has_base
             for name, cols, body in _base_ctes(filters):
                 if name == "ss_slice" and loaded:  # laid out at load time: no pass at all
                     conn.execute(f"CREATE TEMP VIEW ss_slice AS SELECT * FROM main.{SS_TABLE}")
                     made.append(name)
                     continue
+                if name == "ss_step_all" and has_base:
+                    body = _steps_from_base(body)
                 if re.search(rf"\b{name}\b", body):  # recursive
                     sql = f"WITH RECURSIVE {name}{cols} AS ({body}) SELECT * FROM {name}"
                 else:
@@ -261,6 +264,23 @@ def _create_temp(conn: sqlite3.Connection, name: str, sql: str, keyed: bool) -> 
     except sqlite3.Error:
         _drop(conn, [name])
         raise
+
+
+# ss_step_all's scan of every slice for the step slices, and the same rows read from the slice
+# base (unfiltered: valid under any filter) through its kind index: kind 0 is category 'step',
+# and the base holds just the finished slices on listed tracks, which ss_step_all keeps anyway
+_STEP_SCAN = ("FROM slice s\n", "s.category = 'step'")
+_STEP_BASE = (f"FROM main.{SS_TABLE} s\n", "s.kind_id = 0")
+
+
+def _steps_from_base(body: str) -> str:
+    """ss_step_all's body reading the slice base's step rows (as written; unchanged if
+    _base.sql no longer reads that way)."""
+    if any(body.count(part) != 1 for part in _STEP_SCAN):
+        return body
+    for old, new in zip(_STEP_SCAN, _STEP_BASE, strict=True):
+        body = body.replace(old, new)
+    return body
 
 
 def _has_slice_base(conn: sqlite3.Connection) -> bool:

@@ -428,6 +428,15 @@ def _scattered(order: np.ndarray) -> bool:
     return bool((np.abs(order[at + 1] - order[at]) > 64).mean() > 0.25)
 
 
+def _narrow(v: np.ndarray) -> np.ndarray:
+    """Integers as int32 when they fit and the C writer reads them (it takes 4-byte items):
+    gathered copies are kept until their leaves are written."""
+    if _native is None or v.dtype != np.int64 or not len(v):
+        return v
+    lo, hi = int(v.min()), int(v.max())
+    return v.astype(np.int32) if -(1 << 31) <= lo and hi < (1 << 31) else v
+
+
 def _index_layout(ix: Index, st: _Strings) -> tuple[_Layout, list[bytes]]:
     """Leaf layout of an index B-tree and the entries between its leaves (to go up a level).
 
@@ -439,8 +448,8 @@ def _index_layout(ix: Index, st: _Strings) -> tuple[_Layout, list[bytes]]:
     cols.append(Column("int", ix.rowid))
     n = len(order)
     if _scattered(order):  # read in key order, the rows are all over the columns: gather them
-        cols = [Column(c.kind, c.values[order], None if c.null is None else c.null[order])
-                for c in cols]  # in one numpy pass each (many reads in flight), not row by row
+        cols = [Column(c.kind, _narrow(c.values[order]), None if c.null is None else
+                       c.null[order]) for c in cols]  # one numpy pass each, not row by row
         order = np.arange(n)
     cell, serials = _cell_sizes(cols, st, n, order, None)
     cap = (PAGE - _LEAF_HDR) // (int(cell.max()) + 2) if n else 1

@@ -98,9 +98,11 @@ def test_args_none_means_no_args(path):
         with stepscope.annotate("k", args=None, lr=0.5):
             pass
         stepscope.mark("m", args=None)
+        with stepscope.annotate("q", args={"args": {"y": 1}}):  # unwrapped once, not twice
+            pass
     d = decode(path)
-    assert {e.name: e.args for e in d.events if e.name in ("n", "k", "m")} == {
-        "n": {}, "k": {"lr": 0.5}, "m": {}}
+    assert {e.name: e.args for e in d.events if e.name in ("n", "k", "m", "q")} == {
+        "n": {}, "k": {"lr": 0.5}, "m": {}, "q": {"args": {"y": 1}}}
 
 
 def test_a_decorated_function_writes_its_fixed_args_on_every_call(path, monkeypatch):
@@ -313,7 +315,7 @@ def test_a_child_forked_during_a_flush_gets_the_gil_interval_back():
         with _session._short_gil_turns():
             _session._restore_switch_in_child()  # what a fork runs in the child
             assert sys.getswitchinterval() == old
-        assert _session._switch_to_restore == [] and sys.getswitchinterval() == old
+        assert _session._switch_to_restore is None and sys.getswitchinterval() == old
     finally:
         sys.setswitchinterval(old)
 

@@ -95,8 +95,8 @@ def _kwargs(args: dict) -> dict:
 
 
 def _args_data(payload, args) -> dict | None:
-    """The typed args of a range: keyword args, plus ``payload``; None when there are none."""
-    args = _kwargs(args) if args else args
+    """The typed args of a range (keyword args as _kwargs gives them), plus ``payload``; None
+    when there are none."""
     data = {str(k): v for k, v in args.items()} if args else {}
     if payload is not None:
         data["payload"] = payload
@@ -279,8 +279,9 @@ def _decorate(func, message, color, domain, category, payload, args):
     # the args are fixed for the life of the function: an event kind carrying them, so every
     # call records a fast code (see rec.event_id); a blob per call only for unhashable values
     eid = event_id(name, cats, srcloc, args=data)
-    if eid is not None:
-        begin = rec.chain(code(eid, LEVEL_DETAIL, BEGIN))
+    fast_code = None if eid is None else code(eid, LEVEL_DETAIL, BEGIN)
+    if fast_code is not None:
+        begin = rec.chain(fast_code)
     else:
         eid = event_id(name, cats, srcloc)
 
@@ -319,9 +320,9 @@ def _decorate(func, message, color, domain, category, payload, args):
             if _forward:
                 _nvtx.forward_pop(domain)
 
-    if rec.fast is not None and isinstance(begin, rec.fast.Emit):
+    if rec.fast is not None and fast_code is not None:
         # C: calls func directly when off, records around it when on, ``wrapper`` when forwarding
-        fast = rec.fast.Decorated(func, wrapper, begin.code)
+        fast = rec.fast.Decorated(func, wrapper, fast_code)
         return functools.update_wrapper(fast, func)
     return wrapper
 
@@ -443,7 +444,7 @@ def mark(message: Any = None, color: Any = None, domain: Any = None, category: A
     if not _on:
         return
     rec.record_named(INSTANT, _name(message), _categories(domain, category), LEVEL_DETAIL,
-                     _args_data(payload, args))
+                     _args_data(payload, _kwargs(args)))
     if _forward:
         _nvtx.forward_mark(_name(message), color, domain, category)
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ._ext import load as load_extension
 from ._schema import LEVEL_DETAIL, LEVEL_SUMMARY
 
 BEGIN, END, INSTANT = 0, 1, 2
@@ -48,17 +49,7 @@ END_DETAIL = code(0, LEVEL_DETAIL, END)
 END_SUMMARY = code(0, LEVEL_SUMMARY, END)
 
 # --- the buffer ---------------------------------------------------------------------------------
-def _load_fast():
-    if os.environ.get("STEPSCOPE_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from . import _fast as fast
-    except ImportError:
-        return None
-    return fast
-
-
-fast = _load_fast()
+fast = load_extension("stepscope._fast")
 
 # True while a session records: summary-level events (steps, phases, counters) are kept.
 ON = False
@@ -171,14 +162,17 @@ def event_id(name: Any, categories: tuple[str, ...] = (), srcloc: tuple | None =
 
     ``args``: fixed debug annotations, written with every event of the kind, so that an event
     whose args repeat (the profiler's step end) is a fast code: recorded by a bare chain and
-    encoded once per sequence. None when a value is unhashable (the caller records a blob).
+    encoded once per sequence. None when a value is unhashable, or unequal to itself (NaN: each
+    event would make a new kind); the caller then records a blob.
     """
     key = (name, categories, srcloc)
     if args is not None:  # the type too: 128 and 128.0 are written differently
         try:  # an unhashable name is cleaned below; an unhashable value makes no kind
             fixed = tuple((k, type(v), v) for k, v in args.items())
             hash(fixed)
-        except TypeError:
+            if any(v != v for _, _, v in fixed):
+                return None
+        except (TypeError, ValueError):
             return None
         key += fixed
     try:

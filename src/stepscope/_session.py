@@ -68,27 +68,25 @@ def _short_gil_turns():
     old = sys.getswitchinterval()
     sys.setswitchinterval(min(old, _FLUSH_SWITCH_S))
     short = sys.getswitchinterval()  # as stored (whole microseconds), for the comparison below
-    _switch_to_restore.append(old)
+    global _switch_to_restore
+    _switch_to_restore = old
     try:
         yield
     finally:
-        with contextlib.suppress(ValueError):  # gone if the child restored it
-            _switch_to_restore.remove(old)
+        _switch_to_restore = None
         if sys.getswitchinterval() == short:
             sys.setswitchinterval(old)
 
 
-_switch_to_restore: list[float] = []  # intervals a flush in progress shortened
+_switch_to_restore: float | None = None  # the interval a flush in progress shortened
 
 
 def _restore_switch_in_child() -> None:
     """A child forked during a flush has no writer to end it: it gets the interval back."""
-    if _switch_to_restore:
-        sys.setswitchinterval(_switch_to_restore[0])
-        _switch_to_restore.clear()
-
-
-os.register_at_fork(after_in_child=_restore_switch_in_child)
+    global _switch_to_restore
+    if _switch_to_restore is not None:
+        sys.setswitchinterval(_switch_to_restore)
+        _switch_to_restore = None
 
 
 class Emitter:
@@ -448,7 +446,8 @@ class Session:
 
     # -- the writer ---------------------------------------------------------------------------
     def _writer_loop(self) -> None:
-        top = min(_WAKE_S, self.flush_interval_s)  # a shorter flush interval wakes more often
+        # a shorter flush interval wakes more often (never busily)
+        top = max(_MIN_WAKE_S, min(_WAKE_S, self.flush_interval_s))
         wait = top
         while not self._stopping.is_set():
             self._flush_requested.wait(wait)
@@ -679,8 +678,10 @@ def _find_dead_thread(ident: int) -> threading.Thread | None:
 
 
 def _forget_in_child() -> None:
-    """A forked child never writes into its parent's files: it starts with no session."""
+    """A forked child never writes into its parent's files: it starts with no session (and
+    with the GIL switch interval a flush in the parent had shortened)."""
     global _current
+    _restore_switch_in_child()
     sess, _current = _current, None
     if sess is not None:
         sess.stopped = True

@@ -123,7 +123,7 @@ def _mixed_table(n: int) -> tuple[si.Table, list[str]]:
 def _mixed_indexes(t: si.Table) -> list[si.Index]:
     _, a, s, _, k = t.columns
     return [si.Index("t_k_a", "CREATE INDEX t_k_a ON t(k, a)", "t", [k, a], t.rowid),
-            si.Index("t_s_a", "CREATE INDEX t_s_a ON t(s, a)", "t", [s, a.values], t.rowid)]
+            si.Index("t_s_a", "CREATE INDEX t_s_a ON t(s, a)", "t", [s, a], t.rowid)]
 
 
 @pytest.mark.skipif(si._native is None, reason="the C extension _sqlpages is not built")
@@ -283,6 +283,9 @@ def test_last_owner_of_a_hand_made_sequence():
     gen = np.array([1, 1, 2, 2, 1, 1, -1, 3])
     pkt = np.array([1, 2, 4, 5, 6, 7, 8, 9])
     assert _state._lookup_last(og, op, gen, pkt, 10).tolist() == [-1, 0, -1, 1, 0, 2, -1, -1]
+    back = slice(None, None, -1)  # queries out of packet order: the same answers
+    assert _state._lookup_last(og, op, gen[back], pkt[back], 10).tolist() == \
+        [-1, 0, -1, 1, 0, 2, -1, -1][::-1]
 
 
 @pytest.mark.skipif(_state._loops is None, reason="the C extension _decodeloops is not built")

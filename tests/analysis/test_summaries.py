@@ -499,7 +499,6 @@ def test_rendered_sql_has_no_placeholders():
     f = S.Filters.make(threads=[1, "x'y"], ranks=[0], steps="1:3")
     sqls = [S.render(n, f) for n in SQL_FILES if n not in ("_base", "operators")]
     sqls += [S.render("operators", f, **S.operator_values(b)) for b in (False, True)]
-    assert len(sqls) == len(SQL_FILES)  # every file but _base, operators in both modes
     for sql in sqls:
         code = [ln for ln in sql.splitlines() if ln.strip() and not ln.lstrip().startswith("--")]
         assert "{{" not in sql and code[0] == "WITH RECURSIVE"

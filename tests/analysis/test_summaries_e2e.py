@@ -228,8 +228,8 @@ def test_loaded_slice_base_is_the_cte_and_gives_the_same_tables(traces, expected
             assert db.query("SELECT type FROM sqlite_temp_master WHERE name = 'ss_slice'") == \
                 [{"type": "view"}]
             # the step rows come from the base's kind index, and are those of the CTE
-            body = dict((n, b) for n, _, b in S._base_ctes(S.Filters()))["ss_step_all"]
-            assert "s.kind_id = 0" in S._steps_from_base(body)
+            body = dict((n, b) for n, _, b in S._base_ctes(S.Filters(), True))["ss_step_all"]
+            assert f"FROM main.{_slicebase.SS_TABLE} s" in body and "s.kind_id = 0" in body
             steps = db.conn.execute("SELECT * FROM temp.ss_step_all ORDER BY id").fetchall()
             assert len(steps) == 4 and steps == db.conn.execute(
                 f"WITH RECURSIVE {', '.join(ctes)} SELECT * FROM ss_step_all ORDER BY id"
@@ -264,7 +264,34 @@ def test_slice_kinds_follow_the_base_sql_case():
     assert np.where(null, -1, kind).tolist() == [6, 0, 2, 5, 5, 1, -1, 6, 6, 9, 7, 1, 5, 12, 13]
 
 
-def test_a_failing_slice_base_leaves_the_summaries_to_the_ctes(traces, expected, monkeypatch):
+def test_slice_kinds_are_those_of_the_base_sql_case_for_every_category():
+    """Every category _slicebase knows (and 'phase' with every phase name, NULLs, others):
+    kinds() gives what _base.sql's CASE gives on the same slices."""
+    from stepscope.analysis import _slicebase, importer
+
+    cats = [*_slicebase._KIND_OF_CATEGORY, "phase", "nvtx", None]
+    names = [*_slicebase._KIND_OF_PHASE, "Custom", None]
+    pairs = [(c, n) for c in cats for n in names]
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(importer.SMALL_SCHEMA + ";" + importer.BIG_SCHEMA["slice"])
+    conn.executescript("INSERT INTO process(upid, pid) VALUES (0, 1);"
+                       "INSERT INTO thread(utid, tid, upid) VALUES (0, 1, 0);"
+                       "INSERT INTO track(id) VALUES (0);"
+                       "INSERT INTO thread_track(id, utid) VALUES (0, 0);")
+    conn.executemany("INSERT INTO slice(id, ts, dur, track_id, category, name) "
+                     "VALUES (?, 0, 1, 0, ?, ?)", [(i, c, n) for i, (c, n) in enumerate(pairs)])
+    ctes = [f"{n}{c} AS ({b})" for n, c, b in S._base_ctes(S.Filters())]
+    want = [k for (k,) in conn.execute(f"WITH RECURSIVE {', '.join(ctes)} "
+                                       "SELECT kind_id FROM ss_slice ORDER BY id")]
+    strings = sorted({x for p in pairs for x in p if x is not None})
+    ids = {s: i for i, s in enumerate(strings)}
+    kind, null = _slicebase.kinds(strings, np.array([ids.get(c, -1) for c, _ in pairs]),
+                                  np.array([ids.get(n, -1) for _, n in pairs]))
+    assert len(want) == len(pairs) and np.where(null, None, kind).tolist() == want
+
+
+def test_a_failing_slice_base_leaves_the_summaries_to_the_ctes(traces, expected, monkeypatch,
+                                                               caplog):
     from stepscope import analysis
     from stepscope.analysis import _slicebase
 
@@ -274,6 +301,7 @@ def test_a_failing_slice_base_leaves_the_summaries_to_the_ctes(traces, expected,
     monkeypatch.setattr(_slicebase, "track_owners", broken)
     with analysis.open(list(traces), engine="embedded") as db:
         assert not S._has_slice_base(db.conn)
+        assert "no summaries' slice base (OperationalError: no such table: track)" in caplog.text
         got = S.all_tables(db, names=["overview"])["overview"].rows
         assert _strip(got) == _strip(S.table(expected, "overview").rows)
 
@@ -332,9 +360,13 @@ def test_a_table_failing_on_another_thread_fails_the_call(traces, monkeypatch):
         opened.extend(got)
         return got
 
+    other_took_one = threading.Event()
+
     def failing(db_, name, *args):
         if isinstance(db_, sqlite3.Connection):  # the second thread's connection
+            other_took_one.set()
             raise S.SummaryError(f"summary {name!r} failed: boom")
+        other_took_one.wait(10)  # or this thread could take every table before the other
         return inner(db_, name, *args)
 
     monkeypatch.setattr(S, "_more_connections", spy_more)
@@ -371,3 +403,22 @@ def test_no_second_connection_without_a_file_or_with_pending_changes(traces, tmp
     conn.rollback()
     conn.close()
     assert os.path.exists(path)  # a file the caller named is the caller's
+
+
+def test_every_table_has_a_place_in_the_cost_order():
+    # a table missing there would make all_tables fail; a stale name would never be computed
+    assert sorted(S._COST_ORDER) == sorted(S.TABLES)
+    assert [n for job in S._jobs(list(S.TABLES)) for n in job] == list(S._COST_ORDER)
+
+
+def test_filtered_tables_stay_on_one_connection(traces, monkeypatch):
+    """A filter materializes the filtered slices per connection: no second one is opened."""
+    from stepscope import analysis
+
+    asked = []
+    more = S._more_connections
+    monkeypatch.setattr(S, "_more_connections", lambda db_, n: asked.append(n) or more(db_, n))
+    with analysis.open(list(traces), engine="embedded") as db:
+        S.all_tables(db, workers=2, steps="1:")
+        S.all_tables(db, workers=2)
+    assert asked == [0, 1]

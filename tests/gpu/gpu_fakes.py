@@ -161,6 +161,7 @@ class CStrings:
 def encode_record(rec: dict, names: CStrings, sizes=RAW_SIZES) -> bytes:
     """One fixture record as the bytes CUPTI writes (layouts of ``cupti_buffers``)."""
     from stepscope.gpu import cupti_buffers as cb
+    from stepscope.gpu.records import ID_COLUMNS, INVALID_ID
 
     kind = KIND_VALUES[rec["kind"]]
     layout = cb._TABLES[kind][1]
@@ -175,7 +176,7 @@ def encode_record(rec: dict, names: CStrings, sizes=RAW_SIZES) -> bytes:
         elif col == "name":
             row[col] = names.address(rec.get("name", "?"))
         else:
-            default = 0xFFFFFFFF if col in ("device", "context", "stream") else 0
+            default = INVALID_ID if col in ID_COLUMNS else 0
             row[col] = rec.get(_RAW_KEYS.get(col, col), default)
     return row.tobytes()
 

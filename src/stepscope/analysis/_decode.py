@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _ext
+from .. import _ext
 from . import _protoscan as ps
 from ._args import _build_args
 from ._model import NONE, Strings, Tables, Track
@@ -49,8 +49,8 @@ from ._state import (
 )
 
 _I64 = np.int64
-_loops = _ext.load("_decodeloops")  # C twins of the sequential loops (None: numpy)
-_MAX_TRACK_INDEX = 1 << 24  # beyond: track ids too sparse for the C loop's per-track array
+# C twins of the sequential loops (None: numpy)
+_loops = _ext.load("stepscope.analysis._decodeloops")
 
 __all__ = ["Strings", "Tables", "Track", "decode", "read_file"]
 
@@ -212,11 +212,9 @@ def _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats):
     is_open = (typ == T_BEGIN) | (typ == T_INSTANT)
     n_sl = int(is_open.sum())
     ix = np.int32 if k < (1 << 31) - 1 else np.int64
-    if _loops is not None and ix is np.int32:
-        trk = etid[ev]
-        if not k or (int(trk.min()) >= 0 and int(trk.max()) < _MAX_TRACK_INDEX):
-            return _slice_columns(ev, typ, is_open, ets, etid, ename, ecat, stats,
-                                  *_nest_c(ev, typ, trk, ets, m, n_sl))
+    if _loops is not None and ix is np.int32:  # (track indexes: the C loop checks them)
+        return _slice_columns(ev, typ, is_open, ets, etid, ename, ecat, stats,
+                              *_nest_c(ev, typ, etid[ev], ets, m, n_sl))
     ev_slice = np.full(m, -1, ix)
     sid = np.cumsum(is_open, dtype=ix)
     sid -= 1  # slice id of begin/instant events (time order)
@@ -243,9 +241,9 @@ def _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats):
         unmatched_end = (typ_o == T_END) & (runmin < prev_min)
         raw -= runmin.astype(ix)  # open slices after each event
         del runmin, prev_min
-        stats["slice_end_without_begin"] = int(unmatched_end.sum())
+        unmatched = int(unmatched_end.sum())
     else:
-        unmatched_end = None
+        unmatched_end, unmatched = None, 0
     del newseg
     depth_o = raw
     depth_o -= typ_o == T_BEGIN  # begin/instant: depth; end: the level it closes
@@ -296,7 +294,7 @@ def _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats):
     del key, kid, pb, sid_o, typ_o
     dur[typ[is_open] == T_INSTANT] = 0
     return _slice_columns(ev, typ, is_open, ets, etid, ename, ecat, stats, ev_slice, dur, depth,
-                          parent)
+                          parent, unmatched)
 
 
 def _nest_c(ev, typ, trk, ets, m: int, n_sl: int) -> tuple:
@@ -306,7 +304,7 @@ def _nest_c(ev, typ, trk, ets, m: int, n_sl: int) -> tuple:
     depth = np.empty(n_sl, np.int32)
     parent = np.empty(n_sl, np.int32)
     top = np.empty(int(trk.max()) + 1 if len(trk) else 1, np.int32)
-    unmatched = _loops.nest(np.ascontiguousarray(typ, np.int8), trk.astype(np.int32),
+    unmatched = _loops.nest(np.ascontiguousarray(typ, np.int8), np.ascontiguousarray(trk, np.int32),
                             ets[ev].astype(np.int64, copy=False), T_BEGIN, T_END, T_INSTANT,
                             out, dur, depth, parent, top)
     ev_slice = np.full(m, -1, np.int32)

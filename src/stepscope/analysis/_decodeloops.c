@@ -96,8 +96,12 @@ static int get(buf_t *x, PyObject *o, int writable, Py_ssize_t itemsize, Py_ssiz
     if (PyObject_GetBuffer(o, &x->b, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
         return -1;
     x->held = 1;
-    if (x->b.itemsize != itemsize || x->b.len != n * itemsize) {
-        PyErr_Format(PyExc_ValueError, "%s: %zd items of %zd bytes expected", what, n, itemsize);
+    if (x->b.itemsize != itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: items of %zd bytes expected", what, itemsize);
+        return -1;
+    }
+    if (n >= 0 && x->b.len != n * itemsize) { /* n < 0: any length */
+        PyErr_Format(PyExc_ValueError, "%s: %zd items expected", what, n);
         return -1;
     }
     return 0;
@@ -114,13 +118,8 @@ static PyObject *f_nest(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *res = NULL;
     long tb = PyLong_AsLong(args[3]), te = PyLong_AsLong(args[4]), ti = PyLong_AsLong(args[5]);
     if (PyErr_Occurred()) return NULL;
-    if (PyObject_GetBuffer(args[0], &v[0].b, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    v[0].held = 1;
-    Py_ssize_t k = v[0].b.len; /* typ: int8 per event */
-    if (v[0].b.itemsize != 1) {
-        PyErr_SetString(PyExc_ValueError, "typ: int8 expected");
-        goto done;
-    }
+    if (get(&v[0], args[0], 0, 1, -1, "typ") < 0) goto done; /* int8 per event */
+    Py_ssize_t k = v[0].b.len;
     if (get(&v[1], args[1], 0, 4, k, "track") < 0 || get(&v[2], args[2], 0, 8, k, "ts") < 0 ||
         get(&v[3], args[6], 1, 4, k, "out_slice") < 0)
         goto done;
@@ -133,12 +132,7 @@ static PyObject *f_nest(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (get(&v[4], args[7], 1, 8, nsl, "dur") < 0 || get(&v[5], args[8], 1, 4, nsl, "depth") < 0 ||
         get(&v[6], args[9], 1, 4, nsl, "parent") < 0)
         goto done;
-    if (PyObject_GetBuffer(args[10], &v[7].b, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto done;
-    v[7].held = 1;
-    if (v[7].b.itemsize != 4) {
-        PyErr_SetString(PyExc_ValueError, "top: int32 expected");
-        goto done;
-    }
+    if (get(&v[7], args[10], 1, 4, -1, "top") < 0) goto done;
     int64_t *dur = v[4].b.buf;
     int32_t *depth = v[5].b.buf, *parent = v[6].b.buf, *top = v[7].b.buf;
     Py_ssize_t ntracks = v[7].b.len / 4;
@@ -199,21 +193,13 @@ static PyObject *f_last_owner(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     buf_t v[6] = {{{0}}};
     PyObject *res = NULL;
-    if (PyObject_GetBuffer(args[0], &v[0].b, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    v[0].held = 1;
-    Py_ssize_t no = v[0].b.len / 8;
-    if (PyObject_GetBuffer(args[2], &v[2].b, PyBUF_C_CONTIGUOUS) < 0) goto done;
-    v[2].held = 1;
-    Py_ssize_t nq = v[2].b.len / 8;
-    if (PyObject_GetBuffer(args[5], &v[5].b, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto done;
-    v[5].held = 1;
-    Py_ssize_t ngen = v[5].b.len / 8;
-    if (v[0].b.itemsize != 8 || v[2].b.itemsize != 8 || v[5].b.itemsize != 8 ||
-        get(&v[1], args[1], 0, 8, no, "owner_pkt") < 0 || get(&v[3], args[3], 0, 8, nq, "pkt") < 0 ||
-        get(&v[4], args[4], 1, 8, nq, "out") < 0) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "int64 arrays expected");
+    if (get(&v[0], args[0], 0, 8, -1, "owner_gen") < 0 ||
+        get(&v[2], args[2], 0, 8, -1, "gen") < 0 || get(&v[5], args[5], 1, 8, -1, "last") < 0)
         goto done;
-    }
+    Py_ssize_t no = v[0].b.len / 8, nq = v[2].b.len / 8, ngen = v[5].b.len / 8;
+    if (get(&v[1], args[1], 0, 8, no, "owner_pkt") < 0 ||
+        get(&v[3], args[3], 0, 8, nq, "pkt") < 0 || get(&v[4], args[4], 1, 8, nq, "out") < 0)
+        goto done;
     const int64_t *ogen = v[0].b.buf, *opkt = v[1].b.buf, *gen = v[2].b.buf, *pkt = v[3].b.buf;
     int64_t *out = v[4].b.buf, *last = v[5].b.buf;
     for (Py_ssize_t g = 0; g < ngen; g++) last[g] = -1;

@@ -25,8 +25,7 @@ class Strings:
     def id(self, s: str | None) -> int:
         if s is None:
             return NONE
-        if not isinstance(s, str):  # bytes from a string field with invalid UTF-8
-            s = to_str(s)
+        s = to_str(s)  # bytes from a string field with invalid UTF-8
         i = self.ids.get(s)
         if i is None:
             i = self.ids[s] = len(self.list)

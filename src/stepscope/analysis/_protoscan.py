@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _ext
 from .. import _wire as w
-from . import _ext
 
-_loops = _ext.load("_decodeloops")
+_loops = _ext.load("stepscope.analysis._decodeloops")
 
 PAD = 32  # zero bytes appended to every buffer (>= the widest fixed-size read, _TPL_MAX + 8)
 
@@ -284,8 +284,8 @@ def stable_order(a: np.ndarray) -> np.ndarray:
     pos_bits = (n - 1).bit_length()
     if (hi - lo).bit_length() + pos_bits > 63:
         return np.argsort(a, kind="stable")
-    if hi - lo < (1 << 16):  # numpy sorts 16-bit keys by radix
-        return np.argsort((a - lo).astype(np.uint16), kind="stable")
+    if hi - lo < (1 << 16):
+        return np.argsort(small_key(a - lo), kind="stable")
     packed = (a.astype(np.int64) - lo) << pos_bits
     packed |= np.arange(n, dtype=np.int64)
     packed.sort()

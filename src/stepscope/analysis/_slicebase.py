@@ -28,13 +28,13 @@ _COLUMNS = (("id", "INTEGER PRIMARY KEY"), ("ts", "INTEGER"), ("dur", "INTEGER")
             ("name", "TEXT"), ("parent_id", "INTEGER"), ("arg_set_id", "INTEGER"),
             ("upid", "INTEGER"), ("utid", "INTEGER"), ("kind_id", "INTEGER"))
 SS_COLUMNS = tuple(n for n, _ in _COLUMNS)
-SS_SCHEMA = f"CREATE TABLE {SS_TABLE}({', '.join(f'{n} {t}' for n, t in _COLUMNS)})"
+SS_SCHEMA = si.table_sql(SS_TABLE, _COLUMNS)
 # the order the overview's union window reads ss_slice in (summaries indexes its own copy alike)
-SS_INDEX_KEYS = "kind_id, upid, ts, end_ts"
+SS_INDEX_KEYS = ("kind_id", "upid", "ts", "end_ts")
 SS_INDEX = f"{SS_TABLE}_kind"
 # the operators' statistics per range name read their rows in this order (no sort for the
 # GROUP BY name; the index holds every column they read)
-SS_NAME_INDEX_KEYS = "kind_id, name, dur"
+SS_NAME_INDEX_KEYS = ("kind_id", "name", "dur")
 SS_NAME_INDEX = f"{SS_TABLE}_name"
 
 # kind_id by category (_base.sql's CASE); 'phase' goes by name, None = NULL, others: 6
@@ -108,15 +108,13 @@ def image_parts(slices: dict, strings: list[str],
     upid, utid, utid_null = upid_of[own_at], utid_of[own_at], no_utid[own_at]
     parent, args = col("parent_id"), col("arg_set_id")
     end_ts = ts + dur
-    kind_col, name_col = si.Column("int", kind, kind_null), si.Column("text", name)
     table = si.Table(SS_TABLE, SS_SCHEMA, col("id"), [
         si.Column("rowid"), si.Column("int", ts), si.Column("int", dur),
         si.Column("int", end_ts), si.Column("int", track[rows]), si.Column("text", cat),
-        name_col, si.Column("int", parent, parent < 0),
+        si.Column("text", name), si.Column("int", parent, parent < 0),
         si.Column("int", args, args < 0), si.Column("int", upid),
-        si.Column("int", utid, utid_null), kind_col])
-    return table, [
-        si.Index(SS_INDEX, f"CREATE INDEX {SS_INDEX} ON {SS_TABLE}({SS_INDEX_KEYS})",
-                 SS_TABLE, [kind_col, upid, ts, end_ts], table.rowid),
-        si.Index(SS_NAME_INDEX, f"CREATE INDEX {SS_NAME_INDEX} ON {SS_TABLE}({SS_NAME_INDEX_KEYS})",
-                 SS_TABLE, [kind_col, name_col, dur], table.rowid)]
+        si.Column("int", utid, utid_null), si.Column("int", kind, kind_null)])
+    by_name = dict(zip(SS_COLUMNS, table.columns, strict=True))
+    return table, [si.Index(ix, si.index_sql(ix, SS_TABLE, keys), SS_TABLE,
+                            [by_name[k] for k in keys], table.rowid)
+                   for ix, keys in ((SS_INDEX, SS_INDEX_KEYS), (SS_NAME_INDEX, SS_NAME_INDEX_KEYS))]

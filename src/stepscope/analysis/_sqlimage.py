@@ -29,13 +29,13 @@ import mmap
 import os
 import sqlite3
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
 import numpy as np
 
-from . import _ext
+from .. import _ext
 from . import _protoscan as ps
 from ._threads import in_parallel
 
@@ -44,7 +44,7 @@ MAX_TEXT = 8192  # bytes of a text value kept (keeps every cell on its page, no 
 _LEAF_HDR, _INTERIOR_HDR = 8, 12
 
 
-_native = _ext.load("_sqlpages")
+_native = _ext.load("stepscope.analysis._sqlpages")
 
 
 @dataclass
@@ -72,22 +72,30 @@ class Table:
 class Index:
     """An index over columns of a table: entries (keys..., rowid).
 
-    A key is a ``Column`` of kind "int" (nullable) or "text", or an int64 array (non-NULL
-    integers). Built as SQLite's own index B-tree would be, so no ``CREATE INDEX`` pass is needed.
+    A key is a ``Column`` of kind "int" (nullable) or "text". Built as SQLite's own index B-tree
+    would be, so no ``CREATE INDEX`` pass is needed.
     """
 
     name: str
     sql: str
     table: str
-    keys: list
+    keys: list[Column]
     rowid: np.ndarray
 
     def key_columns(self) -> list[Column]:
-        cols = [k if isinstance(k, Column) else Column("int", k) for k in self.keys]
-        for c in cols:
+        for c in self.keys:
             if c.kind not in ("int", "text"):
                 raise ValueError(f"index {self.name}: keys must be int or text columns")
-        return cols
+        return list(self.keys)
+
+
+def table_sql(name: str, columns: Sequence[tuple[str, str]]) -> str:
+    """``CREATE TABLE name(column type, ...)`` from (column, type) pairs."""
+    return f"CREATE TABLE {name}({', '.join(f'{c} {t}' for c, t in columns)})"
+
+
+def index_sql(name: str, table: str, keys: Sequence[str]) -> str:
+    return f"CREATE INDEX {name} ON {table}({', '.join(keys)})"
 
 
 _ROWS = 1 << 18  # rows laid out per numpy pass (bounds temporary memory)
@@ -313,10 +321,16 @@ def _cell_sizes(cols: list[Column], st: _Strings, n: int, rows, rowid) -> tuple:
     return cell, serials
 
 
+def _page_firsts(page: np.ndarray) -> np.ndarray:
+    """The first cell of each page (cells in page order)."""
+    return np.flatnonzero(np.r_[True, page[1:] != page[:-1]]) if len(page) else \
+        np.zeros(0, np.int64)
+
+
 def _place(cell: np.ndarray, page: np.ndarray, n_pages: int) -> tuple:
     """Cell offsets: each page's cells fill its end, in order."""
     n = len(cell)
-    pfirst = np.flatnonzero(np.r_[True, page[1:] != page[:-1]]) if n else np.zeros(0, np.int64)
+    pfirst = _page_firsts(page)
     ccum = np.zeros(n, np.int64)
     if n:
         np.cumsum(cell[:-1], out=ccum[1:])
@@ -352,9 +366,8 @@ def _table_layout(t: Table, st: _Strings) -> _Layout:
 def _finish(lay: _Layout, cell: np.ndarray) -> _Layout:
     """Where each page's cells start (and for the numpy writer, each cell's offset)."""
     if _native is not None:
-        n = len(lay.page)
-        lay.pfirst = np.flatnonzero(np.r_[True, lay.page[1:] != lay.page[:-1]]) if n else \
-            np.zeros(1, np.int64)
+        # an empty B-tree: one page, starting at cell 0
+        lay.pfirst = _page_firsts(lay.page) if len(lay.page) else np.zeros(1, np.int64)
         if len(lay.pfirst) != lay.n_pages:  # every page holds a cell (empty B-tree: one page)
             raise ValueError("a leaf page without cells")
         return lay

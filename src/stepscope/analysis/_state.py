@@ -16,10 +16,9 @@ from collections import defaultdict
 
 import numpy as np
 
+from .. import _ext
 from .. import _wire as w
 from .._clock import BOOTTIME
-from . import _ext
-from . import _protoscan as ps
 from ._model import Strings, Track, to_str
 from ._packets import (
     P_CLOCK_SNAPSHOT,
@@ -29,7 +28,8 @@ from ._packets import (
     _Acc,
 )
 
-_loops = _ext.load("_decodeloops")  # last_owner: _lookup_last in one pass (None: numpy)
+# last_owner: _lookup_last in one pass (None: numpy)
+_loops = _ext.load("stepscope.analysis._decodeloops")
 
 # Sequence state: generations, defaults, interning
 # --------------------------------------------------------------------------------------------
@@ -95,12 +95,15 @@ def _lookup_last(owner_gen: np.ndarray, owner_pkt: np.ndarray, gen: np.ndarray,
     """Index into owners of the last owner in the same generation at or before each packet."""
     if not len(owner_pkt):
         return np.full(len(pkt), -1, np.int64)
-    if _loops is not None and ps.in_order(owner_pkt) and ps.in_order(pkt):  # one merged walk
+    if _loops is not None:  # one merged walk, when owners and queries are in packet order
         out = np.empty(len(pkt), np.int64)
         last = np.empty(max(int(owner_gen.max()) + 1, 0), np.int64)
-        _loops.last_owner(*(np.ascontiguousarray(a, np.int64)
-                            for a in (owner_gen, owner_pkt, gen, pkt)), out, last)
-        return out
+        try:
+            _loops.last_owner(*(np.ascontiguousarray(a, np.int64)
+                                for a in (owner_gen, owner_pkt, gen, pkt)), out, last)
+            return out
+        except ValueError:  # not in packet order: the search below
+            pass
     comb = owner_gen.astype(np.int64) * (n + 1) + owner_pkt
     order = np.argsort(comb, kind="stable")
     sc = comb[order]

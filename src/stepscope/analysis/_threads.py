@@ -43,6 +43,9 @@ def in_parallel(fn: Callable[[T], R], items: Sequence[T],
     return out
 
 
+_END = object()
+
+
 def map_ordered(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
     """``fn(x)`` for each of ``items``, yielded in order while up to cpus() are computed ahead
     on threads (so at most that many results wait in memory)."""
@@ -55,7 +58,7 @@ def map_ordered(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
         rest = iter(items[k:])
         while ahead:
             r = ahead.popleft().result()
-            for x in rest:  # one more in flight, before this result is handed over
+            x = next(rest, _END)  # one more in flight, before this result is handed over
+            if x is not _END:
                 ahead.append(ex.submit(fn, x))
-                break
             yield r

@@ -69,7 +69,7 @@ def _options(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
     for group in args.table or []:
         names += _split(group) or []
     for n in names:
-        summaries._check_name(n)  # SummaryError, as all_tables() would raise
+        summaries.check_name(n)  # before loading: SummaryError, as all_tables() would raise
     names = names or list(summaries.DEFAULT_TABLES)
     ranks = _split(args.ranks)
     if ranks is not None:

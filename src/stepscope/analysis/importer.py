@@ -29,6 +29,7 @@ Not a trace processor table: ``ss_slice_base``, the summaries' unfiltered slice 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import tempfile
@@ -42,6 +43,8 @@ from . import _sqlimage as si
 from ._decode import Tables, decode, read_file
 from ._errors import TraceError
 from ._packets import Progress
+
+log = logging.getLogger("stepscope.analysis")
 
 # Big tables: written as an SQLite file image (see _sqlimage), no per-row Python work.
 # Column names and types, kept once: the CREATE TABLE text and index key positions come from here.
@@ -58,8 +61,7 @@ BIG_COLUMNS = {
     "flow": (("id", "INTEGER PRIMARY KEY"), ("slice_out", "INTEGER"), ("slice_in", "INTEGER"),
              ("trace_id", "INTEGER"), ("arg_set_id", "INTEGER")),
 }
-BIG_SCHEMA = {t: f"CREATE TABLE {t}({', '.join(f'{n} {ty}' for n, ty in cols)})"
-              for t, cols in BIG_COLUMNS.items()}
+BIG_SCHEMA = {t: si.table_sql(t, cols) for t, cols in BIG_COLUMNS.items()}
 
 SMALL_SCHEMA = """
 CREATE TABLE track(id INTEGER PRIMARY KEY, name TEXT, type TEXT, classification TEXT,
@@ -180,8 +182,7 @@ def _image_indexes(tables: list[si.Table]) -> list[si.Index]:
                 raise ValueError(f"index {name}: key {table}.{k} must be an integer or text "
                                  f"column written to the image")
             cols.append(col)
-        out.append(si.Index(name, f"CREATE INDEX {name} ON {table}({', '.join(keys)})", table,
-                            cols, t.rowid))
+        out.append(si.Index(name, si.index_sql(name, table, keys), table, cols, t.rowid))
     return out
 
 
@@ -205,13 +206,12 @@ def write_tables(t: Tables, db: str | None = ":memory:", progress: Progress = _n
     elif db != ":memory:":
         si.build_file(db, tables, strings, ixs)
         conn = si.open_file(db)
-    if conn is None:  # in memory: the columns are freed before SQLite copies the image
-        image = si.build(tables, strings, ixs)
-        del tables, ixs
-        t.slice, t.counter, t.args = {}, {}, {}
+    image = si.build(tables, strings, ixs) if conn is None else None  # in memory
+    del tables, ixs
+    t.slice, t.counter, t.args = {}, {}, {}  # written: free the columns (before SQLite copies
+    if image is not None:  # an in-memory image)
         conn = si.connect(image)
         del image
-    t.slice, t.counter, t.args = {}, {}, {}  # written: free the columns
     progress("load", 0.5)
     tmp = si.file_of(conn) if db is None else None
     try:
@@ -266,8 +266,9 @@ def _image_parts(t: Tables, indexes: bool,
     if slice_base:
         try:
             base, base_ixs = _slicebase.image_parts(t.slice, t.strings.list, _track_owners(t))
-        except (sqlite3.Error, ValueError, KeyError, IndexError):
-            pass  # an optional shortcut: the summaries compute ss_slice themselves
+        except (sqlite3.Error, ValueError, KeyError, IndexError) as e:
+            # an optional shortcut (the summaries compute ss_slice themselves), but said
+            log.warning("stepscope: no summaries' slice base (%s: %s)", type(e).__name__, e)
         else:
             tables.append(base)
             ixs.extend(base_ixs)

@@ -37,6 +37,7 @@ __all__ = [
     "Filters",
     "SummaryError",
     "all_tables",
+    "check_name",
     "has_column",
     "parse_steps",
     "percentile",
@@ -107,8 +108,12 @@ def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def _placeholders(f: Filters) -> dict[str, str]:
-    p = {"rank_filter": "1", "thread_filter": "1", "step_filter": "1", "window_filter": "1"}
+def _placeholders(f: Filters, slice_base: bool = False) -> dict[str, str]:
+    """The base SQL's placeholders; ``slice_base``: read the importer's slice base (see
+    _base.sql) instead of ``slice``."""
+    p = {"rank_filter": "1", "thread_filter": "1", "step_filter": "1", "window_filter": "1",
+         "slices": f"main.{SS_TABLE}" if slice_base else "slice",
+         "step_rows": "s.kind_id = 0" if slice_base else "s.category = 'step'"}
     if f.ranks is not None:
         ranks = ", ".join(str(int(r)) for r in f.ranks)
         p["rank_filter"] = f"COALESCE(p.rank, ti.upid) IN ({ranks})"
@@ -172,9 +177,9 @@ _CTE_HEAD = re.compile(r"^(\w+)(\([^)]*\))? AS \($", re.M)
 _SHARED_BASE = "WITH RECURSIVE ss_shared AS (SELECT 1)"
 
 
-def _base_ctes(filters: Filters) -> list[tuple[str, str, str]]:
+def _base_ctes(filters: Filters, slice_base: bool = False) -> list[tuple[str, str, str]]:
     """(name, column list, body) of each base CTE, filters filled in, in definition order."""
-    text = _fill(_strip_comments(sql_text("_base")), _placeholders(filters))
+    text = _fill(_strip_comments(sql_text("_base")), _placeholders(filters, slice_base))
     heads = list(_CTE_HEAD.finditer(text))
     out = []
     for i, m in enumerate(heads):
@@ -202,25 +207,23 @@ def shared_base(db: Any, filters: Filters):
     taken): the tables are then computed from the CTEs, with the same results.
     """
     conn = _sqlite_conn(db)
-    made: list[str] = []
+    made: list[tuple[str, str]] = []  # (VIEW or TABLE, name)
     base = None
     if conn is not None:
         try:
             has_base = _has_slice_base(conn)
-            loaded = filters == Filters() and has_base
-            for name, cols, body in _base_ctes(filters):
-                if name == "ss_slice" and loaded:  # laid out at load time: no pass at all
+            for name, cols, body in _base_ctes(filters, slice_base=has_base):
+                if name == "ss_slice" and has_base and filters == Filters():
+                    # unfiltered, it is the slice base itself: no pass at all
                     conn.execute(f"CREATE TEMP VIEW ss_slice AS SELECT * FROM main.{SS_TABLE}")
-                    made.append(name)
+                    made.append(("VIEW", name))
                     continue
-                if name == "ss_step_all" and has_base:
-                    body = _steps_from_base(body)
                 if re.search(rf"\b{name}\b", body):  # recursive
                     sql = f"WITH RECURSIVE {name}{cols} AS ({body}) SELECT * FROM {name}"
                 else:
                     sql = body
                 _create_temp(conn, name, sql, keyed=name in _KEYED_BASE)
-                made.append(name)
+                made.append(("TABLE", name))
                 for i, cols in enumerate(_BASE_INDEXES.get(name, ())):
                     conn.execute(f"CREATE INDEX temp.{name}_ix{i} ON {name}({cols})")
             base = _SHARED_BASE
@@ -239,7 +242,7 @@ def shared_base(db: Any, filters: Filters):
 _KEYED_BASE = frozenset({"ss_slice", "ss_device"})
 # Indexes on base tables: the union window of the overview reads its rows in this order
 # (no sort), and the tables that want a few kinds of slices read just those.
-_BASE_INDEXES = {"ss_slice": (SS_INDEX_KEYS,)}
+_BASE_INDEXES = {"ss_slice": (", ".join(SS_INDEX_KEYS),)}
 
 
 def _create_temp(conn: sqlite3.Connection, name: str, sql: str, keyed: bool) -> None:
@@ -262,25 +265,8 @@ def _create_temp(conn: sqlite3.Connection, name: str, sql: str, keyed: bool) -> 
         if began:  # the INSERT opened a transaction (sqlite3's default): end it, or the
             conn.commit()  # connection looks busy (_more_connections would not share it)
     except sqlite3.Error:
-        _drop(conn, [name])
+        _drop(conn, [("TABLE", name)])
         raise
-
-
-# ss_step_all's scan of every slice for the step slices, and the same rows read from the slice
-# base (unfiltered: valid under any filter) through its kind index: kind 0 is category 'step',
-# and the base holds just the finished slices on listed tracks, which ss_step_all keeps anyway
-_STEP_SCAN = ("FROM slice s\n", "s.category = 'step'")
-_STEP_BASE = (f"FROM main.{SS_TABLE} s\n", "s.kind_id = 0")
-
-
-def _steps_from_base(body: str) -> str:
-    """ss_step_all's body reading the slice base's step rows (as written; unchanged if
-    _base.sql no longer reads that way)."""
-    if any(body.count(part) != 1 for part in _STEP_SCAN):
-        return body
-    for old, new in zip(_STEP_SCAN, _STEP_BASE, strict=True):
-        body = body.replace(old, new)
-    return body
 
 
 def _has_slice_base(conn: sqlite3.Connection) -> bool:
@@ -289,13 +275,11 @@ def _has_slice_base(conn: sqlite3.Connection) -> bool:
                         (SS_TABLE,)).fetchone() is not None
 
 
-def _drop(conn: sqlite3.Connection, names: list[str]) -> None:
-    for n in reversed(names):
+def _drop(conn: sqlite3.Connection, made: list[tuple[str, str]]) -> None:
+    """Drop the (VIEW or TABLE, name) temporary objects, the last made first."""
+    for kind, name in reversed(made):
         try:
-            kind = conn.execute("SELECT type FROM sqlite_temp_master WHERE name = ?",
-                                (n,)).fetchone()
-            if kind is not None:
-                conn.execute(f"DROP {'VIEW' if kind[0] == 'view' else 'TABLE'} temp.{n}")
+            conn.execute(f"DROP {kind} IF EXISTS temp.{name}")
         except sqlite3.Error:  # pragma: no cover - a closed connection
             pass
 
@@ -532,12 +516,13 @@ def table(
     ``straggler_margin``: a rank is a straggler when its mean step time exceeds the median of the
     ranks' mean step times by more than this fraction.
     """
-    _check_name(name)
+    check_name(name)
     filters = Filters.make(threads, ranks, steps)
     return _table(db, name, filters, None, sort, by_thread, straggler_margin, {})
 
 
-def _check_name(name: str) -> None:
+def check_name(name: str) -> None:
+    """SummaryError for a name that is not a table (before a trace is loaded, say)."""
     if name not in _SPECS:
         raise SummaryError(f"unknown table {name!r}: choose from {', '.join(TABLES)}")
 
@@ -603,14 +588,17 @@ def all_tables(
     ``sort`` applies to the tables that have that column. Other keyword arguments as
     :func:`table`. ``workers``: how many tables are computed at once (default: one per CPU, at
     most 4), each on its own connection; above 1 this needs a database in a file (the
-    embedded engine's default), else the tables are computed one after the other.
+    embedded engine's default) and no filter, else the tables are computed one after the
+    other.
     """
     wanted = list(names) if names else list(TABLES)
     for n in wanted:
-        _check_name(n)
+        check_name(n)
     filters = Filters.make(threads, ranks, steps)
     jobs = _jobs(wanted)
     n_workers = min(len(jobs), cpus() if workers is None else max(1, workers))
+    if filters != Filters():  # each connection would build its own filtered copy of every
+        n_workers = 1  # slice (time and memory times the workers, for little gain)
     done: dict[str, Table] = {}
 
     def run(conn: Any, take: Callable[[], list[str] | None]) -> None:
@@ -650,11 +638,14 @@ def _run_jobs(db: Any, jobs: list[list[str]], n_workers: int,
     database in ``n_workers - 1`` more threads (as many as can be opened; SQLite releases the
     GIL while it runs a query), all taking jobs from one list until it is empty.
 
-    The first error stops the others (their queries are interrupted) and is raised here.
+    The first error stops the others at once (their queries are interrupted, this thread's
+    too) and is raised here.
     """
     pending = list(jobs)
     lock = threading.Lock()
     errors: list[BaseException] = []
+    others = _more_connections(db, n_workers - 1)
+    running = [c for c in (_sqlite_conn(db), *others) if c is not None] if others else []
 
     def take() -> list[str] | None:
         with lock:
@@ -666,17 +657,15 @@ def _run_jobs(db: Any, jobs: list[list[str]], n_workers: int,
         except BaseException as e:  # handed to the calling thread
             with lock:
                 errors.append(e)
+            for c in running:
+                c.interrupt()
 
-    others = _more_connections(db, n_workers - 1)
     threads = [threading.Thread(target=work, args=(c,), daemon=True) for c in others]
     try:
         for th in threads:
             th.start()
         work(db)
     finally:
-        if errors:
-            for c in others:
-                c.interrupt()
         for th in threads:
             th.join()
         for c in others:

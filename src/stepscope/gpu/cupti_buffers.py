@@ -55,7 +55,8 @@ from .records import (
     MEMSET_DTYPE,
     SYNC_DTYPE,
     ActivityBatch,
-    signed_ids,
+    intern,
+    to_table,
 )
 
 log = logging.getLogger("stepscope.gpu")
@@ -120,7 +121,6 @@ _TABLES: dict[int, tuple[str, np.dtype, np.dtype]] = {
     KIND_RUNTIME: ("runtime", RAW_API, API_DTYPE),
     KIND_DRIVER: ("driver", RAW_API, API_DTYPE),
 }
-_ID_COLUMNS = ("device", "context", "stream")  # CUPTI's 0xFFFFFFFF "invalid" -> -1 in i4 columns
 
 
 @dataclass
@@ -134,13 +134,14 @@ class RawBuffer:
 @dataclass
 class WalkResult:
     """Record offsets and kinds of one buffer; ``undecoded`` counts records past a stop.
-    ``bounds``: the step taken over kinds whose size is not in ``RecordSizes.known`` (a
-    buffer's last record: only its distance to the end is known)."""
+    ``end``: the end of the valid bytes. A kind not in ``RecordSizes.known`` after the walk
+    can only be the last record's (any earlier one taught its size), which is at most
+    ``end - offsets[-1]`` bytes."""
 
     offsets: np.ndarray
     kinds: np.ndarray
     undecoded: int = 0
-    bounds: dict[int, int] = field(default_factory=dict)
+    end: int = 0
 
 
 @dataclass
@@ -191,14 +192,11 @@ def walk(buf: RawBuffer, sizes: RecordSizes) -> WalkResult:
     offsets: list[int] = []
     append, get = offsets.append, sizes.known.get
     off, undecoded = 0, 0
-    bounds: dict[int, int] = {}
     while off + 4 <= valid:  # the only per-record Python: one unpack, one dict lookup
         kind = unpack(mv, off)[0]
         step = get(kind)
         if not step:
             step = sizes.learn_size(kind, address, valid, off)
-            if step and kind not in sizes.known:
-                bounds[kind] = min(step, bounds.get(kind, step))
         if not step or off + step > valid:
             undecoded = max(1, (valid - off) // min(sizes.known.values(), default=8))
             break
@@ -206,7 +204,7 @@ def walk(buf: RawBuffer, sizes: RecordSizes) -> WalkResult:
         off += step
     offs = np.asarray(offsets, np.int64)
     words = np.frombuffer(buf.data, dtype=np.uint8)[: valid - valid % 4].view("<u4")
-    return WalkResult(offs, words[offs // 4].astype(np.uint32), undecoded, bounds)
+    return WalkResult(offs, words[offs // 4].astype(np.uint32), undecoded, valid)
 
 
 def gather(data: Any, offsets: np.ndarray, layout: np.dtype) -> np.ndarray:
@@ -249,7 +247,7 @@ def decode_buffers(
                 continue
             attr, layout, dtype = _TABLES[kind]
             offs = w.offsets[w.kinds == kind]
-            if sizes.known.get(kind, w.bounds.get(kind, 0)) < layout.itemsize:
+            if sizes.known.get(kind, w.end - int(w.offsets[-1])) < layout.itemsize:
                 dropped += int(offs.size)
                 continue
             raw = gather(buf.data, offs, layout)
@@ -262,16 +260,10 @@ def decode_buffers(
 
 
 def _to_columns(raw: np.ndarray, dtype: np.dtype, names: dict[int, int]) -> np.ndarray:
-    out = np.zeros(raw.size, dtype=dtype)
-    for col in dtype.names:
-        if col == "name":
-            out["name"] = [names.setdefault(p, len(names)) for p in raw["name"].tolist()]
-        elif col in raw.dtype.names:
-            vals = raw[col]
-            if col in _ID_COLUMNS and dtype[col] == np.dtype("i4"):
-                vals = signed_ids(vals)
-            out[col] = vals
-    return out
+    cols = {c: raw[c] for c in dtype.names if c in raw.dtype.names}
+    if "name" in cols:  # C string pointers -> kernel name ids
+        cols["name"] = intern(raw["name"].tolist(), names)
+    return to_table(dtype, cols, raw.size)
 
 
 # --- the ctypes side: CUPTI's buffer callbacks, one Python call per buffer ----------------------

@@ -45,7 +45,8 @@ from .records import (
     MEMSET_DTYPE,
     SYNC_DTYPE,
     ActivityBatch,
-    signed_ids,
+    intern,
+    to_table,
 )
 
 log = logging.getLogger("stepscope.gpu")
@@ -350,11 +351,10 @@ class CuptiTracer:
                 rows[g.key] = g.widen(rows[g.key])
         b = ActivityBatch(dropped=dropped)
         kernels = rows.get("kernel", [])
-        if kernels:
+        if kernels:  # the name (a string) comes last: interned, the other fields as ints
             names: dict[str, int] = {}
-            name_ids = [names.setdefault(r[-1], len(names)) for r in kernels]
-            b.kernels = _to_table([r[:-1] + (i,) for r, i in zip(kernels, name_ids, strict=True)],
-                                  KERNEL_DTYPE)  # fmt: skip
+            b.kernels = _to_table([r[:-1] for r in kernels], KERNEL_DTYPE,
+                                  name=intern((r[-1] for r in kernels), names))
             b.names = list(names)
         b.memcpys = _to_table(rows.get("memcpy", []), MEMCPY_DTYPE)
         b.memsets = _to_table(rows.get("memset", []), MEMSET_DTYPE)
@@ -378,18 +378,12 @@ class CuptiTracer:
         return out
 
 
-def _to_table(rows: list[tuple], dtype: np.dtype) -> np.ndarray:
-    """Rows of ints (CUPTI's unsigned invalid ids included) → structured array."""
-    if not rows:
-        return np.empty(0, dtype=dtype)
-    wide = np.array(rows, dtype=np.int64)
-    out = np.empty(len(rows), dtype=dtype)
-    for i, name in enumerate(dtype.names):
-        col = wide[:, i]
-        if dtype[name] == np.dtype("i4"):
-            col = signed_ids(col)
-        out[name] = col.astype(dtype[name], copy=False)
-    return out
+def _to_table(rows: list[tuple], dtype: np.dtype, **more: Any) -> np.ndarray:
+    """Rows of ints, in ``dtype``'s field order (``more``: the last fields, given as columns)
+    → structured array."""
+    wide = np.array(rows, dtype=np.int64).reshape(len(rows), -1) if rows else np.zeros((0, 0))
+    cols = {name: wide[:, i] for i, name in enumerate(dtype.names[:wide.shape[1]])}
+    return to_table(dtype, {**cols, **more}, len(rows))
 
 
 def device_limits_from_cupy(device: int = 0) -> DeviceLimits | None:

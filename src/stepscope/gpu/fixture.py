@@ -20,13 +20,15 @@ import numpy as np
 from .occupancy import DeviceLimits
 from .records import (
     API_DTYPE,
+    ID_COLUMNS,
     INVALID_ID,
     KERNEL_DTYPE,
     MEMCPY_DTYPE,
     MEMSET_DTYPE,
     SYNC_DTYPE,
     ActivityBatch,
-    signed_ids,
+    intern,
+    to_table,
 )
 
 # dtype field -> record key, per kind (same names as cupti-python's activity attributes)
@@ -67,14 +69,8 @@ KIND_DRIVER = "DRIVER"
 
 
 def _table(records: list[Mapping[str, Any]], dtype: np.dtype, fields: dict[str, str]) -> np.ndarray:
-    out = np.zeros(len(records), dtype=dtype)
-    for col, key in fields.items():
-        default = INVALID_ID if col in ("device", "context", "stream") else 0
-        vals = [r.get(key, default) for r in records]
-        if dtype[col] == np.dtype("i4"):
-            vals = signed_ids(vals)  # ids that do not fit
-        out[col] = vals
-    return out
+    return to_table(dtype, {col: [r.get(key, INVALID_ID if col in ID_COLUMNS else 0)
+                                  for r in records] for col, key in fields.items()}, len(records))
 
 
 def batch_from_records(
@@ -98,7 +94,7 @@ def batch_from_records(
     kernels = by_kind.get(KIND_KERNEL, [])
     names: dict[str, int] = {}
     b.kernels = _table(kernels, KERNEL_DTYPE, _KERNEL_FIELDS)
-    b.kernels["name"] = [names.setdefault(str(r.get("name", "?")), len(names)) for r in kernels]
+    b.kernels["name"] = intern((str(r.get("name", "?")) for r in kernels), names)
     b.names = list(names)
     b.memcpys = _table(by_kind.get(KIND_MEMCPY, []), MEMCPY_DTYPE, _MEMCPY_FIELDS)
     b.memsets = _table(by_kind.get(KIND_MEMSET, []), MEMSET_DTYPE, _MEMSET_FIELDS)

@@ -124,18 +124,17 @@ class NvmlSampler:
         except ImportError:
             log.log(self.log_level, "stepscope: nvidia-ml-py not installed; NVML counters off")
             return False
+        inited = False
         try:
-            pynvml.nvmlInit()
-        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-            log.log(self.log_level, "stepscope: NVML unavailable (%s); NVML counters off", exc)
-            return False
-        try:
+            pynvml.nvmlInit()  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            inited = True
             count = pynvml.nvmlDeviceGetCount()
             idx = list(range(count)) if self.devices is None else list(self.devices)
             self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in idx]
         except Exception as exc:
             log.log(self.log_level, "stepscope: NVML unavailable (%s); NVML counters off", exc)
-            _shutdown(pynvml)
+            if inited:
+                _shutdown(pynvml)
             return False
         if not self._handles:
             log.log(self.log_level, "stepscope: no NVIDIA GPU found; NVML counters off")

@@ -16,6 +16,7 @@ is *communication*; memcpy/memset are *memory*; every other kernel is *compute*.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,10 +63,29 @@ API_DTYPE = np.dtype(
 INVALID_ID = 0xFFFFFFFF  # CUPTI's invalid stream/context/device id
 
 
+ID_COLUMNS = ("device", "context", "stream")  # ids CUPTI gives as INVALID_ID when unknown
+
+
 def signed_ids(values: Any) -> np.ndarray:
     """Ids bound for an ``i4`` column: CUPTI's unsigned invalid id (:data:`INVALID_ID`) → -1."""
     values = np.asarray(values, dtype=np.int64)  # signed first: -1 must not wrap to uint32
     return np.where(values == INVALID_ID, -1, values)
+
+
+def to_table(dtype: np.dtype, columns: Mapping[str, Any], size: int) -> np.ndarray:
+    """A structured array of ``dtype`` from columns by field name (fields not given: 0).
+
+    The one conversion of every source of records (raw CUPTI buffers, cupti-python rows,
+    fixture dicts): ``i4`` fields go through :func:`signed_ids`."""
+    out = np.zeros(size, dtype=dtype)
+    for name, values in columns.items():
+        out[name] = signed_ids(values) if dtype[name] == np.dtype("i4") else values
+    return out
+
+
+def intern(keys: Iterable[Any], ids: dict) -> list[int]:
+    """The id of each key in ``ids`` (key → id), new keys numbered in order of appearance."""
+    return [ids.setdefault(k, len(ids)) for k in keys]
 
 
 # CUpti_ActivityMemcpyKind
@@ -169,7 +189,7 @@ class ActivityBatch:
         names: dict[str, int] = {}
         kernels = []
         for b in batches:
-            remap = np.array([names.setdefault(n, len(names)) for n in b.names], dtype=np.int32)
+            remap = np.array(intern(b.names, names), dtype=np.int32)
             k = b.kernels.copy()
             if k.size:
                 k["name"] = remap[k["name"]]

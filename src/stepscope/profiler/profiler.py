@@ -31,7 +31,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
-import math
 import os
 import sys
 import threading
@@ -182,10 +181,8 @@ def _record_step_end(epoch: int, num_samples: Any) -> None:
     """Record a step end with its args: the fast code of an end with those fixed args, or a
     blob for an unhashable ``num_samples``, a full event table or past ``MAX_STEP_END_KINDS``."""
     key: tuple | None = (epoch, type(num_samples), num_samples)
-    if isinstance(num_samples, float) and math.isnan(num_samples):
-        key = None  # NaN equals nothing, itself included: each step would make a new kind
-    try:
-        end = _step_ends.get(key) if key is not None else None
+    try:  # (a NaN num_samples is never found: rec.event_id makes no kind for it)
+        end = _step_ends.get(key)
     except TypeError:  # an unhashable num_samples
         key, end = None, None
     if end is None:

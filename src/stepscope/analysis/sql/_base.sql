@@ -28,6 +28,10 @@
 --       User ranges     anything else (no category, 'nvtx', or a user's domain/category)
 --   * device activity (kind_id 9-12): kernel, communication, memcpy, memset slices; ss_device
 --     holds just those rows of ss_slice (the tables that only need device slices read it).
+--   * placeholders slices / step_rows: the table the slices are read from and the test that
+--     picks the step slices: slice / s.category = 'step'; on stepscope's embedded engine, the
+--     importer's ss_slice_base (the finished slices on listed tracks, with their kind_id) /
+--     s.kind_id = 0, which its kind index answers. Both give the same rows.
 --   * filters: rank filter -> ss_track_sel (tracks of the selected ranks); selected steps (step
 --     number in [A, B)) -> ss_step; with a step range set, slices are kept when they START
 --     inside the rank's window [start of its first selected step, end of its last selected
@@ -97,11 +101,11 @@ ss_step_all AS (
          COALESCE(a.int_value, CAST(a.real_value AS INTEGER),
                   CAST(substr(s.name, 6) AS INTEGER)) AS step,
          COALESCE(n.int_value, n.real_value) AS num_samples
-  FROM slice s
+  FROM {{slices}} s
   CROSS JOIN ss_track_sel ti  -- slices in id order, each track looked up (no per-track scans)
   LEFT JOIN args a ON a.arg_set_id = s.arg_set_id AND a.key = 'debug.step'
   LEFT JOIN args n ON n.arg_set_id = s.arg_set_id AND n.key = 'debug.num_samples'
-  WHERE ti.track_id = s.track_id AND s.category = 'step' AND s.dur >= 0
+  WHERE ti.track_id = s.track_id AND {{step_rows}} AND s.dur >= 0
 ),
 ss_step AS (
   SELECT * FROM ss_step_all WHERE ({{step_filter}})
@@ -129,7 +133,7 @@ ss_slice AS (
            WHEN s.category = 'stepscope' THEN NULL
            ELSE 6
          END AS kind_id
-  FROM slice s
+  FROM {{slices}} s
   CROSS JOIN ss_track_sel ti  -- slices in id order, each track looked up (no per-track scans)
   WHERE ti.track_id = s.track_id AND s.dur >= 0 AND ({{thread_filter}}) AND ({{window_filter}})
 ),

@@ -329,6 +329,29 @@ def test_incremental_sequence_clock_to_boottime(tmp_path):
     assert got["m"] == (5 - 1_000_000 + 5_000_000, 0)
 
 
+def test_incremental_clock_restarts_at_each_snapshot_of_its_sequence(tmp_path):
+    boot, mono = 6, 3
+    seq_start = start(seq=2)
+    seq_start.trace_packet_defaults.timestamp_clock_id = 64
+    seq_start.trace_packet_defaults.track_event_defaults.track_uuid = THREAD
+    incr = dict(clock_id=64, is_incremental=True)
+    pk = descriptors() + [
+        snapshot(1, dict(clock_id=boot, timestamp=5_000_000),
+                 dict(clock_id=mono, timestamp=1_000_000)),  # BOOTTIME = MONO + 4_000_000
+        seq_start,
+        ev(3, TI, seq=2, track=None, name="early"),  # clock 64 has no value yet: dropped
+        snapshot(2, dict(**incr, timestamp=1_000_000), dict(clock_id=mono, timestamp=1_000_000)),
+        ev(500, TB, seq=2, track=None, name="a"),  # 1_000_500
+        ev(100, TE, seq=2, track=None),  # 1_000_600
+        snapshot(2, dict(**incr, timestamp=3_000_000), dict(clock_id=mono, timestamp=3_000_000)),
+        ev(7, TI, seq=2, track=None, name="b"),  # deltas start again: 3_000_007
+    ]
+    conn, stats = load(write(tmp_path, pk))
+    got = {r["name"]: (r["ts"], r["dur"]) for r in rows(conn, "SELECT name, ts, dur FROM slice")}
+    assert got == {"a": (5_000_500, 100), "b": (7_000_007, 0)}
+    assert stats["clock_sync_failure"] == 1
+
+
 def test_interning_reset_and_skipped_packets(tmp_path):
     pk = descriptors() + [
         ev(5, TI, seq=2, name_iid=1),  # needs incremental state before any clear: skipped

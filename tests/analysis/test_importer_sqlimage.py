@@ -307,6 +307,46 @@ def test_last_owner_c_and_numpy_agree(monkeypatch):
                                  np.zeros(2, np.int64), np.zeros(1, np.int64))
 
 
+class _Defaults:  # the part of _state._State that _packet_clocks reads
+    def __init__(self, pkt, clock):
+        self.def_pkt, self.def_clock = np.array(pkt, np.int64), np.array(clock, np.int64)
+
+
+def test_packet_clocks_of_a_hand_made_sequence():
+    # defaults: packet 1 (generation 0) says clock 64, packet 4 (generation 1) says 3;
+    # packet 6 names its own clock (6), packet 0 is before any defaults, packet 7 has no
+    # generation; sequence ranks 0 / 2 scope clock 64 as (1 << 8) | 64 and (3 << 8) | 64
+    st = _Defaults([1, 4], [64, 3])
+    gen = np.array([0, 0, 0, 1, 1, 0, 1, -1])
+    srank = np.array([0, 0, 0, 2, 2, 0, 2, 2])
+    clk = np.array([0, 0, 0, 0, 0, 0, 6, 0])
+    want = [0, 320, 320, 0, 3, 320, 6, 0]
+    assert _state._packet_clocks(clk, gen, srank, st).tolist() == want
+
+
+@pytest.mark.skipif(_state._loops is None, reason="the C extension _decodeloops is not built")
+def test_packet_clocks_c_and_numpy_agree(monkeypatch):
+    rng = np.random.default_rng(11)
+    for trial in range(200):
+        n, ng = int(rng.integers(1, 60)), int(rng.integers(1, 5))
+        no = int(rng.integers(0, 8))
+        st = _Defaults(np.sort(rng.choice(n, min(no, n), replace=False)),
+                       rng.choice([0, 3, 6, 64, 100, 127, 128], min(no, n)))
+        gen = rng.integers(-1, ng, n)
+        gen[st.def_pkt] = rng.integers(-1, ng, len(st.def_pkt))
+        srank = rng.integers(0, 4, n)
+        clk = rng.choice([0, 0, 0, 1, 64, 70, 127, 128], n).astype(np.uint32)
+        got = _state._packet_clocks(clk, gen, srank, st)
+        with monkeypatch.context() as m:
+            m.setattr(_state, "_loops", None)
+            want = _state._packet_clocks(clk, gen, srank, st)
+        assert got.tolist() == want.tolist(), trial
+    with pytest.raises(ValueError, match="packet order"):  # the C walk checks its owners
+        _state._loops.packet_clocks(*(np.array(a, np.int64) for a in (
+            [0, 0], [3, 1], [64, 64], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0])),
+            np.zeros(1, np.int64))
+
+
 def test_stable_order_is_a_stable_argsort():
     rng = np.random.default_rng(9)
     for a in (rng.integers(0, 1 << 40, 5000),  # packed with positions

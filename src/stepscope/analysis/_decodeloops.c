@@ -235,6 +235,59 @@ done:
     return res;
 }
 
+/* packet_clocks(owner_gen, owner_pkt, owner_clock, gen, srank, clock, last): each packet's
+ * clock id, in place (_state._packet_clocks's numpy twin). A packet with no clock of its own
+ * (0) takes that of the last defaults packet (owner) of its generation at or before it, or keeps
+ * 0; then sequence-scoped clocks (64..127) become ((srank + 1) << 8) | clock. Owners are in
+ * packet order; `last` has one slot per owner generation. All int64. */
+static PyObject *f_packet_clocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "packet_clocks(owner_gen, owner_pkt, owner_clock, gen, srank, clock, last)");
+        return NULL;
+    }
+    buf_t v[7] = {{{0}}};
+    PyObject *res = NULL;
+    if (get(&v[0], args[0], 0, 8, -1, "owner_gen") < 0 ||
+        get(&v[3], args[3], 0, 8, -1, "gen") < 0 || get(&v[6], args[6], 1, 8, -1, "last") < 0)
+        goto done;
+    Py_ssize_t no = v[0].b.len / 8, n = v[3].b.len / 8, ngen = v[6].b.len / 8;
+    if (get(&v[1], args[1], 0, 8, no, "owner_pkt") < 0 ||
+        get(&v[2], args[2], 0, 8, no, "owner_clock") < 0 ||
+        get(&v[4], args[4], 0, 8, n, "srank") < 0 || get(&v[5], args[5], 1, 8, n, "clock") < 0)
+        goto done;
+    const int64_t *ogen = v[0].b.buf, *opkt = v[1].b.buf, *oclk = v[2].b.buf;
+    const int64_t *gen = v[3].b.buf, *srank = v[4].b.buf;
+    int64_t *clock = v[5].b.buf, *last = v[6].b.buf;
+    for (Py_ssize_t g = 0; g < ngen; g++) last[g] = -1;
+    const char *err = NULL;
+    for (Py_ssize_t j = 0; j < no; j++) {
+        if ((j > 0 && opkt[j] < opkt[j - 1]) || opkt[j] < 0) err = "owner_pkt: not in packet order";
+        else if (ogen[j] >= ngen) err = "owner_gen: beyond last";
+        if (err != NULL) {
+            PyErr_SetString(PyExc_ValueError, err);
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t j = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        for (; j < no && opkt[j] <= i; j++)
+            if (ogen[j] >= 0) last[ogen[j]] = j;
+        int64_t c = clock[i], g = gen[i];
+        if (c == 0 && g >= 0 && g < ngen && last[g] >= 0) c = oclk[last[g]];
+        if (c >= 64 && c <= 127) c |= (srank[i] + 1) << 8;
+        clock[i] = c;
+    }
+    Py_END_ALLOW_THREADS
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    for (int i = 0; i < 7; i++)
+        if (v[i].held) PyBuffer_Release(&v[i].b);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"split_repeated", (PyCFunction)(void (*)(void))f_split_repeated, METH_FASTCALL,
      "Payload bounds of the items of a repeated length-delimited field, and where it stopped."},
@@ -242,6 +295,8 @@ static PyMethodDef methods[] = {
      "Slices (duration, depth, parent) from begin/end/instant events in time order."},
     {"last_owner", (PyCFunction)(void (*)(void))f_last_owner, METH_FASTCALL,
      "Per query packet: the last owner of its generation at or before it (-1: none)."},
+    {"packet_clocks", (PyCFunction)(void (*)(void))f_packet_clocks, METH_FASTCALL,
+     "Each packet's clock id: the defaults' where it has none, sequence clocks scoped."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -28,7 +28,7 @@ from ._packets import (
     _Acc,
 )
 
-# last_owner: _lookup_last in one pass (None: numpy)
+# last_owner, packet_clocks: one pass each (None: numpy)
 _loops = _ext.load("stepscope.analysis._decodeloops")
 
 # Sequence state: generations, defaults, interning
@@ -340,6 +340,31 @@ class _State:
             self.interned.add("srcloc", g, e.iid, (e.file_name, e.function_name, e.line_number))
 
 
+def _packet_clocks(clk: np.ndarray, gen: np.ndarray, srank: np.ndarray, st: _State) -> np.ndarray:
+    """Each packet's clock key (int64): its own clock id, else (0) the clock of the last
+    defaults packet of its generation at or before it, else 0; sequence-scoped clocks (64..127)
+    made distinct per sequence as _clock_key does."""
+    clock = clk.astype(np.int64)
+    def_gen = gen[st.def_pkt]
+    if _loops is not None:  # one pass
+        last = np.empty(max(int(def_gen.max()) + 1 if len(def_gen) else 0, 0), np.int64)
+        try:
+            _loops.packet_clocks(*(np.ascontiguousarray(a, np.int64) for a in (
+                def_gen, st.def_pkt, st.def_clock, gen, srank)), clock, last)
+            return clock
+        except ValueError:  # defaults out of packet order: the numpy path (clock untouched)
+            pass
+    if len(st.def_pkt):
+        need = np.flatnonzero(clock == 0)
+        d = _lookup_last(def_gen, st.def_pkt, gen[need], need, len(clock))
+        clock[need] = np.where(d >= 0, st.def_clock[np.maximum(d, 0)], 0)
+        del need, d
+    seqclk = (clock >= 64) & (clock <= 127)
+    if seqclk.any():
+        clock[seqclk] |= (srank[seqclk] + 1) << 8
+    return clock
+
+
 def _resolve_timestamps(P: _Acc, st: _State, srank, gen, skip, stats) -> np.ndarray:
     """Trace-clock timestamp of every packet (INT64_MIN where it cannot be resolved).
 
@@ -347,19 +372,10 @@ def _resolve_timestamps(P: _Acc, st: _State, srank, gen, skip, stats) -> np.ndar
     """
     n = len(skip)
     lo = np.iinfo(np.int64).min
-    out, has_ts, clock = P.pop("ts"), P.pop("has_ts", bool), P.pop("clk")
-    clock = clock.astype(np.int64)
-    if len(st.def_pkt):  # no clock id of its own: the defaults' clock
-        need = np.flatnonzero(clock == 0)
-        d = _lookup_last(gen[st.def_pkt], st.def_pkt, gen[need], need, n)
-        clock[need] = np.where(d >= 0, st.def_clock[np.maximum(d, 0)], 0)
-        del need, d
+    out, has_ts = P.pop("ts"), P.pop("has_ts", bool)
+    clock = _packet_clocks(P.pop("clk"), gen, srank, st)
     elig = has_ts & ~skip
     elig[st.snapshot_pkts] = False
-    seqclk = (clock >= 64) & (clock <= 127)
-    if seqclk.any():  # sequence-scoped clocks are distinct per sequence
-        clock[seqclk] |= (srank[seqclk] + 1) << 8
-    del seqclk
     # group the eligible packets by clock: rank the (long) runs of equal clocks, radix sort
     idx_all = np.flatnonzero(elig)
     ce = clock[idx_all]
@@ -385,16 +401,24 @@ def _resolve_timestamps(P: _Acc, st: _State, srank, gen, skip, stats) -> np.ndar
             anc = st.clocks.anchors[key]
             apkt = np.array([a for a, _ in anc], np.int64)
             aval = np.array([v for _, v in anc], np.int64)
-            a = np.searchsorted(apkt, idx, side="right") - 1
-            ok = a >= 0
-            if not ok.all():
-                failed += int((~ok).sum())
-                idx, raw, a = idx[ok], raw[ok], a[ok]
-            del ok
-            ns = _segmented_cumsum(raw, a)
-            del raw
-            ns += aval[a]
-            del a
+            # idx is in packet order: anchor k covers idx[start[k]:end[k]] (from it to the next)
+            start = np.searchsorted(idx, apkt, side="left")
+            if start[0]:  # packets before the first anchor have no value to add to
+                failed += int(start[0])
+                idx, raw = idx[start[0]:], raw[start[0]:]
+                start -= start[0]
+            end = np.r_[start[1:], len(idx)]
+            if len(anc) <= 64:  # few anchors: a cumulative sum per run, in place
+                ns = raw
+                for a, b, v in zip(start.tolist(), end.tolist(), aval.tolist(), strict=True):
+                    np.cumsum(ns[a:b], out=ns[a:b])
+                    ns[a:b] += v
+            else:
+                a = np.repeat(np.arange(len(anc)), end - start)
+                ns = _segmented_cumsum(raw, a)
+                ns += aval[a]
+                del a
+            del raw, start, end
         elif 64 <= (key & 0xFF) <= 127 and key > 0xFF and key not in st.clocks.multiplier:
             failed += len(idx)  # a sequence clock never declared by a snapshot
             continue

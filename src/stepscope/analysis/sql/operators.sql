@@ -64,8 +64,8 @@ op_walk(start_id, anc_id, hops) AS (
 ),
 op_hit AS (
   SELECT w.start_id, r.id AS range_id, r.end_ts AS range_end
-  FROM op_walk w JOIN ss_slice r ON r.id = w.anc_id
-  WHERE r.kind_id = 6
+  FROM op_walk w CROSS JOIN ss_slice r  -- each ancestor looked up by id (never a scan of
+  WHERE r.id = w.anc_id AND r.kind_id = 6  -- every range probing the walk)
 ),
 op_range_gpu AS (
   SELECT range_id, SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) AS ns FROM (

@@ -276,6 +276,14 @@ def test_nesting_c_and_numpy_agree(monkeypatch):
         assert got_stats == want_stats, trial
 
 
+def _c_and_numpy(monkeypatch, fn, *args):
+    """fn(*args) with the _state C loops, and with its numpy paths."""
+    got = fn(*args)
+    with monkeypatch.context() as m:
+        m.setattr(_state, "_loops", None)
+        return got, fn(*args)
+
+
 def test_last_owner_of_a_hand_made_sequence():
     # owners (defaults packets): #0 at packet 2 of generation 1, #1 at 5 of generation 2,
     # #2 at 7 of generation 1 (replaces #0 from there on)
@@ -297,10 +305,7 @@ def test_last_owner_c_and_numpy_agree(monkeypatch):
         op, og = np.sort(rng.integers(0, n, no)), rng.integers(-1, ng, no)  # ties, gen -1
         pkt = np.sort(rng.integers(0, n, int(rng.integers(0, 40))))
         gen = rng.integers(-1, ng + 2, len(pkt))  # also generations without an owner
-        got = _state._lookup_last(og, op, gen, pkt, n)
-        with monkeypatch.context() as m:
-            m.setattr(_state, "_loops", None)
-            want = _state._lookup_last(og, op, gen, pkt, n)
+        got, want = _c_and_numpy(monkeypatch, _state._lookup_last, og, op, gen, pkt, n)
         assert got.tolist() == want.tolist(), trial
     with pytest.raises(ValueError, match="packet order"):  # the C walk checks its inputs
         _state._loops.last_owner(*(np.array(a, np.int64) for a in ([0], [1], [0, 0], [3, 2])),
@@ -314,13 +319,14 @@ class _Defaults:  # the part of _state._State that _packet_clocks reads
 
 def test_packet_clocks_of_a_hand_made_sequence():
     # defaults: packet 1 (generation 0) says clock 64, packet 4 (generation 1) says 3;
-    # packet 6 names its own clock (6), packet 0 is before any defaults, packet 7 has no
-    # generation; sequence ranks 0 / 2 scope clock 64 as (1 << 8) | 64 and (3 << 8) | 64
+    # packets 6 and 7 name their own clocks (64, 6), packet 0 is before any defaults, packet 3
+    # before its generation's, packet 8 has no generation; sequence ranks 0 / 2 scope clock 64
+    # as (1 << 8) | 64 = 320 and (3 << 8) | 64 = 832
     st = _Defaults([1, 4], [64, 3])
-    gen = np.array([0, 0, 0, 1, 1, 0, 1, -1])
-    srank = np.array([0, 0, 0, 2, 2, 0, 2, 2])
-    clk = np.array([0, 0, 0, 0, 0, 0, 6, 0])
-    want = [0, 320, 320, 0, 3, 320, 6, 0]
+    gen = np.array([0, 0, 0, 1, 1, 0, 1, 1, -1])
+    srank = np.array([0, 0, 0, 2, 2, 0, 2, 2, 2])
+    clk = np.array([0, 0, 0, 0, 0, 0, 64, 6, 0])
+    want = [0, 320, 320, 0, 3, 320, 832, 6, 0]
     assert _state._packet_clocks(clk, gen, srank, st).tolist() == want
 
 
@@ -336,10 +342,7 @@ def test_packet_clocks_c_and_numpy_agree(monkeypatch):
         gen[st.def_pkt] = rng.integers(-1, ng, len(st.def_pkt))
         srank = rng.integers(0, 4, n)
         clk = rng.choice([0, 0, 0, 1, 64, 70, 127, 128], n).astype(np.uint32)
-        got = _state._packet_clocks(clk, gen, srank, st)
-        with monkeypatch.context() as m:
-            m.setattr(_state, "_loops", None)
-            want = _state._packet_clocks(clk, gen, srank, st)
+        got, want = _c_and_numpy(monkeypatch, _state._packet_clocks, clk, gen, srank, st)
         assert got.tolist() == want.tolist(), trial
     with pytest.raises(ValueError, match="packet order"):  # the C walk checks its owners
         _state._loops.packet_clocks(*(np.array(a, np.int64) for a in (

@@ -181,6 +181,25 @@ done:
     return res;
 }
 
+/* The defaults packets ("owners") of a sequence walk: check they are in packet order with
+ * generations below ngen (NULL: fine, else why not), then advance_owners moves `j` past the
+ * owners at or before packet `upto`, keeping the latest one per generation in `last`. */
+static const char *check_owners(const int64_t *ogen, const int64_t *opkt, Py_ssize_t no,
+                                Py_ssize_t ngen) {
+    for (Py_ssize_t j = 0; j < no; j++) {
+        if (j > 0 && opkt[j] < opkt[j - 1]) return "owner_pkt: not in packet order";
+        if (ogen[j] >= ngen) return "owner_gen: beyond last";
+    }
+    return NULL;
+}
+
+static inline Py_ssize_t advance_owners(const int64_t *ogen, const int64_t *opkt, Py_ssize_t no,
+                                        Py_ssize_t j, int64_t upto, int64_t *last) {
+    for (; j < no && opkt[j] <= upto; j++)
+        if (ogen[j] >= 0) last[ogen[j]] = j;
+    return j;
+}
+
 /* last_owner(owner_gen, owner_pkt, gen, pkt, out, last): for each query packet pkt[i] (of
  * generation gen[i]), the index of the last owner of the same generation at or before it, or -1
  * (_state._lookup_last's numpy twin). Owners and queries are in packet order; one merged walk
@@ -203,26 +222,19 @@ static PyObject *f_last_owner(PyObject *self, PyObject *const *args, Py_ssize_t 
     const int64_t *ogen = v[0].b.buf, *opkt = v[1].b.buf, *gen = v[2].b.buf, *pkt = v[3].b.buf;
     int64_t *out = v[4].b.buf, *last = v[5].b.buf;
     for (Py_ssize_t g = 0; g < ngen; g++) last[g] = -1;
-    const char *err = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t j = 0;
-    for (Py_ssize_t i = 0; i < nq && err == NULL; i++) {
-        if (i > 0 && pkt[i] < pkt[i - 1]) err = "pkt: not in packet order";
-        for (; j < no && opkt[j] <= pkt[i]; j++) {
-            if (j > 0 && opkt[j] < opkt[j - 1]) {
-                err = "owner_pkt: not in packet order";
-                break;
-            }
-            if (ogen[j] >= ngen) {
-                err = "owner_gen: beyond last";
-                break;
-            }
-            if (ogen[j] >= 0) last[ogen[j]] = j;
+    const char *err = check_owners(ogen, opkt, no, ngen);
+    for (Py_ssize_t i = 1; i < nq && err == NULL; i++)
+        if (pkt[i] < pkt[i - 1]) err = "pkt: not in packet order";
+    if (err == NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        Py_ssize_t j = 0;
+        for (Py_ssize_t i = 0; i < nq; i++) {
+            j = advance_owners(ogen, opkt, no, j, pkt[i], last);
+            int64_t g = gen[i];
+            out[i] = g >= 0 && g < ngen ? last[g] : -1;
         }
-        int64_t g = gen[i];
-        out[i] = g >= 0 && g < ngen ? last[g] : -1;
+        Py_END_ALLOW_THREADS
     }
-    Py_END_ALLOW_THREADS
     if (err != NULL) {
         PyErr_SetString(PyExc_ValueError, err);
         goto done;
@@ -260,20 +272,15 @@ static PyObject *f_packet_clocks(PyObject *self, PyObject *const *args, Py_ssize
     const int64_t *gen = v[3].b.buf, *srank = v[4].b.buf;
     int64_t *clock = v[5].b.buf, *last = v[6].b.buf;
     for (Py_ssize_t g = 0; g < ngen; g++) last[g] = -1;
-    const char *err = NULL;
-    for (Py_ssize_t j = 0; j < no; j++) {
-        if ((j > 0 && opkt[j] < opkt[j - 1]) || opkt[j] < 0) err = "owner_pkt: not in packet order";
-        else if (ogen[j] >= ngen) err = "owner_gen: beyond last";
-        if (err != NULL) {
-            PyErr_SetString(PyExc_ValueError, err);
-            goto done;
-        }
+    const char *err = check_owners(ogen, opkt, no, ngen);
+    if (err != NULL) {
+        PyErr_SetString(PyExc_ValueError, err);
+        goto done;
     }
     Py_BEGIN_ALLOW_THREADS
     Py_ssize_t j = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        for (; j < no && opkt[j] <= i; j++)
-            if (ogen[j] >= 0) last[ogen[j]] = j;
+        j = advance_owners(ogen, opkt, no, j, i, last);
         int64_t c = clock[i], g = gen[i];
         if (c == 0 && g >= 0 && g < ngen && last[g] >= 0) c = oclk[last[g]];
         if (c >= 64 && c <= 127) c |= (srank[i] + 1) << 8;

@@ -276,6 +276,13 @@ def test_nesting_c_and_numpy_agree(monkeypatch):
         assert got_stats == want_stats, trial
 
 
+def _random_owners(rng):
+    """n packets, ng generations, and owners (packets in order, ties included; their
+    generations, -1 included) for the C walks' twin tests."""
+    n, ng, no = int(rng.integers(1, 60)), int(rng.integers(1, 5)), int(rng.integers(0, 8))
+    return n, ng, np.sort(rng.integers(0, n, no)), rng.integers(-1, ng, no)
+
+
 def _c_and_numpy(monkeypatch, fn, *args):
     """fn(*args) with the _state C loops, and with its numpy paths."""
     got = fn(*args)
@@ -300,16 +307,14 @@ def test_last_owner_of_a_hand_made_sequence():
 def test_last_owner_c_and_numpy_agree(monkeypatch):
     rng = np.random.default_rng(5)
     for trial in range(200):
-        n, ng = int(rng.integers(1, 60)), int(rng.integers(1, 5))
-        no = int(rng.integers(1, 8))
-        op, og = np.sort(rng.integers(0, n, no)), rng.integers(-1, ng, no)  # ties, gen -1
+        n, ng, op, og = _random_owners(rng)
         pkt = np.sort(rng.integers(0, n, int(rng.integers(0, 40))))
         gen = rng.integers(-1, ng + 2, len(pkt))  # also generations without an owner
         got, want = _c_and_numpy(monkeypatch, _state._lookup_last, og, op, gen, pkt, n)
         assert got.tolist() == want.tolist(), trial
     with pytest.raises(ValueError, match="packet order"):  # the C walk checks its inputs
-        _state._loops.last_owner(*(np.array(a, np.int64) for a in ([0], [1], [0, 0], [3, 2])),
-                                 np.zeros(2, np.int64), np.zeros(1, np.int64))
+        _state._loops.last_owner(*(np.array(a, np.int64) for a in ([0], [1], [0], [0, 0], [3, 2])),
+                                 np.zeros(2, np.int64))
 
 
 class _Defaults:  # the part of _state._State that _packet_clocks reads
@@ -334,20 +339,17 @@ def test_packet_clocks_of_a_hand_made_sequence():
 def test_packet_clocks_c_and_numpy_agree(monkeypatch):
     rng = np.random.default_rng(11)
     for trial in range(200):
-        n, ng = int(rng.integers(1, 60)), int(rng.integers(1, 5))
-        no = int(rng.integers(0, 8))
-        st = _Defaults(np.sort(rng.choice(n, min(no, n), replace=False)),
-                       rng.choice([0, 3, 6, 64, 100, 127, 128], min(no, n)))
+        n, ng, op, og = _random_owners(rng)
+        st = _Defaults(op, rng.choice([0, 3, 6, 64, 100, 127, 128], len(op)))
         gen = rng.integers(-1, ng, n)
-        gen[st.def_pkt] = rng.integers(-1, ng, len(st.def_pkt))
+        gen[op] = og  # a defaults packet's generation is its owner generation
         srank = rng.integers(0, 4, n)
         clk = rng.choice([0, 0, 0, 1, 64, 70, 127, 128], n).astype(np.uint32)
         got, want = _c_and_numpy(monkeypatch, _state._packet_clocks, clk, gen, srank, st)
         assert got.tolist() == want.tolist(), trial
     with pytest.raises(ValueError, match="packet order"):  # the C walk checks its owners
         _state._loops.packet_clocks(*(np.array(a, np.int64) for a in (
-            [0, 0], [3, 1], [64, 64], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0])),
-            np.zeros(1, np.int64))
+            [0, 0], [3, 1], [0], [64, 64], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0])))
 
 
 def test_stable_order_is_a_stable_argsort():

@@ -181,64 +181,70 @@ done:
     return res;
 }
 
-/* The defaults packets ("owners") of a sequence walk: check they are in packet order with
- * generations below ngen (NULL: fine, else why not), then advance_owners moves `j` past the
- * owners at or before packet `upto`, keeping the latest one per generation in `last`. */
-static const char *check_owners(const int64_t *ogen, const int64_t *opkt, Py_ssize_t no,
-                                Py_ssize_t ngen) {
-    for (Py_ssize_t j = 0; j < no; j++) {
-        if (j > 0 && opkt[j] < opkt[j - 1]) return "owner_pkt: not in packet order";
-        if (ogen[j] >= ngen) return "owner_gen: beyond last";
+/* The owners of a walk (the defaults packets of the sequences), read in packet order while the
+ * walk goes through the packets: owner_at(o, upto, g) moves past the owners at or before packet
+ * `upto`, keeping the latest one per generation in `last` (one slot per generation: owner
+ * generations are < its size, any other generation has no owner), and gives the one of
+ * generation g, or -1. */
+typedef struct {
+    const int64_t *gen, *pkt;
+    int64_t *last;
+    Py_ssize_t n, ngen, j;
+} owners_t;
+
+/* owner_gen, owner_pkt and last from args[0..2] into v[0..2]; checks the owners are in packet
+ * order with generations below ngen, clears `last`. -1 with an exception set on failure. */
+static int get_owners(owners_t *o, buf_t *v, PyObject *const *args) {
+    if (get(&v[0], args[0], 0, 8, -1, "owner_gen") < 0 ||
+        get(&v[2], args[2], 1, 8, -1, "last") < 0 ||
+        get(&v[1], args[1], 0, 8, v[0].b.len / 8, "owner_pkt") < 0)
+        return -1;
+    *o = (owners_t){v[0].b.buf, v[1].b.buf, v[2].b.buf, v[0].b.len / 8, v[2].b.len / 8, 0};
+    for (Py_ssize_t j = 0; j < o->n; j++) {
+        const char *err = j > 0 && o->pkt[j] < o->pkt[j - 1] ? "owner_pkt: not in packet order"
+                          : o->gen[j] >= o->ngen            ? "owner_gen: beyond last"
+                                                            : NULL;
+        if (err != NULL) {
+            PyErr_SetString(PyExc_ValueError, err);
+            return -1;
+        }
     }
-    return NULL;
+    for (Py_ssize_t g = 0; g < o->ngen; g++) o->last[g] = -1;
+    return 0;
 }
 
-static inline Py_ssize_t advance_owners(const int64_t *ogen, const int64_t *opkt, Py_ssize_t no,
-                                        Py_ssize_t j, int64_t upto, int64_t *last) {
-    for (; j < no && opkt[j] <= upto; j++)
-        if (ogen[j] >= 0) last[ogen[j]] = j;
-    return j;
+static inline int64_t owner_at(owners_t *o, int64_t upto, int64_t g) {
+    for (; o->j < o->n && o->pkt[o->j] <= upto; o->j++)
+        if (o->gen[o->j] >= 0) o->last[o->gen[o->j]] = o->j;
+    return g >= 0 && g < o->ngen ? o->last[g] : -1;
 }
 
-/* last_owner(owner_gen, owner_pkt, gen, pkt, out, last): for each query packet pkt[i] (of
+/* last_owner(owner_gen, owner_pkt, last, gen, pkt, out): for each query packet pkt[i] (of
  * generation gen[i]), the index of the last owner of the same generation at or before it, or -1
- * (_state._lookup_last's numpy twin). Owners and queries are in packet order; one merged walk
- * keeps the latest owner per generation in `last` (one slot per generation: owner generations are
- * < its size, a query of any other generation has no owner). All int64. */
+ * (_state._lookup_last's numpy twin). Queries are in packet order. All int64. */
 static PyObject *f_last_owner(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "last_owner(owner_gen, owner_pkt, gen, pkt, out, last)");
+        PyErr_SetString(PyExc_TypeError, "last_owner(owner_gen, owner_pkt, last, gen, pkt, out)");
         return NULL;
     }
     buf_t v[6] = {{{0}}};
+    owners_t o;
     PyObject *res = NULL;
-    if (get(&v[0], args[0], 0, 8, -1, "owner_gen") < 0 ||
-        get(&v[2], args[2], 0, 8, -1, "gen") < 0 || get(&v[5], args[5], 1, 8, -1, "last") < 0)
+    if (get_owners(&o, v, args) < 0 || get(&v[3], args[3], 0, 8, -1, "gen") < 0)
         goto done;
-    Py_ssize_t no = v[0].b.len / 8, nq = v[2].b.len / 8, ngen = v[5].b.len / 8;
-    if (get(&v[1], args[1], 0, 8, no, "owner_pkt") < 0 ||
-        get(&v[3], args[3], 0, 8, nq, "pkt") < 0 || get(&v[4], args[4], 1, 8, nq, "out") < 0)
+    Py_ssize_t nq = v[3].b.len / 8;
+    if (get(&v[4], args[4], 0, 8, nq, "pkt") < 0 || get(&v[5], args[5], 1, 8, nq, "out") < 0)
         goto done;
-    const int64_t *ogen = v[0].b.buf, *opkt = v[1].b.buf, *gen = v[2].b.buf, *pkt = v[3].b.buf;
-    int64_t *out = v[4].b.buf, *last = v[5].b.buf;
-    for (Py_ssize_t g = 0; g < ngen; g++) last[g] = -1;
-    const char *err = check_owners(ogen, opkt, no, ngen);
-    for (Py_ssize_t i = 1; i < nq && err == NULL; i++)
-        if (pkt[i] < pkt[i - 1]) err = "pkt: not in packet order";
-    if (err == NULL) {
-        Py_BEGIN_ALLOW_THREADS
-        Py_ssize_t j = 0;
-        for (Py_ssize_t i = 0; i < nq; i++) {
-            j = advance_owners(ogen, opkt, no, j, pkt[i], last);
-            int64_t g = gen[i];
-            out[i] = g >= 0 && g < ngen ? last[g] : -1;
+    const int64_t *gen = v[3].b.buf, *pkt = v[4].b.buf;
+    int64_t *out = v[5].b.buf;
+    for (Py_ssize_t i = 1; i < nq; i++)
+        if (pkt[i] < pkt[i - 1]) {
+            PyErr_SetString(PyExc_ValueError, "pkt: not in packet order");
+            goto done;
         }
-        Py_END_ALLOW_THREADS
-    }
-    if (err != NULL) {
-        PyErr_SetString(PyExc_ValueError, err);
-        goto done;
-    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < nq; i++) out[i] = owner_at(&o, pkt[i], gen[i]);
+    Py_END_ALLOW_THREADS
     Py_INCREF(Py_None);
     res = Py_None;
 done:
@@ -247,42 +253,31 @@ done:
     return res;
 }
 
-/* packet_clocks(owner_gen, owner_pkt, owner_clock, gen, srank, clock, last): each packet's
- * clock id, in place (_state._packet_clocks's numpy twin). A packet with no clock of its own
- * (0) takes that of the last defaults packet (owner) of its generation at or before it, or keeps
- * 0; then sequence-scoped clocks (64..127) become ((srank + 1) << 8) | clock. Owners are in
- * packet order; `last` has one slot per owner generation. All int64. */
+/* packet_clocks(owner_gen, owner_pkt, last, owner_clock, gen, srank, clock): each packet's clock
+ * id, in place (_state._packet_clocks's numpy twin). A packet with no clock of its own (0) takes
+ * that of the last defaults packet (owner) of its generation at or before it, or keeps 0; then
+ * sequence-scoped clocks (64..127) become ((srank + 1) << 8) | clock. All int64. */
 static PyObject *f_packet_clocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7) {
         PyErr_SetString(PyExc_TypeError,
-                        "packet_clocks(owner_gen, owner_pkt, owner_clock, gen, srank, clock, last)");
+                        "packet_clocks(owner_gen, owner_pkt, last, owner_clock, gen, srank, clock)");
         return NULL;
     }
     buf_t v[7] = {{{0}}};
+    owners_t o;
     PyObject *res = NULL;
-    if (get(&v[0], args[0], 0, 8, -1, "owner_gen") < 0 ||
-        get(&v[3], args[3], 0, 8, -1, "gen") < 0 || get(&v[6], args[6], 1, 8, -1, "last") < 0)
+    if (get_owners(&o, v, args) < 0 || get(&v[3], args[3], 0, 8, o.n, "owner_clock") < 0 ||
+        get(&v[4], args[4], 0, 8, -1, "gen") < 0)
         goto done;
-    Py_ssize_t no = v[0].b.len / 8, n = v[3].b.len / 8, ngen = v[6].b.len / 8;
-    if (get(&v[1], args[1], 0, 8, no, "owner_pkt") < 0 ||
-        get(&v[2], args[2], 0, 8, no, "owner_clock") < 0 ||
-        get(&v[4], args[4], 0, 8, n, "srank") < 0 || get(&v[5], args[5], 1, 8, n, "clock") < 0)
+    Py_ssize_t n = v[4].b.len / 8;
+    if (get(&v[5], args[5], 0, 8, n, "srank") < 0 || get(&v[6], args[6], 1, 8, n, "clock") < 0)
         goto done;
-    const int64_t *ogen = v[0].b.buf, *opkt = v[1].b.buf, *oclk = v[2].b.buf;
-    const int64_t *gen = v[3].b.buf, *srank = v[4].b.buf;
-    int64_t *clock = v[5].b.buf, *last = v[6].b.buf;
-    for (Py_ssize_t g = 0; g < ngen; g++) last[g] = -1;
-    const char *err = check_owners(ogen, opkt, no, ngen);
-    if (err != NULL) {
-        PyErr_SetString(PyExc_ValueError, err);
-        goto done;
-    }
+    const int64_t *oclk = v[3].b.buf, *gen = v[4].b.buf, *srank = v[5].b.buf;
+    int64_t *clock = v[6].b.buf;
     Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t j = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        j = advance_owners(ogen, opkt, no, j, i, last);
-        int64_t c = clock[i], g = gen[i];
-        if (c == 0 && g >= 0 && g < ngen && last[g] >= 0) c = oclk[last[g]];
+        int64_t c = clock[i], d = owner_at(&o, i, gen[i]);
+        if (c == 0 && d >= 0) c = oclk[d];
         if (c >= 64 && c <= 127) c |= (srank[i] + 1) << 8;
         clock[i] = c;
     }

@@ -99,8 +99,8 @@ def _lookup_last(owner_gen: np.ndarray, owner_pkt: np.ndarray, gen: np.ndarray,
         out = np.empty(len(pkt), np.int64)
         last = np.empty(max(int(owner_gen.max()) + 1, 0), np.int64)
         try:
-            _loops.last_owner(*(np.ascontiguousarray(a, np.int64)
-                                for a in (owner_gen, owner_pkt, gen, pkt)), out, last)
+            i64 = [np.ascontiguousarray(a, np.int64) for a in (owner_gen, owner_pkt, gen, pkt)]
+            _loops.last_owner(*i64[:2], last, *i64[2:], out)
             return out
         except ValueError:  # not in packet order: the search below
             pass
@@ -349,8 +349,9 @@ def _packet_clocks(clk: np.ndarray, gen: np.ndarray, srank: np.ndarray, st: _Sta
     if _loops is not None:  # one pass
         last = np.empty(max(int(def_gen.max()) + 1 if len(def_gen) else 0, 0), np.int64)
         try:
-            _loops.packet_clocks(*(np.ascontiguousarray(a, np.int64) for a in (
-                def_gen, st.def_pkt, st.def_clock, gen, srank)), clock, last)
+            i64 = [np.ascontiguousarray(a, np.int64)
+                   for a in (def_gen, st.def_pkt, st.def_clock, gen, srank)]
+            _loops.packet_clocks(*i64[:2], last, *i64[2:], clock)
             return clock
         except ValueError:  # defaults out of packet order: the numpy path (clock untouched)
             pass

@@ -232,16 +232,22 @@ class _GpuRange:
 
 
 def _annotate_slow(message, color, domain, category, payload, args):
-    args = _kwargs(args)
+    gpu = False
     if "gpu" in args:  # annotate(..., gpu=True): also time the range on the GPU
         args = dict(args)
-        if args.pop("gpu"):
-            if "cupy" not in sys.modules:
-                warn_once("gpu_range", "annotate(gpu=True) needs CuPy; timing the host only")
-            else:
-                host = _annotate_slow(message, color, domain, category, payload, args)
-                name = rec.clean_name("" if message is None else message)
-                return _GpuRange(host, name)
+        gpu = args.pop("gpu")
+    args = _kwargs(args)  # once, gpu taken out (args={...} alone is then those args)
+    host = _host_range(message, color, domain, category, payload, args)
+    if not gpu:
+        return host
+    if "cupy" not in sys.modules:
+        warn_once("gpu_range", "annotate(gpu=True) needs CuPy; timing the host only")
+        return host
+    return _GpuRange(host, rec.clean_name("" if message is None else message))
+
+
+def _host_range(message, color, domain, category, payload, args):
+    """The range (or decorator) annotate gives for these arguments, args as meant."""
     if callable(message) and not isinstance(message, str):  # bare @annotate
         return _decorate(message, None, color, domain, category, payload, args)
     if payload is not None or args:
@@ -444,7 +450,7 @@ def mark(message: Any = None, color: Any = None, domain: Any = None, category: A
     if not _on:
         return
     rec.record_named(INSTANT, _name(message), _categories(domain, category), LEVEL_DETAIL,
-                     _args_data(payload, _kwargs(args)))
+                     _args_data(payload, _kwargs(args) if args else None))
     if _forward:
         _nvtx.forward_mark(_name(message), color, domain, category)
 

@@ -69,24 +69,26 @@ def _short_gil_turns():
     sys.setswitchinterval(min(old, _FLUSH_SWITCH_S))
     short = sys.getswitchinterval()  # as stored (whole microseconds), for the comparison below
     global _switch_to_restore
-    _switch_to_restore = old
+    _switch_to_restore = (old, short)
     try:
         yield
     finally:
+        _restore_switch()
+
+
+# (value before, value set) of a flush in progress that shortened the interval
+_switch_to_restore: tuple[float, float] | None = None
+
+
+def _restore_switch() -> None:
+    """The interval back as it was before the flush, unless the program changed it meanwhile.
+    Also run in a child forked during a flush (no writer there to end it)."""
+    global _switch_to_restore
+    if _switch_to_restore is not None:
+        old, short = _switch_to_restore
         _switch_to_restore = None
         if sys.getswitchinterval() == short:
             sys.setswitchinterval(old)
-
-
-_switch_to_restore: float | None = None  # the interval a flush in progress shortened
-
-
-def _restore_switch_in_child() -> None:
-    """A child forked during a flush has no writer to end it: it gets the interval back."""
-    global _switch_to_restore
-    if _switch_to_restore is not None:
-        sys.setswitchinterval(_switch_to_restore)
-        _switch_to_restore = None
 
 
 class Emitter:
@@ -681,7 +683,7 @@ def _forget_in_child() -> None:
     """A forked child never writes into its parent's files: it starts with no session (and
     with the GIL switch interval a flush in the parent had shortened)."""
     global _current
-    _restore_switch_in_child()
+    _restore_switch()
     sess, _current = _current, None
     if sess is not None:
         sess.stopped = True

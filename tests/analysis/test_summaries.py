@@ -409,6 +409,7 @@ def test_shared_base_keys_slices_by_id_and_orders_the_overview_window():
     with pytest.raises(sqlite3.IntegrityError):
         S._create_temp(conn, "dup", "SELECT 1 AS id, 2 AS x UNION ALL SELECT 1, 3", keyed=True)
     assert db.query("SELECT name FROM sqlite_temp_master") == []
+    assert not conn.in_transaction  # other connections can still be opened on it
 
 
 def test_bad_input_is_explained(db):

@@ -314,23 +314,27 @@ def test_all_tables_on_several_connections_give_what_one_gives(traces, monkeypat
 
     seen: dict[str, tuple[int, object]] = {}
     inner = S._table
-    other_took_one = threading.Event()
+    meet: list[threading.Barrier] = []  # with two workers: each waits at its first table until
+    started: set[int] = set()  # the other has one too (neither can take every table)
 
     def spy(db_, name, *args):
-        seen[name] = (threading.get_ident(), db_)
-        if isinstance(db_, sqlite3.Connection):  # the other thread's connection
-            other_took_one.set()
-        else:  # this thread waits until the other has a table (it builds its base first)
-            other_took_one.wait(10)
+        me = threading.get_ident()
+        seen[name] = (me, db_)
+        if meet and me not in started:
+            started.add(me)
+            meet[0].wait(10)
         return inner(db_, name, *args)
+
+    def two_workers() -> None:
+        seen.clear()
+        started.clear()
+        meet[:] = [threading.Barrier(2)]
 
     monkeypatch.setattr(S, "_table", spy)
     with analysis.open(list(traces), engine="embedded") as db:
-        other_took_one.set()  # one connection: nothing to wait for
         one = S.all_tables(db, workers=1)
         assert {t for t, _ in seen.values()} == {threading.get_ident()}
-        seen.clear()
-        other_took_one.clear()
+        two_workers()
         two = S.all_tables(db, workers=2)
         assert len({t for t, _ in seen.values()}) == 2
         readers = [d for _, d in seen.values() if isinstance(d, sqlite3.Connection)]
@@ -342,8 +346,7 @@ def test_all_tables_on_several_connections_give_what_one_gives(traces, monkeypat
             assert two[name].rows == one[name].rows, name
         assert db.query("SELECT name FROM sqlite_temp_master") == []
         assert not db.conn.in_transaction  # so the next report shares the work again
-        seen.clear()
-        other_took_one.clear()
+        two_workers()
         S.all_tables(db, workers=2, names=["overview", "operators", "model"])
         assert len({t for t, _ in seen.values()}) == 2
 

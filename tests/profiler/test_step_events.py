@@ -3,6 +3,7 @@ cached encodings, phases bound to the recording state, and the sampler's cheaper
 
 import os
 import threading
+import time
 
 import psutil
 import pytest
@@ -104,13 +105,14 @@ def test_repeated_step_ends_make_one_kind_each_however_many_there_are(tmp_path, 
     blobs = []
     real = rec.record_blob
     monkeypatch.setattr(rec, "record_blob", lambda b, *a: blobs.append(b) or real(b, *a))
+    base = time.monotonic_ns()  # values no earlier test or run in this process made kinds of
     for i in range(3 * 100):
-        prof.step(num_samples=10_000 + i % 100)  # values no other test uses
+        prof.step(num_samples=base + i % 100)
     assert len(rec.kinds) == kinds_before + 100 and len(P._step_ends) == 100
     assert [b for b in blobs if b.kind == rec.END] == []  # every end a fast code
     prof.stop()
     _, ends = _steps(tmp_path / "c" / "rank0.summary.pftrace")
-    assert ends == [{"epoch": 0, "num_samples": 10_000 + i % 100} for i in range(300)]
+    assert ends == [{"epoch": 0, "num_samples": base + i % 100} for i in range(300)]
 
 
 def test_nan_num_samples_make_no_kind_per_step(tmp_path, monkeypatch):

@@ -129,6 +129,10 @@ static PyObject *f_nest(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int32_t *out = v[3].b.buf;
     Py_ssize_t nsl = 0;
     for (Py_ssize_t i = 0; i < k; i++) nsl += typ[i] == tb || typ[i] == ti;
+    if (nsl > INT32_MAX) { /* slice numbers are int32 */
+        PyErr_SetString(PyExc_ValueError, "nest: more than 2**31 - 1 slices");
+        goto done;
+    }
     if (get(&v[4], args[7], 1, 8, nsl, "dur") < 0 || get(&v[5], args[8], 1, 4, nsl, "depth") < 0 ||
         get(&v[6], args[9], 1, 4, nsl, "parent") < 0)
         goto done;

@@ -40,6 +40,10 @@ from . import _protoscan as ps
 from ._threads import in_parallel
 
 PAGE = 65536
+# SQLite's largest payloads kept whole on a page (compared with whole cells: a few bytes on the
+# safe side); larger ones it expects to spill into overflow pages, which this writer does not make
+_TABLE_MAX_CELL = PAGE - 35
+_INDEX_MAX_CELL = (PAGE - 12) * 64 // 255 - 23
 MAX_TEXT = 8192  # bytes of a text value kept (keeps every cell on its page, no overflow pages)
 _LEAF_HDR, _INTERIOR_HDR = 8, 12
 
@@ -173,11 +177,15 @@ class _Strings:
         self._rank: np.ndarray | None = None
 
     def rank(self) -> np.ndarray:
-        """Position of each string in SQLite's BINARY order (memcmp of the stored bytes)."""
+        """Position of each string in SQLite's BINARY order (memcmp of the stored bytes);
+        strings stored as the same bytes (cut to MAX_TEXT) share one, as SQLite sees them equal
+        and orders their entries by the next key."""
         if self._rank is None:
-            order = sorted(range(len(self.enc)), key=self.enc.__getitem__)
+            enc = self.enc
+            order = sorted(range(len(enc)), key=enc.__getitem__)
+            differs = [True] + [enc[a] != enc[b] for a, b in zip(order[1:], order, strict=False)]
             r = np.zeros(len(order), np.int64)
-            r[np.array(order, np.int64)] = np.arange(len(order))
+            r[np.array(order, np.int64)] = np.cumsum(differs) - 1
             self._rank = r
         return self._rank
 
@@ -346,8 +354,8 @@ def _table_layout(t: Table, st: _Strings) -> _Layout:
     n = len(t.rowid)
     rowid = t.rowid.astype(np.int64, copy=False)
     cell, serials = _cell_sizes(t.columns, st, n, None, rowid)
-    if n and int(cell.max()) + 2 > PAGE - _LEAF_HDR:
-        raise ValueError("row too large for one page")
+    if n and int(cell.max()) > _TABLE_MAX_CELL:
+        raise ValueError("row too large for one page (no overflow pages are written)")
     # a page takes cells while their start fits below cap - max cell size
     need = cell.astype(np.int64) + 2
     cstart = np.zeros(n, np.int64)
@@ -358,6 +366,8 @@ def _table_layout(t: Table, st: _Strings) -> _Layout:
     cstart //= max(cap, 1)
     page = cstart.astype(np.int32)
     del cstart
+    if 2 * cap < PAGE - _LEAF_HDR:  # cells over half a page can skip a page number: close gaps
+        page = np.cumsum(np.r_[0, page[1:] != page[:-1]], dtype=np.int32) if n else page
     n_pages = int(page[-1]) + 1 if n else 1
     return _finish(_Layout(t.columns, None, rowid, serials, page, None, None, None, n_pages),
                    cell)
@@ -465,6 +475,8 @@ def _index_layout(ix: Index, st: _Strings) -> tuple[_Layout, list[bytes]]:
                        c.null[order]) for c in cols]  # one numpy pass each, not row by row
         order = np.arange(n)
     cell, serials = _cell_sizes(cols, st, n, order, None)
+    if n and int(cell.max()) > _INDEX_MAX_CELL:
+        raise ValueError(f"index {ix.name}: an entry too large for one page (no overflow pages)")
     cap = (PAGE - _LEAF_HDR) // (int(cell.max()) + 2) if n else 1
     n_leaves = max(1, -(-(n + 1) // (cap + 1)))
     in_leaves = n - (n_leaves - 1)

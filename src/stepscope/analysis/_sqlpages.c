@@ -16,6 +16,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "values are byte-swapped as on a little-endian CPU: build nothing, the numpy writer serves"
+#endif
+
 #define MAX_COLS 64
 #define MAX_PAGE_CELLS (65536 / 2) /* a cell takes at least its 2-byte pointer */
 
@@ -31,7 +35,7 @@ typedef struct {
 typedef struct {
     int ncols;
     col_t c[MAX_COLS];
-    Py_buffer views[2 * MAX_COLS];
+    Py_buffer views[2 * MAX_COLS + 5]; /* values and nulls per column; rows, rowid, strings */
     int nviews;
     const int64_t *rows; /* cell -> row (NULL: cell i is row i) */
     const int64_t *rowid; /* table B-trees: rowid per row (NULL: index B-tree) */

@@ -44,18 +44,26 @@ def _pb():
 def _segmented_cumsum(values: np.ndarray, seg: np.ndarray, dtype=None) -> np.ndarray:
     """Cumulative sum restarting where ``seg`` (sorted group labels) changes; ``dtype``: of
     the sums (as np.cumsum's; a narrow one keeps peak memory down)."""
-    cs = np.cumsum(values, dtype=dtype)
     if not len(values):
-        return cs
-    starts = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])
-    before = cs[starts] - values[starts]
-    if len(starts) <= 64:  # few segments: subtract in place, a slice at a time
+        return np.cumsum(values, dtype=dtype)
+    return _cumsum_runs(values, np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]]), dtype=dtype)
+
+
+def _cumsum_runs(values: np.ndarray, starts: np.ndarray, base: np.ndarray | None = None,
+                 dtype=None) -> np.ndarray:
+    """Cumulative sum restarting at each of ``starts`` (sorted, the first 0), plus ``base[k]``
+    on run k when given."""
+    cs = np.cumsum(values, dtype=dtype)
+    shift = values[starts] - cs[starts]  # what each run adds back to start from 0
+    if base is not None:
+        shift += base
+    if len(starts) <= 64:  # few runs: shift in place, a slice at a time
         ends = np.r_[starts[1:], len(values)]
-        for a, b, v in zip(starts.tolist(), ends.tolist(), before.tolist(), strict=True):
+        for a, b, v in zip(starts.tolist(), ends.tolist(), shift.tolist(), strict=True):
             if v:
-                cs[a:b] -= v
+                cs[a:b] += v
         return cs
-    cs -= np.repeat(before, np.diff(np.r_[starts, len(values)]))  # in place: cs is ours
+    cs += np.repeat(shift, np.diff(np.r_[starts, len(values)]))  # in place: cs is ours
     return cs
 
 
@@ -402,24 +410,16 @@ def _resolve_timestamps(P: _Acc, st: _State, srank, gen, skip, stats) -> np.ndar
             anc = st.clocks.anchors[key]
             apkt = np.array([a for a, _ in anc], np.int64)
             aval = np.array([v for _, v in anc], np.int64)
-            # idx is in packet order: anchor k covers idx[start[k]:end[k]] (from it to the next)
+            # idx is in packet order: anchor k's run of packets starts at start[k] (up to the
+            # next run); anchors after the last packet have none
             start = np.searchsorted(idx, apkt, side="left")
             if start[0]:  # packets before the first anchor have no value to add to
                 failed += int(start[0])
                 idx, raw = idx[start[0]:], raw[start[0]:]
                 start -= start[0]
-            end = np.r_[start[1:], len(idx)]
-            if len(anc) <= 64:  # few anchors: a cumulative sum per run, in place
-                ns = raw
-                for a, b, v in zip(start.tolist(), end.tolist(), aval.tolist(), strict=True):
-                    np.cumsum(ns[a:b], out=ns[a:b])
-                    ns[a:b] += v
-            else:
-                a = np.repeat(np.arange(len(anc)), end - start)
-                ns = _segmented_cumsum(raw, a)
-                ns += aval[a]
-                del a
-            del raw, start, end
+            some = start < len(idx)
+            ns = _cumsum_runs(raw, start[some], aval[some])
+            del raw, start, some
         elif 64 <= (key & 0xFF) <= 127 and key > 0xFF and key not in st.clocks.multiplier:
             failed += len(idx)  # a sequence clock never declared by a snapshot
             continue

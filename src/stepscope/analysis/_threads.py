@@ -47,8 +47,8 @@ _END = object()
 
 
 def map_ordered(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
-    """``fn(x)`` for each of ``items``, yielded in order while up to cpus() are computed ahead
-    on threads (so at most that many results wait in memory)."""
+    """``fn(x)`` for each of ``items``, yielded in order while up to cpus() more are computed
+    ahead on threads (so at most cpus() + 1 results wait in memory)."""
     k = cpus()
     if len(items) < 2 or k < 2:
         yield from map(fn, items)

@@ -212,10 +212,13 @@ def shared_base(db: Any, filters: Filters):
     if conn is not None:
         try:
             has_base = _has_slice_base(conn)
+            views = has_base and filters == Filters()
             for name, cols, body in _base_ctes(filters, slice_base=has_base):
-                if name == "ss_slice" and has_base and filters == Filters():
-                    # unfiltered, it is the slice base itself: no pass at all
-                    conn.execute(f"CREATE TEMP VIEW ss_slice AS SELECT * FROM main.{SS_TABLE}")
+                if views and name in _BASE_VIEWS:
+                    # unfiltered, ss_slice is the slice base itself and ss_device its device
+                    # rows (read through its kind index): no copy on any connection
+                    sql = f"SELECT * FROM main.{SS_TABLE}" if name == "ss_slice" else body
+                    conn.execute(f"CREATE TEMP VIEW {name} AS {sql}")
                     made.append(("VIEW", name))
                     continue
                 if re.search(rf"\b{name}\b", body):  # recursive
@@ -237,6 +240,8 @@ def shared_base(db: Any, filters: Filters):
             _drop(conn, made)
 
 
+# Base CTEs that are views over the slice base when it exists and no filter is set
+_BASE_VIEWS = frozenset({"ss_slice", "ss_device"})
 # Base tables looked up by their ``id`` (slice.id: unique, never NULL) in the table queries:
 # stored with ``id`` as the rowid, so those lookups need no index built per query.
 _KEYED_BASE = frozenset({"ss_slice", "ss_device"})
@@ -265,6 +270,8 @@ def _create_temp(conn: sqlite3.Connection, name: str, sql: str, keyed: bool) -> 
         if began:  # the INSERT opened a transaction (sqlite3's default): end it, or the
             conn.commit()  # connection looks busy (_more_connections would not share it)
     except sqlite3.Error:
+        if began:  # nor left open by a failed INSERT
+            conn.rollback()
         _drop(conn, [("TABLE", name)])
         raise
 

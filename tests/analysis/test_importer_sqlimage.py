@@ -403,7 +403,10 @@ def test_stable_order_is_a_stable_argsort():
     for a in (rng.integers(0, 1 << 40, 5000),  # packed with positions
               rng.integers(-(1 << 40), 1 << 40, 5000), rng.integers(0, 50, 5000) << 30,
               rng.integers(0, 7, 5000), 10**9 + rng.integers(0, 9, 5000),  # radix
-              rng.integers(-(1 << 62), 1 << 62, 500),  # too wide to pack
+              rng.integers(-(1 << 62), 1 << 62, 500),  # too wide to pack: two passes
+              (rng.integers(0, 4, 5000) << 58) | rng.integers(0, 9, 5000),  # ties, two passes
+              np.cumsum(rng.integers(0, 1 << 20, 1 << 17)) - rng.integers(0, 2, 1 << 17),
+              (rng.integers(0, 5, 1 << 17) << 40) | rng.integers(0, 3, 1 << 17),  # shuffled
               np.array([4]), np.zeros(0, np.int64)):
         assert ps.stable_order(a).tolist() == np.argsort(a, kind="stable").tolist()
 

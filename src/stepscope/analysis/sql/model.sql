@@ -20,17 +20,32 @@
 --                   phase instances attributed to that step (by start) clipped to the step;
 --                   gpu = union of the device slices attributed to the step and to no phase.
 {{base}},
-md_phase AS (
-  SELECT s.id, s.upid, s.ts, s.end_ts, s.dur,
-         CASE WHEN s.category = 'dataloader' THEN 'Dataloader' ELSE s.name END AS phase
+-- dataloader waits directly inside a phase: part of that phase, not instances of their own
+md_nested_dl AS (
+  SELECT w.id FROM ss_slice w JOIN slice p ON p.id = w.parent_id
+  WHERE w.kind_id = 1 AND w.category = 'dataloader' AND p.category = 'phase'
+),
+-- the phase instances. Kinds 2-5 are 'phase' slices by definition, kind 1 holds the
+-- 'Dataloader' phases and the dataloader waits. Not materialized: each reader takes the
+-- columns it needs from the index that holds them (no slice row read).
+md_phase AS NOT MATERIALIZED (
+  SELECT s.id, s.upid, s.ts, s.end_ts, s.dur, s.kind_id, s.name
   FROM ss_slice s
   WHERE s.kind_id BETWEEN 1 AND 5  -- kinds of 'phase' and 'dataloader' slices
-    AND (s.category = 'phase'
-         OR (s.category = 'dataloader' AND NOT EXISTS (
-           SELECT 1 FROM slice p WHERE p.id = s.parent_id AND p.category = 'phase')))
+    AND (s.kind_id > 1 OR s.id NOT IN (SELECT id FROM md_nested_dl))
+),
+-- CPU per phase: grouped by (kind, name) first (the order of the name index: no sort), then the
+-- names of kind 1 merged into 'Dataloader'
+md_cpu AS (
+  SELECT CASE WHEN kind_id = 1 THEN 'Dataloader' ELSE name END AS phase, SUM(n) AS calls,
+         SUM(total) AS cpu_total_ns, MAX(max_ns) AS cpu_max_ns, MIN(min_ns) AS cpu_min_ns
+  FROM (SELECT kind_id, name, COUNT(*) AS n, SUM(dur) AS total, MAX(dur) AS max_ns,
+               MIN(dur) AS min_ns
+        FROM md_phase GROUP BY kind_id, name)
+  GROUP BY 1
 ),
 md_dev AS (
-  SELECT d.id, d.upid, d.ts, d.dur, d.end_ts, COALESCE(l.ts, d.ts) AS launch_ts
+  SELECT d.id, d.upid, d.ts, d.end_ts, COALESCE(l.ts, d.ts) AS launch_ts
   FROM ss_device d
   LEFT JOIN flow f ON f.slice_in = d.id
   LEFT JOIN slice l ON l.id = f.slice_out
@@ -39,25 +54,22 @@ md_dev AS (
 -- (high 32 bits) and phases (low 32 bits) seen so far. At a step or phase row the count is its
 -- own ordinal by (ts, id); at a later row it is the ordinal of the instance that started last
 -- at or before the time of that row (ties: the larger id), or 0 before the first one.
-md_seq AS (
-  SELECT upid, ts AS t, 0 AS ord, id, ts, end_ts, dur, NULL AS phase FROM ss_step
-  UNION ALL
-  SELECT upid, ts, 1, id, ts, end_ts, dur, phase FROM md_phase
-  UNION ALL
-  SELECT upid, launch_ts, 2, id, ts, end_ts, dur, NULL FROM md_dev
-),
 -- (the window sits in the select list of md_carry: computed once for its three readers)
 md_carry AS (
-  SELECT upid, t, ord, id, ts, end_ts, dur, phase,
+  SELECT upid, t, ord, id, ts, end_ts,
          SUM(CASE ord WHEN 0 THEN 4294967296 WHEN 1 THEN 1 ELSE 0 END)
            OVER (PARTITION BY upid ORDER BY t, ord, id ROWS UNBOUNDED PRECEDING) AS n
-  FROM md_seq
+  FROM (SELECT upid, ts AS t, 0 AS ord, id, ts, end_ts FROM ss_step
+        UNION ALL
+        SELECT upid, ts, 1, id, ts, end_ts FROM md_phase
+        UNION ALL
+        SELECT upid, launch_ts, 2, id, ts, end_ts FROM md_dev)
 ),
 md_steps AS (
-  SELECT upid, n >> 32 AS sseq, id AS step_id, ts, end_ts, dur FROM md_carry WHERE ord = 0
+  SELECT upid, n >> 32 AS sseq, id AS step_id, ts, end_ts FROM md_carry WHERE ord = 0
 ),
 md_phases AS (
-  SELECT upid, n & 4294967295 AS pseq, id AS phase_id, phase, ts, end_ts, dur, n >> 32 AS cur_s
+  SELECT upid, n & 4294967295 AS pseq, id AS phase_id, ts, end_ts, n >> 32 AS cur_s
   FROM md_carry WHERE ord = 1
 ),
 md_dev_attr AS (
@@ -88,27 +100,37 @@ md_union AS (
     FROM md_union_in
   ) GROUP BY kind, gid
 ),
-md_phase_gpu AS (SELECT gid AS phase_id, ns FROM md_union WHERE kind = 1),
-md_others_gpu AS (SELECT gid AS step_id, ns FROM md_union WHERE kind = 2),
-md_cover AS (SELECT gid AS step_id, ns FROM md_union WHERE kind = 3),
-md_inst AS (
-  SELECT mp.phase, 1 AS is_phase, mp.dur AS cpu_ns, COALESCE(g.ns, 0) AS gpu_ns
-  FROM md_phases mp LEFT JOIN md_phase_gpu g ON g.phase_id = mp.phase_id
+-- GPU per phase, over the instances with device work (the others count 0: see the SELECT)
+md_gpu AS (
+  SELECT CASE WHEN s.kind_id = 1 THEN 'Dataloader' ELSE s.name END AS phase,
+         COUNT(*) AS n, SUM(u.ns) AS total, MAX(u.ns) AS max_ns, MIN(u.ns) AS min_ns
+  FROM md_union u JOIN ss_slice s ON s.id = u.gid
+  WHERE u.kind = 1
+  GROUP BY 1
+),
+md_others AS (  -- one Others instance per selected step
+  SELECT ms.dur - COALESCE(c.ns, 0) AS cpu_ns, COALESCE(o.ns, 0) AS gpu_ns
+  FROM ss_step ms
+  LEFT JOIN md_union c ON c.kind = 3 AND c.gid = ms.id
+  LEFT JOIN md_union o ON o.kind = 2 AND o.gid = ms.id
+),
+md_rows AS (
+  SELECT c.phase, 1 AS is_phase, c.calls, c.cpu_total_ns, c.cpu_max_ns, c.cpu_min_ns,
+         COALESCE(g.total, 0) AS gpu_total_ns,
+         COALESCE(g.max_ns, 0) AS gpu_max_ns,
+         CASE WHEN COALESCE(g.n, 0) < c.calls THEN 0 ELSE g.min_ns END AS gpu_min_ns
+  FROM md_cpu c LEFT JOIN md_gpu g ON g.phase = c.phase
   UNION ALL
-  SELECT 'Others', 0, ms.dur - COALESCE(c.ns, 0), COALESCE(o.ns, 0)
-  FROM md_steps ms
-  LEFT JOIN md_cover c ON c.step_id = ms.step_id
-  LEFT JOIN md_others_gpu o ON o.step_id = ms.step_id
+  SELECT 'Others', 0, COUNT(*), SUM(cpu_ns), MAX(cpu_ns), MIN(cpu_ns),
+         SUM(gpu_ns), MAX(gpu_ns), MIN(gpu_ns)
+  FROM md_others HAVING COUNT(*) > 0
 )
-SELECT phase, COUNT(*) AS calls,
-       SUM(cpu_ns) AS cpu_total_ns, CAST(SUM(cpu_ns) AS REAL) / COUNT(*) AS cpu_avg_ns,
-       MAX(cpu_ns) AS cpu_max_ns, MIN(cpu_ns) AS cpu_min_ns,
-       CAST(SUM(cpu_ns) AS REAL) / NULLIF((SELECT frame_ns FROM ss_totals), 0) AS cpu_ratio,
-       SUM(gpu_ns) AS gpu_total_ns, CAST(SUM(gpu_ns) AS REAL) / COUNT(*) AS gpu_avg_ns,
-       MAX(gpu_ns) AS gpu_max_ns, MIN(gpu_ns) AS gpu_min_ns,
-       CAST(SUM(gpu_ns) AS REAL) / NULLIF((SELECT device_ns FROM ss_totals), 0) AS gpu_ratio
-FROM md_inst
-GROUP BY phase, is_phase
+SELECT phase, calls, cpu_total_ns, CAST(cpu_total_ns AS REAL) / calls AS cpu_avg_ns,
+       cpu_max_ns, cpu_min_ns,
+       CAST(cpu_total_ns AS REAL) / NULLIF((SELECT frame_ns FROM ss_totals), 0) AS cpu_ratio,
+       gpu_total_ns, CAST(gpu_total_ns AS REAL) / calls AS gpu_avg_ns, gpu_max_ns, gpu_min_ns,
+       CAST(gpu_total_ns AS REAL) / NULLIF((SELECT device_ns FROM ss_totals), 0) AS gpu_ratio
+FROM md_rows
 ORDER BY is_phase DESC,
          CASE phase WHEN 'Dataloader' THEN 0 WHEN 'Forward' THEN 1 WHEN 'Backward' THEN 2
                     WHEN 'Optimization' THEN 3 ELSE 4 END,

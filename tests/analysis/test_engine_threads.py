@@ -66,6 +66,29 @@ def test_map_ordered_yields_in_order_with_few_ahead(two_cpus):
     assert out == [-x for x in range(8)]
 
 
+def test_beside_runs_both_at_once_and_waits_for_both(two_cpus):
+    met = threading.Barrier(2, timeout=5)  # each waits for the other: only met side by side
+    ended: list[str] = []
+
+    def side(name: str, fail: bool = False):
+        def run() -> str:
+            met.wait()
+            time.sleep(0.02 if name == "fn" else 0)  # fn ends last
+            ended.append(name)
+            if fail:
+                raise ValueError(name)
+            return name.upper()
+        return run
+
+    assert _threads.beside(side("fn"), side("main")) == ("FN", "MAIN")
+    for fail_fn in (True, False):
+        ended.clear()
+        met.reset()
+        with pytest.raises(ValueError, match="fn" if fail_fn else "main"):
+            _threads.beside(side("fn", fail_fn), side("main", not fail_fn))
+        assert sorted(ended) == ["fn", "main"]  # raised once both had ended
+
+
 def test_cpus_is_at_least_one_and_capped():
     assert 1 <= _threads.cpus() <= _threads.MAX_THREADS
 

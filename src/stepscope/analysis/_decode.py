@@ -21,6 +21,8 @@ loops only over rare things (descriptors, interned strings, snapshots, flows, ne
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from .. import _ext
@@ -47,6 +49,7 @@ from ._state import (
     _State,
     _text,
 )
+from ._threads import beside
 
 _I64 = np.int64
 # C twins of the sequential loops (None: numpy)
@@ -82,59 +85,27 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
     n = len(pk.start)
     pk.start = pk.end = pk.file = None  # only the bytes are needed from here on
     stats["packets"] = n
-    seq, flags, bad = P.get("seq"), P.get("flags"), P.get("bad", bool)
+    seq, flags, bad = P.pop("seq"), P.pop("flags"), P.pop("bad", bool)
     srank, gen = _generations(seq, flags) if n else (np.zeros(0, _I64), np.zeros(0, _I64))
     skip = bad | (((flags & 2) != 0) & (gen < 0))
     if skip.any():
         stats["packets_skipped_no_incremental_state"] = int((skip & ~bad).sum())
+    del seq, flags, bad
     progress("state", 0.0)
     st = _State(buf, rare, srank, gen, stats)
     strings = st.strings
-    pts = _resolve_timestamps(P, st, srank, gen, skip, stats) if n else np.zeros(0, _I64)
-    del P, seq, flags, bad
-
-    # ---- events: timestamp, track, type -------------------------------------------------
-    progress("events", 0.0)
-    epkt = E.pop("pkt")
+    epkt, etyp = E.pop("pkt"), E.pop("typ")
     m = len(epkt)
-    etyp = E.pop("typ")
+    # the packets' timestamps (clocks) and the events' tracks and names (interned data) need
+    # nothing from each other: computed side by side
+    (egen, eskip, etid, known, ename, ecat), pts = beside(
+        partial(_event_tracks_names, E, st, buf, epkt, gen, skip, n),
+        partial(_resolve_timestamps, P, st, srank, gen, skip, stats) if n
+        else partial(np.zeros, 0, _I64))
+    del P, gen, skip, srank
     ets = pts[epkt] if m else np.zeros(0, _I64)
-    egen = gen[epkt] if m else np.zeros(0, _I64)
-    eskip = skip[epkt] if m else np.zeros(0, bool)
-    def_gen = gen[st.def_pkt] if len(st.def_pkt) else st.def_pkt
-    del pts, skip, gen, srank
-    if len(st.def_pkt) and m:  # the defaults' track, unless the event names its own
-        d = _lookup_last(def_gen, st.def_pkt, egen, epkt, n)
-        etrack = st.def_track[np.maximum(d, 0)]
-        etrack[d < 0] = -1
-        del d
-        has_track = etrack != -1
-    else:
-        etrack = np.zeros(m, np.int64)
-        has_track = np.zeros(m, bool)
-    del epkt
-    tr_ev = E.pop("tr_ev")
-    etrack[tr_ev] = E.pop("tr_uuid")
-    has_track[tr_ev] = True
-    del tr_ev
-    # generation ids < clears + sequences <= 2 * packets (see _generations), not < packets
-    egen = egen.astype(np.int32) if 2 * n < (1 << 31) - 1 else egen
+    del pts, epkt
     tracks = sorted(st.tracks.values(), key=lambda t: t.id)
-    uuids = np.array([t.uuid for t in tracks], np.int64)
-    uorder = np.argsort(uuids).astype(np.int32)
-    su = uuids[uorder]
-    if len(su):
-        pos = np.searchsorted(su, etrack)
-        np.minimum(pos, len(su) - 1, out=pos)
-        known = has_track & (su[pos] == etrack)
-        del etrack, has_track
-        etid = uorder[pos]  # track index (int32), -1: unknown
-        del pos
-        etid[~known] = -1
-    else:
-        known = np.zeros(m, bool)
-        etid = np.full(m, -1, np.int32)
-        del etrack, has_track
     valid = ~eskip & (ets != np.iinfo(np.int64).min)
     del eskip
     if (valid & ~known).any():
@@ -148,6 +119,61 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
     if wrong.any():
         stats["track_event_unsupported"] = int(wrong.sum())
     del wrong, valid, is_counter_track
+
+    # ---- global time order ----------------------------------------------------------------
+    order = np.argsort(ets, kind="stable")  # events are in packet order: ties keep it
+    order = order[(is_slice_ev | is_counter_ev)[order]]
+    tables_slice, ev_slice = _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats)
+    del ename, ecat, is_slice_ev
+    cval = np.zeros(m, np.float64)
+    has_cval = np.zeros(m, bool)
+    cv_ev = E.get("cv_ev")
+    cval[cv_ev] = E.get("cv_val", np.float64)
+    has_cval[cv_ev] = True
+    tables_counter = _build_counters(order, ets, etid, cval, has_cval, is_counter_ev, tracks)
+    del cval, has_cval, ets, etid, etyp, is_counter_ev
+    progress("args", 0.0)
+    flows = _build_flows(E, ev_slice, order)
+    args = _build_args(buf, E, st, egen, ev_slice, tables_slice, stats)
+    procs, threads, track_utid, track_upid = _build_processes(tracks)
+    progress("events", 1.0)
+    return Tables(strings=strings, slice=tables_slice, counter=tables_counter, args=args,
+                  flows=flows, tracks=tracks, processes=procs, threads=threads,
+                  track_utid=track_utid, track_upid=track_upid, stats=stats)
+
+
+def _event_tracks_names(E: _Acc, st: _State, buf, epkt: np.ndarray, gen: np.ndarray,
+                        skip: np.ndarray, n: int) -> tuple:
+    """Per event: its generation, whether its packet is skipped, its track index (-1:
+    unknown) and whether the track is known, its name and category string ids."""
+    strings = st.strings
+    m = len(epkt)
+    egen = gen[epkt] if m else np.zeros(0, _I64)
+    eskip = skip[epkt] if m else np.zeros(0, bool)
+    tracks = sorted(st.tracks.values(), key=lambda t: t.id)
+    uuids = np.array([t.uuid for t in tracks], np.int64)
+    uorder = np.argsort(uuids).astype(np.int32)
+    su = uuids[uorder]
+
+    def track_index(u: np.ndarray) -> np.ndarray:  # of each uuid (int32; -1: no such track)
+        if not len(su):
+            return np.full(len(u), -1, np.int32)
+        pos = np.minimum(np.searchsorted(su, u), len(su) - 1)
+        return np.where(su[pos] == u, uorder[pos], -1).astype(np.int32)
+
+    if len(st.def_pkt) and m:  # the defaults' track (mapped once per default), unless the
+        d = _lookup_last(gen[st.def_pkt], st.def_pkt, egen, epkt, n)  # event names its own
+        def_tid = np.where(st.def_track == -1, -1, track_index(st.def_track)).astype(np.int32)
+        etid = np.r_[def_tid, np.int32(-1)][d]  # d = -1 (no defaults yet): the -1 at the end
+        del d
+    else:
+        etid = np.full(m, -1, np.int32)
+    tr_ev = E.pop("tr_ev")
+    etid[tr_ev] = track_index(E.pop("tr_uuid"))
+    known = etid >= 0
+    del tr_ev
+    # generation ids < clears + sequences <= 2 * packets (see _generations), not < packets
+    egen = egen.astype(np.int32) if 2 * n < (1 << 31) - 1 else egen
 
     # ---- names and categories -----------------------------------------------------------
     name_idx = st.interned.lookup("name", egen, E.pop("name_iid"))
@@ -174,27 +200,7 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
         return strings.id(",".join(strings.list[i] for i in ids))
 
     ecat = _per_event_single(cev, csid, m, join_cats)
-
-    # ---- global time order ----------------------------------------------------------------
-    order = np.argsort(ets, kind="stable")  # events are in packet order: ties keep it
-    order = order[(is_slice_ev | is_counter_ev)[order]]
-    tables_slice, ev_slice = _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats)
-    del ename, ecat, is_slice_ev
-    cval = np.zeros(m, np.float64)
-    has_cval = np.zeros(m, bool)
-    cv_ev = E.get("cv_ev")
-    cval[cv_ev] = E.get("cv_val", np.float64)
-    has_cval[cv_ev] = True
-    tables_counter = _build_counters(order, ets, etid, cval, has_cval, is_counter_ev, tracks)
-    del cval, has_cval, ets, etid, etyp, is_counter_ev
-    progress("args", 0.0)
-    flows = _build_flows(E, ev_slice, order)
-    args = _build_args(buf, E, st, egen, ev_slice, tables_slice, stats)
-    procs, threads, track_utid, track_upid = _build_processes(tracks)
-    progress("events", 1.0)
-    return Tables(strings=strings, slice=tables_slice, counter=tables_counter, args=args,
-                  flows=flows, tracks=tracks, processes=procs, threads=threads,
-                  track_utid=track_utid, track_upid=track_upid, stats=stats)
+    return egen, eskip, etid, known, ename, ecat
 
 
 def _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats):

@@ -149,12 +149,17 @@ class _Interned:
             uk, first = np.unique(k[order], return_index=True)
             self._sorted[kind] = (uk, order[first])
         uk, idx = self._sorted[kind]
+        out = np.full(len(iid), -1, np.int64)
         if not len(uk):
-            return np.full(len(iid), -1, np.int64)
-        q = (gen.astype(np.int64) << 32) | iid.astype(np.int64)
-        pos = np.minimum(np.searchsorted(uk, q), len(uk) - 1)
-        ok = (uk[pos] == q) & (gen >= 0) & (iid > 0)
-        return np.where(ok, idx[pos], -1)
+            return out
+        step = 1 << 20  # queries per pass: bounded temporaries (it runs beside the clocks)
+        for lo in range(0, len(iid), step):
+            g, i = gen[lo : lo + step], iid[lo : lo + step]
+            q = (g.astype(np.int64) << 32) | i.astype(np.int64)
+            pos = np.minimum(np.searchsorted(uk, q), len(uk) - 1)
+            ok = (uk[pos] == q) & (g >= 0) & (i > 0)
+            out[lo : lo + step][ok] = idx[pos[ok]]
+        return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -392,16 +397,20 @@ def _resolve_timestamps(P: _Acc, st: _State, srank, gen, skip, stats) -> np.ndar
     heads = np.flatnonzero(np.r_[True, ce[1:] != ce[:-1]]) if len(ce) else np.zeros(0, int)
     ukeys, hrank = np.unique(ce[heads], return_inverse=True)
     del ce
-    rank = np.repeat(hrank.astype(np.uint16 if len(ukeys) < (1 << 16) else np.int64),
-                     np.diff(np.r_[heads, len(idx_all)]))
-    order = np.argsort(rank, kind="stable")
-    bounds = np.r_[0, np.cumsum(np.bincount(rank, minlength=len(ukeys)))]
-    del rank, heads, hrank
+    if len(ukeys) != 1:
+        rank = np.repeat(hrank.astype(np.uint16 if len(ukeys) < (1 << 16) else np.int64),
+                         np.diff(np.r_[heads, len(idx_all)]))
+        order = np.argsort(rank, kind="stable")
+        bounds = np.r_[0, np.cumsum(np.bincount(rank, minlength=len(ukeys)))]
+        del rank
+    else:  # one clock (the usual case): its packets are all of them, in order
+        order, bounds = None, np.array([0, len(idx_all)])
+    del heads, hrank
     done = np.zeros(n, bool)
     failed = 0
     for key, b0, b1 in zip(ukeys.tolist(), bounds[:-1].tolist(), bounds[1:].tolist(),
                            strict=True):
-        idx = idx_all[order[b0:b1]]
+        idx = idx_all if order is None else idx_all[order[b0:b1]]
         mult = st.clocks.multiplier.get(key, 1)
         raw = out[idx]
         if mult != 1:

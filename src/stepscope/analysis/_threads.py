@@ -43,6 +43,17 @@ def in_parallel(fn: Callable[[T], R], items: Sequence[T],
     return out
 
 
+def beside(fn: Callable[[], T], main: Callable[[], R]) -> tuple[T, R]:
+    """``(fn(), main())``, with ``fn`` on another thread while ``main`` runs on this one (one
+    after the other with a single CPU). An exception of either is raised once both have ended."""
+    if cpus() < 2:
+        return fn(), main()
+    with ThreadPoolExecutor(1) as ex:  # leaving it waits for fn, even when main raises
+        other = ex.submit(fn)
+        here = main()
+    return other.result(), here
+
+
 _END = object()
 
 

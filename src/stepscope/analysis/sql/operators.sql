@@ -98,14 +98,15 @@ op_gpu AS (  -- per row: the ranges with device work, their GPU time
 ),
 op_stats AS (
   SELECT name, rank, tid, thread_name, COUNT(*) AS calls,
-         SUM(dur) AS total_ns, AVG(dur) AS avg_ns, MAX(dur) AS max_ns, MIN(dur) AS min_ns,
+         SUM(dur) AS total_ns, MAX(dur) AS max_ns, MIN(dur) AS min_ns,
          SUM(CAST(dur AS REAL) * dur) AS sumsq_ns2
   FROM op_range
   GROUP BY {{op_keys}}
 )
 -- ranges without device work count 0: gpu_max = max(0, max over the others), gpu_min = 0
 -- when there is such a range
-SELECT s.name, s.rank, s.tid, s.thread_name, s.calls, s.total_ns, s.avg_ns, s.max_ns, s.min_ns,
+SELECT s.name, s.rank, s.tid, s.thread_name, s.calls, s.total_ns,
+       CAST(s.total_ns AS REAL) / s.calls AS avg_ns, s.max_ns, s.min_ns,
        s.sumsq_ns2, s.total_ns - COALESCE(c.child_ns, 0) AS self_ns,
        CAST(s.total_ns AS REAL) / NULLIF((SELECT frame_ns FROM ss_totals), 0) AS ratio,
        COALESCE(g.ns, 0) AS gpu_total_ns, CAST(COALESCE(g.ns, 0) AS REAL) / s.calls AS gpu_avg_ns,

@@ -14,16 +14,13 @@ st_reader AS (
 ),
 -- the step current at each reader row: a window counting the steps seen so far in
 -- (time, ord, id) order; at a step row the count is its own ordinal by (ts, id)
-st_seq AS (
-  SELECT upid, ts AS t, 0 AS ord, id, ts, end_ts FROM ss_step
-  UNION ALL
-  SELECT upid, ts, 1, NULL, ts, end_ts FROM st_reader
-),
 st_carry AS (
-  SELECT upid, t, ord, id, ts, end_ts,
-         SUM(CASE WHEN ord = 0 THEN 1 ELSE 0 END)
-           OVER (PARTITION BY upid ORDER BY t, ord, id ROWS UNBOUNDED PRECEDING) AS cur_s
-  FROM st_seq
+  SELECT upid, ord, id, ts, end_ts,
+         SUM(1 - ord) OVER (PARTITION BY upid ORDER BY ts, ord, id
+                            ROWS UNBOUNDED PRECEDING) AS cur_s
+  FROM (SELECT upid, 0 AS ord, id, ts, end_ts FROM ss_step
+        UNION ALL
+        SELECT upid, 1, NULL, ts, end_ts FROM st_reader)
 ),
 st_steps AS (
   SELECT upid, cur_s AS sseq, id, ts, end_ts FROM st_carry WHERE ord = 0
@@ -31,7 +28,7 @@ st_steps AS (
 st_clip AS (
   SELECT ms.id AS step_id, MAX(r.ts, ms.ts) AS ts, MIN(r.end_ts, ms.end_ts) AS end_ts
   FROM st_carry r JOIN st_steps ms ON ms.upid = r.upid AND ms.sseq = r.cur_s
-  WHERE r.ord = 1 AND r.t < ms.end_ts
+  WHERE r.ord = 1 AND r.ts < ms.end_ts
 ),
 st_union AS (
   SELECT step_id, SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) AS ns FROM (

@@ -140,12 +140,15 @@ ss_slice AS (
 ss_frame AS (
   SELECT upid, ts, end_ts FROM ss_step
   UNION ALL
-  SELECT upid, MIN(ts), MAX(end_ts) FROM ss_slice
-  -- the EXISTS is evaluated once on the small track list: when every process has steps it
-  -- skips this scan of all slices; the second test then picks the processes without steps
-  WHERE EXISTS (SELECT 1 FROM ss_track_sel WHERE upid NOT IN (SELECT upid FROM ss_step))
-    AND upid NOT IN (SELECT upid FROM ss_step)
-  GROUP BY upid
+  SELECT s.upid, MIN(s.ts), MAX(s.end_ts)
+  -- the one row of `need` (none when every process has steps) drives the scan of all slices,
+  -- so it is skipped then (a WHERE term with a subquery would be tested on every slice);
+  -- the second test picks the processes without steps
+  FROM (SELECT 1 WHERE EXISTS (SELECT 1 FROM ss_track_sel
+                               WHERE upid NOT IN (SELECT upid FROM ss_step))) need
+  CROSS JOIN ss_slice s
+  WHERE s.upid NOT IN (SELECT upid FROM ss_step)
+  GROUP BY s.upid
 ),
 ss_device AS (
   SELECT * FROM ss_slice WHERE kind_id BETWEEN 9 AND 12  -- device activity

@@ -653,7 +653,7 @@ def build(tables: list[Table], strings: list[str | None], indexes: list[Index] |
         st.rank()  # computed once, before the threads
     # each B-tree's leaf layout is independent of the others: laid out on several threads
     layouts = in_parallel(lambda x: _table_layout(x, st) if isinstance(x, Table) else
-                          _index_layout(x, st), [*tables, *indexes], cost=_rows)
+                          _index_layout(x, st), [*tables, *indexes], cost=_layout_cost)
     plans: list[tuple] = []  # (type, name, table, sql, layout, index entries between leaves)
     for t, lay in zip(tables, layouts[:len(tables)], strict=True):
         plans.append(("table", t.name, t.name, t.sql, lay, None))
@@ -696,7 +696,7 @@ def build(tables: list[Table], strings: list[str | None], indexes: list[Index] |
         typ, lay = plans[i][0], plans[i][4]
         _write_leaves(out, (firsts[i] - 1) * PAGE, lay, 13 if typ == "table" else 10, st)
 
-    in_parallel(write, range(len(plans)), cost=lambda i: len(plans[i][4].page))
+    in_parallel(write, range(len(plans)), cost=lambda i: _write_cost(plans[i][4]))
     pos = (next_page - 1 - len(interior)) * PAGE
     for pg in interior:
         out[pos : pos + PAGE] = np.frombuffer(pg, np.uint8)
@@ -704,8 +704,20 @@ def build(tables: list[Table], strings: list[str | None], indexes: list[Index] |
     return out
 
 
-def _rows(x: Table | Index) -> int:
-    return len(x.rowid)
+def _write_cost(lay: _Layout) -> int:
+    """Rough relative cost of writing a B-tree's leaves: per cell, per value and a fixed part
+    (5M cells: a table of 11 columns 0.7 s, an index of 3 to 5 values 0.45-0.6 s)."""
+    return len(lay.page) * (len(lay.cols) + 2)
+
+
+def _layout_cost(x: Table | Index) -> int:
+    """Rough relative cost of laying out ``x`` (threads take the costliest first): a table's
+    cells are sized in one pass; an index is sorted on its keys, text keys by rank and read
+    out of row order (measured at 5M rows: table 0.3 s, index on (int, int) 0.3 s, on four
+    ints 0.55 s, on (int, text, int) 0.65 s)."""
+    if isinstance(x, Table):
+        return 2 * len(x.rowid)
+    return len(x.rowid) * (len(x.keys) + 3 * sum(c.kind == "text" for c in x.keys))
 
 
 def _header(n_pages: int) -> bytes:

@@ -363,6 +363,31 @@ def test_last_owner_c_and_numpy_agree(monkeypatch):
                                  np.zeros(2, np.int64))
 
 
+def test_generations_of_a_hand_made_trace():
+    # sequences 7 and 3 (ranks 1 and 0, by id) interleaved; 7 clears at packets 1 and 4, 3 at
+    # packet 3. Generations: sequence 3 (rank 0) has base 0 and one clear -> 1; sequence 7
+    # has base 0 + (1 + 1) = 2, its clears -> 3, then 4. Flag 2 (needs state) is not a clear.
+    seq = np.array([7, 7, 3, 3, 7, 7, 3])
+    flags = np.array([2, 1, 0, 3, 1, 2, 2])
+    srank, gen = _state._generations(seq, flags)
+    assert srank.tolist() == [1, 1, 0, 0, 1, 1, 0]
+    assert gen.tolist() == [-1, 3, -1, 1, 4, 4, 1]
+
+
+@pytest.mark.skipif(_state._loops is None, reason="the C extension _decodeloops is not built")
+def test_generations_c_and_numpy_agree(monkeypatch):
+    rng = np.random.default_rng(13)
+    for trial in range(200):
+        n = int(rng.integers(1, 80))
+        seq = np.repeat(rng.integers(0, 5, n), rng.integers(1, 4, n))  # runs of one sequence
+        flags = rng.choice([0, 0, 0, 1, 2, 3], len(seq)).astype(np.int8)
+        got, want = _c_and_numpy(monkeypatch, _state._generations, seq, flags)
+        assert [a.tolist() for a in got] == [a.tolist() for a in want], trial
+    with pytest.raises(ValueError, match="srank"):  # the C loop checks its sequence ranks
+        _state._loops.generations(np.array([0, 2], np.int64), np.zeros(2, np.int8),
+                                  np.zeros(4, np.int64), np.zeros(2, np.int64))
+
+
 class _Defaults:  # the part of _state._State that _packet_clocks reads
     def __init__(self, pkt, clock):
         self.def_pkt, self.def_clock = np.array(pkt, np.int64), np.array(clock, np.int64)

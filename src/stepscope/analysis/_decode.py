@@ -85,7 +85,7 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
     n = len(pk.start)
     pk.start = pk.end = pk.file = None  # only the bytes are needed from here on
     stats["packets"] = n
-    seq, flags, bad = P.pop("seq"), P.pop("flags"), P.pop("bad", bool)
+    seq, flags, bad = P.pop("seq"), P.pop("flags", np.int8), P.pop("bad", bool)
     srank, gen = _generations(seq, flags) if n else (np.zeros(0, _I64), np.zeros(0, _I64))
     skip = bad | (((flags & 2) != 0) & (gen < 0))
     if skip.any():

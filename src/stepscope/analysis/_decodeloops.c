@@ -294,6 +294,59 @@ done:
     return res;
 }
 
+/* generations(srank, flags, scratch, gen): each packet's generation id (_state._generations'
+ * numpy twin): -1 before the first clear (flags bit 0) of its sequence (srank: 0..nseq-1, int64),
+ * else base[s] + the clears of its sequence so far, where base[s] = sum over the sequences
+ * before s of (their clears + 1). flags int8; scratch int64 of 2 * nseq; gen int64, out. */
+static PyObject *f_generations(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "generations(srank, flags, scratch, gen)");
+        return NULL;
+    }
+    buf_t v[4] = {{{0}}};
+    PyObject *res = NULL;
+    if (get(&v[0], args[0], 0, 8, -1, "srank") < 0) goto done;
+    Py_ssize_t n = v[0].b.len / 8;
+    if (get(&v[1], args[1], 0, 1, n, "flags") < 0 || get(&v[2], args[2], 1, 8, -1, "scratch") < 0 ||
+        get(&v[3], args[3], 1, 8, n, "gen") < 0)
+        goto done;
+    const int64_t *srank = v[0].b.buf;
+    const int8_t *flags = v[1].b.buf;
+    Py_ssize_t nseq = v[2].b.len / 16;
+    int64_t *base = v[2].b.buf, *run = base + nseq, *gen = v[3].b.buf;
+    for (Py_ssize_t s = 0; s < 2 * nseq; s++) base[s] = 0;
+    const char *err = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && err == NULL; i++) {
+        if (srank[i] < 0 || srank[i] >= nseq) err = "srank: not in 0..nseq-1";
+        else if (flags[i] & 1) run[srank[i]]++; /* clears per sequence, for now */
+    }
+    if (err == NULL) {
+        int64_t b = 0;
+        for (Py_ssize_t s = 0; s < nseq; s++) {
+            base[s] = b;
+            b += run[s] + 1;
+            run[s] = 0;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t s = srank[i];
+            if (flags[i] & 1) run[s]++;
+            gen[i] = run[s] > 0 ? base[s] + run[s] : -1;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (err != NULL) {
+        PyErr_SetString(PyExc_ValueError, err);
+        goto done;
+    }
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    for (int i = 0; i < 4; i++)
+        if (v[i].held) PyBuffer_Release(&v[i].b);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"split_repeated", (PyCFunction)(void (*)(void))f_split_repeated, METH_FASTCALL,
      "Payload bounds of the items of a repeated length-delimited field, and where it stopped."},
@@ -301,6 +354,8 @@ static PyMethodDef methods[] = {
      "Slices (duration, depth, parent) from begin/end/instant events in time order."},
     {"last_owner", (PyCFunction)(void (*)(void))f_last_owner, METH_FASTCALL,
      "Per query packet: the last owner of its generation at or before it (-1: none)."},
+    {"generations", (PyCFunction)(void (*)(void))f_generations, METH_FASTCALL,
+     "Each packet's generation id from its sequence rank and flags."},
     {"packet_clocks", (PyCFunction)(void (*)(void))f_packet_clocks, METH_FASTCALL,
      "Each packet's clock id: the defaults' where it has none, sequence clocks scoped."},
     {NULL, NULL, 0, NULL},

@@ -28,7 +28,7 @@ from ._packets import (
     _Acc,
 )
 
-# last_owner, packet_clocks: one pass each (None: numpy)
+# generations, last_owner, packet_clocks: one pass or two each (None: numpy)
 _loops = _ext.load("stepscope.analysis._decodeloops")
 
 # Sequence state: generations, defaults, interning
@@ -77,6 +77,11 @@ def _generations(seq: np.ndarray, flags: np.ndarray) -> tuple[np.ndarray, np.nda
     heads = np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]])
     useq, hrank = np.unique(seq[heads], return_inverse=True)
     srank = np.repeat(hrank, np.diff(np.r_[heads, n])).astype(np.int64)
+    if _loops is not None:  # one pass to count the clears per sequence, one to number them
+        gen = np.empty(n, np.int64)
+        _loops.generations(srank, np.ascontiguousarray(flags, np.int8),
+                           np.empty(2 * len(useq), np.int64), gen)
+        return srank, gen
     clear = (flags & 1) != 0
     per_seq = np.zeros(len(useq), np.int64)  # clears per sequence
     gl = np.zeros(n, np.int64)  # clears so far on the packet's sequence

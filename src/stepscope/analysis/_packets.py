@@ -108,10 +108,16 @@ def _inflate(data: bytes, off: int, ln: int) -> bytes | None:
 
 
 def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progress) -> _Packets:
-    """All packets of all files in import order, compressed batches expanded in place."""
-    bufs: list[bytes] = []
-    starts, ends, files, keys = [], [], [], []
-    base = 0
+    """All packets of all files in import order, compressed batches expanded in place.
+
+    The bytes of every file and every inflated batch are copied once, into one growing buffer
+    (no joined or padded copies); packets are split where they lie in it.
+    """
+    out = bytearray()
+    starts, ends, files = [], [], []
+    # import order of the packets, piece by piece: (first key, last key, key array or its
+    # recipe); the keys are only built when the pieces are out of order
+    keys: list[tuple[int, int, object]] = []
     top_base = 0  # top-level packet numbers, continued across files
     for fidx, (name, data) in enumerate(datas):
         if not data:
@@ -132,42 +138,42 @@ def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progre
         is_comp = np.zeros(len(st), bool)
         is_comp[f.msg[comp]] = True
         plain = np.flatnonzero(~is_comp & ~f.bad)
-        bufs.append(data)
+        base = len(out)
+        out.extend(data)
         starts.append(st[plain] + base)
         ends.append(en[plain] + base)
-        files.append(np.full(len(plain), fidx, np.int32))
-        keys.append(plain + top_base)
-        base += len(data)
-        inflated: list[bytes] = []
-        owner: list[tuple[int, int]] = []
-        size = 0
+        files.append((fidx, len(plain)))
+        if len(plain):
+            keys.append((int(plain[0]) + top_base, int(plain[-1]) + top_base, plain + top_base))
+        inflated: list[tuple[int, int]] = []  # (top-level packet, inflated length)
+        p0 = len(out)  # where the batches inflated since the last split begin
 
-        def flush(name=name, fidx=fidx, top_base=top_base) -> None:
+        def flush(fidx=fidx, top_base=top_base) -> None:
             """Split the batches inflated so far (a piece at a time: bounded memory)."""
-            nonlocal base, inflated, owner, size
-            blob = b"".join(inflated)
-            ibuf = ps.padded(blob)
-            ist, ien, stop = ps.split_repeated(ibuf, 0, len(blob))
-            if stop < len(blob):  # a batch inflated to garbage: keep every other batch
-                good = [i for i, raw in enumerate(inflated)
-                        if ps.split_repeated(ps.padded(raw), 0, len(raw))[2] == len(raw)]
+            nonlocal inflated, p0
+            ist, ien, stop = _split_at(out, p0, len(out))
+            if stop < len(out):  # a batch inflated to garbage: keep every other batch
+                raws, at = [], p0
+                for m, ln in inflated:
+                    raw = bytes(out[at : at + ln])
+                    at += ln
+                    if ps.split_repeated(ps.padded(raw), 0, ln)[2] == ln:
+                        raws.append((m, raw))
                 stats["corrupt_compressed_batches"] = (
-                    stats.get("corrupt_compressed_batches", 0) + len(inflated) - len(good))
-                inflated = [inflated[i] for i in good]
-                owner = [owner[i] for i in good]
-                blob = b"".join(inflated)
-                ibuf = ps.padded(blob)
-                ist, ien, _ = ps.split_repeated(ibuf, 0, len(blob))
-            del ibuf
-            bounds = np.cumsum([0] + [n for _, n in owner])
-            batch = np.searchsorted(bounds, ist, side="right") - 1
-            bufs.append(blob)
-            starts.append(ist + base)
-            ends.append(ien + base)
-            files.append(np.full(len(ist), fidx, np.int32))
-            keys.append(np.array([o for o, _ in owner], np.int64)[batch] + top_base)
-            base += len(blob)
-            inflated, owner, size = [], [], 0
+                    stats.get("corrupt_compressed_batches", 0) + len(inflated) - len(raws))
+                del out[p0:]
+                for _, raw in raws:
+                    out.extend(raw)
+                inflated = [(m, len(raw)) for m, raw in raws]
+                ist, ien, _ = _split_at(out, p0, len(out))
+            if len(ist):
+                owners = np.array([m for m, _ in inflated], np.int64) + top_base
+                bounds = p0 + np.cumsum([0] + [ln for _, ln in inflated])
+                keys.append((int(owners[0]), int(owners[-1]), (owners, bounds, ist)))
+            starts.append(ist)
+            ends.append(ien)
+            files.append((fidx, len(ist)))
+            inflated, p0 = [], len(out)
 
         batches = list(zip(f.msg[comp].tolist(), f.off[comp].tolist(), f.ln[comp].tolist(),
                            strict=True))
@@ -179,32 +185,40 @@ def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progre
             if raw is None:
                 stats["corrupt_compressed_batches"] = stats.get("corrupt_compressed_batches", 0) + 1
                 continue
-            inflated.append(raw)
-            owner.append((int(m), len(raw)))
-            size += len(raw)
-            if size >= _PIECE:
+            out.extend(raw)
+            inflated.append((int(m), len(raw)))
+            if len(out) - p0 >= _PIECE:
                 flush()
         if inflated:
             flush()
         top_base += len(st)
-    if not bufs:
+    if not starts:
         z = np.zeros(0, np.int64)
         return _Packets(ps.padded(b""), z, z, z)
-    # one buffer for everything, filled piece by piece (no joined copy)
-    buf = np.zeros(base + ps.PAD, np.uint8)
-    pos = 0
-    for b in bufs:
-        buf[pos : pos + len(b)] = np.frombuffer(b, np.uint8)
-        pos += len(b)
-    bufs.clear()
+    out += bytes(ps.PAD)
+    buf = np.frombuffer(out, np.uint8)  # the bytearray's own memory (no copy)
     start, end = np.concatenate(starts), np.concatenate(ends)
-    file = np.concatenate(files)
+    file = np.repeat(np.array([i for i, _ in files], np.int32), [n for _, n in files])
     # packets of a compressed batch take its place; within a batch they keep their order
-    key = np.concatenate(keys)
-    if ps.in_order(key):  # already in place (all batches, or none)
-        return _Packets(buf, start, end, file)
+    if all(a[1] <= b[0] for a, b in zip(keys, keys[1:], strict=False)):
+        return _Packets(buf, start, end, file)  # already in place (all batches, or none)
+    key = np.concatenate([k if isinstance(k, np.ndarray) else
+                          k[0][np.searchsorted(k[1], k[2], side="right") - 1]
+                          for _, _, k in keys])
     order = np.argsort(key, kind="stable")
     return _Packets(buf, start[order], end[order], file[order])
+
+
+def _split_at(out: bytearray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """ps.split_repeated over ``out[lo:hi]`` (the packets of inflated batches), on ``out``
+    itself with PAD zero bytes appended for the reads and taken off again."""
+    out += bytes(ps.PAD)
+    view = np.frombuffer(out, np.uint8)
+    try:
+        return ps.split_repeated(view, lo, hi)
+    finally:
+        del view  # no view left on `out`: it may grow again
+        del out[hi:]
 
 
 # --------------------------------------------------------------------------------------------

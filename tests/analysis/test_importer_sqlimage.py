@@ -388,6 +388,43 @@ def test_generations_c_and_numpy_agree(monkeypatch):
                                   np.zeros(4, np.int64), np.zeros(2, np.int64))
 
 
+def test_body_groups_of_hand_made_bodies():
+    from stepscope.analysis import _packets as pk
+
+    buf = ps.padded(b"abcXabcYabcdZab")
+    # "abc" at 0, 4, 8; "abcd" at 8; "ab" at 13; "abc" at 4 again: groups by first appearance
+    start, length = np.array([0, 4, 8, 8, 13, 4]), np.array([3, 3, 4, 3, 2, 3])
+    rep, inv, same = pk._body_groups(buf, start, length)
+    assert rep.tolist() == [0, 2, 4] and inv.tolist() == [0, 0, 1, 0, 2, 0]
+    assert same is None or same.all()
+
+
+@pytest.mark.skipif(_state._loops is None, reason="the C extension _decodeloops is not built")
+def test_body_groups_c_and_numpy_agree(monkeypatch):
+    from stepscope.analysis import _packets as pk
+
+    rng = np.random.default_rng(17)
+    for trial in range(100):
+        # bodies drawn from a few words (repeats) and random bytes (mostly distinct)
+        words = [rng.integers(0, 256, int(rng.integers(1, 25))).astype(np.uint8).tobytes()
+                 for _ in range(int(rng.integers(1, 6)))]
+        bodies = [words[int(rng.integers(0, len(words)))] if rng.random() < 0.8 else
+                  rng.integers(0, 4, int(rng.integers(1, 25))).astype(np.uint8).tobytes()
+                  for _ in range(int(rng.integers(1, 200)))]
+        start = np.cumsum([0] + [len(b) for b in bodies[:-1]])
+        buf = ps.padded(b"".join(bodies))
+        length = np.array([len(b) for b in bodies])
+        got = pk._body_groups(buf, start, length)
+        with monkeypatch.context() as m:
+            m.setattr(pk, "_loops", None)
+            want = pk._body_groups(buf, start, length)
+        assert got[2] is None and want[2].all(), trial
+        assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist(), trial
+        assert [bodies[i] for i in got[0][got[1]]] == bodies, trial
+    with pytest.raises(ValueError, match="outside buf"):
+        pk._loops.groups(ps.padded(b"ab"), np.array([30]), np.array([8]), np.zeros(1, np.int64))
+
+
 class _Defaults:  # the part of _state._State that _packet_clocks reads
     def __init__(self, pkt, clock):
         self.def_pkt, self.def_clock = np.array(pkt, np.int64), np.array(clock, np.int64)

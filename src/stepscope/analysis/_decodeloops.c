@@ -347,6 +347,128 @@ done:
     return res;
 }
 
+/* groups(buf, start, length, inv) -> rep: groups the byte strings buf[start[i]:start[i] +
+ * length[i]] by equal content (_packets._factorize_bodies' numpy twin): inv[i] = the group of
+ * string i, groups numbered by first appearance; rep (bytes of native int64) = the first string
+ * of each group. start, length, inv: int64; each string lies inside buf. */
+static inline uint64_t mix(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ULL;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+static uint64_t hash_bytes(const unsigned char *p, int64_t n) {
+    uint64_t h = mix((uint64_t)n);
+    for (; n >= 8; p += 8, n -= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = mix(h ^ w);
+    }
+    if (n > 0) {
+        uint64_t w = 0;
+        memcpy(&w, p, (size_t)n);
+        h = mix(h ^ w);
+    }
+    return h;
+}
+
+static PyObject *f_groups(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "groups(buf, start, length, inv)");
+        return NULL;
+    }
+    buf_t v[4] = {{{0}}};
+    PyObject *res = NULL;
+    int64_t *rep = NULL, *slot = NULL;
+    uint64_t *ghash = NULL;
+    if (get(&v[0], args[0], 0, 1, -1, "buf") < 0 || get(&v[1], args[1], 0, 8, -1, "start") < 0)
+        goto done;
+    Py_ssize_t n = v[1].b.len / 8;
+    if (get(&v[2], args[2], 0, 8, n, "length") < 0 || get(&v[3], args[3], 1, 8, n, "inv") < 0)
+        goto done;
+    const unsigned char *b = v[0].b.buf;
+    const int64_t *start = v[1].b.buf, *len = v[2].b.buf;
+    int64_t *inv = v[3].b.buf;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (start[i] < 0 || len[i] < 0 || start[i] + len[i] > v[0].b.len) {
+            PyErr_SetString(PyExc_ValueError, "groups: a string outside buf");
+            goto done;
+        }
+    Py_ssize_t cap = 1024, ngroups = 0, gcap = 256; /* slots (a power of 2), groups */
+    slot = PyMem_RawMalloc(sizeof(int64_t) * cap); /* Raw: also used without the GIL */
+    rep = PyMem_RawMalloc(sizeof(int64_t) * gcap);
+    ghash = PyMem_RawMalloc(sizeof(uint64_t) * gcap);
+    if (slot == NULL || rep == NULL || ghash == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < cap; k++) slot[k] = -1;
+    int nomem = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const unsigned char *p = b + start[i];
+        uint64_t h = hash_bytes(p, len[i]);
+        Py_ssize_t k = (Py_ssize_t)(h & (uint64_t)(cap - 1));
+        int64_t g;
+        while ((g = slot[k]) >= 0) {
+            if (ghash[g] == h && len[rep[g]] == len[i] &&
+                memcmp(b + start[rep[g]], p, (size_t)len[i]) == 0)
+                break;
+            k = (k + 1) & (cap - 1);
+        }
+        if (g < 0) { /* a new group */
+            if (ngroups == gcap) {
+                gcap *= 2;
+                int64_t *r2 = PyMem_RawRealloc(rep, sizeof(int64_t) * gcap);
+                if (r2 != NULL) rep = r2;
+                uint64_t *h2 = PyMem_RawRealloc(ghash, sizeof(uint64_t) * gcap);
+                if (h2 != NULL) ghash = h2;
+                if (r2 == NULL || h2 == NULL) {
+                    nomem = 1;
+                    break;
+                }
+            }
+            g = ngroups++;
+            rep[g] = i;
+            ghash[g] = h;
+            slot[k] = g;
+            if (2 * ngroups > cap) { /* keep the table at most half full */
+                Py_ssize_t ncap = 2 * cap;
+                int64_t *s2 = PyMem_RawMalloc(sizeof(int64_t) * ncap);
+                if (s2 == NULL) {
+                    nomem = 1;
+                    break;
+                }
+                for (Py_ssize_t j = 0; j < ncap; j++) s2[j] = -1;
+                for (int64_t q = 0; q < ngroups; q++) {
+                    Py_ssize_t j = (Py_ssize_t)(ghash[q] & (uint64_t)(ncap - 1));
+                    while (s2[j] >= 0) j = (j + 1) & (ncap - 1);
+                    s2[j] = q;
+                }
+                PyMem_RawFree(slot);
+                slot = s2;
+                cap = ncap;
+            }
+        }
+        inv[i] = g;
+    }
+    Py_END_ALLOW_THREADS
+    if (nomem) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    res = PyBytes_FromStringAndSize((const char *)rep, ngroups * 8);
+done:
+    PyMem_RawFree(slot);
+    PyMem_RawFree(rep);
+    PyMem_RawFree(ghash);
+    for (int i = 0; i < 4; i++)
+        if (v[i].held) PyBuffer_Release(&v[i].b);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"split_repeated", (PyCFunction)(void (*)(void))f_split_repeated, METH_FASTCALL,
      "Payload bounds of the items of a repeated length-delimited field, and where it stopped."},
@@ -354,6 +476,8 @@ static PyMethodDef methods[] = {
      "Slices (duration, depth, parent) from begin/end/instant events in time order."},
     {"last_owner", (PyCFunction)(void (*)(void))f_last_owner, METH_FASTCALL,
      "Per query packet: the last owner of its generation at or before it (-1: none)."},
+    {"groups", (PyCFunction)(void (*)(void))f_groups, METH_FASTCALL,
+     "Groups of equal byte strings of a buffer, numbered by first appearance."},
     {"generations", (PyCFunction)(void (*)(void))f_generations, METH_FASTCALL,
      "Each packet's generation id from its sequence rank and flags."},
     {"packet_clocks", (PyCFunction)(void (*)(void))f_packet_clocks, METH_FASTCALL,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _ext
 from .. import _wire as w
 from . import _protoscan as ps
 from ._errors import TraceError
@@ -44,6 +45,8 @@ TE_TFLOW = w.TE_TERMINATING_FLOW_IDS
 T_BEGIN, T_END = w.TYPE_SLICE_BEGIN, w.TYPE_SLICE_END
 T_INSTANT, T_COUNTER = w.TYPE_INSTANT, w.TYPE_COUNTER
 _CHUNK = 1 << 19  # packets scanned per numpy pass (bounds temporary memory)
+# groups: equal packet bodies in one pass (None: numpy)
+_loops = _ext.load("stepscope.analysis._decodeloops")
 _PIECE = 8 << 20  # bytes of inflated batches split into packets at a time
 
 
@@ -459,6 +462,42 @@ def _merge_parts(parts: list[tuple[np.ndarray, dict]], m: int) -> dict:
     return out
 
 
+def _body_groups(buf: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple:
+    """Groups of equal packet bodies ``buf[start:start + length]`` (1 to _TPL_MAX bytes):
+    (first body of each group, group of each body, mask of the bodies equal to their group's
+    first or None: all), groups numbered by first appearance.
+
+    The C loop compares the bytes; numpy hashes the bodies (zero-padded 8-byte words) and drops
+    the rare body whose hash collides with a different one (it is then decoded on its own)."""
+    if _loops is not None:
+        inv = np.empty(len(start), np.int64)
+        rep = np.frombuffer(_loops.groups(buf, start.astype(np.int64, copy=False),
+                                          length.astype(np.int64, copy=False), inv), np.int64)
+        return rep, inv, None
+    w = _TPL_MAX
+    win = np.lib.stride_tricks.sliding_window_view(buf, w)
+    rows = win[start]  # (n, w) copy without an (n, w) index matrix
+    words = rows.view(np.uint64).reshape(len(start), w // 8)
+    if np.little_endian:  # zero the bytes past each body, a word at a time
+        for j in range(w // 8):
+            words[:, j] &= _MASKS[np.clip(length - 8 * j, 0, 8)]
+    else:
+        rows *= (np.arange(w, dtype=np.uint8)[None, :] < length[:, None])
+    h = ps.mix64(length.astype(np.uint64))
+    for j in range(w // 8):
+        h = ps.mix64(h ^ words[:, j])
+    rep, inv = _factorize(h)
+    first = np.argsort(rep)  # renumbered by first appearance
+    renum = np.empty(len(rep), np.int64)
+    renum[first] = np.arange(len(rep))
+    rep, inv = rep[first], renum[inv]
+    r = rep[inv]
+    same = length == length[r]  # bodies equal to their group's first (hashes may collide)
+    for j in range(w // 8):
+        same &= words[:, j] == words[r, j]
+    return rep, inv, same
+
+
 def _scan_chunk(pk: _Packets, c0: int, c1: int) -> dict:
     """_scan_set's result for packets c0..c1-1, bodies repeated byte for byte decoded once."""
     buf = pk.buf
@@ -472,32 +511,13 @@ def _scan_chunk(pk: _Packets, c0: int, c1: int) -> dict:
     fi = np.flatnonzero(fast)
     parts = []
     if len(fi):
-        w = _TPL_MAX
-        win = np.lib.stride_tricks.sliding_window_view(buf, w)
-        rows = win[bstart[fi]]  # (n, w) copy without an (n, w) index matrix
-        bl = blen[fi]
-        words = rows.view(np.uint64).reshape(len(fi), w // 8)
-        if np.little_endian:  # zero the bytes past each body, a word at a time
-            for j in range(w // 8):
-                words[:, j] &= _MASKS[np.clip(bl - 8 * j, 0, 8)]
-        else:
-            rows *= (np.arange(w, dtype=np.uint8)[None, :] < bl[:, None])
-        h = ps.mix64(bl.astype(np.uint64))
-        for j in range(w // 8):
-            h = ps.mix64(h ^ words[:, j])
-        rep, inv = _factorize(h)
-        r = rep[inv]
-        same = bl == bl[r]  # bodies equal to their template (hashes may collide)
-        for j in range(w // 8):
-            same &= words[:, j] == words[r, j]
-        del r
-        del rows, words
-        fi_ok, inv = fi[same], inv[same]
+        rep, inv, same = _body_groups(buf, bstart[fi], blen[fi])
         tpl = _scan_set(buf, bstart[fi][rep], en[fi][rep])
-        res = _expand(tpl, inv, _as_i64(tsv[fi_ok]))
-        parts.append((fi_ok, res))
-        fast[:] = False
-        fast[fi_ok] = True
+        if same is not None and not same.all():  # the others are decoded on their own
+            fi, inv = fi[same], inv[same]
+            fast[:] = False
+            fast[fi] = True
+        parts.append((fi, _expand(tpl, inv, _as_i64(tsv[fi]))))
     slow = np.flatnonzero(~fast)
     if len(slow):
         parts.append((slow, _scan_set(buf, st[slow], en[slow])))

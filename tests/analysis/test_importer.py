@@ -143,6 +143,31 @@ def test_slices_nesting_depth_parent_and_categories(tmp_path):
     assert stats["slice_end_without_begin"] == 1
 
 
+def test_slices_live_once_in_the_slice_base(tmp_path):
+    """``slice`` is a view over the summaries' slice base, which holds every slice: the
+    unfinished one (id 4) is there without base columns; loaded without the base, ``slice`` is
+    a table of the same rows."""
+    from stepscope.analysis import _slicebase
+
+    path = write(tmp_path, nesting_trace())
+    conn, _ = load(path)
+    plain, _ = load(path, slice_base=False)
+    cols = "id, ts, dur, track_id, category, name, depth, parent_id, arg_set_id, thread_ts, " \
+           "thread_dur"
+    assert [d[0] for d in conn.execute("SELECT * FROM slice").description] == cols.split(", ")
+    assert rows(conn, f"SELECT {cols} FROM slice ORDER BY id") == \
+        rows(plain, f"SELECT {cols} FROM slice ORDER BY id")
+    assert rows(conn, "SELECT type FROM sqlite_master WHERE name = 'slice'") == \
+        [dict(type="view")]
+    assert rows(plain, "SELECT type FROM sqlite_master WHERE name = 'slice'") == \
+        [dict(type="table")]
+    base = conn.execute(f"SELECT id, end_ts, upid, kind_id, {_slicebase.SS_BASE_ROWS} "
+                        f"FROM {_slicebase.SS_TABLE} ORDER BY id").fetchall()
+    # "step,phase" is no 'step' for _base.sql's CASE: a user range (6), as the others
+    assert [r[1:] for r in base] == [(2000, 1, 6, 1), (1300, 1, 6, 1), (1150, 1, 6, 1),
+                                     (1400, 1, 6, 1), (None, None, None, 0), (3600, 1, 6, 1)]
+
+
 def test_out_of_order_events_are_sorted_by_time(tmp_path):
     # a producer writing complete events late: the nesting comes from timestamps, not file order
     pk = descriptors() + [

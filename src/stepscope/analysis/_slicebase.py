@@ -3,9 +3,13 @@
 Every summary reads ``ss_slice`` (``sql/_base.sql``): the finished slices with their process
 (upid), thread (utid), end and event kind (kind_id). Computed as a CTE and then indexed by
 SQLite, it costs two passes over every slice (about 9 s at 5M slices). The importer holds the
-slice columns in numpy already, so it computes the same rows (with no filter set) and writes them,
-with the indexes the overview's union window and the operators' GROUP BY read, into the database
-image as table ``SS_TABLE``.
+slice columns in numpy already, so it computes the same values (with no filter set) and writes
+them, with the indexes the overview's union window and the operators' GROUP BY read, into the
+database image as table ``SS_TABLE``.
+
+That table holds every slice once: trace processor's ``slice`` is a view over it (its columns,
+in its order), and the rows of ``ss_slice`` are those with an upid (``SS_BASE_ROWS``; the others,
+unfinished or on a track no process owns, have NULL base columns).
 ``summaries.shared_base`` reads that table instead of computing the CTE when no filter is set.
 
 The rules are _base.sql's; the owner of each track comes from running _base.sql's own
@@ -28,7 +32,16 @@ _COLUMNS = (("id", "INTEGER PRIMARY KEY"), ("ts", "INTEGER"), ("dur", "INTEGER")
             ("name", "TEXT"), ("parent_id", "INTEGER"), ("arg_set_id", "INTEGER"),
             ("upid", "INTEGER"), ("utid", "INTEGER"), ("kind_id", "INTEGER"))
 SS_COLUMNS = tuple(n for n, _ in _COLUMNS)
-SS_SCHEMA = si.table_sql(SS_TABLE, _COLUMNS)
+# the rest of trace processor's slice columns (NULL: thread_ts, thread_dur)
+_SLICE_REST = (("depth", "INTEGER"), ("thread_ts", "INTEGER"), ("thread_dur", "INTEGER"))
+SS_SCHEMA = si.table_sql(SS_TABLE, _COLUMNS + _SLICE_REST)
+SLICE_VIEW = (f"CREATE VIEW slice AS SELECT id, ts, dur, track_id, category, name, depth, "
+              f"parent_id, arg_set_id, thread_ts, thread_dur FROM {SS_TABLE}")
+# the rows of ss_slice: those with an upid, tested on kind_id first (set only on such rows), so
+# that a kind index answers it without reading the row
+SS_BASE_ROWS = "kind_id IS NOT NULL OR upid IS NOT NULL"
+# trace processor's slice index, on the table that holds the slices
+SS_TRACK_INDEX, SS_TRACK_INDEX_KEYS = "slice_track_ts", ("track_id", "ts")
 # the order the overview's union window reads ss_slice in (summaries indexes its own copy alike)
 SS_INDEX_KEYS = ("kind_id", "upid", "ts", "end_ts")
 SS_INDEX = f"{SS_TABLE}_kind"
@@ -84,37 +97,33 @@ def kinds(strings: list[str], category: np.ndarray, name: np.ndarray) -> tuple:
 
 def image_parts(slices: dict, strings: list[str],
                 owners: dict[int, tuple[int, int | None]]) -> tuple[si.Table, list[si.Index]]:
-    """SS_TABLE and its indexes, from the importer's slice columns."""
+    """SS_TABLE (every slice) and its indexes, from the importer's slice columns."""
     track = slices["track_id"].astype(np.int64, copy=False)
     known = np.array(sorted(owners), np.int64)
     at = np.minimum(np.searchsorted(known, track), max(len(known) - 1, 0))
-    keep = slices["dur"] >= 0  # finished slices on listed tracks
+    keep = slices["dur"] >= 0  # finished slices on listed tracks: the base rows
     if len(known):
         keep &= known[at] == track
     else:
         keep[:] = False
-    rows = slice(None) if keep.all() else np.flatnonzero(keep)  # all: views, no copies
+    out = ~keep  # the other rows: no base columns
     own = [owners[k] for k in known.tolist()] or [(0, None)]
     upid_of = np.array([u for u, _ in own], np.int64)
     utid_of = np.array([0 if t is None else t for _, t in own], np.int64)
     no_utid = np.array([t is None for _, t in own], bool)
-
-    def col(k: str) -> np.ndarray:
-        return slices[k][rows]
-
-    ts, dur, cat, name = col("ts"), col("dur"), col("category"), col("name")
+    ts, dur, cat, name = slices["ts"], slices["dur"], slices["category"], slices["name"]
     kind, kind_null = kinds(strings, cat, name)
-    own_at = at[rows]
-    upid, utid, utid_null = upid_of[own_at], utid_of[own_at], no_utid[own_at]
-    parent, args = col("parent_id"), col("arg_set_id")
-    end_ts = ts + dur
-    table = si.Table(SS_TABLE, SS_SCHEMA, col("id"), [
+    upid, utid = upid_of[at], utid_of[at]
+    parent, args = slices["parent_id"], slices["arg_set_id"]
+    table = si.Table(SS_TABLE, SS_SCHEMA, slices["id"], [
         si.Column("rowid"), si.Column("int", ts), si.Column("int", dur),
-        si.Column("int", end_ts), si.Column("int", track[rows]), si.Column("text", cat),
+        si.Column("int", ts + dur, out), si.Column("int", track), si.Column("text", cat),
         si.Column("text", name), si.Column("int", parent, parent < 0),
-        si.Column("int", args, args < 0), si.Column("int", upid),
-        si.Column("int", utid, utid_null), si.Column("int", kind, kind_null)])
-    by_name = dict(zip(SS_COLUMNS, table.columns, strict=True))
+        si.Column("int", args, args < 0), si.Column("int", upid, out),
+        si.Column("int", utid, out | no_utid[at]), si.Column("int", kind, out | kind_null),
+        si.Column("int", slices["depth"])])  # thread_ts, thread_dur: NULL
+    by_name = dict(zip(SS_COLUMNS, table.columns, strict=False))
     return table, [si.Index(ix, si.index_sql(ix, SS_TABLE, keys), SS_TABLE,
                             [by_name[k] for k in keys], table.rowid)
-                   for ix, keys in ((SS_INDEX, SS_INDEX_KEYS), (SS_NAME_INDEX, SS_NAME_INDEX_KEYS))]
+                   for ix, keys in ((SS_INDEX, SS_INDEX_KEYS), (SS_NAME_INDEX, SS_NAME_INDEX_KEYS),
+                                    (SS_TRACK_INDEX, SS_TRACK_INDEX_KEYS))]

@@ -23,7 +23,8 @@ processor's clock / interning / nesting semantics) and writes the tables into an
 =================  ===========================================================================
 
 Not a trace processor table: ``ss_slice_base``, the summaries' unfiltered slice base
-(``_slicebase``), which the summaries read instead of computing it.
+(``_slicebase``), which the summaries read instead of computing it. It holds the slices:
+``slice`` is then a view over it (a table when the base is not made).
 """
 
 from __future__ import annotations
@@ -136,16 +137,18 @@ def load(
     return conn, tables.stats
 
 
-def _image_tables(t: Tables) -> list[si.Table]:
-    """The big tables as image tables. Trailing always-NULL columns are left out of the
-    records: SQLite reads columns missing from a record as NULL."""
+def _image_tables(t: Tables, slices: bool = True) -> list[si.Table]:
+    """The big tables as image tables (``slices``: with the slice table). Trailing always-NULL
+    columns are left out of the records: SQLite reads columns missing from a record as NULL."""
     s, c, a = t.slice, t.counter, t.args
-    out = [si.Table("slice", BIG_SCHEMA["slice"], s["id"], [
-        si.Column("rowid"), si.Column("int", s["ts"]), si.Column("int", s["dur"]),
-        si.Column("int", s["track_id"]), si.Column("text", s["category"]),
-        si.Column("text", s["name"]), si.Column("int", s["depth"]),
-        si.Column("int", s["parent_id"], s["parent_id"] < 0),
-        si.Column("int", s["arg_set_id"], s["arg_set_id"] < 0)])]  # thread_ts/dur: NULL
+    out = []
+    if slices:
+        out.append(si.Table("slice", BIG_SCHEMA["slice"], s["id"], [
+            si.Column("rowid"), si.Column("int", s["ts"]), si.Column("int", s["dur"]),
+            si.Column("int", s["track_id"]), si.Column("text", s["category"]),
+            si.Column("text", s["name"]), si.Column("int", s["depth"]),
+            si.Column("int", s["parent_id"], s["parent_id"] < 0),
+            si.Column("int", s["arg_set_id"], s["arg_set_id"] < 0)]))  # thread_ts/dur: NULL
     out.append(si.Table("counter", BIG_SCHEMA["counter"], c["id"], [
         si.Column("rowid"), si.Column("int", c["ts"]), si.Column("int", c["track_id"]),
         si.Column("real", c["value"])]))  # arg_set_id: NULL
@@ -172,6 +175,8 @@ def _image_indexes(tables: list[si.Table]) -> list[si.Index]:
     by_name = {t.name: t for t in tables}
     out = []
     for name, table, keys in INDEXES:
+        if table not in by_name:  # the slices are in the slice base (see _image_parts)
+            continue
         t = by_name[table]
         names = [n for n, _ in BIG_COLUMNS[table]]
         cols = []
@@ -199,6 +204,7 @@ def write_tables(t: Tables, db: str | None = ":memory:", progress: Progress = _n
     """
     progress("load", 0.0)
     tables, ixs = _image_parts(t, indexes, slice_base)
+    slice_view = any(tb.name == _slicebase.SS_TABLE for tb in tables)
     strings = t.strings.list
     conn = None
     if db is None:
@@ -217,7 +223,7 @@ def write_tables(t: Tables, db: str | None = ":memory:", progress: Progress = _n
     try:
         conn.execute("PRAGMA synchronous=OFF")
         conn.execute("PRAGMA temp_store=MEMORY")
-        conn.executescript(SMALL_SCHEMA)
+        conn.executescript(SMALL_SCHEMA + (_slicebase.SLICE_VIEW + ";" if slice_view else ""))
         with conn:
             _write_tracks(conn, t)
             conn.executemany(
@@ -260,18 +266,20 @@ def remove_db_file(path: str) -> None:
 
 def _image_parts(t: Tables, indexes: bool,
                  slice_base: bool) -> tuple[list[si.Table], list[si.Index]]:
-    """The image's tables and indexes (the big tables, and the slice base when wanted)."""
-    tables = _image_tables(t)
-    ixs = _image_indexes(tables) if indexes else []
+    """The image's tables and indexes: the big tables, the slices in the summaries' slice base
+    when wanted (``slice`` is then a view over it, see _slicebase), else in table ``slice``."""
+    base = None
     if slice_base:
         try:
             base, base_ixs = _slicebase.image_parts(t.slice, t.strings.list, _track_owners(t))
         except (sqlite3.Error, ValueError, KeyError, IndexError) as e:
             # an optional shortcut (the summaries compute ss_slice themselves), but said
             log.warning("stepscope: no summaries' slice base (%s: %s)", type(e).__name__, e)
-        else:
-            tables.append(base)
-            ixs.extend(base_ixs)
+    tables = _image_tables(t, slices=base is None)
+    ixs = _image_indexes(tables) if indexes else []
+    if base is not None:
+        tables.insert(0, base)
+        ixs.extend(ix for ix in base_ixs if indexes or ix.name != _slicebase.SS_TRACK_INDEX)
     return tables, ixs
 
 

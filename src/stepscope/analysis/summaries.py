@@ -28,7 +28,7 @@ from importlib import resources
 from typing import Any
 
 from ._format import BOOL, FLOAT, INT, RATIO, TEXT, TIME, Column, Table, render_many
-from ._slicebase import SS_INDEX_KEYS, SS_TABLE
+from ._slicebase import SS_BASE_ROWS, SS_COLUMNS, SS_INDEX_KEYS, SS_TABLE
 from ._sqlimage import file_of, open_file
 from ._threads import cpus
 
@@ -217,7 +217,8 @@ def shared_base(db: Any, filters: Filters):
                 if views and name in _BASE_VIEWS:
                     # unfiltered, ss_slice is the slice base itself and ss_device its device
                     # rows (read through its kind index): no copy on any connection
-                    sql = f"SELECT * FROM main.{SS_TABLE}" if name == "ss_slice" else body
+                    sql = (f"SELECT {', '.join(SS_COLUMNS)} FROM main.{SS_TABLE} "
+                           f"WHERE {SS_BASE_ROWS}") if name == "ss_slice" else body
                     conn.execute(f"CREATE TEMP VIEW {name} AS {sql}")
                     made.append(("VIEW", name))
                     continue

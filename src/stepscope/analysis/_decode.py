@@ -103,6 +103,7 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
         partial(_resolve_timestamps, P, st, srank, gen, skip, stats) if n
         else partial(np.zeros, 0, _I64))
     del P, gen, skip, srank
+    progress("events", 0.0)
     ets = pts[epkt] if m else np.zeros(0, _I64)
     del pts, epkt
     tracks = sorted(st.tracks.values(), key=lambda t: t.id)

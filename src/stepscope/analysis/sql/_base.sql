@@ -30,8 +30,9 @@
 --     holds just those rows of ss_slice (the tables that only need device slices read it).
 --   * placeholders slices / step_rows: the table the slices are read from and the test that
 --     picks the step slices: slice / s.category = 'step'; on stepscope's embedded engine, the
---     importer's ss_slice_base (the finished slices on listed tracks, with their kind_id) /
---     s.kind_id = 0, which its kind index answers. Both give the same rows.
+--     importer's ss_slice_base (every slice; the finished ones on listed tracks with their
+--     kind_id, which the others lack) / s.kind_id = 0, which its kind index answers. Both give
+--     the same rows.
 --   * filters: rank filter -> ss_track_sel (tracks of the selected ranks); selected steps (step
 --     number in [A, B)) -> ss_step; with a step range set, slices are kept when they START
 --     inside the rank's window [start of its first selected step, end of its last selected

@@ -106,7 +106,7 @@ def image_parts(slices: dict, strings: list[str],
         keep &= known[at] == track
     else:
         keep[:] = False
-    out = ~keep  # the other rows: no base columns
+    other = ~keep  # the other rows: no base columns
     own = [owners[k] for k in known.tolist()] or [(0, None)]
     upid_of = np.array([u for u, _ in own], np.int64)
     utid_of = np.array([0 if t is None else t for _, t in own], np.int64)
@@ -117,10 +117,11 @@ def image_parts(slices: dict, strings: list[str],
     parent, args = slices["parent_id"], slices["arg_set_id"]
     table = si.Table(SS_TABLE, SS_SCHEMA, slices["id"], [
         si.Column("rowid"), si.Column("int", ts), si.Column("int", dur),
-        si.Column("int", ts + dur, out), si.Column("int", track), si.Column("text", cat),
+        si.Column("int", ts + dur, other), si.Column("int", track), si.Column("text", cat),
         si.Column("text", name), si.Column("int", parent, parent < 0),
-        si.Column("int", args, args < 0), si.Column("int", upid, out),
-        si.Column("int", utid, out | no_utid[at]), si.Column("int", kind, out | kind_null),
+        si.Column("int", args, args < 0), si.Column("int", upid, other),
+        si.Column("int", utid, other | no_utid[at]),
+        si.Column("int", kind, other | kind_null),
         si.Column("int", slices["depth"])])  # thread_ts, thread_dur: NULL
     by_name = dict(zip(SS_COLUMNS, table.columns, strict=False))
     return table, [si.Index(ix, si.index_sql(ix, SS_TABLE, keys), SS_TABLE,

@@ -469,6 +469,7 @@ def test_stable_order_is_a_stable_argsort():
               (rng.integers(0, 4, 5000) << 58) | rng.integers(0, 9, 5000),  # ties, two passes
               np.cumsum(rng.integers(0, 1 << 20, 1 << 17)) - rng.integers(0, 2, 1 << 17),
               (rng.integers(0, 5, 1 << 17) << 40) | rng.integers(0, 3, 1 << 17),  # shuffled
+              np.array([5, -(1 << 63), (1 << 62) + 7, 3, (1 << 62) + 1, -(1 << 62)]),  # 2**63+
               np.array([4]), np.zeros(0, np.int64)):
         assert ps.stable_order(a).tolist() == np.argsort(a, kind="stable").tolist()
 

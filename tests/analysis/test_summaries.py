@@ -109,6 +109,23 @@ def test_model_phases_and_others(db):
     assert rows["Forward"]["gpu_ratio"] == pytest.approx(200 / 1550)
 
 
+def test_model_phase_without_a_name_keeps_its_gpu_time():
+    t = TraceDB()
+    r0 = t.process(100, "rank 0")
+    main = t.thread(r0, 101, "main")
+    stream = t.track("stream 7", t.track("GPU 0", t.process_track(r0)))
+    step = t.slice(main, 1000, 1000, "step 1", "step", {"step": 1})
+    phase = t.slice(main, 1100, 500, None, "phase", parent=step)  # [1100,1600), no name
+    launch = t.slice(main, 1200, 10, "cudaLaunchKernel", "cuda_runtime", parent=phase)
+    t.flow(launch, t.slice(stream, 1250, 100, "gemm", "kernel"))  # launched inside the phase
+    rows = by(S.table(t, "model").rows, "phase")
+    assert list(rows) == [None, "Others"]
+    assert (rows[None]["calls"], rows[None]["cpu_total_ns"], rows[None]["gpu_total_ns"],
+            rows[None]["gpu_min_ns"], rows[None]["gpu_ratio"]) == (1, 500, 100, 100, 1.0)
+    # Others: the step less its phase, 1000 - 500; no device work outside the phase
+    assert (rows["Others"]["cpu_total_ns"], rows["Others"]["gpu_total_ns"]) == (500, 0)
+
+
 def test_step_times_and_stats(db):
     per = S.table(db, "step_times").rows
     assert [

@@ -297,7 +297,7 @@ def stable_order(a: np.ndarray) -> np.ndarray:
         return np.argsort(small_key(a - lo), kind="stable")
     room = 63 - pos_bits  # key bits that fit beside a position
     width = (hi - lo).bit_length()
-    if width > 2 * room or _mostly_ascending(a):
+    if width > min(2 * room, 63) or _mostly_ascending(a):  # (63: the differences fit int64)
         return np.argsort(a, kind="stable")
     d = a.astype(np.int64) - lo
     if width > room:

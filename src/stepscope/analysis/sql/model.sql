@@ -26,10 +26,11 @@ md_nested_dl AS (
   WHERE w.kind_id = 1 AND w.category = 'dataloader' AND p.category = 'phase'
 ),
 -- the phase instances. Kinds 2-5 are 'phase' slices by definition, kind 1 holds the
--- 'Dataloader' phases and the dataloader waits. Not materialized: each reader takes the
--- columns it needs from the index that holds them (no slice row read).
-md_phase AS NOT MATERIALIZED (
-  SELECT s.id, s.upid, s.ts, s.end_ts, s.dur, s.kind_id, s.name
+-- 'Dataloader' phases and the dataloader waits. (md_cpu selects the same rows with the same
+-- test: each reader then takes the columns it needs from the index that holds them, with no
+-- slice row read; a CTE read twice would be stored once with all its columns.)
+md_phase AS (
+  SELECT s.id, s.upid, s.ts, s.end_ts
   FROM ss_slice s
   WHERE s.kind_id BETWEEN 1 AND 5  -- kinds of 'phase' and 'dataloader' slices
     AND (s.kind_id > 1 OR s.id NOT IN (SELECT id FROM md_nested_dl))
@@ -39,9 +40,12 @@ md_phase AS NOT MATERIALIZED (
 md_cpu AS (
   SELECT CASE WHEN kind_id = 1 THEN 'Dataloader' ELSE name END AS phase, SUM(n) AS calls,
          SUM(total) AS cpu_total_ns, MAX(max_ns) AS cpu_max_ns, MIN(min_ns) AS cpu_min_ns
-  FROM (SELECT kind_id, name, COUNT(*) AS n, SUM(dur) AS total, MAX(dur) AS max_ns,
-               MIN(dur) AS min_ns
-        FROM md_phase GROUP BY kind_id, name)
+  FROM (SELECT s.kind_id, s.name, COUNT(*) AS n, SUM(s.dur) AS total, MAX(s.dur) AS max_ns,
+               MIN(s.dur) AS min_ns
+        FROM ss_slice s
+        WHERE s.kind_id BETWEEN 1 AND 5  -- md_phase's rows
+          AND (s.kind_id > 1 OR s.id NOT IN (SELECT id FROM md_nested_dl))
+        GROUP BY s.kind_id, s.name)
   GROUP BY 1
 ),
 md_dev AS (
@@ -119,7 +123,7 @@ md_rows AS (
          COALESCE(g.total, 0) AS gpu_total_ns,
          COALESCE(g.max_ns, 0) AS gpu_max_ns,
          CASE WHEN COALESCE(g.n, 0) < c.calls THEN 0 ELSE g.min_ns END AS gpu_min_ns
-  FROM md_cpu c LEFT JOIN md_gpu g ON g.phase = c.phase
+  FROM md_cpu c LEFT JOIN md_gpu g ON g.phase IS c.phase  -- IS: a phase may have no name
   UNION ALL
   SELECT 'Others', 0, COUNT(*), SUM(cpu_ns), MAX(cpu_ns), MIN(cpu_ns),
          SUM(gpu_ns), MAX(gpu_ns), MIN(gpu_ns)

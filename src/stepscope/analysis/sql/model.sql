@@ -43,7 +43,7 @@ md_cpu AS (
   FROM (SELECT s.kind_id, s.name, COUNT(*) AS n, SUM(s.dur) AS total, MAX(s.dur) AS max_ns,
                MIN(s.dur) AS min_ns
         FROM ss_slice s
-        WHERE s.kind_id BETWEEN 1 AND 5  -- md_phase's rows
+        WHERE s.kind_id BETWEEN 1 AND 5  -- the rows of md_phase
           AND (s.kind_id > 1 OR s.id NOT IN (SELECT id FROM md_nested_dl))
         GROUP BY s.kind_id, s.name)
   GROUP BY 1

@@ -246,7 +246,7 @@ def test_loaded_slice_base_is_the_cte_and_gives_the_same_tables(traces, expected
             # the operators' per-name statistics read the name index: no sort for that GROUP BY
             ops = S.render("operators", base=base, **S.operator_values(False))
             plan = [r["detail"] for r in db.query("EXPLAIN QUERY PLAN " + ops)]
-            assert any("INDEX ss_slice_base_name (kind_id=?)" in d for d in plan)
+            assert any("COVERING INDEX ss_slice_base_name (kind_id=?)" in d for d in plan)
         for kw in ({}, {"by_thread": True}, {"steps": "2"}):  # the last: the CTE path
             for name, t in S.all_tables(db, **kw).items():
                 assert t.rows == S.table(db, name, **kw).rows, (name, kw)

@@ -96,17 +96,18 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
     strings = st.strings
     epkt, etyp = E.pop("pkt"), E.pop("typ")
     m = len(epkt)
+    tracks = sorted(st.tracks.values(), key=lambda t: t.id)  # track index: position here
     # the packets' timestamps (clocks) and the events' tracks and names (interned data) need
     # nothing from each other: computed side by side
-    (egen, eskip, etid, known, ename, ecat), pts = beside(
-        partial(_event_tracks_names, E, st, buf, epkt, gen, skip, n),
+    (egen, eskip, etid, ename, ecat), pts = beside(
+        partial(_event_tracks_names, E, st, tracks, buf, epkt, gen, skip, n),
         partial(_resolve_timestamps, P, st, srank, gen, skip, stats) if n
         else partial(np.zeros, 0, _I64))
     del P, gen, skip, srank
     progress("events", 0.0)
     ets = pts[epkt] if m else np.zeros(0, _I64)
     del pts, epkt
-    tracks = sorted(st.tracks.values(), key=lambda t: t.id)
+    known = etid >= 0
     valid = ~eskip & (ets != np.iinfo(np.int64).min)
     del eskip
     if (valid & ~known).any():
@@ -143,15 +144,14 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
                   track_utid=track_utid, track_upid=track_upid, stats=stats)
 
 
-def _event_tracks_names(E: _Acc, st: _State, buf, epkt: np.ndarray, gen: np.ndarray,
-                        skip: np.ndarray, n: int) -> tuple:
-    """Per event: its generation, whether its packet is skipped, its track index (-1:
-    unknown) and whether the track is known, its name and category string ids."""
+def _event_tracks_names(E: _Acc, st: _State, tracks: list[Track], buf, epkt: np.ndarray,
+                        gen: np.ndarray, skip: np.ndarray, n: int) -> tuple:
+    """Per event: its generation, whether its packet is skipped, its track's index in
+    ``tracks`` (-1: unknown), its name and category string ids."""
     strings = st.strings
     m = len(epkt)
     egen = gen[epkt] if m else np.zeros(0, _I64)
     eskip = skip[epkt] if m else np.zeros(0, bool)
-    tracks = sorted(st.tracks.values(), key=lambda t: t.id)
     uuids = np.array([t.uuid for t in tracks], np.int64)
     uorder = np.argsort(uuids).astype(np.int32)
     su = uuids[uorder]
@@ -171,7 +171,6 @@ def _event_tracks_names(E: _Acc, st: _State, buf, epkt: np.ndarray, gen: np.ndar
         etid = np.full(m, -1, np.int32)
     tr_ev = E.pop("tr_ev")
     etid[tr_ev] = track_index(E.pop("tr_uuid"))
-    known = etid >= 0
     del tr_ev
     # generation ids < clears + sequences <= 2 * packets (see _generations), not < packets
     egen = egen.astype(np.int32) if 2 * n < (1 << 31) - 1 else egen
@@ -201,7 +200,7 @@ def _event_tracks_names(E: _Acc, st: _State, buf, epkt: np.ndarray, gen: np.ndar
         return strings.id(",".join(strings.list[i] for i in ids))
 
     ecat = _per_event_single(cev, csid, m, join_cats)
-    return egen, eskip, etid, known, ename, ecat
+    return egen, eskip, etid, ename, ecat
 
 
 def _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats):

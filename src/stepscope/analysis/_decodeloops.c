@@ -107,6 +107,14 @@ static int get(buf_t *x, PyObject *o, int writable, Py_ssize_t itemsize, Py_ssiz
     return 0;
 }
 
+/* the call's result `res` (NULL: an error is set), once the buffers held in v[0..n-1] are
+ * released */
+static PyObject *release(buf_t *v, int n, PyObject *res) {
+    for (int i = 0; i < n; i++)
+        if (v[i].held) PyBuffer_Release(&v[i].b);
+    return res;
+}
+
 static PyObject *f_nest(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 11) {
         PyErr_SetString(PyExc_TypeError,
@@ -180,9 +188,7 @@ static PyObject *f_nest(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     res = PyLong_FromSsize_t(unmatched);
 done:
-    for (int i = 0; i < 8; i++)
-        if (v[i].held) PyBuffer_Release(&v[i].b);
-    return res;
+    return release(v, 8, res);
 }
 
 /* The owners of a walk (the defaults packets of the sequences), read in packet order while the
@@ -252,9 +258,7 @@ static PyObject *f_last_owner(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_INCREF(Py_None);
     res = Py_None;
 done:
-    for (int i = 0; i < 6; i++)
-        if (v[i].held) PyBuffer_Release(&v[i].b);
-    return res;
+    return release(v, 6, res);
 }
 
 /* packet_clocks(owner_gen, owner_pkt, last, owner_clock, gen, srank, clock): each packet's clock
@@ -289,9 +293,7 @@ static PyObject *f_packet_clocks(PyObject *self, PyObject *const *args, Py_ssize
     Py_INCREF(Py_None);
     res = Py_None;
 done:
-    for (int i = 0; i < 7; i++)
-        if (v[i].held) PyBuffer_Release(&v[i].b);
-    return res;
+    return release(v, 7, res);
 }
 
 /* generations(srank, flags, scratch, gen): each packet's generation id (_state._generations'
@@ -342,13 +344,11 @@ static PyObject *f_generations(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_INCREF(Py_None);
     res = Py_None;
 done:
-    for (int i = 0; i < 4; i++)
-        if (v[i].held) PyBuffer_Release(&v[i].b);
-    return res;
+    return release(v, 4, res);
 }
 
 /* groups(buf, start, length, inv) -> rep: groups the byte strings buf[start[i]:start[i] +
- * length[i]] by equal content (_packets._factorize_bodies' numpy twin): inv[i] = the group of
+ * length[i]] by equal content (_packets._body_groups' numpy twin): inv[i] = the group of
  * string i, groups numbered by first appearance; rep (bytes of native int64) = the first string
  * of each group. start, length, inv: int64; each string lies inside buf. */
 static inline uint64_t mix(uint64_t x) {
@@ -464,9 +464,7 @@ done:
     PyMem_RawFree(slot);
     PyMem_RawFree(rep);
     PyMem_RawFree(ghash);
-    for (int i = 0; i < 4; i++)
-        if (v[i].held) PyBuffer_Release(&v[i].b);
-    return res;
+    return release(v, 4, res);
 }
 
 static PyMethodDef methods[] = {

@@ -316,9 +316,10 @@ _MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], np.uint64)  # low k by
 
 
 def _factorize(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(first index of each distinct value, index of each value's distinct value), as
-    ``np.unique(return_index, return_inverse)`` but without sorting everything: the distinct
-    values (packet bodies) are few, so they are found in a sample and looked up."""
+    """(first index of each distinct value, the distinct value of each), distinct values
+    numbered by first appearance; as ``np.unique(return_index, return_inverse)`` but without
+    sorting everything: the distinct values (packet bodies) are few, so they are found in a
+    sample and looked up."""
     n = len(h)
     u = np.unique(h[:: max(1, n // 4096)])
     pos = np.minimum(np.searchsorted(u, h), len(u) - 1)
@@ -328,7 +329,10 @@ def _factorize(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         pos = np.searchsorted(u, h)
     rep = np.full(len(u), n, np.int64)
     np.minimum.at(rep, pos, np.arange(n))
-    return rep, pos
+    first = np.argsort(rep)  # renumbered by first appearance
+    renum = np.empty(len(rep), np.int64)
+    renum[first] = np.arange(len(rep))
+    return rep[first], renum[pos]
 
 
 def _scan_set(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> dict:
@@ -487,10 +491,6 @@ def _body_groups(buf: np.ndarray, start: np.ndarray, length: np.ndarray) -> tupl
     for j in range(w // 8):
         h = ps.mix64(h ^ words[:, j])
     rep, inv = _factorize(h)
-    first = np.argsort(rep)  # renumbered by first appearance
-    renum = np.empty(len(rep), np.int64)
-    renum[first] = np.arange(len(rep))
-    rep, inv = rep[first], renum[inv]
     r = rep[inv]
     same = length == length[r]  # bodies equal to their group's first (hashes may collide)
     for j in range(w // 8):

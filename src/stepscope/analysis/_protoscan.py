@@ -265,19 +265,21 @@ def small_key(a: np.ndarray) -> np.ndarray:
     return a.astype(np.uint32) if top < (1 << 32) else a
 
 
-def in_order(a: np.ndarray) -> bool:
-    """Whether ``a`` never decreases."""
-    return len(a) < 2 or bool((a[1:] >= a[:-1]).all())
+def neighbours(a: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """4096 pairs of neighbours (a[i], a[i + 1]) spread over ``a``, to judge its order on a
+    sample; None for arrays under 64K items (they fit in the caches: no need to judge)."""
+    n = len(a)
+    if n < (1 << 16):
+        return None
+    at = np.linspace(0, n - 2, 4096).astype(np.int64)
+    return a[at], a[at + 1]
 
 
 def _mostly_ascending(a: np.ndarray) -> bool:
     """Whether ``a`` is close to sorted already (nine in ten sampled neighbours in order):
     timsort then merges long runs, two to four times faster than sorting packed keys."""
-    n = len(a)
-    if n < (1 << 16):
-        return False
-    at = np.linspace(0, n - 2, 4096).astype(np.int64)
-    return bool((a[at + 1] >= a[at]).mean() > 0.9)
+    pairs = neighbours(a)
+    return pairs is not None and bool((pairs[1] >= pairs[0]).mean() > 0.9)
 
 
 def stable_order(a: np.ndarray) -> np.ndarray:

@@ -32,22 +32,27 @@ _COLUMNS = (("id", "INTEGER PRIMARY KEY"), ("ts", "INTEGER"), ("dur", "INTEGER")
             ("name", "TEXT"), ("parent_id", "INTEGER"), ("arg_set_id", "INTEGER"),
             ("upid", "INTEGER"), ("utid", "INTEGER"), ("kind_id", "INTEGER"))
 SS_COLUMNS = tuple(n for n, _ in _COLUMNS)
-# the rest of trace processor's slice columns (NULL: thread_ts, thread_dur)
-_SLICE_REST = (("depth", "INTEGER"), ("thread_ts", "INTEGER"), ("thread_dur", "INTEGER"))
-SS_SCHEMA = si.table_sql(SS_TABLE, _COLUMNS + _SLICE_REST)
-SLICE_VIEW = (f"CREATE VIEW slice AS SELECT id, ts, dur, track_id, category, name, depth, "
-              f"parent_id, arg_set_id, thread_ts, thread_dur FROM {SS_TABLE}")
+# trace processor's slice columns, in its order: the importer's slice table, or (the slice base
+# made) a view over SS_TABLE, which has them after its own (depth, thread_ts, thread_dur)
+SLICE_COLUMNS = (("id", "INTEGER PRIMARY KEY"), ("ts", "INTEGER"), ("dur", "INTEGER"),
+                 ("track_id", "INTEGER"), ("category", "TEXT"), ("name", "TEXT"),
+                 ("depth", "INTEGER"), ("parent_id", "INTEGER"), ("arg_set_id", "INTEGER"),
+                 ("thread_ts", "INTEGER"), ("thread_dur", "INTEGER"))
+SS_SCHEMA = si.table_sql(SS_TABLE, _COLUMNS + tuple(c for c in SLICE_COLUMNS
+                                                    if c[0] not in SS_COLUMNS))
+SLICE_VIEW = (f"CREATE VIEW slice AS SELECT {', '.join(n for n, _ in SLICE_COLUMNS)} "
+              f"FROM {SS_TABLE}")
 # the rows of ss_slice: those with an upid, tested on kind_id first (set only on such rows), so
 # that a kind index answers it without reading the row
 SS_BASE_ROWS = "kind_id IS NOT NULL OR upid IS NOT NULL"
-# trace processor's slice index, on the table that holds the slices
+# the importer's index on the slices' (track, ts), on the table that holds them
 SS_TRACK_INDEX, SS_TRACK_INDEX_KEYS = "slice_track_ts", ("track_id", "ts")
 # the order the overview's union window reads ss_slice in (summaries indexes its own copy alike)
 SS_INDEX_KEYS = ("kind_id", "upid", "ts", "end_ts")
 SS_INDEX = f"{SS_TABLE}_kind"
 # the operators' statistics per range name read their rows in this order (no sort for the
-# GROUP BY name; the index holds every column they read)
-SS_NAME_INDEX_KEYS = ("kind_id", "name", "dur")
+# GROUP BY name; the index holds every column they read, upid for SS_BASE_ROWS)
+SS_NAME_INDEX_KEYS = ("kind_id", "name", "dur", "upid")
 SS_NAME_INDEX = f"{SS_TABLE}_name"
 
 # kind_id by category (_base.sql's CASE); 'phase' goes by name, None = NULL, others: 6

@@ -444,11 +444,8 @@ def _scattered(order: np.ndarray) -> bool:
     Row-by-row reads in such an order wait on memory at every row (about 200 ns); a numpy
     gather of each column first costs about 25 ns per value. Orders close to row order (an
     index on (track, ts), on (kind, upid, ts)) are read as they are. Judged on a sample."""
-    n = len(order)
-    if n < (1 << 16):  # the columns fit in the caches
-        return False
-    at = np.linspace(0, n - 2, 4096).astype(np.int64)
-    return bool((np.abs(order[at + 1] - order[at]) > 64).mean() > 0.25)
+    pairs = ps.neighbours(order)
+    return pairs is not None and bool((np.abs(pairs[1] - pairs[0]) > 64).mean() > 0.25)
 
 
 def _narrow(v: np.ndarray) -> np.ndarray:

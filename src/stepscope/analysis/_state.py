@@ -103,6 +103,20 @@ def _generations(seq: np.ndarray, flags: np.ndarray) -> tuple[np.ndarray, np.nda
     return srank, gen
 
 
+def _owner_walk(walk, owner_gen: np.ndarray, owner_pkt: np.ndarray, inputs: tuple,
+                out: np.ndarray) -> bool:
+    """A C owner walk (_decodeloops.last_owner, packet_clocks: the owners, a scratch slot per
+    owner generation, the inputs as int64, then ``out``, written in place). False when the
+    owners or queries are not in packet order (``out`` then untouched: the numpy path)."""
+    last = np.empty(max(int(owner_gen.max()) + 1, 0) if len(owner_gen) else 0, np.int64)
+    args = [np.ascontiguousarray(a, np.int64) for a in (owner_gen, owner_pkt, *inputs)]
+    try:
+        walk(*args[:2], last, *args[2:], out)
+    except ValueError:
+        return False
+    return True
+
+
 def _lookup_last(owner_gen: np.ndarray, owner_pkt: np.ndarray, gen: np.ndarray,
                  pkt: np.ndarray, n: int) -> np.ndarray:
     """Index into owners of the last owner in the same generation at or before each packet."""
@@ -110,13 +124,8 @@ def _lookup_last(owner_gen: np.ndarray, owner_pkt: np.ndarray, gen: np.ndarray,
         return np.full(len(pkt), -1, np.int64)
     if _loops is not None:  # one merged walk, when owners and queries are in packet order
         out = np.empty(len(pkt), np.int64)
-        last = np.empty(max(int(owner_gen.max()) + 1, 0), np.int64)
-        try:
-            i64 = [np.ascontiguousarray(a, np.int64) for a in (owner_gen, owner_pkt, gen, pkt)]
-            _loops.last_owner(*i64[:2], last, *i64[2:], out)
+        if _owner_walk(_loops.last_owner, owner_gen, owner_pkt, (gen, pkt), out):
             return out
-        except ValueError:  # not in packet order: the search below
-            pass
     comb = owner_gen.astype(np.int64) * (n + 1) + owner_pkt
     order = np.argsort(comb, kind="stable")
     sc = comb[order]
@@ -364,15 +373,9 @@ def _packet_clocks(clk: np.ndarray, gen: np.ndarray, srank: np.ndarray, st: _Sta
     made distinct per sequence as _clock_key does."""
     clock = clk.astype(np.int64)
     def_gen = gen[st.def_pkt]
-    if _loops is not None:  # one pass
-        last = np.empty(max(int(def_gen.max()) + 1 if len(def_gen) else 0, 0), np.int64)
-        try:
-            i64 = [np.ascontiguousarray(a, np.int64)
-                   for a in (def_gen, st.def_pkt, st.def_clock, gen, srank)]
-            _loops.packet_clocks(*i64[:2], last, *i64[2:], clock)
-            return clock
-        except ValueError:  # defaults out of packet order: the numpy path (clock untouched)
-            pass
+    if _loops is not None and _owner_walk(_loops.packet_clocks, def_gen, st.def_pkt,
+                                          (st.def_clock, gen, srank), clock):
+        return clock  # one pass (else, defaults out of packet order: numpy, clock untouched)
     if len(st.def_pkt):
         need = np.flatnonzero(clock == 0)
         d = _lookup_last(def_gen, st.def_pkt, gen[need], need, len(clock))

@@ -50,10 +50,7 @@ log = logging.getLogger("stepscope.analysis")
 # Big tables: written as an SQLite file image (see _sqlimage), no per-row Python work.
 # Column names and types, kept once: the CREATE TABLE text and index key positions come from here.
 BIG_COLUMNS = {
-    "slice": (("id", "INTEGER PRIMARY KEY"), ("ts", "INTEGER"), ("dur", "INTEGER"),
-              ("track_id", "INTEGER"), ("category", "TEXT"), ("name", "TEXT"),
-              ("depth", "INTEGER"), ("parent_id", "INTEGER"), ("arg_set_id", "INTEGER"),
-              ("thread_ts", "INTEGER"), ("thread_dur", "INTEGER")),
+    "slice": _slicebase.SLICE_COLUMNS,
     "counter": (("id", "INTEGER PRIMARY KEY"), ("ts", "INTEGER"), ("track_id", "INTEGER"),
                 ("value", "REAL"), ("arg_set_id", "INTEGER")),
     "args": (("id", "INTEGER PRIMARY KEY"), ("arg_set_id", "INTEGER"), ("flat_key", "TEXT"),
@@ -86,7 +83,7 @@ CREATE TABLE stats(name TEXT, idx INTEGER, severity TEXT, source TEXT, value INT
 # Indexes: (name, table, key columns). Built inside the file image (see _sqlimage), as
 # ``CREATE INDEX name ON table(keys)`` would build them.
 INDEXES = (
-    ("slice_track_ts", "slice", ("track_id", "ts")),
+    (_slicebase.SS_TRACK_INDEX, "slice", _slicebase.SS_TRACK_INDEX_KEYS),  # or on the base
     ("counter_track_ts", "counter", ("track_id", "ts")),
     ("args_set", "args", ("arg_set_id",)),
     ("flow_out", "flow", ("slice_out",)),

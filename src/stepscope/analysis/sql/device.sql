@@ -13,10 +13,12 @@
 --                   that GPU, inside the rank's frame (ss_frame), / frame time of that rank.
 --                   The GPU of a device slice is its track's parent when that is named 'GPU ...',
 --                   else its own track.
+--   order           rank, counters before GPUs, name; rows of one name by track id, so both
+--                   engines list them alike.
 {{base}},
 dv_ctr AS (
   SELECT s.track_id, s.ts, s.value, ti.rank, ti.track_name AS name,
-         LEAD(s.ts) OVER (PARTITION BY s.track_id ORDER BY s.ts) AS next_ts
+         LEAD(s.ts) OVER (PARTITION BY s.track_id ORDER BY s.ts, s.id) AS next_ts
   FROM counter s JOIN ss_track_sel ti ON ti.track_id = s.track_id
   WHERE ({{window_filter}})
 ),
@@ -25,7 +27,7 @@ dv_counters AS (
          CASE WHEN SUM(next_ts - ts) > 0
               THEN SUM(value * (next_ts - ts)) / SUM(next_ts - ts)
               ELSE AVG(value) END AS mean,
-         MIN(value) AS min, MAX(value) AS max, 0 AS is_gpu
+         MIN(value) AS min, MAX(value) AS max, 0 AS is_gpu, track_id AS tie
   FROM dv_ctr GROUP BY track_id, rank, name
 ),
 dv_gpu AS (
@@ -59,10 +61,10 @@ dv_busy AS (
   FROM dv_run WHERE nt IS NOT NULL GROUP BY gpu_id
 )
 SELECT rank, name, samples, mean, min, max FROM (
-  SELECT rank, name, samples, mean, min, max, is_gpu FROM dv_counters
+  SELECT rank, name, samples, mean, min, max, is_gpu, tie FROM dv_counters
   UNION ALL
   SELECT g.rank, g.gpu_name || ' kernel busy %', NULL,
-         100.0 * b.busy_ns / NULLIF(b.frame_ns, 0), NULL, NULL, 1
+         100.0 * b.busy_ns / NULLIF(b.frame_ns, 0), NULL, NULL, 1, g.gpu_id
   FROM dv_gpus g JOIN dv_busy b ON b.gpu_id = g.gpu_id
 )
-ORDER BY rank, is_gpu, name
+ORDER BY rank, is_gpu, name, tie

@@ -12,22 +12,25 @@ all decoding waits for the end of the detail window:
 
 1. walk: one pass over the buffer reading only each record's ``kind`` (a ``uint32`` at offset 0)
    and stepping by that kind's record size. Sizes differ between CUPTI versions (the kernel
-   record grew from ``CUpti_ActivityKernel4`` to ``…Kernel9/10/11``), so they are learnt from
+   record grew from ``CUpti_ActivityKernel4``, 144 bytes, to ``…Kernel10``, 216, the newest in
+   the CUDA 13.0 headers; later 13.x may write newer ones), so they are learnt from
    CUPTI itself: the first record of each kind is stepped over with
    ``cuptiActivityGetNextRecord`` and the distance kept;
 2. gather: per kind and per field, one numpy fancy index into a typed view of the buffer (every
    field of these packed, 8-byte aligned structs is naturally aligned).
 
 The layouts below are the fields' byte offsets in ``cupti_activity.h`` (records are
-``__attribute__((packed, aligned(8)))``), in the prefix the record versions share. Read from the
-CUDA 11.x/12.x headers: ``CUpti_ActivityKernel5`` … ``Kernel8`` have identical offsets up to
-``graphId`` at 156 (each version appends fields), as do ``CUpti_ActivityMemcpy4`` and
-``CUpti_ActivityMemset3`` up to ``graphId`` at 72; ``CUpti_ActivityAPI`` and
-``CUpti_ActivitySynchronization`` are 40 bytes. The newer versions CUPTI 12.x/13.x write
-(``Kernel9+``, ``Memcpy5+``, ``Memset4``, ``Synchronization2``) are taken to append fields only,
-as every version so far did; that is checked only on a GPU (``tests/gpu``, marked ``gpu``). A
-learnt size smaller than the prefix means an unknown layout: that kind's records are counted as
-dropped, never misread.
+``__attribute__((packed, aligned(8)))``), in the prefix the record versions share. In the CUDA
+13.0 headers, ``CUpti_ActivityKernel5`` … ``Kernel10`` have identical offsets up to ``graphId`` at
+156 (each version appends fields), as do ``CUpti_ActivityMemcpy4`` … ``Memcpy6`` and
+``CUpti_ActivityMemset3``/``Memset4`` up to ``graphId`` at 72; ``CUpti_ActivityAPI`` and
+``CUpti_ActivitySynchronization`` are 40 bytes (``Synchronization2``: 56). The 13.0 headers say
+CUPTI writes ``Kernel10``, ``Memcpy6``, ``Memset4``, ``Synchronization2`` and ``API``;
+``tests/gpu/test_cupti_layouts.py`` checks these layouts against gcc's reading of those headers
+(``tools/cupti_layouts.py``). Versions newer than the headers (a 13.x past 13.0) are taken to
+append fields only, as every version so far did; that is checked only on a GPU (``tests/gpu``,
+marked ``gpu``). A learnt size smaller than the prefix means an unknown layout: that kind's
+records are counted as dropped, never misread (older versions are all smaller than it).
 
 Kernel names are ``const char *`` owned by CUPTI (shared by all records of one kernel and kept for
 the process' life); they are read once per distinct pointer.
@@ -72,7 +75,7 @@ def _layout(fields: list[tuple[str, str, int]], itemsize: int) -> np.dtype:
                      "itemsize": itemsize})  # fmt: skip
 
 
-# CUpti_ActivityKernel5..8 (and, appending only, later): the prefix up to graphId
+# CUpti_ActivityKernel5..10 (and, appending only, later): the prefix up to graphId
 RAW_KERNEL = _layout(
     [("kind", "<u4", 0), ("registers", "<u2", 6), ("start", "<u8", 16), ("end", "<u8", 24),
      ("device", "<u4", 40), ("context", "<u4", 44), ("stream", "<u4", 48),
@@ -82,7 +85,7 @@ RAW_KERNEL = _layout(
      ("name", "<u8", 104), ("graph_node_id", "<u8", 144), ("graph_id", "<u4", 156)],
     160,
 )  # fmt: skip
-# CUpti_ActivityMemcpy4/5/6: the prefix up to graphId
+# CUpti_ActivityMemcpy4/5/6 (and later): the prefix up to graphId
 RAW_MEMCPY = _layout(
     [("kind", "<u4", 0), ("copy_kind", "u1", 4), ("src_kind", "u1", 5), ("dst_kind", "u1", 6),
      ("bytes", "<u8", 8), ("start", "<u8", 16), ("end", "<u8", 24), ("device", "<u4", 32),
@@ -103,7 +106,7 @@ RAW_API = _layout(
      ("process", "<u4", 24), ("thread", "<u4", 28), ("correlation", "<u4", 32)],
     40,
 )  # fmt: skip
-# CUpti_ActivitySynchronization (…2 appends a uint64)
+# CUpti_ActivitySynchronization (…2 appends cudaEventSyncId, returnValue, pad: 56 bytes)
 RAW_SYNC = _layout(
     [("kind", "<u4", 0), ("type", "<u4", 4), ("start", "<u8", 8), ("end", "<u8", 16),
      ("correlation", "<u4", 24), ("context", "<u4", 28), ("stream", "<u4", 32),

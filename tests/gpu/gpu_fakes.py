@@ -246,3 +246,225 @@ class FakeRawCupti(FakeCupti):
 
     def activity_get_num_dropped_records(self, ctx, stream):
         return self.dropped + self.lib.dropped
+
+
+# --- several devices: CuPy, libcuda, NVML ------------------------------------------------------
+
+
+class FakeMultiCuda(FakeCuda):
+    """:class:`FakeCuda` with several devices: a current device per host thread (as in CUDA),
+    per-device GPU clocks (``gpu_now + clock_offset[device]``), events that belong to the device
+    current when they were created, ``get_elapsed_time`` failing across devices as
+    ``cudaEventElapsedTime`` does, and PCI bus ids."""
+
+    def __init__(self, bus_ids=("0000:1B:00.0", "0000:3D:00.0"), clock_offset=None):
+        super().__init__()
+        self.bus_ids = list(bus_ids)
+        self.clock_offset = clock_offset or {d: 0 for d in range(len(self.bus_ids))}
+        self.set_devices: list[int] = []  # setDevice calls, in order
+        self._dev: dict[int, int] = {}
+        cuda = self
+
+        class Event:
+            def __init__(self):
+                self.device, self.t, self.done = cuda.current_device(), None, False
+
+            def record(self, stream=None):
+                assert cuda.current_device() == self.device, "recorded on another device"
+                self.t = cuda.gpu_now + cuda.clock_offset[self.device]
+                cuda.recorded.append(((stream or cuda.get_current_stream()).ptr, self.t))
+
+            def synchronize(self):
+                cuda.synced += 1
+                self.done = True
+
+        class Device:
+            def __init__(self, i=None):
+                self.id = cuda.current_device() if i is None else i
+
+            @property
+            def pci_bus_id(self):
+                return cuda.bus_ids[self.id]
+
+        self.Event, self.Device = Event, Device
+        self.runtime = SimpleNamespace(
+            getDeviceProperties=lambda d: {"name": f"Fake GPU {d}".encode()},
+            setDevice=self.set_device,
+        )
+
+    def current_device(self):
+        return self._dev.get(threading.get_ident(), 0)
+
+    def set_device(self, d):
+        self.set_devices.append(d)
+        self._dev[threading.get_ident()] = d
+
+    @staticmethod
+    def get_elapsed_time(a, b):
+        if a.device != b.device:
+            raise RuntimeError("cudaErrorInvalidResourceHandle")
+        return (b.t - a.t) / 1e6
+
+
+class FakePool:
+    """CuPy's default memory pool: its numbers are the current device's, as in CuPy."""
+
+    def __init__(self, cuda: FakeMultiCuda, used: dict, total: dict):
+        self.cuda, self.used, self.total = cuda, used, total
+
+    def used_bytes(self):
+        return self.used[self.cuda.current_device()]
+
+    def total_bytes(self):
+        return self.total[self.cuda.current_device()]
+
+
+class FakeLibcuda:
+    """The libcuda entry points read through ctypes (pointer args by ``byref``).
+
+    ``initialized=False``: the program has not called ``cuInit``; every call answers
+    CUDA_ERROR_NOT_INITIALIZED (3). ``active``: ordinals whose primary context is active.
+    """
+
+    def __init__(self, bus_ids, *, initialized=True, active=()):
+        self.bus_ids, self.initialized, self.active = list(bus_ids), initialized, set(active)
+        self.calls: list[str] = []
+
+    def cuInit(self, flags):  # noqa: N802 - C name
+        self.calls.append("cuInit")
+        raise AssertionError("cuInit must never be called")
+
+    def cuDeviceGetCount(self, count):  # noqa: N802
+        self.calls.append("cuDeviceGetCount")
+        if not self.initialized:
+            return 3
+        count._obj.value = len(self.bus_ids)
+        return 0
+
+    def cuDeviceGet(self, dev, ordinal):  # noqa: N802
+        self.calls.append("cuDeviceGet")
+        if not self.initialized:
+            return 3
+        dev._obj.value = 100 + ordinal  # a CUdevice handle, not the ordinal
+        return 0
+
+    def cuDeviceGetPCIBusId(self, buf, length, dev):  # noqa: N802
+        self.calls.append("cuDeviceGetPCIBusId")
+        buf.value = self.bus_ids[dev.value - 100].encode()[: length - 1]
+        return 0
+
+    def cuDevicePrimaryCtxGetState(self, dev, flags, active):  # noqa: N802
+        self.calls.append("cuDevicePrimaryCtxGetState")
+        active._obj.value = int(dev.value - 100 in self.active)
+        return 0
+
+
+class FakeNvmlGpu:
+    """One GPU as the fake NVML reports it."""
+
+    def __init__(self, index, bus_id, uuid, *, util, mem, power_mw, sm_mhz, gpm=True):
+        self.index, self.bus_id, self.uuid = index, bus_id, uuid
+        self.util, self.mem, self.power_mw, self.sm_mhz, self.gpm = util, mem, power_mw, sm_mhz, gpm
+
+
+class FakePynvml:
+    """Just enough of ``pynvml`` (nvidia-ml-py) for :class:`NvmlSampler`, GPM included.
+
+    GPM metric values are ``10 * metric id + NVML index + 0.5 * (second sample's number)``;
+    ``unsupported`` metric ids come back with their own error code. Samples are counted so a test
+    can check every allocated one is freed.
+    """
+
+    NVML_CLOCK_SM = 1
+    NVML_GPM_METRICS_GET_VERSION = 1
+    NVML_GPM_METRIC_SM_UTIL = 2
+    NVML_GPM_METRIC_SM_OCCUPANCY = 3
+    NVML_GPM_METRIC_ANY_TENSOR_UTIL = 5
+    NVML_GPM_METRIC_DRAM_BW_UTIL = 10
+
+    def __init__(self, gpus, *, unsupported=(), fail_sample_get=(), fail_metrics_get=False):
+        self.gpus = list(gpus)
+        self.unsupported = set(unsupported)
+        self.fail_sample_get = set(fail_sample_get)  # NVML indices
+        self.fail_metrics_get = fail_metrics_get
+        self.inits = self.shutdowns = 0
+        self.seq = 0
+        self.live: set[int] = set()  # GPM samples allocated and not freed
+        self.metrics_calls: list[tuple] = []
+
+        class c_nvmlGpmMetricsGet_t:  # noqa: N801 - pynvml's name
+            def __init__(self):
+                self.version = self.numMetrics = 0
+                self.sample1 = self.sample2 = None
+                self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0)
+                                for _ in range(98)]  # fmt: skip
+
+        self.c_nvmlGpmMetricsGet_t = c_nvmlGpmMetricsGet_t
+
+    def nvmlInit(self):  # noqa: N802
+        self.inits += 1
+
+    def nvmlShutdown(self):  # noqa: N802
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self):  # noqa: N802
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i):  # noqa: N802
+        return self.gpus[i]
+
+    def nvmlDeviceGetHandleByPciBusId_v2(self, bus_id):  # noqa: N802
+        assert isinstance(bus_id, bytes)
+        (g,) = [g for g in self.gpus if g.bus_id.lower() == bus_id.decode().lower()]
+        return g
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):  # noqa: N802
+        assert isinstance(uuid, bytes)
+        found = [g for g in self.gpus if g.uuid == uuid.decode()]
+        if not found:
+            raise RuntimeError("NVML_ERROR_NOT_FOUND")
+        return found[0]
+
+    def nvmlDeviceGetUtilizationRates(self, h):  # noqa: N802
+        return SimpleNamespace(gpu=h.util, memory=0)
+
+    def nvmlDeviceGetMemoryInfo(self, h):  # noqa: N802
+        return SimpleNamespace(used=h.mem, total=80 << 30, free=(80 << 30) - h.mem)
+
+    def nvmlDeviceGetPowerUsage(self, h):  # noqa: N802
+        if h.power_mw is None:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return h.power_mw
+
+    def nvmlDeviceGetClockInfo(self, h, kind):  # noqa: N802
+        assert kind == self.NVML_CLOCK_SM
+        return h.sm_mhz
+
+    def nvmlGpmQueryDeviceSupport(self, h):  # noqa: N802
+        return SimpleNamespace(isSupportedDevice=int(h.gpm))
+
+    def nvmlGpmSampleAlloc(self):  # noqa: N802
+        self.seq += 1
+        self.live.add(self.seq)
+        return SimpleNamespace(id=self.seq, gpu=None)
+
+    def nvmlGpmSampleFree(self, s):  # noqa: N802
+        self.live.remove(s.id)
+
+    def nvmlGpmSampleGet(self, h, s):  # noqa: N802
+        if h.index in self.fail_sample_get:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        s.gpu = h
+
+    def nvmlGpmMetricsGet(self, mg):  # noqa: N802
+        if self.fail_metrics_get:
+            raise RuntimeError("NVML_ERROR_INVALID_ARGUMENT")
+        assert mg.version == self.NVML_GPM_METRICS_GET_VERSION
+        assert mg.sample1.gpu is mg.sample2.gpu and mg.sample1.id < mg.sample2.id
+        assert {mg.sample1.id, mg.sample2.id} <= self.live
+        self.metrics_calls.append((mg.sample2.gpu.index, mg.sample1.id, mg.sample2.id))
+        for m in mg.metrics[: mg.numMetrics]:
+            if m.metricId in self.unsupported:
+                m.nvmlReturn = 3  # NVML_ERROR_NOT_SUPPORTED
+            else:
+                m.value = 10 * m.metricId + mg.sample2.gpu.index + 0.5 * mg.sample2.id

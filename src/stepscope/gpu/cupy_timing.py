@@ -6,8 +6,14 @@ current stream at range begin and at range end. Nothing waits: :meth:`CupyEventT
 
 GPU times are placed on the host clock through an *anchor*: an event recorded and synchronized
 once (at the first range begin), with ``perf_counter_ns()`` read right after; a range's start is
-``anchor_host + elapsed(anchor, begin event)``. ``cudaEventElapsedTime`` has ~0.5 µs resolution and
-float precision, so the anchor is renewed every ``reanchor_s`` seconds (one short synchronize).
+``anchor_host + elapsed(anchor, begin event)``. ``cudaEventElapsedTime`` fails for events of two
+devices, so each device has its own anchor, made while it is current. It has ~0.5 µs resolution
+and float precision, so an anchor is renewed every ``reanchor_s`` seconds (one short synchronize).
+
+Ranges that cannot be timed (events of two devices, a failed query) or that exceed
+``max_pending`` are counted in ``dropped`` and, at the next :meth:`CupyEventTimer.poll`, written as
+a ``CUDA event ranges dropped`` instant on the device's GPU track whose ``dropped_events`` arg
+counts the ranges dropped since the previous such instant.
 
 ``sync_gpu=True`` (CNTK's ``profilerSyncGpu``) is the blunt alternative: synchronize the current
 stream at range end so that the CPU range includes the GPU work it launched. Cost: it serialises
@@ -34,6 +40,8 @@ from typing import Any
 from .. import _schema
 
 log = logging.getLogger("stepscope.gpu")
+
+DROPPED_NAME = "CUDA event ranges dropped"  # instant on the GPU track, like "CUPTI dropped records"
 
 
 def cupy_module() -> Any | None:
@@ -76,13 +84,14 @@ class CupyEventTimer:
         self.max_pending = max_pending
         self._host_clock = host_clock
         self.dropped = 0
+        self._unwritten: dict[int, int] = {}  # device -> dropped ranges not in the trace yet
         self._cp = cupy_module()
         # per thread ident: open ranges (name, begin event, stream ptr, device, anchor)
         self._stacks: dict[int, list[tuple[str, Any, int, int, tuple[Any, int]]]] = {}
         self._pending: list[_Pending] = []
         self._lock = threading.Lock()  # pending list, dropped count: pop() vs poll
-        self._anchor: tuple[Any, int] | None = None
-        self._anchor_wall = 0.0
+        self._anchors: dict[int, tuple[Any, int]] = {}  # device -> (event, host ns)
+        self._anchor_wall: dict[int, float] = {}  # device -> time.monotonic() at the anchor
         self._tracks: dict[tuple[int, int, int], int] = {}
         self._stream_owner: dict[tuple[int, int], int] = {}  # first thread on (device, stream)
         self._gpu_tracks: dict[int, int] = {}
@@ -92,14 +101,15 @@ class CupyEventTimer:
     def available(self) -> bool:
         return self._cp is not None
 
-    def _get_anchor(self) -> tuple[Any, int]:
-        anchor, now = self._anchor, time.monotonic()
-        if anchor is None or now - self._anchor_wall > self.reanchor_s:
+    def _get_anchor(self, device: int) -> tuple[Any, int]:
+        """The anchor of ``device``, the current device (its events are created there)."""
+        anchor, now = self._anchors.get(device), time.monotonic()
+        if anchor is None or now - self._anchor_wall[device] > self.reanchor_s:
             ev = self._cp.cuda.Event()
             ev.record()
             ev.synchronize()
-            anchor = (ev, self._host_clock())
-            self._anchor, self._anchor_wall = anchor, now
+            anchor = self._anchors[device] = (ev, self._host_clock())
+            self._anchor_wall[device] = now
         return anchor
 
     def push(self, name: str) -> None:
@@ -108,11 +118,12 @@ class CupyEventTimer:
             return
         try:
             cp = self._cp
-            anchor = self._get_anchor()  # before the begin event, so elapsed times are >= 0
+            device = int(cp.cuda.Device().id)
+            anchor = self._get_anchor(device)  # before the begin event: elapsed times are >= 0
             stream = cp.cuda.get_current_stream()
             ev = cp.cuda.Event()
             ev.record(stream)
-            entry = (name, ev, int(stream.ptr), int(cp.cuda.Device().id), anchor)
+            entry = (name, ev, int(stream.ptr), device, anchor)
             ident = threading.get_ident()
             stack = self._stacks.get(ident)
             if stack is None:  # only this thread touches its own stack after creation
@@ -141,7 +152,7 @@ class CupyEventTimer:
                          threading.get_native_id())  # fmt: skip
             with self._lock:
                 if len(self._pending) >= self.max_pending:
-                    self.dropped += 1
+                    self._count_dropped([p])
                     return
                 self._pending.append(p)
         except Exception as exc:
@@ -152,10 +163,36 @@ class CupyEventTimer:
         stack = self._stacks.get(threading.get_ident() if ident is None else ident, [])
         return [e[0] for e in stack]
 
+    def _count_dropped(self, lost: list[_Pending]) -> None:
+        """Count ranges as dropped (under the lock where the caller can take it)."""
+        self.dropped += len(lost)
+        for p in lost:
+            self._unwritten[p.device] = self._unwritten.get(p.device, 0) + 1
+
     def poll(self) -> int:
-        """Emit the ranges whose end event completed; return how many were emitted."""
-        if self._cp is None or not self._pending:
+        """Emit the ranges whose end event completed and the drops since the last poll; return
+        how many ranges were emitted."""
+        if self._cp is None:
             return 0
+        n = self._resolve() if self._pending else 0
+        if self._unwritten:
+            self._write_dropped()
+        return n
+
+    def _write_dropped(self) -> None:
+        if not self._lock.acquire(timeout=0.5):
+            return  # written at a later poll
+        try:
+            new, self._unwritten = self._unwritten, {}
+        finally:
+            self._lock.release()
+        ts = self._host_clock()
+        for device, n in sorted(new.items()):
+            self._em.instant(ts, DROPPED_NAME, self._gpu_track(device), _schema.CAT_STEPSCOPE,
+                             {_schema.ARG_DROPPED: n})  # fmt: skip
+        log.debug("stepscope: %d CUDA event ranges dropped", sum(new.values()))
+
+    def _resolve(self) -> int:
         if not self._lock.acquire(timeout=0.5):
             return 0
         try:
@@ -163,7 +200,9 @@ class CupyEventTimer:
         finally:
             self._lock.release()
         get_elapsed = self._cp.cuda.get_elapsed_time
-        keep, n, failed = [], 0, 0
+        keep: list[_Pending] = []
+        failed: list[_Pending] = []
+        n = 0
         for p in pending:
             try:
                 if not p.end.done:
@@ -172,8 +211,8 @@ class CupyEventTimer:
                 anchor_ev, anchor_ns = p.anchor
                 t0 = anchor_ns + round(get_elapsed(anchor_ev, p.begin) * 1e6)
                 t1 = anchor_ns + round(get_elapsed(anchor_ev, p.end) * 1e6)
-            except Exception:
-                failed += 1
+            except Exception:  # e.g. events of two devices
+                failed.append(p)
                 continue
             self._em.complete(
                 t0, max(t1 - t0, 0), p.name, self._track(p.device, p.stream, p), self.category
@@ -182,18 +221,17 @@ class CupyEventTimer:
         if keep or failed:
             if self._lock.acquire(timeout=0.5):
                 try:  # dropped is counted under the lock (pop() counts into it too)
-                    self.dropped += failed
+                    self._count_dropped(failed)
                     self._pending[:0] = keep
                     # pop() may have filled the list meanwhile: keep the cap, dropping the
                     # newest as pop() does
-                    excess = len(self._pending) - self.max_pending
-                    if excess > 0:
+                    if len(self._pending) > self.max_pending:
+                        self._count_dropped(self._pending[self.max_pending :])
                         del self._pending[self.max_pending :]
-                        self.dropped += excess
                 finally:
                     self._lock.release()
             else:  # the lock is stuck (rare): the kept ranges are lost, counted without it
-                self.dropped += failed + len(keep)
+                self._count_dropped(failed + keep)
         return n
 
     def _track(self, device: int, stream: int, p: _Pending) -> int:
@@ -202,30 +240,34 @@ class CupyEventTimer:
         if t is None:
             owner = self._stream_owner.setdefault((device, stream), p.thread)
             suffix = "" if owner == p.thread else f", thread {p.native_id}"
-            g = self._gpu_tracks.get(device)
-            if g is None:
-                name = f"GPU {device}"
-                try:
-                    props = self._cp.cuda.runtime.getDeviceProperties(device)
-                    raw = props.get("name", b"")
-                    name = _schema.GPU_TRACK_NAME.format(
-                        device=device, name=raw.decode() if isinstance(raw, bytes) else raw
-                    )
-                except Exception:
-                    pass
-                g = self._gpu_tracks[device] = self.sess.new_track(
-                    name, parent=self.sess.process_uuid
-                )
             t = self._tracks[key] = self.sess.new_track(
-                f"{_schema.GPU_RANGE_TRACK_NAME} (stream {stream:#x}{suffix})", parent=g
+                f"{_schema.GPU_RANGE_TRACK_NAME} (stream {stream:#x}{suffix})",
+                parent=self._gpu_track(device),
             )
         return t
+
+    def _gpu_track(self, device: int) -> int:
+        g = self._gpu_tracks.get(device)
+        if g is None:
+            name = f"GPU {device}"
+            try:
+                props = self._cp.cuda.runtime.getDeviceProperties(device)
+                raw = props.get("name", b"")
+                name = _schema.GPU_TRACK_NAME.format(
+                    device=device, name=raw.decode() if isinstance(raw, bytes) else raw
+                )
+            except Exception:
+                pass
+            g = self._gpu_tracks[device] = self.sess.gpu_track(device, name)
+        return g
 
 
 def memory_pool_counters(device: int = 0) -> list[tuple[str, str, int]]:
     """CuPy's default memory pool used/total bytes as (counter name, unit, value); [] without CuPy.
 
-    Written by whichever sampler runs (e.g. with :class:`stepscope.gpu.nvml.CounterWriter`).
+    The numbers are the calling thread's *current* device's (CuPy keeps one pool per device but
+    reports only that one); ``device`` names the counters. The NVML sampler thread calls this for
+    each device in use (:class:`stepscope.gpu.nvml.NvmlSampler`).
     """
     cp = cupy_module()
     if cp is None:

@@ -7,16 +7,29 @@ the hardware GPM SM utilization / occupancy with the estimates computed from ker
 A background thread samples every ``interval_s`` and writes counters through a
 ``clock="monotonic"`` emitter at summary level (they cover the whole run). ``nvidia-ml-py``
 (``import pynvml``) is optional: without it, or without a GPU, :meth:`NvmlSampler.start` logs one
-line and returns False.
+line, and returns False unless CuPy is imported (its pool counters need no NVML).
 
 GPM (``nvmlGpmMetricsGet``) needs two samples; each metric is the average over the interval
 between them, stamped at the interval's end. Values are percentages (0..100) as NVML gives them.
+
+GPUs are named by their CUDA ordinal (``nvml.gpu0`` is CUDA's ``GPU 0``, beside the converter's
+``GPU 0 ...`` tracks), and only the GPUs this process sees are sampled: NVML numbers every GPU of
+the host in PCI order, while CUDA ordinals follow ``CUDA_VISIBLE_DEVICES`` (one GPU per rank).
+:func:`cuda_nvml_handles` maps ordinals to NVML handles by PCI bus id where CUDA is already
+initialised (exact), else from ``CUDA_VISIBLE_DEVICES``; the latter assumes CUDA's order is PCI
+order, true with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and on hosts of identical GPUs, but CUDA's
+default ``FASTEST_FIRST`` may differ on mixed-GPU hosts.
+
+CuPy's memory-pool counters (``cupy.gpu<N>.pool.used/total``) are written by the same thread, with
+or without NVML.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
+import os
 import sys
 import threading
 import time
@@ -25,6 +38,7 @@ from typing import Any
 
 from .. import _schema
 from .cupy_timing import memory_pool_counters
+from .driver import loaded_libcuda
 
 log = logging.getLogger("stepscope.gpu")
 
@@ -86,6 +100,84 @@ class CounterWriter:
         return n
 
 
+def _driver_count(lib: Any | None) -> int | None:
+    """CUDA device count if the driver is initialised in this process, else None.
+
+    Never calls ``cuInit``: initialising CUDA in a process that forks later breaks children that
+    use CUDA. ``cuDeviceGetCount`` answers CUDA_ERROR_NOT_INITIALIZED (3) before ``cuInit``.
+    """
+    if lib is None:
+        return None
+    n = ctypes.c_int(0)
+    try:
+        return n.value if lib.cuDeviceGetCount(ctypes.byref(n)) == 0 else None
+    except Exception:
+        return None
+
+
+def cuda_bus_ids(lib: Any | None) -> list[bytes] | None:
+    """PCI bus ids of the CUDA devices by ordinal (CuPy's if imported, else libcuda's); None when
+    CUDA is not initialised in this process (CuPy's calls would initialise it)."""
+    n = _driver_count(lib)
+    if n is None:
+        return None
+    cp = sys.modules.get("cupy")
+    if cp is not None:
+        return [str(cp.cuda.Device(i).pci_bus_id).encode() for i in range(n)]
+    out = []
+    for i in range(n):
+        dev, buf = ctypes.c_int(0), ctypes.create_string_buffer(32)
+        if lib.cuDeviceGet(ctypes.byref(dev), i) or lib.cuDeviceGetPCIBusId(buf, 32, dev):
+            raise RuntimeError(f"no PCI bus id for CUDA device {i}")
+        out.append(buf.value)
+    return out
+
+
+def cuda_nvml_handles(nv: Any, lib: Any | None = None) -> list[tuple[int, Any]]:
+    """(CUDA ordinal, NVML handle) of every GPU this process sees.
+
+    By PCI bus id where CUDA is initialised (exact); else from ``CUDA_VISIBLE_DEVICES``: integers
+    are NVML indices (CUDA's order taken as PCI order, see the module docstring), ``GPU-``/``MIG-``
+    entries UUIDs, and, as in CUDA, an invalid entry ends the list; unset: every NVML GPU.
+    """
+    bus_ids = cuda_bus_ids(lib)
+    if bus_ids is not None:
+        return [(i, nv.nvmlDeviceGetHandleByPciBusId_v2(b)) for i, b in enumerate(bus_ids)]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    count = nv.nvmlDeviceGetCount()
+    if visible is None:
+        return [(i, nv.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
+    out: list[tuple[int, Any]] = []
+    for entry in visible.split(","):
+        entry = entry.strip()
+        try:
+            if entry.startswith(("GPU-", "MIG-")):
+                h = nv.nvmlDeviceGetHandleByUUID(entry.encode())
+            elif 0 <= int(entry) < count:
+                h = nv.nvmlDeviceGetHandleByIndex(int(entry))
+            else:
+                break
+        except Exception:
+            break
+        out.append((len(out), h))
+    return out
+
+
+def active_devices(lib: Any | None) -> list[int]:
+    """CUDA ordinals whose primary context is active (the program uses them); [] when CUDA is not
+    initialised here. Creates nothing."""
+    out = []
+    for i in range(_driver_count(lib) or 0):
+        dev, flags, active = ctypes.c_int(0), ctypes.c_uint(0), ctypes.c_int(0)
+        if (
+            lib.cuDeviceGet(ctypes.byref(dev), i) == 0
+            and lib.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) == 0
+            and active.value
+        ):
+            out.append(i)
+    return out
+
+
 def _shutdown(nv: Any) -> None:
     """``nvmlShutdown``, balancing one ``nvmlInit`` (NVML counts them); errors ignored."""
     try:
@@ -95,11 +187,15 @@ def _shutdown(nv: Any) -> None:
 
 
 class NvmlSampler:
-    """Background NVML/GPM sampler for the given NVML device indices (default: all)."""
+    """Background sampler of NVML/GPM counters and CuPy's memory pool, per CUDA device.
+
+    ``devices``: the CUDA ordinals to sample (default: all this process sees). ``libcuda``: the
+    driver library to ask (default: libcuda where the process has loaded it; for tests).
+    """
 
     def __init__(
         self, sess: Any, devices: list[int] | None = None, *, interval_s: float = 0.1,
-        gpm: bool = True, log_level: int = logging.INFO,
+        gpm: bool = True, log_level: int = logging.INFO, libcuda: Any | None = None,
     ) -> None:  # fmt: skip
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
@@ -108,46 +204,60 @@ class NvmlSampler:
         self.interval_s = interval_s
         self.gpm = gpm
         self.log_level = log_level
+        self._libcuda = libcuda
         self._nvml: Any = None
         self._handles: list[tuple[int, Any]] = []
         self._gpm_ok: dict[int, bool] = {}
         self._prev: dict[int, Any] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.samples = 0
+        self.samples = 0  # sampling rounds done
         self.errors = 0
 
     def start(self) -> bool:
-        """Start sampling; False (and one log line) when NVML or a GPU is not there."""
-        try:
-            import pynvml  # type: ignore[import-not-found]
-        except ImportError:
-            log.log(self.log_level, "stepscope: nvidia-ml-py not installed; NVML counters off")
+        """Start sampling; False (and one log line) when neither NVML with a GPU nor CuPy is
+        there. CuPy's pool counters need no NVML."""
+        self._handles = self._open_nvml()
+        if not self._handles and "cupy" not in sys.modules:
             return False
-        inited = False
-        try:
-            pynvml.nvmlInit()  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-            inited = True
-            count = pynvml.nvmlDeviceGetCount()
-            idx = list(range(count)) if self.devices is None else list(self.devices)
-            self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in idx]
-        except Exception as exc:
-            log.log(self.log_level, "stepscope: NVML unavailable (%s); NVML counters off", exc)
-            if inited:
-                _shutdown(pynvml)
-            return False
-        if not self._handles:
-            log.log(self.log_level, "stepscope: no NVIDIA GPU found; NVML counters off")
-            _shutdown(pynvml)
-            return False
-        self._nvml = pynvml
-        if self.gpm:
-            for i, h in self._handles:
-                self._gpm_ok[i] = self._gpm_supported(h)
         self._writer = CounterWriter(self.sess)
         self._thread = threading.Thread(target=self._run, name="stepscope-nvml", daemon=True)
         self._thread.start()
         return True
+
+    def _lib(self) -> Any | None:
+        if self._libcuda is None:
+            self._libcuda = loaded_libcuda()  # kept once loaded: libcuda is never unloaded
+        return self._libcuda
+
+    def _open_nvml(self) -> list[tuple[int, Any]]:
+        """NVML initialised and the handles of the sampled GPUs; [] (one log line) without."""
+        try:
+            import pynvml  # type: ignore[import-not-found]
+        except ImportError:
+            log.log(self.log_level, "stepscope: nvidia-ml-py not installed; NVML counters off")
+            return []
+        inited = False
+        try:
+            pynvml.nvmlInit()  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            inited = True
+            handles = cuda_nvml_handles(pynvml, self._lib())
+        except Exception as exc:
+            log.log(self.log_level, "stepscope: NVML unavailable (%s); NVML counters off", exc)
+            if inited:
+                _shutdown(pynvml)
+            return []
+        if self.devices is not None:
+            handles = [(i, h) for i, h in handles if i in self.devices]
+        if not handles:
+            log.log(self.log_level, "stepscope: no NVIDIA GPU found; NVML counters off")
+            _shutdown(pynvml)
+            return []
+        self._nvml = pynvml
+        if self.gpm:
+            for i, h in handles:
+                self._gpm_ok[i] = self._gpm_supported(h)
+        return handles
 
     def stop(self) -> None:
         self._stop.set()
@@ -188,6 +298,8 @@ class NvmlSampler:
             self._stop.wait(max(0.0, self.interval_s - (time.perf_counter() - t0)))
 
     def sample_once(self) -> None:
+        """One round: NVML (and GPM) of each sampled GPU, then CuPy's pools. Run by the sampler
+        thread: reading the pools switches the calling thread's current CUDA device."""
         nv = self._nvml
         for i, h in self._handles:
             ts = time.perf_counter_ns()
@@ -205,9 +317,23 @@ class NvmlSampler:
             self._writer.write(ts, sample_counters(sample, i))
             if self._gpm_ok.get(i):
                 self._writer.write(ts, gpm_counters(self._gpm_sample(i, h), i))
-            if i == 0 and "cupy" in sys.modules:  # CuPy's pool is per device; its current one
-                self._writer.write(ts, memory_pool_counters(0))
-            self.samples += 1
+        self._writer.write(time.perf_counter_ns(), self._pool_counters())
+        self.samples += 1
+
+    def _pool_counters(self) -> list[tuple[str, str, int]]:
+        """CuPy's pool of each CUDA device in use. CuPy reports only the current device's pool, so
+        this thread makes each device current in turn, but only one whose context is already
+        active: ``cudaSetDevice`` creates a context (CUDA 12), costing memory on a GPU the program
+        does not use. Nothing without libcuda loaded (CuPy has allocated nothing then)."""
+        cp = sys.modules.get("cupy")
+        if cp is None:
+            return []
+        out: list[tuple[str, str, int]] = []
+        for d in active_devices(self._lib()):
+            if self.devices is None or d in self.devices:
+                cp.cuda.runtime.setDevice(d)
+                out += memory_pool_counters(d)
+        return out
 
     def _gpm_sample(self, i: int, handle: Any) -> dict[str, float]:
         nv = self._nvml
@@ -233,7 +359,12 @@ class NvmlSampler:
             for j, key in enumerate(names):
                 mg.metrics[j].metricId = getattr(nv, f"NVML_GPM_METRIC_{key}", GPM_METRICS[key][0])
             nv.nvmlGpmMetricsGet(mg)
-            return {key: float(mg.metrics[j].value) for j, key in enumerate(names)}
+            # a metric this GPU lacks has its own error code (its value is meaningless)
+            return {
+                key: float(mg.metrics[j].value)
+                for j, key in enumerate(names)
+                if not mg.metrics[j].nvmlReturn
+            }
         except Exception:
             self._gpm_ok[i] = False
             log.info("stepscope: GPM metrics unavailable on GPU %d; GPM counters off", i)

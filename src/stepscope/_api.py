@@ -186,7 +186,10 @@ def annotate(message: Any = None, color: Any = None, domain: Any = None, categor
     ``domain`` becomes the slice's category (``domain,category`` when both are given), keyword
     arguments become typed args (``debug.<name>``), ``payload`` the arg ``debug.payload``; ``color``
     is passed to NVTX when forwarding. As a decorator the message defaults to the function's
-    qualified name, and the source location is the function's definition.
+    qualified name, and the source location is the function's definition. Two keywords are
+    options, not args (both need CuPy): ``gpu=True`` also times the range on the GPU with CUDA
+    events, without waiting; ``sync_gpu=True`` ends the range once the current stream has
+    finished, so that it includes its GPU work (costs the CPU/GPU overlap).
     """
     if color is None and domain is None and category is None and payload is None and not args:
         try:
@@ -199,13 +202,26 @@ def annotate(message: Any = None, color: Any = None, domain: Any = None, categor
 _annotate_py = annotate
 
 
-class _GpuRange:
+class _Wrapping:
+    """A range around the host range; as a decorator, it wraps the function in itself."""
+
+    __slots__ = ("host",)
+
+    def __call__(self, func: Callable) -> Callable:
+        @functools.wraps(func)
+        def wrapper(*a, **k):
+            with self:
+                return func(*a, **k)
+        return wrapper
+
+
+class _GpuRange(_Wrapping):
     """``annotate(..., gpu=True)``: the host range plus a GPU-side range timed with CUDA events
     on the current CuPy stream (resolved later, without synchronizing; see gpu/cupy_timing)."""
 
-    __slots__ = ("host", "name")
+    __slots__ = ("name",)
 
-    def __init__(self, host: _Range, name: str):
+    def __init__(self, host: Any, name: str):
         self.host, self.name = host, name
 
     def __enter__(self):
@@ -223,21 +239,41 @@ class _GpuRange:
             timer.pop()
         return self.host.__exit__(exc_type, exc, tb)
 
-    def __call__(self, func: Callable) -> Callable:
-        @functools.wraps(func)
-        def wrapper(*a, **k):
-            with self:
-                return func(*a, **k)
-        return wrapper
+
+class _SyncRange(_Wrapping):
+    """``annotate(..., sync_gpu=True)`` (CNTK's profilerSyncGpu): the range ends once the current
+    CuPy stream has finished, so it includes the GPU work it launched. Costs the CPU/GPU overlap
+    at every range end: for attribution runs, not for measuring throughput."""
+
+    __slots__ = ()
+
+    def __init__(self, host: Any):
+        self.host = host
+
+    def __enter__(self):
+        self.host.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if _on:
+            from .gpu.cupy_timing import sync_current_stream
+
+            sync_current_stream()
+        return self.host.__exit__(exc_type, exc, tb)
 
 
 def _annotate_slow(message, color, domain, category, payload, args):
-    gpu = False
-    if "gpu" in args:  # annotate(..., gpu=True): also time the range on the GPU
+    gpu = sync = False
+    if "gpu" in args or "sync_gpu" in args:  # options, not args of the slice
         args = dict(args)
-        gpu = args.pop("gpu")
-    args = _kwargs(args)  # once, gpu taken out (args={...} alone is then those args)
+        gpu = args.pop("gpu", False)  # also time the range on the GPU
+        sync = args.pop("sync_gpu", False)  # end the range once its GPU work has finished
+    args = _kwargs(args)  # once, options taken out (args={...} alone is then those args)
     host = _host_range(message, color, domain, category, payload, args)
+    if sync and "cupy" not in sys.modules:
+        warn_once("sync_gpu", "annotate(sync_gpu=True) needs CuPy; the range is not synchronized")
+    elif sync and hasattr(host, "__enter__"):
+        host = _SyncRange(host)
     if not gpu:
         return host
     if "cupy" not in sys.modules:

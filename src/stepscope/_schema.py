@@ -58,6 +58,7 @@ ARG_BLOCKS_PER_SM = "blocks_per_sm"
 ARG_WARPS_PER_SM = "warps_per_sm"
 ARG_OCCUPANCY = "est_achieved_occupancy"
 ARG_DROPPED = "dropped_events"
+ARG_LEFT_OUT = "left_out_records"  # CUPTI records with no usable stamps or outside the window
 ARG_CLOCK_DOMAIN = "clock_domain"
 
 # --- track names ------------------------------------------------------------------------------
@@ -111,7 +112,7 @@ ARG_GRAPH_ID = "graph_id"  # CUDA graph that ran the record (only on graph work)
 ARG_GRAPH_NODE_ID = "graph_node_id"
 GPU_COUNTER_UNIT = "%"  # utilization, est. SM efficiency, est. achieved occupancy: 0..100
 COUNTER_CUPY_PREFIX = "cupy."  # "cupy.gpu0.pool.used", "cupy.gpu0.pool.total" (bytes)
-# NVML / GPM counter tracks ({device} = NVML index); units in the descriptors.
+# NVML / GPM counter tracks ({device} = CUDA ordinal, see gpu/nvml.py); units in the descriptors.
 COUNTER_NVML_UTILIZATION = "nvml.gpu{device}.utilization.gpu %"
 COUNTER_NVML_MEMORY_USED = "nvml.gpu{device}.memory.used"
 COUNTER_NVML_POWER = "nvml.gpu{device}.power W"

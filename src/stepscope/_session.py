@@ -193,6 +193,7 @@ class Session:
         self._dropped_written = 0
         self._lost_seen = _recorder.lost_events()
         self._dropped_track: int | None = None
+        self._gpus: dict[int, int] = {}  # CUDA device -> its track (gpu_track)
         self._flush_requested = threading.Event()
         self._stopping = threading.Event()
         self._writer: threading.Thread | None = None
@@ -234,6 +235,16 @@ class Session:
             return self._register(lambda u: w.f_varint(w.TD_UUID, u)
                                   + w.f_varint(w.TD_PARENT_UUID, parent)
                                   + w.f_str(w.TD_NAME, str(name)))
+
+    def gpu_track(self, device: int, name: str) -> int:
+        """The track of CUDA device ``device`` under the process, made once and shared by every
+        GPU producer (CUPTI activity, CUDA-event ranges): one GPU in the UI holds all its tracks.
+        The first producer names it."""
+        with self._lock:
+            t = self._gpus.get(device)
+            if t is None:
+                t = self._gpus[device] = self.new_track(name)
+            return t
 
     def new_counter_track(self, name: str, unit: str | None = None,
                           parent: int | None = None) -> int:

@@ -86,7 +86,8 @@ def test_every_launch_has_a_flow_to_its_device_work(converted, fixture):
     ids = [s.terminating_flow_ids[0] for s in device]
     assert len(set(ids)) == len(ids)
     corr = fixture.batch.kernels["correlation"][0]
-    assert ids and flow_ids_for(np.array([corr]), 407)[0] == (0x5C << 56 | 407 << 32 | int(corr))
+    # rank 0, pid 407: its low byte 0x97
+    assert ids and flow_ids_for(np.array([corr]), 407)[0] == (0x5C << 56 | 0x97 << 32 | int(corr))
 
 
 def test_kernel_args_of_the_sgemm(converted):
@@ -276,3 +277,41 @@ def test_empty_batch_writes_nothing(tmp_path):
     tr, stats, _ = run(tmp_path, ActivityBatch(), {0: H100})
     assert stats.records == 0 and stats.counter_samples == 0
     assert tr.slices == [] and tr.events == []
+
+
+def test_records_without_stamps_or_outside_the_window_are_left_out(tmp_path):
+    # CUPTI writes start=end=0 where it could not collect stamps; a record flushed while still
+    # running has end < start; one from before the window starts long before it. None may
+    # stretch the buckets (to the 1970 epoch) or reach the trace.
+    t0 = 1_700_000_000_000_000_000
+    b = batch_from_records(
+        [_kernel(t0, t0 + 6000, 7, 66, 1), _kernel(t0 + 4000, t0 + 9000, 9, 99, 2),
+         _kernel(0, 0, corr=3), _kernel(t0 + 5000, 0, corr=4),
+         _kernel(t0 - 5_000_000, t0 - 4_000_000, corr=5)]
+    )  # fmt: skip
+    tr, stats, _ = run(tmp_path, b, {0: H100}, bucket_ns=10_000, window=(t0, t0 + 10_000))
+    # the same counters as the two kernels alone (test_counters_for_two_overlapping_kernels)
+    assert tr.counter("GPU 0 utilization") == [(t0, 90.0), (t0 + 10_000, 0.0)]
+    assert tr.counter("GPU 0 est. SM efficiency") == [(t0, 62.5), (t0 + 10_000, 0.0)]
+    assert stats.kernels == 2 and stats.left_out == 3 and stats.dropped == 0
+    assert sorted(s.ts for s in tr.slices) == [t0, t0 + 4000]
+    (mark,) = [e for e in tr.events if e.type == TYPE_INSTANT]
+    assert mark.args == {_schema.ARG_DROPPED: 0, _schema.ARG_LEFT_OUT: 3}
+
+
+def test_flow_ids_of_ranks_that_share_a_pid_differ(tmp_path):
+    # ranks on two hosts may have the same pid; their files merge into one trace
+    ids = {r: int(flow_ids_for(np.array([9]), 407, rank=r)[0]) for r in (0, 1, 300)}
+    assert ids == {r: 0x5C << 56 | (r << 8 | 0x97) << 32 | 9 for r in (0, 1, 300)}
+    sess = _session.Session(tmp_path / "r.pftrace", rank=300).start()
+    try:
+        conv = GpuTraceConverter(sess, {0: H100}, pid=407)
+        b = batch_from_records(
+            [_kernel(1000, 2000, corr=9),
+             {"kind": "RUNTIME", "start": 500, "end": 900, "correlation_id": 9, "cbid": 211,
+              "process_id": 407, "thread_id": 1}]
+        )  # fmt: skip
+        assert conv.flow_plan((b.kernels,), b.runtime["correlation"]).by_correlation == {
+            9: [ids[300]]}  # fmt: skip
+    finally:
+        sess.stop()

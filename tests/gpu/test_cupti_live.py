@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import time
 
 import numpy as np
 import pytest
@@ -185,3 +186,52 @@ def test_decode_puts_back_the_optional_attribute_of_switched_rows(records):
     assert b.memsets["graph_node_id"].tolist() == [6, 0]
     assert b.memsets["graph_id"].tolist() == [5, 5]
     assert rows["memset"][1] == full[:-1]  # the caller's rows are left as they were
+
+
+def test_window_end_synchronizes_then_disables_then_flushes(records):
+    # CUPTI's flush does not synchronize: without the wait, kernels still running come back
+    # incomplete; disabled first, work launched after the window stays out of it
+    fake = FakeCupti(records)
+    calls = []
+    flush = fake.activity_flush_all
+
+    def flushing(flag):
+        calls.append(("flush", flag, sorted(fake.enabled)))
+        flush(flag)
+
+    fake.activity_flush_all = flushing
+    tracer = CuptiTracer(cupti_module=fake,
+                         synchronize=lambda: calls.append(("sync", sorted(fake.enabled))))
+    assert tracer.start()
+    tracer.stop()
+    assert calls == [("sync", [1, 2, 4, 5, 10, 38]), ("flush", 1, [])]
+
+
+def test_one_rejected_callback_id_leaves_the_others_switched(records):
+    fake = FakeCupti(records, per_api=True)
+    enable = fake.activity_enable_runtime_api
+
+    def rejecting(cbid, on):
+        if cbid == 17:  # the first id: an API this CUDA no longer has
+            raise RuntimeError("CUPTI_ERROR_INVALID_PARAMETER")
+        enable(cbid, on)
+
+    fake.activity_enable_runtime_api = rejecting
+    tracer = CuptiTracer(cupti_module=fake)
+    assert tracer.start()
+    tracer.stop()
+    assert sorted(c for d, c, on in fake.api_enabled if d == "rt" and on) == [
+        41, 51, 131, 138, 165, 211, 430]  # fmt: skip
+
+
+def test_clock_offset_is_measured_each_window(records, monkeypatch):
+    fake = FakeCupti(records)
+    tracer = CuptiTracer(cupti_module=fake)
+    assert tracer.start()
+    tracer.stop()
+    assert abs(tracer.offset_ns - 3000) < 1_000_000
+    # the system clock was stepped by 5 s between the windows
+    monkeypatch.setattr(fake, "get_timestamp", lambda: time.time_ns() - 5_000_003_000)
+    assert tracer.start()
+    tracer.stop()
+    assert abs(tracer.offset_ns - 5_000_003_000) < 1_000_000

@@ -170,3 +170,26 @@ def test_invalid_ids_become_minus_one():
           "correlation_id": 3, "type": 3}]  # no context id: CUPTI's invalid one
     ).syncs  # fmt: skip
     assert (rows["context"].tolist(), rows["stream"].tolist()) == ([-1], [0xFFFFFFFF])
+
+
+def test_screened_keeps_what_a_window_can_hold():
+    w0, w1 = 10_000_000, 20_000_000
+    recs = [
+        {"kind": "CONCURRENT_KERNEL", "name": "in", "start": w0 + 10, "end": w1 + 500_000},
+        {"kind": "CONCURRENT_KERNEL", "name": "zero", "start": 0, "end": 0},
+        {"kind": "MEMSET", "start": w0 + 20, "end": w0 + 10},  # incomplete: end before start
+        {"kind": "MEMCPY", "start": w0 - 999_999, "end": w0 - 5},  # inside the slack
+        {"kind": "MEMCPY", "start": w0 - 1_000_001, "end": w0},  # before it
+        {"kind": "RUNTIME", "start": w1 + 1_000_001, "end": w1 + 1_000_002},  # after it
+        {"kind": "RUNTIME", "start": w1 + 1_000_000, "end": w1 + 1_000_002},
+    ]
+    b = batch_from_records(recs, api="all")
+    got, n = b.screened((w0, w1))
+    assert n == 4
+    assert got.kernels["start"].tolist() == [w0 + 10] and got.kernel_names().tolist() == ["in"]
+    assert got.memsets.size == 0
+    assert got.memcpys["start"].tolist() == [w0 - 999_999]
+    assert got.runtime["start"].tolist() == [w1 + 1_000_000]
+    # without a window only the stamps are judged; a batch with nothing to drop is itself
+    assert b.screened()[1] == 2
+    assert got.screened((w0, w1)) == (got, 0)

@@ -6,12 +6,13 @@ import collections
 import logging
 import sys
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from gpu_fakes import FakeCuda, FakeCupti
-from gpu_trace_decode import decode
+from gpu_trace_decode import TYPE_INSTANT, decode
 
 import stepscope
 import stepscope.gpu as gpu
@@ -32,7 +33,7 @@ def test_import_needs_no_gpu_package():
 
 
 def test_no_gpu_switches_off_with_one_warning(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(gpu, "detect_devices", lambda: {})
+    monkeypatch.setattr(gpu, "detect_devices", lambda init: {})
     sess = _session.Session(tmp_path / "t.pftrace").start()
     try:
         gt = gpu.GpuTracing(sess, nvml=False, log_level=logging.WARNING)
@@ -129,20 +130,20 @@ def test_nvml_stop_leaves_nvml_alone_while_the_sampler_is_stuck():
 
 def test_window_through_a_session_puts_api_calls_under_the_thread(tmp_path, fixture):
     me = threading.get_ident() & 0xFFFFFFFF
-    t0 = 1_700_000_000_000_000_000
-    records = [
-        {"kind": "RUNTIME", "start": t0, "end": t0 + 5000, "correlation_id": 1, "cbid": 211,
-         "process_id": 1, "thread_id": me},
-        {"kind": "CONCURRENT_KERNEL", "name": "k", "start": t0 + 8000, "end": t0 + 20_000,
-         "stream_id": 7, "device_id": 0, "context_id": 1, "correlation_id": 1, "grid_x": 264,
-         "grid_y": 1, "grid_z": 1, "block_x": 64, "block_y": 1, "block_z": 1,
-         "registers_per_thread": 121, "static_shared_memory": 0,
-         "dynamic_shared_memory": 9600, "graph_id": 0},
-        {"kind": "CONCURRENT_KERNEL", "name": "malformed", "start": t0, "end": t0 + 1},
-    ]  # fmt: skip
     path = tmp_path / "w.pftrace"
     sess = _session.Session(path).start()
     try:
+        t0 = time.time_ns()  # FakeCupti's clock is 3 µs behind; the window opens after this
+        records = [
+            {"kind": "RUNTIME", "start": t0, "end": t0 + 5000, "correlation_id": 1, "cbid": 211,
+             "process_id": 1, "thread_id": me},
+            {"kind": "CONCURRENT_KERNEL", "name": "k", "start": t0 + 8000, "end": t0 + 20_000,
+             "stream_id": 7, "device_id": 0, "context_id": 1, "correlation_id": 1, "grid_x": 264,
+             "grid_y": 1, "grid_z": 1, "block_x": 64, "block_y": 1, "block_z": 1,
+             "registers_per_thread": 121, "static_shared_memory": 0,
+             "dynamic_shared_memory": 9600, "graph_id": 0},
+            {"kind": "CONCURRENT_KERNEL", "name": "malformed", "start": t0, "end": t0 + 1},
+        ]  # fmt: skip
         gt = gpu.GpuTracing(
             sess, nvml=False, devices={0: fixture.device},
             tracer=CuptiTracer(cupti_module=FakeCupti(records, dropped=0)),
@@ -318,3 +319,152 @@ def test_annotate_gpu_true_without_cupy_warns_and_times_the_host(tmp_path, monke
             with stepscope.annotate("fwd", gpu=True):
                 pass
     assert [s.name for s in decode(path).slices] == ["fwd"]
+
+
+def test_auto_mode_waits_for_the_program_to_use_cuda(tmp_path, monkeypatch, fixture):
+    # gpu=None: a window before the program uses CUDA has no GPU activity, a later one does
+    found = [{}, {0: fixture.device}]
+    asked = []
+
+    def detect(init):
+        asked.append(init)
+        return found.pop(0)
+
+    monkeypatch.setattr(gpu, "detect_devices", detect)
+    sess = _session.Session(tmp_path / "t.pftrace").start()
+    try:
+        gt = gpu.GpuTracing(sess, nvml=False, init_cuda=False,
+                            tracer=CuptiTracer(cupti_module=FakeCupti([], dropped=0)))
+        assert gt.begin_window() is False
+        assert gt.end_window(steps=1) is None
+        assert gt.begin_window() is True
+        assert gt.end_window(steps=1) is not None
+    finally:
+        sess.stop()
+    assert asked == [False, False]
+
+
+def test_libcuda_is_never_loaded_or_initialized_unasked(monkeypatch):
+    # looking for devices in auto mode, and synchronizing at window end, use only a libcuda the
+    # program loaded itself (RTLD_NOLOAD) and never call cuInit
+    import ctypes
+    import os
+
+    from stepscope.gpu.cupti_live import synchronize_context
+
+    modes, calls = [], []
+
+    class Lib:
+        def __getattr__(self, name):
+            return lambda *a: calls.append(name) or 3  # CUDA_ERROR_NOT_INITIALIZED
+
+    def cdll(name, mode=ctypes.DEFAULT_MODE):
+        modes.append((name, mode))
+        if not mode & os.RTLD_NOLOAD:
+            return Lib()
+        raise OSError(f"{name}: not loaded")
+
+    monkeypatch.setattr(ctypes, "CDLL", cdll)
+    assert gpu.detect_devices(init=False) == {}
+    synchronize_context()
+    assert [bool(m & os.RTLD_NOLOAD) for _, m in modes] == [True, True] and calls == []
+    # loaded but not initialized by the program: still no cuInit
+    monkeypatch.setattr(ctypes, "CDLL", lambda name, mode=0: Lib())
+    assert gpu.detect_devices(init=False) == {}
+    assert calls == ["cuDeviceGetCount"]
+    # gpu=True: the driver is initialized on purpose
+    calls.clear()
+    assert gpu.detect_devices(init=True) == {}
+    assert calls == ["cuInit"]
+
+
+def _syncing_cupy(monkeypatch):
+    """Fake CuPy whose stream synchronize leaves an instant on the calling thread: the range a
+    sync belongs to must still be open when it runs."""
+    cuda = FakeCuda()
+
+    def synchronize(self):
+        cuda.synced += 1
+        stepscope.mark("synced")
+
+    monkeypatch.setattr(cuda.Stream, "synchronize", synchronize)
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=cuda))
+    return cuda
+
+
+def _inside(tr, name):
+    """For each slice called ``name``: how many 'synced' instants lie within it."""
+    marks = [e.ts for e in tr.events if e.type == TYPE_INSTANT and e.name == "synced"]
+    return [sum(s.ts <= t <= s.ts + s.dur for t in marks)
+            for s in sorted(tr.slices, key=lambda s: s.ts) if s.name == name]  # fmt: skip
+
+
+def test_annotate_sync_gpu_ends_the_range_after_its_gpu_work(tmp_path, monkeypatch):
+    cuda = _syncing_cupy(monkeypatch)
+    path = tmp_path / "s.pftrace"
+    with stepscope.trace(path):
+        with stepscope.annotate("fwd", sync_gpu=True, batch=3):
+            pass
+
+        @stepscope.annotate("bwd", sync_gpu=True)
+        def bwd():
+            pass
+
+        bwd()
+        with stepscope.annotate("plain"):
+            pass
+    tr = decode(path)
+    assert cuda.synced == 2
+    assert _inside(tr, "fwd") == [1] and _inside(tr, "bwd") == [1] and _inside(tr, "plain") == [0]
+    (fwd,) = [s for s in tr.slices if s.name == "fwd"]
+    assert fwd.args == {"batch": 3}  # sync_gpu is an option, not an arg
+
+
+def test_profiler_sync_gpu_ends_phases_and_steps_after_their_gpu_work(tmp_path, monkeypatch):
+    from stepscope.profiler import Profiler
+
+    cuda = _syncing_cupy(monkeypatch)
+    prof = Profiler(tmp_path, (0, 3), run_id="r", host_metrics=False, report=False, gpu=False,
+                    sync_gpu=True)  # fmt: skip
+    prof.start()
+    for _ in range(3):
+        with prof.phase("Forward"):
+            pass
+        prof.step()
+    prof.stop()
+    tr = decode(tmp_path / "r" / "rank0.detail.0.pftrace")
+    # each step holds its phase's sync and its own
+    assert cuda.synced == 6
+    assert _inside(tr, "Forward") == [1, 1, 1]
+    assert _inside(tr, "step 0") == [2] and _inside(tr, "step 1") == [2]
+
+
+def test_cupti_activity_and_cuda_event_ranges_share_one_gpu_track(tmp_path, monkeypatch):
+    from stepscope.gpu.convert import GpuTraceConverter
+    from stepscope.gpu.fixture import batch_from_records
+    from stepscope.gpu.occupancy import DeviceLimits
+
+    cuda = FakeCuda()
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=cuda))
+    path = tmp_path / "both.pftrace"
+    sess = _session.Session(path).start()
+    try:
+        timer = CupyEventTimer(sess, host_clock=lambda: 5_000_000)
+        timer.push("fwd")
+        cuda.gpu_now = 1000
+        timer.pop()
+        timer._pending[0].end.done = True
+        assert timer.poll() == 1
+        h100 = DeviceLimits.for_compute_capability(9, 0, sm_count=132, name="Fake GPU")
+        conv = GpuTraceConverter(sess, {0: h100}, counters=False)
+        conv.convert(batch_from_records([{
+            "kind": "CONCURRENT_KERNEL", "name": "k", "start": 1000, "end": 2000,
+            "stream_id": 7, "device_id": 0, "context_id": 1, "correlation_id": 1, "grid_x": 1,
+            "grid_y": 1, "grid_z": 1, "block_x": 32, "block_y": 1, "block_z": 1}]))  # fmt: skip
+    finally:
+        sess.stop()
+    tr = decode(path)
+    (gpu_track,) = tr.tracks_named("GPU 0 (Fake GPU)")
+    children = sorted(tr.track_name(u) for u, t in tr.tracks.items()
+                      if t.parent_uuid == gpu_track)  # fmt: skip
+    assert children == ["CUDA events (stream 0x1234)", "stream 7"]

@@ -234,8 +234,9 @@ def test_gpu_tracing_follows_the_windows(tmp_path, monkeypatch):
     calls = []
 
     class FakeGpu:
-        def __init__(self, sess, log_level):
+        def __init__(self, sess, log_level, init_cuda, bucket_ns):
             self.sess = sess
+            calls.append(("init", init_cuda, bucket_ns))
 
         def start(self):
             calls.append("start")
@@ -255,11 +256,14 @@ def test_gpu_tracing_follows_the_windows(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gpu, "GpuTracing", FakeGpu)
     prof = Profiler(tmp_path, schedule(skip_first=1, wait=1, warmup=1, active=2, repeat=1),
-                    run_id="r", host_metrics=False, report=False, gpu=True)
+                    run_id="r", host_metrics=False, report=False, gpu=True,
+                    gpu_bucket_ns=5000)
     prof.start()
     _train(prof, 10)
     prof.stop()
-    assert calls == ["start", ("begin", 3), ("end", 5, 2), ("begin", 7), ("end", 9, 2), "stop"]
+    # gpu=True may initialize CUDA itself; the bucket is passed through
+    assert calls == [("init", True, 5000), "start", ("begin", 3), ("end", 5, 2), ("begin", 7),
+                     ("end", 9, 2), "stop"]
     for k in (0, 1):
         d = decode(tmp_path / "r" / f"rank0.detail.{k}.pftrace")
         assert [x.name for x in d.by_category(S.CAT_KERNEL)] == ["kernel"]

@@ -1,8 +1,9 @@
 """GPU tracing: CUPTI activity, stream tracks, launch→kernel flows, utilization counters.
 
-Everything here is optional (extra ``gpu``: ``cupy-cuda12x``, ``cupti-python``,
-``nvidia-ml-py``); importing this package needs none of them. Without a GPU or CUPTI each part
-switches itself off with one log line and never raises into the user's program.
+Everything here is optional (extra ``gpu``: ``cupy-cuda13x``, ``cupti-python``,
+``nvidia-ml-py``; ``gpu-cuda12`` for CUDA 12); importing this package needs none of them.
+Without a GPU or CUPTI each part switches itself off with one log line and never raises into the
+user's program.
 
 Parts: :mod:`.occupancy` (CUDA occupancy calculator), :mod:`.metrics` (utilization, est. SM
 efficiency, est. achieved occupancy per bucket), :mod:`.records` (columnar records and kernel
@@ -17,12 +18,14 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import sys
 import threading
 import time
 from typing import Any
 
 from .convert import ConvertStats, GpuTraceConverter
 from .cupti_live import CuptiTracer, device_limits_from_cupy
+from .driver import loaded_libcuda
 from .metrics import bucket_metrics, choose_bucket_ns
 from .nvml import NvmlSampler
 from .occupancy import DeviceLimits, active_blocks_per_sm, kernel_estimates
@@ -47,14 +50,23 @@ _CU_ATTRS = {
 }  # fmt: skip
 
 
-def _devices_from_driver() -> dict[int, DeviceLimits]:
-    """Device limits through libcuda (ctypes), no Python CUDA package needed."""
-    try:
-        cu = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return {}
-    if cu.cuInit(0) != 0:
-        return {}
+def _devices_from_driver(init: bool = True) -> dict[int, DeviceLimits]:
+    """Device limits through libcuda (ctypes), no Python CUDA package needed.
+
+    ``init=False`` reads them only where the program itself already initialized CUDA (see
+    :mod:`.driver`).
+    """
+    if init:
+        try:
+            cu = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return {}
+        if cu.cuInit(0) != 0:
+            return {}
+    else:
+        cu = loaded_libcuda()
+        if cu is None:
+            return {}
     n = ctypes.c_int(0)
     if cu.cuDeviceGetCount(ctypes.byref(n)) != 0:
         return {}
@@ -78,18 +90,20 @@ def _devices_from_driver() -> dict[int, DeviceLimits]:
     return out
 
 
-def detect_devices() -> dict[int, DeviceLimits]:
-    """Limits of every visible CUDA device (CuPy if imported, else the driver API); {} if none."""
-    try:
-        import sys
+def detect_devices(init: bool = True) -> dict[int, DeviceLimits]:
+    """Limits of every visible CUDA device (CuPy if imported, else the driver API); {} if none.
 
+    ``init=False``: only where the program uses CUDA already (CuPy imported, or the driver
+    initialized), see :func:`_devices_from_driver`.
+    """
+    try:
         cp = sys.modules.get("cupy")
         if cp is not None:
             n = cp.cuda.runtime.getDeviceCount()
             found = {i: device_limits_from_cupy(i) for i in range(n)}
             if found and all(found.values()):
                 return found  # type: ignore[return-value]
-        return _devices_from_driver()
+        return _devices_from_driver(init)
     except Exception:
         return {}
 
@@ -115,10 +129,14 @@ class GpuTracing:
         devices: dict[int, DeviceLimits] | None = None,
         tracer: CuptiTracer | None = None,
         log_level: int = logging.INFO,
+        init_cuda: bool = True,
     ) -> None:
         """``log_level``: level of the one line saying why GPU tracing is off (the profiler passes
-        WARNING when the user asked for GPU tracing explicitly)."""
+        WARNING when the user asked for GPU tracing explicitly). ``init_cuda=False`` (the
+        profiler's ``gpu=None``) traces only once the program uses CUDA itself, and never
+        initializes it: a window that opens before then has no GPU activity, the next one may."""
         self.sess = sess
+        self.init_cuda = init_cuda
         self.activity = activity
         self.bucket_ns = bucket_ns
         self.log_level = log_level
@@ -143,15 +161,19 @@ class GpuTracing:
         if not self.activity or self._off:
             return False
         if self._devices is None:
-            self._devices = detect_devices()
-            if not self._devices:
+            found = detect_devices(init=self.init_cuda)
+            if not found:
+                if not self.init_cuda:  # CUDA may come into use before the next window
+                    log.debug("stepscope: CUDA not in use yet; no GPU activity in this window")
+                    return False
                 log.log(self.log_level, "stepscope: no CUDA device found; GPU activity tracing off")
                 self._off = True
                 return False
+            self._devices = found
+        self._window_t0 = time.time_ns()  # before CUPTI is on: every record starts after it
         self._window_open = self.tracer.start()
         if not self._window_open:
             self._off = True
-        self._window_t0 = time.time_ns()
         return self._window_open
 
     def end_window(self, steps: int = 0) -> ConvertStats | None:
@@ -162,9 +184,10 @@ class GpuTracing:
             batch = self.tracer.stop()
             if self._conv is None:
                 self._conv = GpuTraceConverter(
-                    self.sess, self._devices or {}, offset_ns=self.tracer.offset_ns,
-                    bucket_ns=self.bucket_ns, api_names=self.tracer.api_names(),
+                    self.sess, self._devices or {}, bucket_ns=self.bucket_ns,
+                    api_names=self.tracer.api_names(),
                 )  # fmt: skip
+            self._conv.offset_ns = self.tracer.offset_ns  # measured at this window's start
             tids = set(batch.runtime["thread"].tolist()) | set(batch.driver["thread"].tolist())
             self._conv.thread_tracks.update(self._thread_tracks(tids))
             off = self.tracer.offset_ns  # window bounds in CUPTI's clock

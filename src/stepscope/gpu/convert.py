@@ -17,13 +17,13 @@ Tracks written:
   occupancy`` (percent, one sample per bucket; definitions in :mod:`.metrics`).
 
 Each API call that launched device work gets a flow to that work, so the UI draws the arrow. The
-flow id is derived from the CUPTI correlation id and the pid. A CUDA graph launch runs many kernels
-and copies under one correlation id; as Kineto does (one ``ac2g`` arrow per GPU activity), each of
-them gets its own arrow from the ``cudaGraphLaunch`` slice: Perfetto flows join two events, so the
-launch slice carries one flow id per record (the first record in time keeps the correlation-derived
-id, the others get ids from a per-converter sequence, see :meth:`GpuTraceConverter.flow_plan`).
-Timestamps are CUPTI's (CLOCK_REALTIME) plus ``offset_ns``, written through a ``clock="realtime"``
-emitter.
+flow id is derived from the CUPTI correlation id, the rank and the pid. A CUDA graph launch runs
+many kernels and copies under one correlation id; as Kineto does (one ``ac2g`` arrow per GPU
+activity), each of them gets its own arrow from the ``cudaGraphLaunch`` slice: Perfetto flows join
+two events, so the launch slice carries one flow id per record (the first record in time keeps the
+correlation-derived id, the others get ids from a per-converter sequence, see
+:meth:`GpuTraceConverter.flow_plan`). Timestamps are CUPTI's (CLOCK_REALTIME) plus ``offset_ns``,
+written through a ``clock="realtime"`` emitter.
 """
 
 from __future__ import annotations
@@ -61,14 +61,18 @@ _FLOW_TAG = 0x5C << 56  # keeps GPU flow ids apart from other producers' ids
 _EXTRA_FLOW_TAG = 0x5D << 56  # 2nd, 3rd, ... record of one correlation id (graph launches)
 
 
-def flow_ids_for(correlation: np.ndarray, pid: int, *, tag: int = _FLOW_TAG) -> np.ndarray:
-    """Flow id per CUPTI correlation id: unique per process, and across ranks of one job.
+def flow_ids_for(correlation: np.ndarray, pid: int, *, rank: int = 0,
+                 tag: int = _FLOW_TAG) -> np.ndarray:
+    """Flow id per CUPTI correlation id: unique per process, and across the ranks of one job
+    once their files are merged (ranks on different hosts may share a pid).
 
+    Bits: tag (8) | rank (16) | pid's low 8 bits (for processes that share a rank) | id (32).
     With ``tag=_EXTRA_FLOW_TAG`` the low 32 bits are a sequence number instead (graph launches).
     """
+    process = ((rank & 0xFFFF) << 8) | (pid & 0xFF)
     return (
         np.uint64(tag)
-        | (np.uint64(pid & 0xFFFFFF) << np.uint64(32))
+        | (np.uint64(process) << np.uint64(32))
         | (np.asarray(correlation, dtype=np.uint64) & np.uint64(0xFFFFFFFF))
     )
 
@@ -150,6 +154,7 @@ class ConvertStats:
     api_calls: int = 0
     flows: int = 0
     dropped: int = 0
+    left_out: int = 0  # records with no usable stamps, or from outside the window
     counter_samples: int = 0
     metrics: dict[int, BucketMetrics] = field(default_factory=dict)
 
@@ -191,6 +196,7 @@ class GpuTraceConverter:
         self.api_names = dict(api_names or {})
         self.thread_tracks = dict(thread_tracks or {})
         self.pid = os.getpid() if pid is None else int(pid)
+        self.rank = int(getattr(sess, "rank", 0) or 0)
         self.demangle_names = demangle_names
         self.counters = counters
         self.level = level
@@ -210,7 +216,7 @@ class GpuTraceConverter:
         if t is None:
             dev = self.devices.get(device) or next(iter(self.devices.values()))
             name = _schema.GPU_TRACK_NAME.format(device=device, name=dev.name)
-            t = self._gpu[device] = self.sess.new_track(name, parent=self.sess.process_uuid)
+            t = self._gpu[device] = self.sess.gpu_track(device, name)
         return t
 
     def stream_track(self, device: int, stream: int, lane: int = 0) -> int:
@@ -264,7 +270,8 @@ class GpuTraceConverter:
 
     def _convert(self, batch: ActivityBatch, window: tuple[int, int] | None,
                  steps: int) -> ConvertStats:
-        st = ConvertStats(dropped=int(batch.dropped))
+        batch, left_out = batch.screened(window)
+        st = ConvertStats(dropped=int(batch.dropped), left_out=left_out)
         em, off = self._em, self.offset_ns
         api_corr = np.concatenate([batch.runtime["correlation"], batch.driver["correlation"]])
         plan = self.flow_plan(
@@ -390,15 +397,17 @@ class GpuTraceConverter:
                     flow_ids=starts.get(corr),
                 )  # fmt: skip
 
-        if batch.dropped:
+        if batch.dropped or left_out:
             rng = batch.time_range()
             ts = (rng[1] if rng else window[1] if window else 0) + off
+            args = {_schema.ARG_DROPPED: int(batch.dropped)}
+            if left_out:
+                args[_schema.ARG_LEFT_OUT] = left_out
             for d in sorted(self.devices):
-                em.instant(
-                    ts, "CUPTI dropped records", self.gpu_track(d), _schema.CAT_STEPSCOPE,
-                    {_schema.ARG_DROPPED: int(batch.dropped)},
-                )  # fmt: skip
-            log.warning("stepscope: CUPTI dropped %d activity records", batch.dropped)
+                em.instant(ts, "CUPTI dropped records", self.gpu_track(d), _schema.CAT_STEPSCOPE,
+                           args)  # fmt: skip
+            log.warning("stepscope: CUPTI dropped %d activity records; %d more had no usable "
+                        "timestamps or lay outside the window", batch.dropped, left_out)
 
         if self.counters and k.size:
             st.counter_samples, st.metrics = self._write_counters(batch, window, steps)
@@ -439,7 +448,7 @@ class GpuTraceConverter:
         corr = np.concatenate([t["correlation"] for t in tables]).astype(np.int64)
         start = np.concatenate([t["start"] for t in tables]).astype(np.int64)
         linked = np.isin(corr, api_corr)
-        fids = flow_ids_for(corr, self.pid)
+        fids = flow_ids_for(corr, self.pid, rank=self.rank)
         order = np.lexsort((start, corr))  # by correlation, then start
         sc, lo = corr[order], linked[order]
         # in that order: linked records after the first of their correlation id
@@ -449,7 +458,7 @@ class GpuTraceConverter:
         n_extra = int(extra.sum())
         if n_extra:
             seq = (self._extra_flows + np.arange(n_extra)) & 0xFFFFFFFF
-            fids[order[extra]] = flow_ids_for(seq, self.pid, tag=_EXTRA_FLOW_TAG)
+            fids[order[extra]] = flow_ids_for(seq, self.pid, rank=self.rank, tag=_EXTRA_FLOW_TAG)
             self._extra_flows += n_extra
         by_corr: dict[int, list[int]] = {}
         for c, f in zip(sc[lo].tolist(), fids[order][lo].tolist(), strict=True):

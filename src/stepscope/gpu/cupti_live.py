@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
@@ -37,6 +38,7 @@ import numpy as np
 
 from .clock import calibrate
 from .cupti_buffers import RawActivityBuffers
+from .driver import loaded_libcuda
 from .occupancy import DeviceLimits
 from .records import (
     API_DTYPE,
@@ -141,6 +143,19 @@ def api_cbids(cupti: Any) -> tuple[dict[int, str], dict[int, str]]:
     return out[0], out[1]
 
 
+def synchronize_context() -> None:
+    """``cuCtxSynchronize`` on the calling thread's CUDA context, through the libcuda the program
+    already loaded; nothing when it loaded none or the thread has no context.
+
+    The window ends on the thread that drives the steps, whose context runs the step's work.
+    Loading libcuda here (or calling ``cuInit``) would initialize CUDA in a process that does not
+    use it.
+    """
+    cu = loaded_libcuda()
+    if cu is not None:
+        cu.cuCtxSynchronize()  # CUDA_ERROR_INVALID_CONTEXT without a context: nothing to wait for
+
+
 class CuptiTracer:
     """Collects activity records between :meth:`start` and :meth:`stop` (one detail window)."""
 
@@ -155,8 +170,12 @@ class CuptiTracer:
         raw: bool = True,
         max_buffers: int = 16,
         raw_buffers: Any = None,
+        synchronize: Callable[[], Any] | None = None,
     ) -> None:
         """``cupti_module`` replaces ``cupti.cupti`` (tests drive the path with a stand-in).
+
+        ``synchronize`` waits for the window's device work before :meth:`stop` flushes (default
+        :func:`synchronize_context`; tests pass a recorder).
 
         ``raw`` tries the raw-buffer path (only with the real module, unless ``raw_buffers``, a
         callable returning a :class:`RawActivityBuffers` or None, is given: tests use it).
@@ -165,6 +184,7 @@ class CuptiTracer:
         self.max_records = int(max_records)
         self.max_buffers = int(max_buffers)
         self._raw_factory = raw_buffers
+        self._synchronize = synchronize or synchronize_context
         if raw and raw_buffers is None and cupti_module is None:
             self._raw_factory = RawActivityBuffers.open
         elif not raw:
@@ -205,7 +225,9 @@ class CuptiTracer:
             return False
         try:
             if not self._registered:
-                self._setup(cupti)
+                self._setup(cupti)  # calibrates too
+            else:
+                self._calibrate(cupti)
             self._rows = {k: [] for k in ("kernel", "memcpy", "memset", "sync", "rt", "drv")}
             self._count = self._dropped = 0
             if self._raw is not None:  # nothing from before this window
@@ -238,10 +260,7 @@ class CuptiTracer:
             int(kinds.DRIVER): _Getter("drv", _API_ATTRS),
         }
         self.runtime_names, self.driver_names = api_cbids(cupti)
-        try:  # also makes cupti-python load libcupti, which the raw path looks for
-            self.offset_ns = calibrate(cupti.get_timestamp)
-        except Exception:
-            self.offset_ns = 0
+        self._calibrate(cupti)  # also makes cupti-python load libcupti, which the raw path needs
         self._raw = self._open_raw()
         if self._raw is None:
             cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
@@ -250,6 +269,14 @@ class CuptiTracer:
             self.path = "raw"
         log.debug("stepscope: CUPTI activity through the %s path", self.path)
         self._registered = True
+
+    def _calibrate(self, cupti: Any) -> None:
+        """CUPTI's clock against ``time.time_ns()``, measured anew each window: the system clock
+        may be stepped (NTP) between windows of a long run."""
+        try:
+            self.offset_ns = calibrate(cupti.get_timestamp)
+        except Exception:
+            pass  # the last offset, or 0
 
     def _open_raw(self) -> RawActivityBuffers | None:
         """The raw-buffer path, registered with CUPTI, or None (then the per-record path)."""
@@ -281,13 +308,16 @@ class CuptiTracer:
             enum = _enum(cupti, *enum_names)
             if fn is None or enum is None:
                 continue
-            try:
-                for member in enum:
-                    cbid = int(member)
-                    if cbid > 0 and not member.name.endswith(("INVALID", "SIZE", "FORCE_INT")):
+            failed = 0
+            for member in enum:
+                cbid = int(member)
+                if cbid > 0 and not member.name.endswith(("INVALID", "SIZE", "FORCE_INT")):
+                    try:  # one id CUPTI rejects (an API gone from this CUDA) leaves the rest
                         fn(cbid, 1 if cbid in chosen else 0)
-            except Exception as exc:
-                log.debug("stepscope: per-callback API enables failed (%s)", exc)
+                    except Exception:
+                        failed += 1
+            if failed:
+                log.debug("stepscope: CUPTI rejected %d per-callback API enables", failed)
 
     def _disable_all(self, cupti: Any) -> None:
         for kind in self._kinds:
@@ -322,15 +352,24 @@ class CuptiTracer:
 
     # --- window end ----------------------------------------------------------------------------
     def stop(self) -> ActivityBatch:
-        """Flush, disable and decode everything of this window into one batch."""
+        """Synchronize, disable, flush and decode everything of this window into one batch.
+
+        CUPTI's flush does not synchronize: a kernel still running would come back as an
+        incomplete record (no end stamp). Disabling before the flush keeps work launched after
+        the window out of it.
+        """
         cupti = self._cupti
         if not self._active or cupti is None:
             return ActivityBatch()
         try:
+            self._synchronize()
+        except Exception as exc:
+            log.debug("stepscope: synchronizing before the CUPTI flush failed (%s)", exc)
+        self._disable_all(cupti)
+        try:
             cupti.activity_flush_all(1)
         except Exception as exc:
             log.warning("stepscope: CUPTI flush failed (%s)", exc)
-        self._disable_all(cupti)
         with self._lock:
             self._active = False
             rows, self._rows = self._rows, {}

@@ -61,6 +61,9 @@ API_DTYPE = np.dtype(
 )  # fmt: skip
 
 INVALID_ID = 0xFFFFFFFF  # CUPTI's invalid stream/context/device id
+# how far a record may start outside its window's bounds (clock calibration error, the few
+# instructions between reading the clock and enabling CUPTI)
+WINDOW_SLACK_NS = 1_000_000
 
 
 ID_COLUMNS = ("device", "context", "stream")  # ids CUPTI gives as INVALID_ID when unknown
@@ -181,6 +184,27 @@ class ActivityBatch:
                 lo = s if lo is None else min(lo, s)
                 hi = e if hi is None else max(hi, e)
         return None if lo is None else (lo, hi)
+
+    def screened(self, window: tuple[int, int] | None = None,
+                 slack_ns: int = WINDOW_SLACK_NS) -> tuple[ActivityBatch, int]:
+        """This batch without the records no timeline can place, and how many were left out.
+
+        Left out: a start stamp of 0 (CUPTI could not collect the stamps), an end before the
+        start (a record still incomplete when it was flushed), and, with ``window`` (CUPTI ns),
+        a start outside it widened by ``slack_ns`` (work from before the window). Work that
+        starts in the window and ends after it stays. Kineto drops out-of-window records alike.
+        """
+        out = ActivityBatch(names=self.names, dropped=self.dropped)
+        left_out = 0
+        for attr in ("kernels", "memcpys", "memsets", "syncs", "runtime", "driver"):
+            a = getattr(self, attr)
+            ok = (a["start"] > 0) & (a["end"] >= a["start"])
+            if window is not None:
+                ok &= (a["start"] >= window[0] - slack_ns) & (a["start"] <= window[1] + slack_ns)
+            n = int(a.size - np.count_nonzero(ok))
+            setattr(out, attr, a[ok] if n else a)
+            left_out += n
+        return (out, left_out) if left_out else (self, 0)
 
     @staticmethod
     def concat(batches: list[ActivityBatch]) -> ActivityBatch:

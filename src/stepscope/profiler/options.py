@@ -9,10 +9,10 @@ Keys (all optional): ``dir`` (str), ``run_id`` (str), ``schedule`` (object with 
 warmup, active, repeat; or ``[start, end]``; or ``null`` for no detail windows), ``timer_only``
 (bool), ``levels`` (list of "summary", "detail": which files are written), ``host_metrics`` (bool),
 ``sample_interval_s`` (number > 0), ``buffer_bytes`` (int > 0), ``rank`` (int >= 0), ``gpu``
-(bool), ``sync_gpu`` (bool), ``report`` (bool: print the summary at stop), ``step_range`` (str:
-for ``stepscope run``, the name of a user range that delimits steps). Values from the environment
-override the arguments given to ``Profiler(...)`` in code: the variable exists to change a run
-without editing it.
+(bool), ``sync_gpu`` (bool), ``gpu_bucket_ns`` (int >= 1: the GPU counters' bucket), ``report``
+(bool: print the summary at stop), ``step_range`` (str: for ``stepscope run``, the name of a user
+range that delimits steps). Values from the environment override the arguments given to
+``Profiler(...)`` in code: the variable exists to change a run without editing it.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ _KEYS = {
     "rank": lambda k, v: _int(k, v, 0),
     "gpu": _bool,
     "sync_gpu": _bool,
+    "gpu_bucket_ns": lambda k, v: _int(k, v, 1),
     "report": _bool,
     "step_range": _str,
 }

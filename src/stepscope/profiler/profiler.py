@@ -274,7 +274,8 @@ class Profiler:
     as it is finished (a window's detail file at the window's end, the summary file at stop);
     ``timer_only``: step timer and data-loader wrapper only, no files; ``host_metrics`` /
     ``sample_interval_s``: psutil counters; ``gpu``: GPU tracing (None: where a GPU is found);
-    ``sync_gpu``: synchronize the GPU at each phase and step end; ``buffer_bytes``: the session's
+    ``sync_gpu``: synchronize the GPU at each phase and step end; ``gpu_bucket_ns``: the GPU
+    counters' bucket (default: about 20 per step); ``buffer_bytes``: the session's
     buffer cap; ``rank``: overrides the launcher's variables; ``run_id``: the run directory name
     (default: shared by the ranks of one job, see :func:`default_run_id`); ``levels``: which files
     to write; ``report``: print the summary at stop. ``STEPSCOPE_OPTIONS`` (JSON, see
@@ -292,6 +293,7 @@ class Profiler:
         sample_interval_s: float = 0.5,
         gpu: bool | None = None,
         sync_gpu: bool = False,
+        gpu_bucket_ns: int | None = None,
         buffer_bytes: int = 32 << 20,
         rank: int | None = None,
         *,
@@ -303,8 +305,8 @@ class Profiler:
         cfg: dict[str, Any] = {
             "dir": os.fspath(dir), "schedule": schedule, "timer_only": timer_only,
             "host_metrics": host_metrics, "sample_interval_s": sample_interval_s, "gpu": gpu,
-            "sync_gpu": sync_gpu, "buffer_bytes": buffer_bytes, "rank": rank, "run_id": run_id,
-            "levels": tuple(levels), "report": report,
+            "sync_gpu": sync_gpu, "gpu_bucket_ns": gpu_bucket_ns, "buffer_bytes": buffer_bytes,
+            "rank": rank, "run_id": run_id, "levels": tuple(levels), "report": report,
         }
         if use_env:
             cfg.update(_options.from_env())
@@ -315,6 +317,9 @@ class Profiler:
                              f"{cfg['levels']!r}")
         if not cfg["sample_interval_s"] or cfg["sample_interval_s"] <= 0:
             raise ValueError(f"sample_interval_s must be > 0, got {cfg['sample_interval_s']!r}")
+        b = cfg["gpu_bucket_ns"]
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise ValueError(f"gpu_bucket_ns must be an integer >= 1 or None, got {b!r}")
         if not isinstance(cfg["buffer_bytes"], int) or cfg["buffer_bytes"] < 1 << 16:
             raise ValueError(f"buffer_bytes must be an integer >= 65536, got "
                              f"{cfg['buffer_bytes']!r}")
@@ -326,6 +331,7 @@ class Profiler:
         self.levels = tuple(cfg["levels"])
         self.gpu = cfg["gpu"]
         self.sync_gpu = bool(cfg["sync_gpu"])
+        self.gpu_bucket_ns = cfg["gpu_bucket_ns"]
         self._run_id = cfg["run_id"]
         self.run_dir: Path | None = None
         self.timer = StepTimer()
@@ -440,15 +446,17 @@ class Profiler:
 
     def _start_gpu(self, sess: Any) -> None:
         """GPU tracing (``stepscope.gpu.GpuTracing``): NVML counters for the whole run, CUPTI
-        activity inside the detail windows. ``gpu=None`` turns it on where a GPU is found (one
-        INFO log line otherwise); ``gpu=True`` warns when it cannot run."""
+        activity inside the detail windows. ``gpu=None`` turns it on where the program uses CUDA
+        (one INFO log line otherwise) and never initializes CUDA itself; ``gpu=True`` warns when
+        it cannot run."""
         import logging
 
         try:
             from .. import gpu as _gpu
 
             level = logging.WARNING if self.gpu else logging.INFO
-            self._gpu = _gpu.GpuTracing(sess, log_level=level)
+            self._gpu = _gpu.GpuTracing(sess, log_level=level, init_cuda=bool(self.gpu),
+                                        bucket_ns=self.gpu_bucket_ns)  # fmt: skip
             self._gpu.start()
         except Exception as exc:
             self._gpu = None

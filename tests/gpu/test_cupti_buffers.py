@@ -310,3 +310,28 @@ def test_the_process_owner_is_made_once_and_keeps_its_settings(monkeypatch, capl
         "(8388608, 2); (1008, 4) ignored"
     ]
     assert (got[0].buffer_bytes, got[0].max_buffers) == (8 << 20, 2)
+
+
+def test_kernel_names_are_read_only_inside_readable_memory():
+    # a record layout CUPTI changed would put garbage where the name pointer was: a wrong name,
+    # never a crash. A page of 'A's with no NUL, followed by a page that cannot be read.
+    import mmap
+
+    page = mmap.PAGESIZE
+    m = mmap.mmap(-1, 2 * page)
+    m.write(b"A" * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(base + page, page, 0) == 0  # PROT_NONE
+    try:
+        ranges = cb.readable_ranges()
+        names = CStrings()
+        ok = names.address("sgemm")
+        assert cb.read_c_string(ok, ranges) == "sgemm"
+        assert cb.read_c_string(base + page - 3, ranges) == "AAA"  # stops at the mapping's end
+        assert cb.read_c_string(base + page + 8, ranges) == "?"  # not readable
+        assert cb.read_c_string(0, ranges) == "?"
+        assert cb.read_c_string(8, ranges) == "?"  # below every mapping
+    finally:
+        libc.mprotect(base + page, page, 3)  # PROT_READ | PROT_WRITE again

@@ -222,11 +222,40 @@ def gather(data: Any, offsets: np.ndarray, layout: np.dtype) -> np.ndarray:
     return out
 
 
-def read_c_string(address: int) -> str:
-    """A NUL-terminated C string owned by CUPTI (kernel name); ``?`` for NULL."""
+MAX_NAME_BYTES = 1 << 16
+
+
+def readable_ranges(maps: str = "/proc/self/maps") -> np.ndarray | None:
+    """(start, end) of this process's readable mappings, sorted; None without ``/proc``."""
+    spans = []
+    try:
+        with open(maps, encoding="ascii", errors="replace") as f:
+            for line in f:
+                addr, perms = line.split(" ", 2)[:2]
+                if perms.startswith("r"):
+                    lo, hi = addr.split("-")
+                    spans.append((int(lo, 16), int(hi, 16)))
+    except (OSError, ValueError):
+        return None
+    return np.array(sorted(spans), dtype=np.uint64).reshape(-1, 2)
+
+
+def read_c_string(address: int, ranges: np.ndarray | None = None) -> str:
+    """A NUL-terminated C string owned by CUPTI (kernel name); ``?`` for NULL.
+
+    With ``ranges`` (:func:`readable_ranges`), a pointer outside every readable mapping also
+    gives ``?``, and no read goes past its mapping's end: a record layout CUPTI changed would
+    give a wrong name, never a crash of the user's program.
+    """
     if not address:
         return "?"
-    return ctypes.string_at(address).decode("utf-8", "replace")
+    if ranges is None:
+        return ctypes.string_at(address).decode("utf-8", "replace")
+    i = int(np.searchsorted(ranges[:, 0], np.uint64(address), side="right")) - 1
+    if i < 0 or address >= int(ranges[i, 1]):
+        return "?"
+    raw = ctypes.string_at(address, min(MAX_NAME_BYTES, int(ranges[i, 1]) - address))
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
 def decode_buffers(
@@ -258,7 +287,8 @@ def decode_buffers(
     b = ActivityBatch(dropped=int(dropped))
     for attr, chunks in parts.items():
         setattr(b, attr, np.concatenate(chunks))
-    b.names = [read_c_string(p) for p in names]
+    ranges = readable_ranges() if names else None
+    b.names = [read_c_string(p, ranges) for p in names]
     return b
 
 

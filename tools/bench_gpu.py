@@ -10,9 +10,11 @@ Two modes, one table each:
   record through ``CuptiTracer``'s buffer callback and decode).
 * ``--mode live`` (needs an NVIDIA GPU with CuPy; cupti-python for the stepscope row, torch for the
   Kineto row): a launch-bound MLP training step (small matrices: a few dozen kernels and a few
-  hundred CUDA calls per step), timed as ratios to no tracing: stepscope at detail level with CUPTI
-  + NVML on, and torch.profiler (CPU + CUDA activities) when torch is installed; plus records per
-  step and trace bytes per kernel. Without a GPU it says so and exits 0.
+  hundred CUDA calls per step), timed as ratios to no tracing: the Profiler at detail level with
+  everything GPU on (CUPTI, NVML, CuPy pool), and torch.profiler (CPU + CUDA activities) when
+  torch is installed; plus records per step and trace bytes per kernel. Each tracer runs in a
+  process of its own, against untraced steps timed in that process first. Without a GPU it says
+  so and exits 0.
 
 ``--mode auto`` (default) runs live when a GPU is there, and always the fixture table.
 
@@ -22,8 +24,10 @@ Two modes, one table each:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +37,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from stepscope import _session  # noqa: E402
-from stepscope.gpu import GpuTracing  # noqa: E402
 from stepscope.gpu.convert import GpuTraceConverter  # noqa: E402
 from stepscope.gpu.fixture import load_fixture  # noqa: E402
 
@@ -175,13 +178,72 @@ def make_step():
     return step
 
 
-def time_steps(step, steps: int) -> float:
-    for _ in range(20):
-        step()
+def time_steps(step, steps: int, after=None) -> float:
+    """Seconds per step over ``steps`` steps (``after()`` runs after each, untimed it is not)."""
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
+        if after is not None:
+            after()
     return (time.perf_counter() - t0) / steps
+
+
+def part_stepscope(step, steps: int, repeat: int) -> dict:
+    """The Profiler at detail level for the timed steps, GPU all on (CUPTI, NVML, CuPy pool): the
+    window opens before the warm-up steps and closes after the timed ones, so its window-end
+    conversion is not timed (as Kineto's export is not)."""
+    from stepscope.profiler import Profiler
+
+    out: dict = {"traced": [], "records": 0, "kernels": 0, "bytes": 0, "path": "?"}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(repeat):
+            window = {"wait": 0, "warmup": 0, "active": steps + 60, "repeat": 1}
+            prof = Profiler(tmp, window, run_id=f"r{r}", gpu=True, report=False, use_env=False)
+            prof.start()
+            time_steps(step, 20, prof.step)
+            out["traced"].append(time_steps(step, steps, prof.step))
+            time_steps(step, 40, prof.step)  # the window ends at the last of these
+            gt = prof._gpu  # noqa: SLF001
+            stats = None if gt is None else gt.last_stats
+            prof.stop()
+            if stats is None:
+                out["error"] = "CUPTI could not be enabled (see the log)"
+                return out
+            n = steps + 60  # the window's steps
+            detail = next(Path(tmp, f"r{r}").glob("*.detail.*"))
+            out.update(records=stats.records / n, kernels=stats.kernels / n,
+                       bytes=detail.stat().st_size / max(stats.kernels, 1),
+                       path=getattr(gt.tracer, "path", "?"))  # fmt: skip
+    return out
+
+
+def part_kineto(step, steps: int, repeat: int) -> dict:
+    """torch.profiler with CPU and CUDA activities (Kineto's CUPTI) around the timed steps."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+    except Exception as exc:
+        return {"error": f"torch not installed ({exc.__class__.__name__})"}
+    traced = []
+    for _ in range(repeat):
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+            time_steps(step, 20)
+            traced.append(time_steps(step, steps))
+    return {"traced": traced}
+
+
+PARTS = {"stepscope": part_stepscope, "kineto": part_kineto}
+
+
+def run_part(name: str, steps: int, repeat: int, step=None) -> dict:
+    """One tracer in this process: untraced steps first, then traced ones (JSON-able result).
+
+    Each tracer runs in a process of its own: two CUPTI clients in one process (stepscope's and
+    Kineto's, which may even load another libcupti) could fail or take each other's buffers.
+    """
+    step = step or make_step()
+    time_steps(step, 20)
+    base = [time_steps(step, steps) for _ in range(repeat)]
+    return {"base": base, **PARTS[name](step, steps, repeat)}
 
 
 def bench_live(steps: int, repeat: int) -> bool:
@@ -189,54 +251,43 @@ def bench_live(steps: int, repeat: int) -> bool:
     if why:
         print(f"\nlive GPU benchmark: no GPU ({why}); skipped")
         return False
-    step = make_step()
-    base, ours, kineto = [], [], []
-    records = kernels = size = 0
-    cupti_path = "?"
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(repeat):
-            base.append(time_steps(step, steps))
-            path = os.path.join(tmp, f"live{r}.pftrace")
-            sess = _session.Session(path).start()
-            gt = GpuTracing(sess, nvml=True)
-            gt.start()
-            on = gt.begin_window()
-            ours.append(time_steps(step, steps))
-            stats = gt.end_window(steps=steps + 20)
-            gt.stop()
-            sess.stop()
-            if not on or stats is None:
-                print("\nlive GPU benchmark: CUPTI could not be enabled (see the log); skipped")
-                return False
-            records, kernels, size = stats.records, stats.kernels, os.path.getsize(path)
-            cupti_path = getattr(gt.tracer, "path", "?")
-            try:
-                import torch  # type: ignore[import-not-found]
-                from torch.profiler import ProfilerActivity, profile
-            except Exception:
-                torch = None
-            if torch is not None:
-                acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
-                with profile(activities=acts):
-                    kineto.append(time_steps(step, steps))
-    b = statistics.median(base)
-    rows = [
-        ("CUPTI activity path (raw / records)", cupti_path),
-        ("step time, no tracing (ms)", f"{b * 1e3:.3f}"),
-        ("stepscope detail + GPU / none", f"{statistics.median(ours) / b:.4f}"),
-    ]
-    if kineto:
-        rows.append(("torch.profiler (Kineto) / none", f"{statistics.median(kineto) / b:.4f}"))
-    else:
-        rows.append(("torch.profiler (Kineto) / none", "torch not installed"))
-    rows += [
-        ("records per step", f"{records / (steps + 20):.0f}"),
-        ("kernels per step", f"{kernels / (steps + 20):.0f}"),
-        ("trace bytes per kernel", f"{size / max(kernels, 1):.1f}"),
-    ]
-    table(f"GPU tracing overhead, launch-bound CuPy MLP step ({steps} steps, median of {repeat})",
-          rows)  # fmt: skip
+    res = {}
+    for name in PARTS:
+        proc = subprocess.run(
+            [sys.executable, __file__, "--part", name, "--steps", str(steps),
+             "--repeat", str(repeat)], capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        try:
+            res[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            res[name] = {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+    table(f"GPU tracing overhead, launch-bound CuPy MLP step ({steps} steps, median of {repeat}; "
+          "each tracer in its own process, against its own untraced steps)",
+          live_rows(res))  # fmt: skip
     return True
+
+
+def live_rows(res: dict) -> list[tuple[str, str]]:
+    """The live table's rows from the parts' results."""
+    rows = []
+    for name, label in (("stepscope", "stepscope detail + GPU / none"),
+                        ("kineto", "torch.profiler (Kineto) / none")):  # fmt: skip
+        r = res.get(name, {})
+        if r.get("traced") and "error" not in r:
+            b = statistics.median(r["base"])
+            rows.append((f"{name}: step time, no tracing (ms)", f"{b * 1e3:.3f}"))
+            rows.append((label, f"{statistics.median(r['traced']) / b:.4f}"))
+        else:
+            rows.append((label, r.get("error", "not run")))
+    s = res.get("stepscope", {})
+    if s.get("traced") and "error" not in s:
+        rows += [
+            ("CUPTI activity path (raw / records)", str(s["path"])),
+            ("records per step", f"{s['records']:.0f}"),
+            ("kernels per step", f"{s['kernels']:.0f}"),
+            ("trace bytes per kernel", f"{s['bytes']:.1f}"),
+        ]
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,7 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", choices=("auto", "fixture", "live"), default="auto")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--part", choices=sorted(PARTS), help=argparse.SUPPRESS)  # one live tracer
     a = p.parse_args(argv)
+    if a.part:
+        print(json.dumps(run_part(a.part, a.steps, a.repeat)))
+        return 0
     if a.mode in ("auto", "live"):
         bench_live(a.steps, a.repeat)
     if a.mode in ("auto", "fixture"):

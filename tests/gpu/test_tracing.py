@@ -468,3 +468,31 @@ def test_cupti_activity_and_cuda_event_ranges_share_one_gpu_track(tmp_path, monk
     children = sorted(tr.track_name(u) for u, t in tr.tracks.items()
                       if t.parent_uuid == gpu_track)  # fmt: skip
     assert children == ["CUDA events (stream 0x1234)", "stream 7"]
+
+
+def test_api_calls_of_a_thread_that_ended_go_under_that_thread(tmp_path, fixture):
+    path = tmp_path / "ended.pftrace"
+    sess = _session.Session(path).start()
+    try:
+        seen = {}
+        worker = threading.Thread(
+            target=lambda: seen.update(ident=threading.get_ident(),
+                                       native=threading.get_native_id()),
+            name="launcher",
+        )  # fmt: skip
+        worker.start()
+        worker.join()
+        t0 = time.time_ns()
+        records = [{"kind": "RUNTIME", "start": t0, "end": t0 + 5000, "correlation_id": 1,
+                    "cbid": 211, "process_id": 1, "thread_id": seen["ident"] & 0xFFFFFFFF}]
+        del worker  # gone from threading.enumerate() and from any user reference
+        gt = gpu.GpuTracing(sess, nvml=False, devices={0: fixture.device},
+                            tracer=CuptiTracer(cupti_module=FakeCupti(records, dropped=0)))
+        assert gt.begin_window()
+        assert gt.end_window(steps=1).api_calls == 1
+    finally:
+        sess.stop()
+    tr = decode(path)
+    (api,) = tr.tracks_named("CUDA API")
+    parent = tr.tracks[tr.tracks[api].parent_uuid]
+    assert (parent.thread.tid, parent.thread.thread_name) == (seen["native"], "launcher")

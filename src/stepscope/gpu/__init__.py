@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Any
 
+from .. import _session
 from .convert import ConvertStats, GpuTraceConverter
 from .cupti_live import CuptiTracer, device_limits_from_cupy
 from .driver import loaded_libcuda
@@ -200,16 +201,17 @@ class GpuTracing:
 
     def _thread_tracks(self, tids: set[int]) -> dict[int, int]:
         """CUPTI thread id → the thread's track. CUPTI's default thread id is ``pthread_self()``
-        (``threading.get_ident()``) cut to 32 bits; the system thread id is matched too."""
+        (``threading.get_ident()``) cut to 32 bits; the system thread id is matched too. Threads
+        that ended during the window are found among those the session saw start."""
         make = self.sess.thread_track
-        out = {}
-        for t in threading.enumerate():
-            if t.ident is None:
-                continue
-            for key in (t.ident & 0xFFFFFFFF, t.native_id):
-                if key in tids:
+        alive = [(t.ident, t.native_id) for t in threading.enumerate() if t.ident is not None]
+        ended = [(i, native) for i, (native, _) in list(_session._started_threads.items())]  # noqa: SLF001
+        out: dict[int, int] = {}
+        for ident, native in alive + ended:  # a live thread wins over an ended one
+            for key in (ident & 0xFFFFFFFF, native):
+                if key in tids and key not in out:
                     try:
-                        out[key] = make(t.ident)
+                        out[key] = make(ident)
                     except Exception:
                         pass
         return out

@@ -413,7 +413,7 @@ class FakePynvml:
     def nvmlDeviceGetHandleByIndex(self, i):  # noqa: N802
         return self.gpus[i]
 
-    def nvmlDeviceGetHandleByPciBusId_v2(self, bus_id):  # noqa: N802
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id):  # noqa: N802  (the C _v2 symbol)
         assert isinstance(bus_id, bytes)
         (g,) = [g for g in self.gpus if g.bus_id.lower() == bus_id.decode().lower()]
         return g

@@ -86,8 +86,8 @@ def test_every_launch_has_a_flow_to_its_device_work(converted, fixture):
     ids = [s.terminating_flow_ids[0] for s in device]
     assert len(set(ids)) == len(ids)
     corr = fixture.batch.kernels["correlation"][0]
-    # rank 0, pid 407: its low byte 0x97
-    assert ids and flow_ids_for(np.array([corr]), 407)[0] == (0x5C << 56 | 0x97 << 32 | int(corr))
+    # rank 0, pid 407 (0x197, under 12 bits)
+    assert ids and flow_ids_for(np.array([corr]), 407)[0] == (0x5C << 56 | 407 << 32 | int(corr))
 
 
 def test_kernel_args_of_the_sgemm(converted):
@@ -302,7 +302,7 @@ def test_records_without_stamps_or_outside_the_window_are_left_out(tmp_path):
 def test_flow_ids_of_ranks_that_share_a_pid_differ(tmp_path):
     # ranks on two hosts may have the same pid; their files merge into one trace
     ids = {r: int(flow_ids_for(np.array([9]), 407, rank=r)[0]) for r in (0, 1, 300)}
-    assert ids == {r: 0x5C << 56 | (r << 8 | 0x97) << 32 | 9 for r in (0, 1, 300)}
+    assert ids == {r: 0x5C << 56 | (r << 12 | 407) << 32 | 9 for r in (0, 1, 300)}
     sess = _session.Session(tmp_path / "r.pftrace", rank=300).start()
     try:
         conv = GpuTraceConverter(sess, {0: H100}, pid=407)
@@ -315,3 +315,15 @@ def test_flow_ids_of_ranks_that_share_a_pid_differ(tmp_path):
             9: [ids[300]]}  # fmt: skip
     finally:
         sess.stop()
+
+
+def test_a_tiny_bucket_is_widened_to_a_bounded_count(tmp_path):
+    t0 = 1_700_000_000_000_000_000
+    b = batch_from_records([_kernel(t0, t0 + 500_000_000)])
+    tr, stats, _ = run(tmp_path, b, {0: H100}, bucket_ns=1, max_buckets=100,
+                       window=(t0, t0 + 1_000_000_000))  # fmt: skip
+    util = tr.counter("GPU 0 utilization")
+    # 1 s over at most 100 buckets: 10 ms each; busy for the first half
+    assert util[1][0] - util[0][0] == 10_000_000
+    assert len(util) == 100 + 1  # one per bucket, then back to idle at the last edge
+    assert [v for _, v in util] == [100.0] * 50 + [0.0] * 51

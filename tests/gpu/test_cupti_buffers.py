@@ -335,3 +335,21 @@ def test_kernel_names_are_read_only_inside_readable_memory():
         assert cb.read_c_string(8, ranges) == "?"  # below every mapping
     finally:
         libc.mprotect(base + page, page, 3)  # PROT_READ | PROT_WRITE again
+
+
+def test_readable_ranges_leave_out_device_mappings(tmp_path):
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f0000000000-7f0000001000 r--p 00000000 08:01 42 /usr/lib/libcupti.so.13\n"
+        "7f0000002000-7f0000003000 rw-s 00000000 00:05 7 /dev/nvidia0\n"
+        "7f0000004000-7f0000005000 ---p 00000000 00:00 0\n"
+        "7f0000006000-7f0000008000 rw-p 00000000 00:00 0 \n"
+        "7f0000009000-7f000000a000 rw-p 00000000 00:00 0 [heap]\n"
+        "7f000000b000-7f000000c000 rw-s 00000000 00:01 9 /dev/zero (deleted)\n"
+    )
+    got = cb.readable_ranges(str(maps)).tolist()
+    assert got == [[0x7F0000000000, 0x7F0000001000], [0x7F0000006000, 0x7F0000008000],
+                   [0x7F0000009000, 0x7F000000A000], [0x7F000000B000, 0x7F000000C000]]  # fmt: skip
+    names = CStrings()
+    long = "k" * 5000  # read in growing pieces up to its NUL
+    assert cb.read_c_string(names.address(long), cb.readable_ranges()) == long

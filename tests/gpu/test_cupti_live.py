@@ -204,7 +204,9 @@ def test_window_end_synchronizes_then_disables_then_flushes(records):
                          synchronize=lambda: calls.append(("sync", sorted(fake.enabled))))
     assert tracer.start()
     tracer.stop()
-    assert calls == [("sync", [1, 2, 4, 5, 10, 38]), ("flush", 1, [])]
+    # the API and synchronization kinds are off first: the wait is the profiler's, not the
+    # program's; memcpy, memset and kernels stay on until it is over
+    assert calls == [("sync", [1, 2, 10]), ("flush", 1, [])]
 
 
 def test_one_rejected_callback_id_leaves_the_others_switched(records):

@@ -65,7 +65,7 @@ def fid(corr):
 
 
 def extra(seq):
-    return 0x5D << 56 | (PID & 0xFF) << 32 | seq  # rank 0
+    return 0x5D << 56 | PID << 32 | seq  # rank 0; PID under 12 bits
 
 
 @pytest.fixture(scope="module")

@@ -368,6 +368,11 @@ def test_libcuda_is_never_loaded_or_initialized_unasked(monkeypatch):
     assert gpu.detect_devices(init=False) == {}
     synchronize_context()
     assert [bool(m & os.RTLD_NOLOAD) for _, m in modes] == [True, True] and calls == []
+    # CuPy imported but CUDA not initialized: its device queries (cuInit) are not made either
+    runtime = SimpleNamespace(getDeviceCount=lambda: calls.append("cudaGetDeviceCount") or 1)
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
+    assert gpu.detect_devices(init=False) == {} and calls == []
+    monkeypatch.delitem(sys.modules, "cupy")
     # loaded but not initialized by the program: still no cuInit
     monkeypatch.setattr(ctypes, "CDLL", lambda name, mode=0: Lib())
     assert gpu.detect_devices(init=False) == {}

@@ -26,7 +26,7 @@ from typing import Any
 from .. import _session
 from .convert import ConvertStats, GpuTraceConverter
 from .cupti_live import CuptiTracer, device_limits_from_cupy
-from .driver import loaded_libcuda
+from .driver import initialized_count, loaded_libcuda
 from .metrics import bucket_metrics, choose_bucket_ns
 from .nvml import NvmlSampler
 from .occupancy import DeviceLimits, active_blocks_per_sm, kernel_estimates
@@ -66,7 +66,7 @@ def _devices_from_driver(init: bool = True) -> dict[int, DeviceLimits]:
             return {}
     else:
         cu = loaded_libcuda()
-        if cu is None:
+        if initialized_count(cu) is None:
             return {}
     n = ctypes.c_int(0)
     if cu.cuDeviceGetCount(ctypes.byref(n)) != 0:
@@ -98,6 +98,8 @@ def detect_devices(init: bool = True) -> dict[int, DeviceLimits]:
     initialized), see :func:`_devices_from_driver`.
     """
     try:
+        if not init and initialized_count(loaded_libcuda()) is None:
+            return {}  # CuPy's queries below would initialize CUDA
         cp = sys.modules.get("cupy")
         if cp is not None:
             n = cp.cuda.runtime.getDeviceCount()

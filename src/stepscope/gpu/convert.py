@@ -57,6 +57,8 @@ MEMORY_KIND_NAMES = {
     6: "Device static", 7: "Managed static",
 }  # fmt: skip
 
+# counter buckets per window at most: the window-end work runs on the training thread
+MAX_BUCKETS = 100_000
 _FLOW_TAG = 0x5C << 56  # keeps GPU flow ids apart from other producers' ids
 _EXTRA_FLOW_TAG = 0x5D << 56  # 2nd, 3rd, ... record of one correlation id (graph launches)
 
@@ -66,10 +68,10 @@ def flow_ids_for(correlation: np.ndarray, pid: int, *, rank: int = 0,
     """Flow id per CUPTI correlation id: unique per process, and across the ranks of one job
     once their files are merged (ranks on different hosts may share a pid).
 
-    Bits: tag (8) | rank (16) | pid's low 8 bits (for processes that share a rank) | id (32).
+    Bits: tag (8) | rank (12) | pid's low 12 bits (for processes that share a rank) | id (32).
     With ``tag=_EXTRA_FLOW_TAG`` the low 32 bits are a sequence number instead (graph launches).
     """
-    process = ((rank & 0xFFFF) << 8) | (pid & 0xFF)
+    process = ((rank & 0xFFF) << 12) | (pid & 0xFFF)
     return (
         np.uint64(tag)
         | (np.uint64(process) << np.uint64(32))
@@ -168,7 +170,8 @@ class GpuTraceConverter:
 
     ``devices`` maps CUPTI device ids to their limits. ``bucket_ns`` fixes the counter bucket;
     by default it is chosen per batch so that ``steps`` steps (or the batch's span, if not given)
-    get about ``buckets_per_step`` buckets each.
+    get about ``buckets_per_step`` buckets each. A bucket that would give a window more than
+    ``max_buckets`` buckets is widened.
     """
 
     def __init__(
@@ -179,6 +182,7 @@ class GpuTraceConverter:
         offset_ns: int = 0,
         bucket_ns: int | None = None,
         buckets_per_step: int = 20,
+        max_buckets: int = MAX_BUCKETS,
         level: int = _schema.LEVEL_DETAIL,
         api_names: Mapping[tuple[bool, int], str] | None = None,
         thread_tracks: Mapping[int, int] | None = None,
@@ -193,6 +197,7 @@ class GpuTraceConverter:
         self.offset_ns = int(offset_ns)
         self.bucket_ns = bucket_ns
         self.buckets_per_step = buckets_per_step
+        self.max_buckets = max_buckets
         self.api_names = dict(api_names or {})
         self.thread_tracks = dict(thread_tracks or {})
         self.pid = os.getpid() if pid is None else int(pid)
@@ -406,8 +411,9 @@ class GpuTraceConverter:
             for d in sorted(self.devices):
                 em.instant(ts, "CUPTI dropped records", self.gpu_track(d), _schema.CAT_STEPSCOPE,
                            args)  # fmt: skip
-            log.warning("stepscope: CUPTI dropped %d activity records; %d more had no usable "
-                        "timestamps or lay outside the window", batch.dropped, left_out)
+            log.log(logging.WARNING if batch.dropped else logging.INFO,
+                    "stepscope: CUPTI dropped %d activity records; %d more had no usable "
+                    "timestamps or lay outside the window", batch.dropped, left_out)  # fmt: skip
 
         if self.counters and k.size:
             st.counter_samples, st.metrics = self._write_counters(batch, window, steps)
@@ -522,6 +528,10 @@ class GpuTraceConverter:
             bucket = choose_bucket_ns((t1 - t0) // steps, target_buckets=self.buckets_per_step)
         else:  # the TensorBoard plugin's rule: a round bucket, at most 100 over the window
             bucket = choose_bucket_ns(t1 - t0, target_buckets=100)
+        if (t1 - t0) // bucket > self.max_buckets:  # a bucket far too small for this window
+            bucket = -(-(t1 - t0) // self.max_buckets)
+            log.debug("stepscope: GPU counter bucket widened to %d ns (%d buckets at most)",
+                      bucket, self.max_buckets)  # fmt: skip
         edges = bucket_edges(t0, t1, bucket)
         est = self._estimates(k)
         n = 0

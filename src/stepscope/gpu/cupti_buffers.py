@@ -226,16 +226,25 @@ MAX_NAME_BYTES = 1 << 16
 
 
 def readable_ranges(maps: str = "/proc/self/maps") -> np.ndarray | None:
-    """(start, end) of this process's readable mappings, sorted; None without ``/proc``."""
+    """(start, end) of this process's readable memory mappings, sorted; None without ``/proc``.
+
+    Device files' mappings (``/dev/nvidia*``: GPU memory, registers) are left out: reading
+    them may fault or have side effects, and no kernel name lives there. (Shared anonymous
+    memory, shown as ``/dev/zero``, stays.)
+    """
     spans = []
     try:
-        with open(maps, encoding="ascii", errors="replace") as f:
+        with open(maps, encoding="utf-8", errors="replace") as f:
             for line in f:
-                addr, perms = line.split(" ", 2)[:2]
-                if perms.startswith("r"):
-                    lo, hi = addr.split("-")
+                parts = line.split(None, 5)
+                path = parts[5] if len(parts) > 5 else ""
+                # shared anonymous memory shows as /dev/zero: plain memory
+                if parts[1].startswith("r") and not (
+                    path.startswith("/dev/") and not path.startswith("/dev/zero")
+                ):
+                    lo, hi = parts[0].split("-")
                     spans.append((int(lo, 16), int(hi, 16)))
-    except (OSError, ValueError):
+    except (OSError, ValueError, IndexError):
         return None
     return np.array(sorted(spans), dtype=np.uint64).reshape(-1, 2)
 
@@ -254,8 +263,14 @@ def read_c_string(address: int, ranges: np.ndarray | None = None) -> str:
     i = int(np.searchsorted(ranges[:, 0], np.uint64(address), side="right")) - 1
     if i < 0 or address >= int(ranges[i, 1]):
         return "?"
-    raw = ctypes.string_at(address, min(MAX_NAME_BYTES, int(ranges[i, 1]) - address))
-    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+    room = min(MAX_NAME_BYTES, int(ranges[i, 1]) - address)
+    size = min(256, room)
+    while True:  # growing reads up to the NUL: most names are short
+        raw = ctypes.string_at(address, size)
+        end = raw.find(b"\0")
+        if end >= 0 or size == room:
+            return raw[: end if end >= 0 else size].decode("utf-8", "replace")
+        size = min(size * 4, room)
 
 
 def decode_buffers(

@@ -319,12 +319,14 @@ class CuptiTracer:
             if failed:
                 log.debug("stepscope: CUPTI rejected %d per-callback API enables", failed)
 
-    def _disable_all(self, cupti: Any) -> None:
+    def _disable_all(self, cupti: Any, only: tuple[str, ...] | None = None) -> None:
+        """Disable the kinds enabled (``only``: those of these names)."""
         for kind in self._kinds:
-            try:
-                cupti.activity_disable(kind)
-            except Exception:
-                pass
+            if only is None or getattr(kind, "name", None) in only:
+                try:
+                    cupti.activity_disable(kind)
+                except Exception:
+                    pass
 
     # --- CUPTI callbacks (CUPTI's thread, or the thread calling flush) -------------------------
     def _buffer_requested(self) -> tuple[int, int]:
@@ -355,12 +357,16 @@ class CuptiTracer:
         """Synchronize, disable, flush and decode everything of this window into one batch.
 
         CUPTI's flush does not synchronize: a kernel still running would come back as an
-        incomplete record (no end stamp). Disabling before the flush keeps work launched after
-        the window out of it.
+        incomplete record (no end stamp). API and synchronization records are off before that
+        wait, so it does not appear as the program's; disabling everything before the flush keeps
+        work launched after the window out of it. Only the calling thread's context is waited
+        for: another GPU's work still running at that moment is left out (and counted).
         """
         cupti = self._cupti
         if not self._active or cupti is None:
             return ActivityBatch()
+        # the host-side kinds first: the profiler's own synchronize is not the program's
+        self._disable_all(cupti, only=("RUNTIME", "DRIVER", "SYNCHRONIZATION"))
         try:
             self._synchronize()
         except Exception as exc:

@@ -90,8 +90,9 @@ class CupyEventTimer:
         self._stacks: dict[int, list[tuple[str, Any, int, int, tuple[Any, int]]]] = {}
         self._pending: list[_Pending] = []
         self._lock = threading.Lock()  # pending list, dropped count: pop() vs poll
-        self._anchors: dict[int, tuple[Any, int]] = {}  # device -> (event, host ns)
-        self._anchor_wall: dict[int, float] = {}  # device -> time.monotonic() at the anchor
+        # device -> ((event, host ns), time.monotonic() at the anchor): one entry, so a thread
+        # reading it never sees half of another thread's update
+        self._anchors: dict[int, tuple[tuple[Any, int], float]] = {}
         self._tracks: dict[tuple[int, int, int], int] = {}
         self._stream_owner: dict[tuple[int, int], int] = {}  # first thread on (device, stream)
         self._gpu_tracks: dict[int, int] = {}
@@ -103,14 +104,13 @@ class CupyEventTimer:
 
     def _get_anchor(self, device: int) -> tuple[Any, int]:
         """The anchor of ``device``, the current device (its events are created there)."""
-        anchor, now = self._anchors.get(device), time.monotonic()
-        if anchor is None or now - self._anchor_wall[device] > self.reanchor_s:
+        entry, now = self._anchors.get(device), time.monotonic()
+        if entry is None or now - entry[1] > self.reanchor_s:
             ev = self._cp.cuda.Event()
             ev.record()
             ev.synchronize()
-            anchor = self._anchors[device] = (ev, self._host_clock())
-            self._anchor_wall[device] = now
-        return anchor
+            entry = self._anchors[device] = ((ev, self._host_clock()), now)
+        return entry[0]
 
     def push(self, name: str) -> None:
         """Record the begin event of a range on the current stream (of the calling thread)."""

@@ -38,7 +38,7 @@ from typing import Any
 
 from .. import _schema
 from .cupy_timing import memory_pool_counters
-from .driver import loaded_libcuda
+from .driver import initialized_count, loaded_libcuda
 
 log = logging.getLogger("stepscope.gpu")
 
@@ -100,25 +100,10 @@ class CounterWriter:
         return n
 
 
-def _driver_count(lib: Any | None) -> int | None:
-    """CUDA device count if the driver is initialised in this process, else None.
-
-    Never calls ``cuInit``: initialising CUDA in a process that forks later breaks children that
-    use CUDA. ``cuDeviceGetCount`` answers CUDA_ERROR_NOT_INITIALIZED (3) before ``cuInit``.
-    """
-    if lib is None:
-        return None
-    n = ctypes.c_int(0)
-    try:
-        return n.value if lib.cuDeviceGetCount(ctypes.byref(n)) == 0 else None
-    except Exception:
-        return None
-
-
 def cuda_bus_ids(lib: Any | None) -> list[bytes] | None:
     """PCI bus ids of the CUDA devices by ordinal (CuPy's if imported, else libcuda's); None when
     CUDA is not initialised in this process (CuPy's calls would initialise it)."""
-    n = _driver_count(lib)
+    n = initialized_count(lib)
     if n is None:
         return None
     cp = sys.modules.get("cupy")
@@ -142,7 +127,7 @@ def cuda_nvml_handles(nv: Any, lib: Any | None = None) -> list[tuple[int, Any]]:
     """
     bus_ids = cuda_bus_ids(lib)
     if bus_ids is not None:
-        return [(i, nv.nvmlDeviceGetHandleByPciBusId_v2(b)) for i, b in enumerate(bus_ids)]
+        return [(i, nv.nvmlDeviceGetHandleByPciBusId(b)) for i, b in enumerate(bus_ids)]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     count = nv.nvmlDeviceGetCount()
     if visible is None:
@@ -167,7 +152,7 @@ def active_devices(lib: Any | None) -> list[int]:
     """CUDA ordinals whose primary context is active (the program uses them); [] when CUDA is not
     initialised here. Creates nothing."""
     out = []
-    for i in range(_driver_count(lib) or 0):
+    for i in range(initialized_count(lib) or 0):
         dev, flags, active = ctypes.c_int(0), ctypes.c_uint(0), ctypes.c_int(0)
         if (
             lib.cuDeviceGet(ctypes.byref(dev), i) == 0

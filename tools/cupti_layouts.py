@@ -5,10 +5,15 @@ Why: ``stepscope.gpu.cupti_buffers`` decodes raw CUPTI buffers with hard-coded b
 constants, so nothing there can catch a wrong offset (garbage values or, for the kernel ``name``
 pointer, a segfault). This script asks gcc, against the real headers, for ``sizeof`` of every
 record struct version of the kinds the decoder reads and for ``offsetof``/``sizeof``/signedness
-of each member it reads, and writes ``tests/data/cupti_layouts.json``;
+of each member it reads; versions newer than the headers come from cupti-python's numpy dtypes
+when cupti-python is importable (run it with that Python). It writes
+``tests/data/cupti_layouts.json``;
 ``tests/gpu/test_cupti_layouts.py`` checks the decoder against that file (no CUDA needed there).
 
     python tools/cupti_layouts.py [--include-dir /usr/local/cuda-13.0/include] [--out PATH]
+    # with the struct versions of CUPTI 13.4 too:
+    python -m venv /tmp/c && /tmp/c/bin/pip install cupti-python==13.4.0 numpy
+    /tmp/c/bin/python tools/cupti_layouts.py
 """
 
 from __future__ import annotations
@@ -122,6 +127,36 @@ def delivered(include_dir: Path) -> dict[str, str]:
     return out
 
 
+def from_cupti_python(structs: dict) -> tuple[dict, str | None]:
+    """Struct versions newer than the header, from the numpy dtypes cupti-python ships for
+    every record (``activity_kernel13_dtype`` ...), where cupti-python is installed: CUPTI
+    delivers its newest struct, which may postdate the headers here. A member keeps the
+    signedness the header gives it in older versions (cupti-python types enums as signed)."""
+    try:
+        from importlib.metadata import version
+
+        from cupti import cupti  # type: ignore[import-not-found]
+    except Exception:
+        return {}, None
+    out = {}
+    for versions, fields in LAYOUTS.values():
+        known = [structs[v]["fields"] for v in versions if v in structs]
+        for s in versions:
+            if s in structs:
+                continue
+            snake = re.sub(r"(?<!^)(?=[A-Z])", "_", s.removeprefix("CUpti_")).lower()
+            dt = getattr(cupti, snake + "_dtype", None)  # activity_kernel13_dtype
+            if dt is None:
+                continue
+            got: dict[str, list | None] = {}
+            for m in fields.values():
+                f = dt.fields.get(re.sub(r"(?<!^)(?=[A-Z])", "_", m).lower())
+                sign = next((k[m][2] for k in known if k.get(m)), None)
+                got[m] = None if f is None else [f[1], f[0].itemsize, sign or f[0].kind]
+            out[s] = {"sizeof": dt.itemsize, "fields": got}
+    return out, f"cupti-python {version('cupti-python')}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--include-dir", type=Path, default=Path("/usr/local/cuda-13.0/include"))
@@ -130,6 +165,8 @@ def main() -> None:
     version = re.search(r"#define\s+CUPTI_API_VERSION\s+(\d+)",
                         (a.include_dir / "cupti_version.h").read_text())  # fmt: skip
     structs, kinds = probe(a.include_dir)
+    newer, source = from_cupti_python(structs)
+    structs.update(newer)
     result = {
         "header": str(a.include_dir / "cupti_activity.h"),
         "cupti_api_version": int(version.group(1)) if version else None,
@@ -138,7 +175,8 @@ def main() -> None:
         ).stdout.splitlines()[0],  # fmt: skip
         "kind_values": kinds,
         "delivered": delivered(a.include_dir),
-        "layouts": {  # only the versions this header has
+        "newer_structs_from": source,  # versions past the header: cupti-python's dtypes
+        "layouts": {  # only the versions the header or cupti-python has
             k: {"structs": [s for s in v[0] if s in structs], "fields": v[1]}
             for k, v in LAYOUTS.items()
         },

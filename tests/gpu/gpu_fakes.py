@@ -29,6 +29,8 @@ class RuntimeCbid(enum.IntEnum):
     cudaDeviceSynchronize_v3020 = 165
     cudaLaunchKernel_v7000 = 211
     cudaLaunchKernelExC_v11060 = 430
+    cudaGraphAddMemcpyNode_v10000 = 290  # builds a graph: launches nothing
+    cudaGraphLaunch_v10000 = 311
 
 
 class DriverCbid(enum.IntEnum):

@@ -1,8 +1,10 @@
-"""The raw decoder's record layouts against ``cupti_activity.h``, as measured by gcc.
+"""The raw decoder's record layouts against ``cupti_activity.h``, as measured by gcc, and, for the
+struct versions newer than those headers, against cupti-python's numpy dtypes of each record.
 
 ``tests/data/cupti_layouts.json`` comes from ``tools/cupti_layouts.py`` (run it again with newer
-CUDA headers); these tests only read it, so they run without CUDA. The synthetic-buffer tests in
-``test_cupti_buffers.py`` are built from the decoder's own constants and cannot catch a wrong one.
+CUDA headers or cupti-python); these tests only read it, so they run without CUDA. The
+synthetic-buffer tests in ``test_cupti_buffers.py`` are built from the decoder's own constants
+and cannot catch a wrong one.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ def matches(layout_name: str, struct: str) -> bool:
 def test_json_is_from_a_header():
     assert DATA["header"].endswith("cupti_activity.h") and DATA["cupti_api_version"] >= 130000
     assert set(DATA["layouts"]) == set(LAYOUT_NAMES)
+    # the structs CUPTI 13.4 delivers, newer than the CUDA 13.0 headers, are covered
+    assert DATA["newer_structs_from"] == "cupti-python 13.4.0"
+    assert {"CUpti_ActivityKernel13", "CUpti_ActivityMemcpy7", "CUpti_ActivityMemset5"} <= {
+        s for v in DATA["layouts"].values() for s in v["structs"]}  # fmt: skip
 
 
 @pytest.mark.parametrize("layout_name", LAYOUT_NAMES)

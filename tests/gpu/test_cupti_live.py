@@ -47,9 +47,9 @@ def test_live_path_decodes_like_the_fixture_adapter(records, per_api):
         on = [(d, c) for d, c, flag in fake.api_enabled if flag]
         off = [(d, c) for d, c, flag in fake.api_enabled if not flag]
         assert sorted(on) == sorted(
-            [("rt", c) for c in (41, 51, 131, 138, 165, 211, 430)] + [("drv", 307)]
+            [("rt", c) for c in (41, 51, 131, 138, 165, 211, 311, 430)] + [("drv", 307)]
         )
-        assert sorted(off) == [("drv", 677), ("rt", 17)]
+        assert sorted(off) == [("drv", 677), ("rt", 17), ("rt", 290)]
 
 
 def test_bounded_buffers_count_what_they_drop(records):
@@ -223,7 +223,7 @@ def test_one_rejected_callback_id_leaves_the_others_switched(records):
     assert tracer.start()
     tracer.stop()
     assert sorted(c for d, c, on in fake.api_enabled if d == "rt" and on) == [
-        41, 51, 131, 138, 165, 211, 430]  # fmt: skip
+        41, 51, 131, 138, 165, 211, 311, 430]  # fmt: skip
 
 
 def test_clock_offset_is_measured_each_window(records, monkeypatch):

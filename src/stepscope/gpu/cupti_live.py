@@ -53,8 +53,10 @@ from .records import (
 
 log = logging.getLogger("stepscope.gpu")
 
-# API calls kept: launches, copies, sets and waits (matched on cupti-python's cbid enum names)
+# API calls kept: launches, copies, sets and waits (matched on cupti-python's cbid enum names),
+# but not the graph-building calls that only name them (cudaGraphAddMemcpyNode, ...)
 API_NAME_RE = re.compile(r"Launch|Memcpy|Memset|Synchronize|WaitEvent|EventRecord")
+GRAPH_BUILD_RE = re.compile(r"cu(da)?Graph(?!Launch)")
 
 _KERNEL_ATTRS = (
     "start", "end", "device_id", "context_id", "stream_id", "correlation_id", "grid_x", "grid_y",
@@ -137,7 +139,7 @@ def api_cbids(cupti: Any) -> tuple[dict[int, str], dict[int, str]]:
         table: dict[int, str] = {}
         if enum is not None:
             for member in enum:
-                if API_NAME_RE.search(member.name):
+                if API_NAME_RE.search(member.name) and not GRAPH_BUILD_RE.match(member.name):
                     table[int(member)] = re.sub(r"_v\d+$", "", member.name)
         out.append(table)
     return out[0], out[1]

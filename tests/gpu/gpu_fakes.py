@@ -66,8 +66,9 @@ class FakeCupti:
     def get_timestamp(self):
         return time.time_ns() - 3000
 
-    def activity_get_num_dropped_records(self, ctx, stream):
-        return self.dropped
+    def activity_get_num_dropped_records(self, ctx, stream, dropped):
+        """As cupti-python's: the count is written to the size_t at address ``dropped``."""
+        ctypes.c_size_t.from_address(dropped).value = self.dropped
 
     def activity_flush_all(self, flag):
         size, _ = self.requested()
@@ -246,8 +247,8 @@ class FakeRawCupti(FakeCupti):
         assert self.requested is None, "the raw path must not register cupti-python's callbacks"
         self.lib.flush()
 
-    def activity_get_num_dropped_records(self, ctx, stream):
-        return self.dropped + self.lib.dropped
+    def activity_get_num_dropped_records(self, ctx, stream, dropped):
+        ctypes.c_size_t.from_address(dropped).value = self.dropped + self.lib.dropped
 
 
 # --- several devices: CuPy, libcuda, NVML ------------------------------------------------------

@@ -27,6 +27,7 @@ Without ``cupti-python`` or a GPU, :meth:`CuptiTracer.start` logs one line and r
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import re
 import threading
@@ -143,6 +144,21 @@ def api_cbids(cupti: Any) -> tuple[dict[int, str], dict[int, str]]:
                     table[int(member)] = re.sub(r"_v\d+$", "", member.name)
         out.append(table)
     return out[0], out[1]
+
+
+def cupti_dropped(cupti: Any) -> int:
+    """Records CUPTI dropped (no buffer space) since the last call, global queue; 0 on error.
+
+    cupti-python (12.8 and 13.x) mirrors the C call: the count is written to a ``size_t`` at
+    the address passed as the third argument.
+    """
+    out = ctypes.c_size_t(0)
+    try:
+        cupti.activity_get_num_dropped_records(0, 0, ctypes.addressof(out))
+    except Exception as exc:
+        log.debug("stepscope: CUPTI's dropped-record count unavailable (%s)", exc)
+        return 0
+    return int(out.value)
 
 
 def synchronize_context() -> None:
@@ -382,10 +398,7 @@ class CuptiTracer:
             self._active = False
             rows, self._rows = self._rows, {}
             dropped = self._dropped
-        try:
-            dropped += int(cupti.activity_get_num_dropped_records(0, 0))
-        except Exception:
-            pass
+        dropped += cupti_dropped(cupti)
         if self._raw is not None:
             return self._filter_api(self._raw.decode(dropped=dropped))
         return self.decode(rows, dropped)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import threading
 import time
 
 import numpy as np
@@ -120,6 +121,8 @@ def _traced(cp, **kw):
     x = cp.arange(1 << 20, dtype=cp.float32)
     for _ in range(5):
         x = (x * 2).sum() + x
+    cp.asnumpy(x[:1024])  # a 4 KiB copy device -> host
+    cp.zeros(4096, dtype=cp.float32)  # a 16 KiB memset
     cp.cuda.get_current_stream().synchronize()
     return tracer, tracer.stop()
 
@@ -145,6 +148,15 @@ def test_real_cupti_raw_and_record_paths_agree():
     assert (raw.kernels["end"] > raw.kernels["start"]).all()
     api = np.concatenate([raw.runtime["correlation"], raw.driver["correlation"]])
     assert np.isin(raw.kernels["correlation"], api).all()
+    # the other record kinds, field by field where two runs of the same work agree
+    for table, cols in (("memcpys", ("bytes", "copy_kind", "src_kind", "dst_kind", "device")),
+                        ("memsets", ("bytes", "value", "device"))):  # fmt: skip
+        a, b = getattr(raw, table), getattr(rec, table)
+        assert a.size > 0 and sorted(a[list(cols)].tolist()) == sorted(b[list(cols)].tolist())
+        assert (a["end"] >= a["start"]).all() and np.isin(a["correlation"], api).all()
+    assert sorted(raw.runtime["cbid"].tolist()) == sorted(rec.runtime["cbid"].tolist())
+    me = {threading.get_ident() & 0xFFFFFFFF, threading.get_native_id()}
+    assert set(raw.runtime["thread"].tolist()) <= me
 
 
 def test_a_binding_without_graph_node_ids_switches_getters_once():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import importlib.util
 import logging
 import sys
 import threading
@@ -501,3 +502,52 @@ def test_api_calls_of_a_thread_that_ended_go_under_that_thread(tmp_path, fixture
     (api,) = tr.tracks_named("CUDA API")
     parent = tr.tracks[tr.tracks[api].parent_uuid]
     assert (parent.thread.tid, parent.thread.thread_name) == (seen["native"], "launcher")
+
+
+@pytest.mark.gpu
+def test_profiler_on_a_gpu_end_to_end(tmp_path):
+    """On a GPU: the Profiler's detail window holds a GPU track with stream tracks, every kernel
+    with a launch call has its flow, launches sit inside their step on the host clock, kernels
+    start after their launch, and NVML and utilization counters are written."""
+    import perfetto_decode
+    from stepscope.profiler import Profiler
+
+    cp = pytest.importorskip("cupy")
+    pytest.importorskip("cupti")
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no GPU")
+    except Exception:
+        pytest.skip("no GPU")
+    w = cp.ones((512, 512), dtype=cp.float32)
+    prof = Profiler(tmp_path, {"wait": 0, "warmup": 0, "active": 5, "repeat": 1}, run_id="g",
+                    gpu=True, report=False, use_env=False)  # fmt: skip
+    prof.start()
+    for _ in range(6):
+        with prof.phase("Forward"):
+            x = cp.maximum(w @ w, 0).sum()
+        cp.asnumpy(x)
+        prof.step()
+    prof.stop()
+    path = next((tmp_path / "g").glob("*.detail.*"))
+    tr = decode(path)
+    (gpu_track,) = [u for u in tr.tracks if tr.track_name(u).startswith("GPU 0 (")]
+    streams = [u for u, t in tr.tracks.items()
+               if t.parent_uuid == gpu_track and tr.track_name(u).startswith("stream")]
+    kernels = [s for s in tr.slices if s.category == "kernel"]
+    launches = {f: s for s in tr.slices if s.category in ("cuda_runtime", "cuda_driver")
+                for f in s.flow_ids}  # fmt: skip
+    assert streams and len(kernels) >= 5 and {s.track for s in kernels} <= set(streams)
+    assert all(k.terminating_flow_ids and k.terminating_flow_ids[0] in launches for k in kernels)
+    # host (MONOTONIC) and device (REALTIME) on one clock through the file's clock snapshot
+    snap = perfetto_decode.decode(str(path)).snapshots[0]
+    to_mono = snap[3] - snap[1]  # builtin clocks: 1 REALTIME, 3 MONOTONIC
+    steps = sorted((s.ts, s.ts + s.dur) for s in tr.slices if s.name.startswith("step "))
+    for k in kernels:
+        launch = launches[k.terminating_flow_ids[0]]
+        t = launch.ts + to_mono
+        assert any(a - 50_000 <= t <= b + 50_000 for a, b in steps), "launch outside the steps"
+        assert k.ts >= launch.ts - 5_000, "kernel starts before its launch (clock misaligned)"
+    assert tr.tracks_named("GPU 0 utilization")
+    if importlib.util.find_spec("pynvml") is not None:
+        assert tr.tracks_named("nvml.gpu0.power W")

@@ -17,3 +17,15 @@ def fixture() -> Fixture:
 @pytest.fixture(scope="session")
 def fixture_path() -> Path:
     return FIXTURE_PATH
+
+
+@pytest.fixture
+def gpu_cupy():
+    """CuPy on a real GPU (for the tests marked ``gpu``); the test is skipped without one."""
+    cp = pytest.importorskip("cupy")
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no GPU")
+    except Exception:
+        pytest.skip("no GPU")
+    return cp

@@ -90,8 +90,9 @@ def test_a_failing_cupti_switches_off_cleanly(records, caplog):
 
 
 @pytest.mark.gpu
-def test_real_cupti_records_a_cupy_kernel():
-    cp = _cupy_on_a_gpu()
+def test_real_cupti_records_a_cupy_kernel(gpu_cupy):
+    cp = gpu_cupy
+    pytest.importorskip("cupti")
     tracer = CuptiTracer()
     assert tracer.start()
     x = cp.arange(1 << 20, dtype=cp.float32)
@@ -102,17 +103,6 @@ def test_real_cupti_records_a_cupy_kernel():
     api = np.concatenate([batch.runtime["correlation"], batch.driver["correlation"]])
     assert np.isin(batch.kernels["correlation"], api).all()
     assert abs(tracer.offset_ns) < 1_000_000
-
-
-def _cupy_on_a_gpu():
-    cp = pytest.importorskip("cupy")
-    pytest.importorskip("cupti")
-    try:
-        if cp.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no GPU")
-    except Exception:
-        pytest.skip("no GPU")
-    return cp
 
 
 def _traced(cp, **kw):
@@ -128,10 +118,11 @@ def _traced(cp, **kw):
 
 
 @pytest.mark.gpu
-def test_real_cupti_raw_and_record_paths_agree():
+def test_real_cupti_raw_and_record_paths_agree(gpu_cupy):
     """On a GPU: the raw-buffer path is the one taken, and it decodes what cupti-python's
     per-record objects give for the same work (kernel names and launch configurations)."""
-    cp = _cupy_on_a_gpu()
+    cp = gpu_cupy
+    pytest.importorskip("cupti")
     _traced(cp, raw=False)  # warm-up: module loads, first-launch records
     raw_tracer, raw = _traced(cp)
     rec_tracer, rec = _traced(cp, raw=False)

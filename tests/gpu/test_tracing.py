@@ -235,13 +235,8 @@ def test_cupy_helpers_without_cupy(tmp_path):
 
 
 @pytest.mark.gpu
-def test_cupy_event_ranges_on_a_gpu(tmp_path):
-    cp = pytest.importorskip("cupy")
-    try:
-        if cp.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no GPU")
-    except Exception:
-        pytest.skip("no GPU")
+def test_cupy_event_ranges_on_a_gpu(tmp_path, gpu_cupy):
+    cp = gpu_cupy
     path = tmp_path / "e.pftrace"
     sess = _session.Session(path).start()
     try:
@@ -505,20 +500,15 @@ def test_api_calls_of_a_thread_that_ended_go_under_that_thread(tmp_path, fixture
 
 
 @pytest.mark.gpu
-def test_profiler_on_a_gpu_end_to_end(tmp_path):
+def test_profiler_on_a_gpu_end_to_end(tmp_path, gpu_cupy):
     """On a GPU: the Profiler's detail window holds a GPU track with stream tracks, every kernel
     with a launch call has its flow, launches sit inside their step on the host clock, kernels
     start after their launch, and NVML and utilization counters are written."""
     import perfetto_decode
     from stepscope.profiler import Profiler
 
-    cp = pytest.importorskip("cupy")
+    cp = gpu_cupy
     pytest.importorskip("cupti")
-    try:
-        if cp.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no GPU")
-    except Exception:
-        pytest.skip("no GPU")
     w = cp.ones((512, 512), dtype=cp.float32)
     prof = Profiler(tmp_path, {"wait": 0, "warmup": 0, "active": 5, "repeat": 1}, run_id="g",
                     gpu=True, report=False, use_env=False)  # fmt: skip

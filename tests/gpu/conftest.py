@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from gpu_fakes import FakeCuda
 
 from stepscope.gpu.fixture import Fixture, load_fixture
 
@@ -29,3 +32,11 @@ def gpu_cupy():
     except Exception:
         pytest.skip("no GPU")
     return cp
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch) -> FakeCuda:
+    """A stand-in for CuPy's ``cuda`` namespace, installed as the imported ``cupy``."""
+    cuda = FakeCuda()
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=cuda))
+    return cuda

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from gpu_fakes import FakeCuda, FakeCupti
+from gpu_fakes import FakeCupti
 from gpu_trace_decode import TYPE_INSTANT, decode
 
 import stepscope
@@ -253,9 +253,8 @@ def test_cupy_event_ranges_on_a_gpu(tmp_path, gpu_cupy):
     assert s.dur > 0 and s.category == "gpu_range"
 
 
-def test_cuda_event_ranges_resolve_later_without_waiting(tmp_path, monkeypatch):
-    cuda = FakeCuda()
-    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=cuda))
+def test_cuda_event_ranges_resolve_later_without_waiting(tmp_path, fake_cuda):
+    cuda = fake_cuda
     path = tmp_path / "ev.pftrace"
     sess = _session.Session(path).start()
     try:
@@ -287,9 +286,8 @@ def test_cuda_event_ranges_resolve_later_without_waiting(tmp_path, monkeypatch):
     assert tr.track_name(tr.tracks[track].parent_uuid) == "GPU 0 (Fake GPU)"
 
 
-def test_annotate_gpu_true_times_the_range_on_the_gpu_too(tmp_path, monkeypatch):
-    cuda = FakeCuda()
-    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=cuda))
+def test_annotate_gpu_true_times_the_range_on_the_gpu_too(tmp_path, fake_cuda):
+    cuda = fake_cuda
     path = tmp_path / "g.pftrace"
     with stepscope.trace(path) as sess:
         cuda.gpu_now = 100_000
@@ -379,17 +377,15 @@ def test_libcuda_is_never_loaded_or_initialized_unasked(monkeypatch):
     assert calls == ["cuInit"]
 
 
-def _syncing_cupy(monkeypatch):
-    """Fake CuPy whose stream synchronize leaves an instant on the calling thread: the range a
+def _syncing(cuda, monkeypatch):
+    """The fake CuPy's stream synchronize leaves an instant on the calling thread: the range a
     sync belongs to must still be open when it runs."""
-    cuda = FakeCuda()
 
     def synchronize(self):
         cuda.synced += 1
         stepscope.mark("synced")
 
     monkeypatch.setattr(cuda.Stream, "synchronize", synchronize)
-    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=cuda))
     return cuda
 
 
@@ -400,8 +396,8 @@ def _inside(tr, name):
             for s in sorted(tr.slices, key=lambda s: s.ts) if s.name == name]  # fmt: skip
 
 
-def test_annotate_sync_gpu_ends_the_range_after_its_gpu_work(tmp_path, monkeypatch):
-    cuda = _syncing_cupy(monkeypatch)
+def test_annotate_sync_gpu_ends_the_range_after_its_gpu_work(tmp_path, monkeypatch, fake_cuda):
+    cuda = _syncing(fake_cuda, monkeypatch)
     path = tmp_path / "s.pftrace"
     with stepscope.trace(path):
         with stepscope.annotate("fwd", sync_gpu=True, batch=3):
@@ -421,10 +417,11 @@ def test_annotate_sync_gpu_ends_the_range_after_its_gpu_work(tmp_path, monkeypat
     assert fwd.args == {"batch": 3}  # sync_gpu is an option, not an arg
 
 
-def test_profiler_sync_gpu_ends_phases_and_steps_after_their_gpu_work(tmp_path, monkeypatch):
+def test_profiler_sync_gpu_ends_phases_and_steps_after_their_gpu_work(tmp_path, monkeypatch,
+                                                                        fake_cuda):
     from stepscope.profiler import Profiler
 
-    cuda = _syncing_cupy(monkeypatch)
+    cuda = _syncing(fake_cuda, monkeypatch)
     prof = Profiler(tmp_path, (0, 3), run_id="r", host_metrics=False, report=False, gpu=False,
                     sync_gpu=True)  # fmt: skip
     prof.start()
@@ -440,13 +437,12 @@ def test_profiler_sync_gpu_ends_phases_and_steps_after_their_gpu_work(tmp_path, 
     assert _inside(tr, "step 0") == [2] and _inside(tr, "step 1") == [2]
 
 
-def test_cupti_activity_and_cuda_event_ranges_share_one_gpu_track(tmp_path, monkeypatch):
+def test_cupti_activity_and_cuda_event_ranges_share_one_gpu_track(tmp_path, fake_cuda):
     from stepscope.gpu.convert import GpuTraceConverter
     from stepscope.gpu.fixture import batch_from_records
     from stepscope.gpu.occupancy import DeviceLimits
 
-    cuda = FakeCuda()
-    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=cuda))
+    cuda = fake_cuda
     path = tmp_path / "both.pftrace"
     sess = _session.Session(path).start()
     try:

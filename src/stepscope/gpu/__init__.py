@@ -66,13 +66,11 @@ def _devices_from_driver(init: bool = True) -> dict[int, DeviceLimits]:
             return {}
     else:
         cu = loaded_libcuda()
-        if initialized_count(cu) is None:
-            return {}
-    n = ctypes.c_int(0)
-    if cu.cuDeviceGetCount(ctypes.byref(n)) != 0:
+    n = initialized_count(cu)
+    if n is None:
         return {}
     out = {}
-    for i in range(n.value):
+    for i in range(n):
         dev = ctypes.c_int(0)
         if cu.cuDeviceGet(ctypes.byref(dev), i) != 0:
             continue

@@ -208,7 +208,6 @@ class GpuTraceConverter:
         self._em = sess.emitter(clock="realtime", level=level)
         # counters also feed the run's summaries: written at summary level
         self._cem = sess.emitter(clock="realtime", level=_schema.LEVEL_SUMMARY)
-        self._gpu: dict[int, int] = {}
         self._streams: dict[tuple[int, int, int], int] = {}
         self._sync: dict[int, int] = {}
         self._api: dict[tuple[int, int], int] = {}
@@ -217,12 +216,10 @@ class GpuTraceConverter:
 
     # --- tracks --------------------------------------------------------------------------------
     def gpu_track(self, device: int) -> int:
-        t = self._gpu.get(device)
-        if t is None:
-            dev = self.devices.get(device) or next(iter(self.devices.values()))
-            name = _schema.GPU_TRACK_NAME.format(device=device, name=dev.name)
-            t = self._gpu[device] = self.sess.gpu_track(device, name)
-        return t
+        """The session's track of ``device`` (made once, shared with other GPU producers)."""
+        dev = self.devices.get(device) or next(iter(self.devices.values()))
+        name = _schema.GPU_TRACK_NAME.format(device=device, name=dev.name)
+        return self.sess.gpu_track(device, name)
 
     def stream_track(self, device: int, stream: int, lane: int = 0) -> int:
         key = (device, stream, lane)

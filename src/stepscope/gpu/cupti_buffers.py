@@ -27,10 +27,11 @@ The layouts below are the fields' byte offsets in ``cupti_activity.h`` (records 
 ``CUpti_ActivitySynchronization`` are 40 bytes (``Synchronization2``: 56). The 13.0 headers say
 CUPTI writes ``Kernel10``, ``Memcpy6``, ``Memset4``, ``Synchronization2`` and ``API``;
 ``tests/gpu/test_cupti_layouts.py`` checks these layouts against gcc's reading of those headers
-(``tools/cupti_layouts.py``). Versions newer than the headers (a 13.x past 13.0) are taken to
-append fields only, as every version so far did; that is checked only on a GPU (``tests/gpu``,
-marked ``gpu``). A learnt size smaller than the prefix means an unknown layout: that kind's
-records are counted as dropped, never misread (older versions are all smaller than it).
+(``tools/cupti_layouts.py``), and the newer versions CUPTI 13.4 writes (``Kernel11``-``13``,
+``Memcpy7``, ``Memset5``) against cupti-python 13.4's numpy dtypes of those records. Versions
+newer still are taken to append fields only, as every version so far did. A learnt size smaller
+than the prefix means an unknown layout: that kind's records are counted as dropped, never
+misread (older versions are all smaller than it).
 
 Kernel names are ``const char *`` owned by CUPTI (shared by all records of one kernel and kept for
 the process' life); they are read once per distinct pointer.
@@ -225,6 +226,22 @@ def gather(data: Any, offsets: np.ndarray, layout: np.dtype) -> np.ndarray:
 MAX_NAME_BYTES = 1 << 16
 
 
+def process_maps(maps: str = "/proc/self/maps") -> list[tuple[int, int, str, str]] | None:
+    """(start, end, permissions, path) of each memory mapping of this process; None without
+    ``/proc``."""
+    out = []
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                lo, hi = parts[0].split("-")
+                path = parts[5].strip() if len(parts) > 5 else ""
+                out.append((int(lo, 16), int(hi, 16), parts[1], path))
+    except (OSError, ValueError, IndexError):
+        return None
+    return out
+
+
 def readable_ranges(maps: str = "/proc/self/maps") -> np.ndarray | None:
     """(start, end) of this process's readable memory mappings, sorted; None without ``/proc``.
 
@@ -232,21 +249,13 @@ def readable_ranges(maps: str = "/proc/self/maps") -> np.ndarray | None:
     them may fault or have side effects, and no kernel name lives there. (Shared anonymous
     memory, shown as ``/dev/zero``, stays.)
     """
-    spans = []
-    try:
-        with open(maps, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                parts = line.split(None, 5)
-                path = parts[5] if len(parts) > 5 else ""
-                # shared anonymous memory shows as /dev/zero: plain memory
-                if parts[1].startswith("r") and not (
-                    path.startswith("/dev/") and not path.startswith("/dev/zero")
-                ):
-                    lo, hi = parts[0].split("-")
-                    spans.append((int(lo, 16), int(hi, 16)))
-    except (OSError, ValueError, IndexError):
+    mapped = process_maps(maps)
+    if mapped is None:
         return None
-    return np.array(sorted(spans), dtype=np.uint64).reshape(-1, 2)
+    spans = sorted((lo, hi) for lo, hi, perms, path in mapped
+                   if perms.startswith("r")
+                   and not (path.startswith("/dev/") and not path.startswith("/dev/zero")))
+    return np.array(spans, dtype=np.uint64).reshape(-1, 2)
 
 
 def read_c_string(address: int, ranges: np.ndarray | None = None) -> str:
@@ -331,15 +340,8 @@ def loaded_libcupti_path(maps: str = "/proc/self/maps") -> str | None:
     cupti-python uses is unknown: registering with the other would leave the trace silently
     empty, so the per-record path is safer), or on systems without ``/proc``.
     """
-    paths = set()
-    try:
-        with open(maps, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                path = line.rsplit(" ", 1)[-1].strip()
-                if "/libcupti.so" in path:
-                    paths.add(path)
-    except OSError:
-        return None
+    mapped = process_maps(maps)
+    paths = {path for *_, path in mapped or () if "/libcupti.so" in path}
     return paths.pop() if len(paths) == 1 else None
 
 

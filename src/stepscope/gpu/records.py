@@ -150,18 +150,13 @@ class ActivityBatch:
     names: list[str] = field(default_factory=list)
     dropped: int = 0  # records CUPTI or our bounded buffers dropped
 
+    TABLES = ("kernels", "memcpys", "memsets", "syncs", "runtime", "driver")  # the record arrays
+
+    def tables(self) -> list[np.ndarray]:
+        return [getattr(self, attr) for attr in self.TABLES]
+
     def __len__(self) -> int:
-        return sum(
-            a.size
-            for a in (
-                self.kernels,
-                self.memcpys,
-                self.memsets,
-                self.syncs,
-                self.runtime,
-                self.driver,
-            )
-        )
+        return sum(a.size for a in self.tables())
 
     def kernel_names(self) -> np.ndarray:
         """Kernel names as an object array aligned with :attr:`kernels`."""
@@ -178,7 +173,7 @@ class ActivityBatch:
     def time_range(self) -> tuple[int, int] | None:
         """(min start, max end) over device activity and API calls, or None if empty."""
         lo, hi = None, None
-        for a in (self.kernels, self.memcpys, self.memsets, self.syncs, self.runtime, self.driver):
+        for a in self.tables():
             if a.size:
                 s, e = int(a["start"].min()), int(a["end"].max())
                 lo = s if lo is None else min(lo, s)
@@ -196,8 +191,7 @@ class ActivityBatch:
         """
         out = ActivityBatch(names=self.names, dropped=self.dropped)
         left_out = 0
-        for attr in ("kernels", "memcpys", "memsets", "syncs", "runtime", "driver"):
-            a = getattr(self, attr)
+        for attr, a in zip(self.TABLES, self.tables(), strict=True):
             ok = (a["start"] > 0) & (a["end"] >= a["start"])
             if window is not None:
                 ok &= (a["start"] >= window[0] - slack_ns) & (a["start"] <= window[1] + slack_ns)
@@ -220,7 +214,7 @@ class ActivityBatch:
             kernels.append(k)
         out.names = list(names)
         out.kernels = np.concatenate(kernels) if kernels else out.kernels
-        for attr in ("memcpys", "memsets", "syncs", "runtime", "driver"):
+        for attr in ActivityBatch.TABLES[1:]:  # the kernels, re-interned, are above
             parts = [getattr(b, attr) for b in batches]
             if parts:
                 setattr(out, attr, np.concatenate(parts))

@@ -122,3 +122,23 @@ COUNTER_GPM_SM_OCCUPANCY = "gpm.gpu{device}.sm_occupancy %"
 COUNTER_GPM_TENSOR_UTIL = "gpm.gpu{device}.tensor_util %"
 COUNTER_GPM_DRAM_BW_UTIL = "gpm.gpu{device}.dram_bw_util %"
 GPU_RANGE_TRACK_NAME = "CUDA events"  # "CUDA events (stream <ptr>)" under the GPU track
+
+# --- PyTorch (issue 20: stepscope.pytorch) ----------------------------------------------------
+CAT_TORCH_OP = "torch_op"  # an operator from torch's profiler (aten::mm, autograd nodes)
+CAT_RECORD_FUNCTION = "record_function"  # torch.profiler.record_function ranges
+CAT_COLLECTIVE = CAT_COMMUNICATION  # torch.distributed collectives (host side, issue to completion)
+ARG_INPUT_SHAPES = "input_shapes"  # an operator's input shapes, "[[64, 64], [64]]"
+ARG_INPUT_DTYPES = "input_dtypes"  # an operator's input dtypes, "float, float"
+ARG_SEQUENCE = "sequence"  # torch's autograd sequence number (forward op and its backward)
+ARG_OP = "op"  # a collective's op: allreduce, broadcast, send, ...
+ARG_BYTES = "bytes"  # a collective's input bytes
+ARG_DTYPE = "dtype"
+ARG_GROUP_SIZE = "group_size"
+ARG_GROUP = "group"  # the process group's name
+COLLECTIVES_TRACK_NAME = "collectives"  # child tracks of the rank's process, one per lane
+WORKER_PROCESS_NAME = "rank {rank} worker {worker} ({host})"  # a DataLoader worker process
+WORKER_FILE = "rank{rank}.summary.worker{worker}-{pid}.pftrace"  # merged with the rank's summary
+COUNTER_WORKER_CPU = "worker.cpu %"  # a DataLoader worker's CPU time, % of one core
+COUNTER_CUDA_ALLOCATED = "torch.cuda{device}.memory.allocated"  # bytes, at each step end
+COUNTER_CUDA_RESERVED = "torch.cuda{device}.memory.reserved"
+COUNTER_CUDA_PEAK = "torch.cuda{device}.memory.peak"  # max allocated since the previous step end

@@ -181,6 +181,7 @@ class Session:
         self.tracks: dict[int, bytes] = {}  # uuid -> TrackDescriptor bytes
         self.process_uuid = self._register(self._process_descriptor)
         self._threads: dict[int, tuple[int, int, str]] = {}  # ident -> (uuid, tid, name)
+        self._native_threads: dict[int, int] = {}  # system tid -> uuid (native_thread_track)
         self._counter_tracks: dict[str, int] = {}
         self._async_free: list[int] = []
         self._emitters: list[Emitter] = []
@@ -285,6 +286,22 @@ class Session:
         """The track of a thread (``threading.get_ident()``; default: the calling thread)."""
         with self._lock:
             return self._thread_track(threading.get_ident() if ident is None else ident)
+
+    def native_thread_track(self, tid: int, name: str) -> int:
+        """The track of a thread by its system id, for threads Python has no ``Thread`` for (a
+        C++ thread such as torch's autograd engine); made once per tid, named ``name``."""
+        with self._lock:
+            for uuid, known_tid, _ in self._threads.values():
+                if known_tid == tid:
+                    return uuid
+            uuid = self._native_threads.get(tid)
+            if uuid is None:
+                uuid = self._native_threads[tid] = self._register(
+                    lambda u: w.f_varint(w.TD_UUID, u)
+                    + w.f_varint(w.TD_PARENT_UUID, self.process_uuid)
+                    + w.f_bytes(w.TD_THREAD, w.f_varint(w.THD_PID, self.pid)
+                                + w.f_varint(w.THD_TID, int(tid)) + w.f_str(w.THD_NAME, name)))
+            return uuid
 
     def _thread_track(self, ident: int) -> int:
         known = self._threads.get(ident)

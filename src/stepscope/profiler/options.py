@@ -11,8 +11,11 @@ warmup, active, repeat; or ``[start, end]``; or ``null`` for no detail windows),
 ``sample_interval_s`` (number > 0), ``buffer_bytes`` (int > 0), ``rank`` (int >= 0), ``gpu``
 (bool), ``sync_gpu`` (bool), ``gpu_bucket_ns`` (int >= 1: the GPU counters' bucket), ``report``
 (bool: print the summary at stop), ``step_range`` (str: for ``stepscope run``, the name of a user
-range that delimits steps). Values from the environment override the arguments given to
-``Profiler(...)`` in code: the variable exists to change a run without editing it.
+range that delimits steps), ``torch`` (bool: the PyTorch integration; unset: on when the program
+has imported torch), ``step_on`` ("optimizer": a step per optimizer step; "auto": the same until
+the program calls ``stepscope.step()`` itself). Values from the environment override the
+arguments given to ``Profiler(...)`` in code: the variable exists to change a run without
+editing it.
 """
 
 from __future__ import annotations
@@ -62,6 +65,15 @@ def _levels(key: str, v: Any) -> tuple[str, ...]:
     return tuple(x for x in LEVELS if x in v)
 
 
+STEP_ON = ("optimizer", "auto")
+
+
+def _choice(key: str, v: Any, choices: tuple[str, ...]) -> str:
+    if v not in choices:
+        raise ValueError(f"{ENV_VAR}: {key!r} must be one of {list(choices)}, got {v!r}")
+    return v
+
+
 def _sched(key: str, v: Any) -> Schedule | None:
     try:
         return coerce(tuple(v) if isinstance(v, list) else v)
@@ -84,6 +96,8 @@ _KEYS = {
     "gpu_bucket_ns": lambda k, v: _int(k, v, 1),
     "report": _bool,
     "step_range": _str,
+    "torch": _bool,
+    "step_on": lambda k, v: _choice(k, v, STEP_ON),
 }
 
 

@@ -280,7 +280,10 @@ class Profiler:
     (default: shared by the ranks of one job, see :func:`default_run_id`); ``levels``: which files
     to write; ``report``: print the summary at stop. ``STEPSCOPE_OPTIONS`` (JSON, see
     :mod:`stepscope.profiler.options`) overrides these so a run can be reconfigured without code
-    changes (``use_env=False`` ignores it).
+    changes (``use_env=False`` ignores it). ``torch``: the PyTorch integration
+    (:mod:`stepscope.pytorch`; None: on when the program has imported torch at ``start()``);
+    ``step_on="optimizer"``: a step per optimizer step, no ``step()`` calls needed ("auto": the
+    same until the program calls ``step()`` itself).
     """
 
     def __init__(
@@ -301,12 +304,15 @@ class Profiler:
         levels: Sequence[str] = ("summary", "detail"),
         report: bool = True,
         use_env: bool = True,
+        torch: bool | None = None,
+        step_on: str | None = None,
     ) -> None:
         cfg: dict[str, Any] = {
             "dir": os.fspath(dir), "schedule": schedule, "timer_only": timer_only,
             "host_metrics": host_metrics, "sample_interval_s": sample_interval_s, "gpu": gpu,
             "sync_gpu": sync_gpu, "gpu_bucket_ns": gpu_bucket_ns, "buffer_bytes": buffer_bytes,
             "rank": rank, "run_id": run_id, "levels": tuple(levels), "report": report,
+            "torch": torch, "step_on": step_on,
         }
         if use_env:
             cfg.update(_options.from_env())
@@ -323,6 +329,9 @@ class Profiler:
         if not isinstance(cfg["buffer_bytes"], int) or cfg["buffer_bytes"] < 1 << 16:
             raise ValueError(f"buffer_bytes must be an integer >= 65536, got "
                              f"{cfg['buffer_bytes']!r}")
+        if cfg["step_on"] not in (None, *_options.STEP_ON):
+            raise ValueError(f"step_on must be None or one of {_options.STEP_ON}, got "
+                             f"{cfg['step_on']!r}")
         self.options = cfg
         self.timer_only = bool(cfg["timer_only"])
         self.on_trace_ready = on_trace_ready
@@ -364,6 +373,9 @@ class Profiler:
         self._pid = os.getpid()
         self._thread = threading.get_ident()
         self._recording = False  # a session is on: summary events are written
+        # producer hooks (the torch integration): objects whose optional methods start(),
+        # window_start(), window_end(), step_end() and stop() the profiler calls
+        self.hooks: list[Any] = []
 
     # -- life cycle ---------------------------------------------------------------------------
     @property
@@ -407,8 +419,34 @@ class Profiler:
         self.timer.start()
         self._enter_batch()
         self._begin_step()
+        self._attach_hooks()
         atexit.register(self._at_exit)
         return self
+
+    def _attach_hooks(self) -> None:
+        """The torch integration (``torch=None``: when the program has imported torch)."""
+        want = self.options.get("torch")
+        if want is False or (want is None and "torch" not in sys.modules):
+            return
+        try:
+            from ..pytorch import attach
+
+            hook = attach(self)
+        except Exception as exc:
+            _warn(f"the torch integration could not start ({exc!r})")
+            return
+        if hook is not None:
+            self.hooks.append(hook)
+            self._hook("start")
+
+    def _hook(self, name: str) -> None:
+        for h in self.hooks:
+            fn = getattr(h, name, None)
+            if fn is not None:
+                try:
+                    fn()
+                except Exception as exc:  # a producer never breaks the user's program
+                    _warn(f"{type(h).__name__}.{name} failed: {exc!r}")
 
     def _at_exit(self) -> None:
         """Interpreter exit without ``stop()`` (an uncaught exception, ``sys.exit``): finish."""
@@ -488,6 +526,7 @@ class Profiler:
         if not self._started or self._stopped:
             return list(self.files)
         try:
+            self._hook("stop")  # producers first: a pending step boundary is made here
             if self._in_step and self._recording and rec.ON:
                 if keep_open_step or not self._drop_open_step():
                     self._end_step(None)
@@ -557,6 +596,8 @@ class Profiler:
         if self.sync_gpu:
             _sync_gpu()  # the step's device work ends inside the step
         self.timer.step(num_samples)
+        if self.hooks:
+            self._hook("step_end")
         if self._in_step and self._recording and rec.ON:
             self._end_step(num_samples)
         self._step += 1
@@ -683,6 +724,7 @@ class Profiler:
         self._window_first_step = self._step
         if self._own_session:
             sess.set_detail(True)
+        self._hook("window_start")  # before CUPTI: the torch profiler must not take it
         if self._gpu is not None:
             self._gpu.begin_window()
 
@@ -693,6 +735,7 @@ class Profiler:
         self._window_path = self._sink = None
         if self._gpu is not None:  # device activity of the window, into its file
             self._gpu.end_window(steps=self._step - self._window_first_step)
+        self._hook("window_end")  # the window's operators, into its file
         if self._own_session:
             self._sess.set_detail(False)
         self._sess.close_sink(sink)

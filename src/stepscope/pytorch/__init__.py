@@ -1,0 +1,121 @@
+"""PyTorch integration: operators, ``record_function``/``torch.cuda.nvtx`` ranges, collectives,
+DataLoader workers, optimizer steps and CUDA memory, for :class:`stepscope.profiler.Profiler`.
+
+Installed with ``pip install stepscope[torch]``. Importing this package never imports torch:
+the profiler calls :func:`attach` at ``start()`` when ``torch=True``, or with ``torch=None``
+when the program has already imported torch. Each part lives in its own module:
+
+* :mod:`.operators` — every aten operator of a detail window from torch's own profiler
+  (Kineto, CPU activity only, input shapes on), converted in bulk at the window's end;
+* :mod:`.ranges` — ``record_function`` and ``torch.cuda.nvtx`` ranges as summary-level ranges;
+* :mod:`.collectives` — ``torch.distributed`` collectives and p2p ops (DDP's and FSDP's from C++
+  too) as ``communication`` ranges from issue to completion;
+* :mod:`.workers` — DataLoader worker processes: their fetches in a file of their own;
+* :mod:`.steps` — steps from optimizer steps, data-loader waits from DataLoader iteration;
+* :mod:`.memory` — CUDA allocator counters at each step end.
+
+The profiler calls the hooks of :class:`TorchIntegration` (``start``, ``window_start``,
+``window_end``, ``step_end``, ``stop``); none of them ever raises into the training loop.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__all__ = ["TorchIntegration", "attach", "available"]
+
+
+def available() -> bool:
+    """Whether torch can be imported (imports it)."""
+    try:
+        import torch  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def attach(prof: Any) -> TorchIntegration | None:
+    """The integration for a started profiler, or None (with one line on stderr) without
+    torch. Imports torch only when the profiler forces the integration on (``torch=True``)."""
+    if "torch" not in sys.modules and not available():
+        print("stepscope: torch=True but torch cannot be imported; torch integration off",
+              file=sys.stderr)
+        return None
+    return TorchIntegration(prof)
+
+
+class TorchIntegration:
+    """Ties the parts to one profiler; each part is optional and fails alone."""
+
+    def __init__(self, prof: Any) -> None:
+        from .collectives import CollectiveTracer
+        from .memory import CudaMemory
+        from .operators import OperatorCapture
+        from .ranges import RangeCapture
+        from .steps import StepDriver
+        from .workers import WorkerTracing
+
+        self.prof = prof
+        sess = prof._sess if getattr(prof, "_recording", False) else None  # noqa: SLF001
+        self.sess = sess
+        self.ops = OperatorCapture(sess, rank=prof.rank) if sess is not None else None
+        self.ranges = RangeCapture() if sess is not None else None
+        self.collectives = CollectiveTracer(sess, rank=prof.rank) if sess is not None else None
+        self.workers = WorkerTracing(prof) if sess is not None else None
+        self.memory = CudaMemory(sess) if sess is not None else None
+        self.steps = StepDriver(prof, prof.options.get("step_on"))
+        self.steps.ranges = self.ranges
+        self._ops_on = False
+        self._gpu_vetoed = False
+
+    def start(self) -> None:
+        for part in (self.ranges, self.collectives, self.workers, self.steps):
+            if part is not None:
+                _call(part.start)
+        if self.ops is not None and self.ranges is not None:
+            self.ops.skip_user_annotations = True  # already recorded by the range capture
+
+    def window_start(self) -> None:
+        if self.ops is None:
+            return
+        gpu = getattr(self.prof, "_gpu", None)
+        if self.ops.foreign_profiler_active():
+            # the user's own torch.profiler holds Kineto (and, with CUDA activity, CUPTI):
+            # neither our operators nor our CUPTI tracer this window (one CUPTI client)
+            if gpu is not None and gpu.activity:
+                gpu.activity = False
+                self._gpu_vetoed = True
+            self.ops.warn_foreign()
+            return
+        self._ops_on = bool(_call(self.ops.begin))
+
+    def window_end(self) -> None:
+        if self._gpu_vetoed:
+            self.prof._gpu.activity = True  # noqa: SLF001
+            self._gpu_vetoed = False
+        if self._ops_on and self.ops is not None:
+            self._ops_on = False
+            _call(self.ops.end)
+
+    def step_end(self) -> None:
+        if self.memory is not None:
+            _call(self.memory.sample)
+        if self.collectives is not None:
+            _call(self.collectives.watch_new_groups)
+
+    def stop(self) -> None:
+        if self._ops_on:
+            self.window_end()
+        for part in (self.steps, self.workers, self.collectives, self.ranges):
+            if part is not None:
+                _call(part.stop)
+
+
+def _call(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception as exc:
+        print(f"stepscope: torch integration: {getattr(fn, '__qualname__', fn)} failed: "
+              f"{exc!r}", file=sys.stderr)
+        return None

@@ -1,0 +1,221 @@
+"""``torch.distributed`` collectives and point-to-point ops as ``communication`` ranges.
+
+What torch 2.14 offers, and what each covers:
+
+* **ProcessGroup pre/post hooks** (``ProcessGroup.register_pre_hook`` / ``register_post_hook``,
+  called by the C++ ``ProcessGroup`` before and after it issues each op, any backend): they see
+  every op that reaches a process group, including DDP's gradient-bucket allreduces and FSDP's
+  all-gathers/reduce-scatters issued from C++, which never pass through the Python functions.
+  The pre-hook gives the op, its input tensors (bytes, dtype), ``async_op`` and the root; the
+  post-hook the ``Work``, whose future's done callback marks completion. **Used here.**
+* RecordFunction ``record_param_comms`` events: the same ops with sizes, but only while torch's
+  profiler runs (detail windows), and they time the issue, not the completion. Not used.
+* ``ProcessGroup._register_on_completion_hook``: NCCL only (start/finish times from the
+  watchdog). Not used: on GPUs the NCCL kernels from CUPTI are the device-side truth.
+* Wrapping the Python API (``dist.all_reduce``...): misses DDP/FSDP's C++ calls. Not used.
+
+Each op is one slice on a ``collectives`` track under the rank's process (overlapping async ops
+take sibling tracks of that name), category ``communication`` (so the ``distributed`` summary's
+communication, overlap and straggler columns count it), from the pre-hook to completion: the
+done callback of the work's future (a gloo or NCCL thread), or at once for a synchronous op.
+Args: ``op``, ``bytes`` (input tensors), ``dtype``, ``group_size``, ``group``. Summary level:
+every op of the run, not only those of detail windows.
+
+Limits: works that have no future (gloo's send/recv) end at their post-hook, i.e. when issued,
+with the arg ``completion: "issued"``. Process groups are hooked when the integration starts, when
+``init_process_group``/``new_group`` return, and at each step end (groups made another way
+before their first collective's step ends miss those first ops). A hook id of our own per group.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+from .. import _schema as S
+
+HOOK_ID = 0x5EC0  # our pre/post hook id on each process group
+
+_OP_NAMES = {
+    "SEND": "send", "RECV": "recv", "BROADCAST": "broadcast", "ALLREDUCE": "allreduce",
+    "REDUCE": "reduce", "ALLGATHER": "allgather", "REDUCE_SCATTER": "reduce_scatter",
+    "ALLTOALL": "alltoall", "BARRIER": "barrier", "SCATTER": "scatter", "GATHER": "gather",
+    "SPLIT": "split", "NEW_WINDOW": "new_window", "UNKNOWN": "unknown",
+}  # fmt: skip
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+class CollectiveTracer:
+    """Hooks every process group of the process; writes one slice per op at its completion."""
+
+    def __init__(self, sess: Any, rank: int = 0) -> None:
+        self.sess = sess
+        self.rank = rank
+        self.em = sess.emitter(clock="monotonic", level=S.LEVEL_SUMMARY)
+        self._lock = threading.Lock()
+        self._open: dict[tuple[int, int], tuple] = {}  # (group id, op id) -> pre-hook data
+        self._lanes: list[tuple[int, int]] = []  # (track, end of its last slice)
+        self._hooked: dict[int, Any] = {}  # id(pg) -> pg
+        self._patched: list[tuple[Any, str, Any]] = []
+        self._on = False
+        self.count = 0  # ops written
+        self.failures = 0
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return
+        self._on = True
+        self._patch_creators(dist)
+        self.watch_new_groups()
+
+    def stop(self) -> None:
+        self._on = False
+        for owner, name, original in reversed(self._patched):
+            setattr(owner, name, original)
+        self._patched.clear()
+        for pg in list(self._hooked.values()):
+            try:
+                pg.unregister_pre_hook(HOOK_ID)
+                pg.unregister_post_hook(HOOK_ID)
+            except Exception:
+                pass
+        self._hooked.clear()
+
+    def _patch_creators(self, dist: Any) -> None:
+        import torch.distributed.distributed_c10d as c10d
+
+        tracer = self
+        for name in ("init_process_group", "new_group"):
+            original = getattr(c10d, name, None)
+            if original is None:
+                continue
+
+            def make(original: Any) -> Any:
+                def created(*args: Any, **kwargs: Any) -> Any:
+                    result = original(*args, **kwargs)
+                    tracer.watch_new_groups()
+                    return result
+
+                created.__wrapped__ = original  # type: ignore[attr-defined]
+                created.__doc__ = original.__doc__
+                return created
+
+            wrapper = make(original)
+            for owner in (c10d, dist):
+                if owner.__dict__.get(name) is original:
+                    self._patched.append((owner, name, original))
+                    setattr(owner, name, wrapper)
+
+    def watch_new_groups(self) -> None:
+        """Hook the process groups made since the last call (cheap: a dict walk)."""
+        if not self._on:
+            return
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return
+        from torch.distributed import distributed_c10d as c10d
+
+        groups = list(getattr(c10d._world, "pg_map", {}).keys())  # noqa: SLF001
+        for pg in groups:
+            if id(pg) not in self._hooked:
+                self.hook(pg)
+
+    def hook(self, pg: Any) -> bool:
+        """Register our pre/post hooks on one process group."""
+        if id(pg) in self._hooked or not hasattr(pg, "register_pre_hook"):
+            return False
+        try:
+            size = pg.size()
+            gname = getattr(pg, "group_name", "") or ""
+        except Exception:
+            size, gname = 0, ""
+        gid = id(pg)
+
+        def pre(a: Any) -> None:
+            try:
+                t = time.perf_counter_ns()
+                tensors = a.input_tensors
+                nbytes = 0
+                dtype = ""
+                for x in tensors:
+                    nbytes += x.numel() * x.element_size()
+                    if not dtype:
+                        dtype = _dtype_name(x.dtype)
+                self._open[gid, a.op_id] = (t, a.name.name, nbytes, dtype)
+            except Exception:
+                self.failures += 1
+
+        def post(a: Any) -> None:
+            try:
+                opened = self._open.pop((gid, a.op_id), None)
+                if opened is None:
+                    return
+                work = a.work
+                fut = None
+                if work is not None:
+                    try:
+                        fut = work.get_future()
+                    except RuntimeError:  # gloo send/recv: no future
+                        fut = None
+                if fut is None:
+                    self._write(opened, time.perf_counter_ns(), size, gname, issued=True)
+                    return
+                fut.add_done_callback(
+                    lambda _f: self._write(opened, time.perf_counter_ns(), size, gname))
+            except Exception:
+                self.failures += 1
+
+        try:
+            pg.register_pre_hook(HOOK_ID, pre)
+            pg.register_post_hook(HOOK_ID, post)
+        except Exception as exc:
+            print(f"stepscope: cannot hook process group {gname!r} ({exc!r})", file=sys.stderr)
+            return False
+        self._hooked[gid] = pg
+        return True
+
+    # -- output -------------------------------------------------------------------------------
+    def _write(self, opened: tuple, t_end: int, size: int, group: str,
+               issued: bool = False) -> None:
+        """One op's slice (from any thread: gloo/NCCL threads run the done callbacks)."""
+        try:
+            t0, op, nbytes, dtype = opened
+            name = _OP_NAMES.get(op, op.lower())
+            args: dict[str, Any] = {S.ARG_OP: name, S.ARG_BYTES: nbytes,
+                                    S.ARG_GROUP_SIZE: size}
+            if dtype:
+                args[S.ARG_DTYPE] = dtype
+            if group:
+                args[S.ARG_GROUP] = group
+            if issued:
+                args["completion"] = "issued"
+            track = self._lane(t0, t_end)
+            self.em.complete(t0, t_end - t0, name, track, S.CAT_COLLECTIVE, args)
+            self.count += 1
+        except Exception:
+            self.failures += 1
+
+    def _lane(self, t0: int, t1: int) -> int:
+        """A ``collectives`` track free over [t0, t1): ops in flight together get siblings."""
+        with self._lock:
+            for i, (track, busy_until) in enumerate(self._lanes):
+                if busy_until <= t0:
+                    self._lanes[i] = (track, t1)
+                    return track
+            track = self.sess.new_track(S.COLLECTIVES_TRACK_NAME)
+            self._lanes.append((track, t1))
+            return track

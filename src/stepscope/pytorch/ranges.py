@@ -1,0 +1,169 @@
+"""``record_function`` and ``torch.cuda.nvtx`` ranges as stepscope ranges (summary level).
+
+Like :func:`stepscope.capture_nvtx` for the ``nvtx`` package: the Python entry points are
+replaced by wrappers that call torch's original and record the same range:
+
+* ``torch.autograd.profiler.record_function`` (also ``torch.profiler.record_function``, the same
+  class): its ``__enter__``/``__exit__`` are patched on the class, so instances made before, the
+  decorator form and ``from torch.profiler import record_function`` are all seen. torch's own
+  ranges go through it too: ``Optimizer.step#SGD.step``,
+  ``enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__``,
+  ``DistributedDataParallel.forward``. Category ``record_function``.
+* ``torch.cuda.nvtx.range_push``/``range_pop`` (and ``torch.cuda.nvtx.range``, which calls
+  them), ``range_start``/``range_end``, ``mark``. Category ``nvtx``, as captured ``nvtx`` calls.
+
+Summary level, so they are in the summary file too, and cheap: a cached C chain per name
+(begin) and one C call (end), about 0.3 µs beside torch's own ~3 µs per ``record_function``.
+Ranges whose end torch defers to a future (``_call_end_callbacks_on_future``) end here at
+``__exit__``. Limits: C++ ``RECORD_FUNCTION`` scopes are not seen here (they are operators,
+see :mod:`.operators`); TorchScript-compiled ``record_function`` neither.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from .. import _recorder as rec
+from .. import _schema as S
+
+MAX_CACHED_NAMES = 4096  # past this, names are written inline (f"batch {i}" must not grow tables)
+
+_chains: dict[tuple[str, str], Any] = {}
+_lock = threading.Lock()
+
+
+def _begin(name: Any, category: str) -> None:
+    key = (name, category)
+    try:
+        c = _chains.get(key)
+    except TypeError:
+        name = rec.clean_name(name)
+        key = (name, category)
+        c = _chains.get(key)
+    if c is None:
+        if len(_chains) >= MAX_CACHED_NAMES:
+            rec.record_named(rec.BEGIN, name, (category,), S.LEVEL_SUMMARY)
+            return
+        with _lock:
+            c = _chains.get(key)
+            if c is None:
+                eid = rec.event_id(name, (category,))
+                c = _chains[key] = rec.chain(rec.code(eid, S.LEVEL_SUMMARY, rec.BEGIN))
+    c()
+
+
+_end = rec.end_summary
+
+
+class _RangeIds:
+    """nvtx range_start ids -> stepscope async handles (range_end may come from any thread)."""
+
+    def __init__(self) -> None:
+        self.open: dict[int, Any] = {}
+
+
+class RangeCapture:
+    """Installs the wrappers at ``start()`` and puts torch's originals back at ``stop()``."""
+
+    def __init__(self) -> None:
+        self._patched: list[tuple[Any, str, Any]] = []
+        self._ids = _RangeIds()
+        self.installed = False
+        # called after the end of torch's "Optimizer.step#..." range (the step driver's safe
+        # point for a step boundary in a loop without a DataLoader)
+        self.after_optimizer: Any = None
+
+    def start(self) -> None:
+        import torch.autograd.profiler as ap
+
+        rf = ap.record_function
+        o_enter, o_exit = rf.__enter__, rf.__exit__
+        cat = S.CAT_RECORD_FUNCTION
+        capture = self
+
+        def __enter__(self: Any) -> Any:
+            result = o_enter(self)
+            if rec.ON:
+                _begin(self.name, cat)
+                self._stepscope_open = True
+            return result
+
+        def __exit__(self: Any, *exc: Any) -> Any:
+            try:
+                return o_exit(self, *exc)
+            finally:
+                if getattr(self, "_stepscope_open", False):
+                    self._stepscope_open = False
+                    if rec.ON:
+                        _end()
+                after = capture.after_optimizer
+                if after is not None and str(self.name).startswith("Optimizer.step#"):
+                    capture.after_optimizer = None
+                    after()
+
+        self._patch(rf, "__enter__", __enter__)
+        self._patch(rf, "__exit__", __exit__)
+        self._patch_nvtx()
+        self.installed = True
+
+    def _patch_nvtx(self) -> None:
+        try:
+            import torch.cuda.nvtx as nv
+        except Exception:
+            return
+        o_push, o_pop = nv.range_push, nv.range_pop
+        o_start, o_end, o_mark = nv.range_start, nv.range_end, nv.mark
+        cat = S.CAT_NVTX
+        ids = self._ids
+
+        def range_push(msg: Any) -> Any:
+            result = o_push(msg)  # raises where torch has no NVTX: nothing recorded then
+            if rec.ON:
+                _begin(msg, cat)
+            return result
+
+        def range_pop() -> Any:
+            result = o_pop()
+            if rec.ON:
+                _end()
+            return result
+
+        def range_start(msg: Any) -> Any:
+            rid = o_start(msg)
+            if rec.ON:
+                import stepscope
+
+                ids.open[rid] = stepscope.start_range(msg, domain=cat)
+            return rid
+
+        def range_end(range_id: Any) -> None:
+            o_end(range_id)
+            handle = ids.open.pop(range_id, None)
+            if handle is not None:
+                import stepscope
+
+                stepscope.end_range(handle)
+
+        def mark(msg: Any) -> Any:
+            result = o_mark(msg)
+            if rec.ON:
+                rec.record_named(rec.INSTANT, msg, (cat,), S.LEVEL_SUMMARY)
+            return result
+
+        for name, fn in (("range_push", range_push), ("range_pop", range_pop),
+                         ("range_start", range_start), ("range_end", range_end),
+                         ("mark", mark)):
+            fn.__wrapped__ = getattr(nv, name)  # type: ignore[attr-defined]
+            fn.__doc__ = getattr(nv, name).__doc__
+            self._patch(nv, name, fn)
+
+    def _patch(self, owner: Any, name: str, fn: Any) -> None:
+        self._patched.append((owner, name, owner.__dict__[name]))
+        setattr(owner, name, fn)
+
+    def stop(self) -> None:
+        self.installed = False
+        for owner, name, original in reversed(self._patched):
+            setattr(owner, name, original)
+        self._patched.clear()

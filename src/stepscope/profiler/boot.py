@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"stepscope: {exc}", file=sys.stderr)
         return 2
-    prof = Profiler()
+    # no step_range: steps from optimizer steps until the program calls stepscope.step()
+    prof = Profiler(step_on=None if opts.get("step_range") else "auto")
     hook = None
     if opts.get("step_range"):
         hook = _StepHook(prof, opts["step_range"])

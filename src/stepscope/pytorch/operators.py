@@ -15,8 +15,9 @@ emitter (detail level, so only the window's file gets them):
   else (a C++ thread, e.g. the autograd engine's ``pt_autograd_N`` on GPUs) to a thread track of
   its own named from ``/proc/self/task/<tid>/comm``;
 * args ``input_shapes`` and ``input_dtypes`` where the op has inputs;
-* forward→backward flows: the outermost forward op of a sequence number (on its thread) starts a
-  flow that the backward's ``autograd::engine::evaluate_function`` of that sequence number and
+* forward→backward flows: the last forward op of a sequence number on its thread (the one that
+  made the autograd node: ``aten::addmm`` inside ``aten::linear``; as Kineto links) starts a flow
+  that the backward's ``autograd::engine::evaluate_function`` of that sequence number and
   forward thread terminates (what torch.profiler's Chrome trace draws as ``fwdbwd``).
 
 Clock: torch stamps events with the Unix time (its approximate clock converted to
@@ -61,11 +62,16 @@ class _Offsets:
         self.span = max(1, m1 - self.m0)
 
     def __call__(self, real_ns: int) -> int:
-        guess = real_ns - self.o0
         if self.o1 == self.o0:
-            return guess
-        f = min(1.0, max(0.0, (guess - self.m0) / self.span))
-        return real_ns - round(self.o0 + (self.o1 - self.o0) * f)
+            return real_ns - self.o0
+        # m = real - (o0 + k (m - m0)), k the offset's slope, solved for m; clamped to the window
+        k = (self.o1 - self.o0) / self.span
+        m = (real_ns - self.o0 + k * self.m0) / (1 + k)
+        if m <= self.m0:
+            return real_ns - self.o0
+        if m >= self.m0 + self.span:
+            return real_ns - self.o1
+        return round(m)
 
 
 def thread_name(tid: int) -> str:
@@ -185,7 +191,7 @@ class OperatorCapture:
             self._em = self.sess.emitter(clock="monotonic", level=S.LEVEL_DETAIL)
         self._tracks = {}  # threads may have ended and their idents been reused
         rows = []
-        fwd: dict[tuple[int, int], int] = {}  # (sequence nr, thread) -> row of outermost op
+        fwd: dict[tuple[int, int], int] = {}  # (sequence nr, thread) -> row of the node's op
         bwd: dict[tuple[int, int], int] = {}  # (sequence nr, forward thread) -> backward row
         skip_user = self.skip_user_annotations
         for e in events:
@@ -208,8 +214,8 @@ class OperatorCapture:
                 if fwd_tid == 0:
                     key = (seq, e.start_thread_id())
                     j = fwd.get(key)
-                    if j is None or start < rows[j][0]:
-                        fwd[key] = i
+                    if j is None or start >= rows[j][0]:
+                        fwd[key] = i  # the last op of the number made the node (as Kineto)
                 else:
                     k = (seq, fwd_tid)
                     j = bwd.get(k)

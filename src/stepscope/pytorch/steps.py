@@ -9,8 +9,9 @@
   (``torch.optim.optimizer.register_optimizer_step_post_hook``) ends the step at every
   ``optimizer.step()`` (several optimizers: one step each). Step 0 starts at the first batch
   wait or module forward, not at ``Profiler.start()`` (under ``stepscope run`` that is interpreter
-  start). An exhausted loader withdraws the step just opened, as ``prof.dataloader`` does: the
-  next epoch's first wait opens it again.
+  start). An exhausted loader withdraws the step just opened, as ``prof.dataloader`` does, and
+  ends the epoch: the next epoch's first wait opens the step again as batch 0 of a new epoch
+  (so the schedule's windows repeat per epoch).
 * ``step_on="auto"`` (what ``stepscope run`` uses): as "optimizer", until the program calls
   ``step()`` itself; from then on only its calls make steps. A first call that comes right after
   an optimizer step (no batch wait between) marks that same boundary and is not counted again.
@@ -41,6 +42,7 @@ class StepDriver:
         self._in_hook = False
         self.boundary_pending = False  # an optimizer step happened; the step ends at a safe point
         self.loader_seen = False
+        self._epoch_ended = False
         self.ranges: Any = None  # the RangeCapture, whose Optimizer.step# exit makes boundaries
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -80,7 +82,11 @@ class StepDriver:
     def _resume(self) -> None:
         prof = self.prof
         if prof._pending and not prof._stopped:  # noqa: SLF001
-            prof._resume()  # noqa: SLF001
+            if self._epoch_ended:  # the loader ran out: the next epoch starts with this step
+                self._epoch_ended = False
+                prof.epoch()  # opens the step too
+            else:
+                prof._resume()  # noqa: SLF001
         self._drop_forward_hook()
 
     def _watch_forward(self) -> None:
@@ -167,6 +173,7 @@ class StepDriver:
                     # is surely unwritten (the workers' shutdown inside next() can take long)
                     if not prof._pending:  # noqa: SLF001
                         prof._cancel_step(None)  # noqa: SLF001
+                        driver._epoch_ended = True
                         driver._watch_forward()
                     return original(self)
                 if prof._pending:  # noqa: SLF001
@@ -179,6 +186,7 @@ class StepDriver:
             except StopIteration:
                 if cancel and on_main and not driver._user_steps:
                     prof._cancel_step(ev)  # noqa: SLF001
+                    driver._epoch_ended = True
                     driver._watch_forward()
                 elif recording:
                     end()

@@ -424,14 +424,17 @@ class Profiler:
         return self
 
     def _attach_hooks(self) -> None:
-        """The torch integration (``torch=None``: when the program has imported torch)."""
+        """The torch integration (``torch=None``: once the program has imported torch)."""
         want = self.options.get("torch")
-        if want is False or (want is None and "torch" not in sys.modules):
+        if want is False:
             return
         try:
-            from ..pytorch import attach
+            from .. import pytorch
 
-            hook = attach(self)
+            if want is None and "torch" not in sys.modules:
+                pytorch.attach_on_import(self)  # `stepscope run`: the program imports it later
+                return
+            hook = pytorch.attach(self)
         except Exception as exc:
             _warn(f"the torch integration could not start ({exc!r})")
             return

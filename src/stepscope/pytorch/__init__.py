@@ -3,7 +3,8 @@ DataLoader workers, optimizer steps and CUDA memory, for :class:`stepscope.profi
 
 Installed with ``pip install stepscope[torch]``. Importing this package never imports torch:
 the profiler calls :func:`attach` at ``start()`` when ``torch=True``, or with ``torch=None``
-when the program has already imported torch. Each part lives in its own module:
+when the program has already imported torch, or else (``stepscope run``) as soon as it imports
+torch (:func:`attach_on_import`). Each part lives in its own module:
 
 * :mod:`.operators` — every aten operator of a detail window from torch's own profiler
   (Kineto, CPU activity only, input shapes on), converted in bulk at the window's end;
@@ -23,7 +24,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["TorchIntegration", "attach", "available"]
+__all__ = ["TorchIntegration", "attach", "attach_on_import", "available"]
 
 
 def available() -> bool:
@@ -43,6 +44,64 @@ def attach(prof: Any) -> TorchIntegration | None:
               file=sys.stderr)
         return None
     return TorchIntegration(prof)
+
+
+class _TorchImportWatcher:
+    """A ``sys.meta_path`` finder that runs a callback once ``import torch`` has completed (the
+    profiler of ``stepscope run`` starts before the program imports torch); it removes itself."""
+
+    def __init__(self, callback: Any, before: Any = None) -> None:
+        self.callback = callback
+        self.before = before
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != "torch":
+            return None
+        import importlib.machinery
+
+        self.remove()
+        if self.before is not None:
+            _call(self.before)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        loader = getattr(spec, "loader", None)
+        if spec is None or loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module, callback = loader.exec_module, self.callback
+
+        def exec_then_attach(module: Any) -> None:
+            exec_module(module)
+            callback()
+
+        loader.exec_module = exec_then_attach
+        return spec
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+def attach_on_import(prof: Any) -> _TorchImportWatcher:
+    """Attach the integration to ``prof`` as soon as the program imports torch."""
+
+    def attach_now() -> None:
+        if getattr(prof, "_stopped", True) or "torch" not in sys.modules:
+            return
+        hook = TorchIntegration(prof)
+        prof.hooks.append(hook)
+        _call(hook.start)
+
+    def before_import() -> None:
+        """Steps from optimizer steps: withdraw step 0 now, while its begin is surely unwritten
+        (importing torch takes seconds); it opens again at the first batch wait or forward."""
+        if prof.options.get("step_on") in ("optimizer", "auto") and not prof._stopped:  # noqa: SLF001
+            import threading
+
+            if threading.get_ident() == prof._thread and not prof._pending:  # noqa: SLF001
+                prof._cancel_step(None)  # noqa: SLF001
+
+    watcher = _TorchImportWatcher(attach_now, before_import)
+    sys.meta_path.insert(0, watcher)
+    return watcher
 
 
 class TorchIntegration:

@@ -67,16 +67,17 @@ class StepDriver:
         for owner, name, original in reversed(self._patched):
             setattr(owner, name, original)
         self._patched.clear()
-        if self.prof.__dict__.get("step") is self._user_step:
+        if self.prof.__dict__.get("step") == self._user_step:
             del self.prof.step
 
     # -- steps --------------------------------------------------------------------------------
     def _defer_step(self) -> None:
         """Withdraw the open step; it opens again at the next batch wait or module forward."""
         prof = self.prof
-        if prof._stopped or prof._pending or threading.get_ident() != prof._thread:  # noqa: SLF001
+        if prof._stopped or threading.get_ident() != prof._thread:  # noqa: SLF001
             return
-        prof._cancel_step(None)  # noqa: SLF001
+        if not prof._pending:  # noqa: SLF001
+            prof._cancel_step(None)  # noqa: SLF001
         self._watch_forward()
 
     def _resume(self) -> None:

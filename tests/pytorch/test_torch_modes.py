@@ -1,0 +1,182 @@
+"""Steps without code changes (stepscope run, step_on="auto"), options, CUDA memory counters
+and the one-CUPTI-client rule with fakes (issue 20 items 5, 6, 7)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install stepscope[torch])")
+
+import tq  # noqa: E402
+
+import stepscope  # noqa: E402
+from stepscope.profiler import options  # noqa: E402
+
+SCRIPT = textwrap.dedent("""
+    import time, torch
+    from torch.utils.data import DataLoader, TensorDataset
+    time.sleep(0.3)  # start-up: no step yet
+    t = time.perf_counter_ns()
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(20, 4), torch.randn(20, 1)), batch_size=4)
+    for epoch in range(2):
+        for x, y in loader:
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    print("LOOP", t)
+""")
+
+
+def test_stepscope_run_finds_optimizer_steps_without_code_changes(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), STEPSCOPE_OPTIONS=json.dumps(
+        {"dir": str(tmp_path / "out"), "run_id": "z", "report": False, "host_metrics": False,
+         "schedule": None}))
+    out = subprocess.run([sys.executable, "-m", "stepscope.profiler.boot", str(script)],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    t_loop = int(out.stdout.split("LOOP")[1])
+    d = tq.db(tmp_path / "out" / "z" / "rank0.summary.pftrace")
+    steps = tq.slices(d, "s.category = 'step'")
+    waits = tq.slices(d, "s.category = 'dataloader'")
+    assert len(steps) == 10  # 5 batches x 2 epochs, one step per optimizer step
+    assert len(waits) == 10
+    assert steps[0]["ts"] > t_loop  # at the first batch wait, not at interpreter start
+    assert 0 <= waits[0]["ts"] - steps[0]["ts"] < 2_000_000
+    for st, w in zip(steps, waits, strict=True):
+        assert st["ts"] <= w["ts"] < st["ts"] + st["dur"]
+
+
+def _loop(prof_step_calls: bool, n: int = 4) -> None:
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(n):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        if prof_step_calls:
+            stepscope.step()
+
+
+@pytest.mark.parametrize("user_steps", [False, True])
+def test_auto_mode_yields_to_the_programs_own_steps(tmp_path, user_steps):
+    prof = stepscope.Profiler(dir=tmp_path, run_id="r", schedule=None, step_on="auto",
+                              host_metrics=False, report=False, use_env=False, torch=True)
+    prof.start()
+    _loop(user_steps)
+    prof.stop()
+    d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
+    assert len(tq.slices(d, "s.category = 'step'")) == 4  # never 8: no double count
+    assert "step" not in prof.__dict__  # the instance hook is gone after stop
+
+
+def test_options_accept_torch_and_step_on():
+    assert options.parse('{"torch": false, "step_on": "optimizer"}') == {
+        "torch": False, "step_on": "optimizer"}
+    with pytest.raises(ValueError, match="'step_on' must be one of"):
+        options.parse('{"step_on": "epoch"}')
+    with pytest.raises(ValueError, match="step_on must be None or one of"):
+        stepscope.Profiler(step_on="sometimes", use_env=False)
+
+
+def test_torch_false_and_none(tmp_path):
+    p = stepscope.Profiler(dir=tmp_path, schedule=None, host_metrics=False, report=False,
+                           use_env=False, torch=False)
+    p.start()
+    p.stop()
+    assert p.hooks == []
+    q = stepscope.Profiler(dir=tmp_path, schedule=None, host_metrics=False, report=False,
+                           use_env=False)  # torch=None and torch is imported: on
+    q.start()
+    assert [type(h).__name__ for h in q.hooks] == ["TorchIntegration"]
+    from torch.utils.data import dataloader as dl
+
+    assert hasattr(dl._BaseDataLoaderIter.__next__, "__wrapped__")
+    q.stop()
+    assert not hasattr(dl._BaseDataLoaderIter.__next__, "__wrapped__")  # restored
+
+
+def test_cuda_memory_counters_at_step_end(tmp_path, monkeypatch):
+    """Two fake devices: allocated / reserved / peak per device, at every step end."""
+    values = {"memory_allocated": [100, 200], "memory_reserved": [1000, 2000],
+              "max_memory_allocated": [150, 250]}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    calls = []
+    for name, per_device in values.items():
+        def fn(d, per_device=per_device, name=name):
+            calls.append(name)
+            return per_device[d] + len(calls)  # changes from sample to sample
+        monkeypatch.setattr(torch.cuda, name, fn)
+    prof = stepscope.Profiler(dir=tmp_path, run_id="m", schedule=None, host_metrics=False,
+                              report=False, use_env=False, torch=True)
+    prof.start()
+    prof.step()
+    prof.step()
+    prof.stop()
+    monkeypatch.undo()
+    d = tq.db(tmp_path / "m" / "rank0.summary.pftrace")
+    got = {}
+    for r in tq.rows(d, "SELECT t.name, c.value FROM counter c JOIN counter_track t "
+                        "ON t.id = c.track_id ORDER BY c.ts, t.name"):
+        got.setdefault(r["name"], []).append(r["value"])
+    # per step end: device 0's three values then device 1's; the fakes add the call count
+    assert got == {
+        "torch.cuda0.memory.allocated": [101, 107], "torch.cuda0.memory.reserved": [1002, 1008],
+        "torch.cuda0.memory.peak": [153, 159], "torch.cuda1.memory.allocated": [204, 210],
+        "torch.cuda1.memory.reserved": [2005, 2011], "torch.cuda1.memory.peak": [256, 262]}
+
+
+class _FakeGpu:
+    """Stands in for stepscope.gpu.GpuTracing: records whether CUPTI would be enabled."""
+
+    def __init__(self):
+        self.activity = True
+        self.windows = []
+
+    def begin_window(self):
+        self.windows.append(("begin", self.activity, torch.autograd._profiler_enabled()))
+        return self.activity
+
+    def end_window(self, steps=0):
+        self.windows.append(("end",))
+
+    def stop(self):
+        pass
+
+
+def test_one_cupti_client(tmp_path):
+    """Our Kineto is CPU-only beside our CUPTI tracer; under the user's own torch.profiler our
+    CUPTI tracer stands down for the window (and our operators too)."""
+    from torch._C._profiler import ProfilerActivity
+
+    from stepscope.pytorch.operators import OperatorCapture
+
+    assert OperatorCapture.activities() == {ProfilerActivity.CPU}
+    prof = stepscope.Profiler(dir=tmp_path, run_id="c", schedule=(1, 2), host_metrics=False,
+                              report=False, use_env=False, torch=True, gpu=False)
+    fake = prof._gpu = _FakeGpu()
+    prof.start()
+    prof.step()  # window 0 opens: our Kineto (CPU only) is on when CUPTI would start
+    torch.ones(3).add_(1)
+    prof.step()  # window 0 closes
+    prof.epoch()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        prof.step()  # window 1 opens under the user's profiler
+        torch.ones(3).add_(1)
+        prof.step()
+    prof.stop()
+    assert fake.windows == [("begin", True, True), ("end",), ("begin", False, True), ("end",)]
+    assert fake.activity is True  # restored after the window
+    d0 = tq.db(tmp_path / "c" / "rank0.detail.0.pftrace")
+    assert len(tq.slices(d0, "s.name = 'aten::add_'")) == 1
+    d1 = tq.db(tmp_path / "c" / "rank0.detail.1.pftrace")
+    assert tq.slices(d1, "s.category = 'torch_op'") == []

@@ -136,12 +136,6 @@ def test_thread_tracks_for_threads_python_does_not_know():
         def __init__(self, name, start, dur, tid):
             self.v = (name, start, dur, tid)
 
-        def device_type(self):
-            return type("D", (), {"name": "CPU"})
-
-        def is_user_annotation(self):
-            return False
-
         def name(self):
             return self.v[0]
 

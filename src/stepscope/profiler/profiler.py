@@ -441,6 +441,8 @@ class Profiler:
         if hook is not None:
             self.hooks.append(hook)
             self._hook("start")
+            if self._window_path is not None:  # a window opened at start (schedule from 0)
+                self._hook("window_start")
 
     def _hook(self, name: str) -> None:
         for h in self.hooks:

@@ -89,6 +89,8 @@ def attach_on_import(prof: Any) -> _TorchImportWatcher:
         hook = TorchIntegration(prof)
         prof.hooks.append(hook)
         _call(hook.start)
+        if getattr(prof, "_window_path", None) is not None:  # a window is open already
+            _call(hook.window_start)
 
     def before_import() -> None:
         """Steps from optimizer steps: withdraw step 0 now, while its begin is surely unwritten
@@ -133,7 +135,9 @@ class TorchIntegration:
             if part is not None:
                 _call(part.start)
         if self.ops is not None and self.ranges is not None:
-            self.ops.skip_user_annotations = True  # already recorded by the range capture
+            from .ranges import recorded_names
+
+            self.ops.skip_names = recorded_names  # already recorded by the range capture
 
     def window_start(self) -> None:
         if self.ops is None:

@@ -56,6 +56,11 @@ def _begin(name: Any, category: str) -> None:
 _end = rec.end_summary
 
 
+def recorded_names() -> set:
+    """Names of the ``record_function`` ranges recorded so far (cached ones)."""
+    return {name for name, cat in list(_chains) if cat == S.CAT_RECORD_FUNCTION}
+
+
 class _RangeIds:
     """nvtx range_start ids -> stepscope async handles (range_end may come from any thread)."""
 

@@ -180,3 +180,22 @@ def test_one_cupti_client(tmp_path):
     assert len(tq.slices(d0, "s.name = 'aten::add_'")) == 1
     d1 = tq.db(tmp_path / "c" / "rank0.detail.1.pftrace")
     assert tq.slices(d1, "s.category = 'torch_op'") == []
+
+
+def test_torch_profiler_started_inside_a_window_takes_over(tmp_path, capsys):
+    prof = stepscope.Profiler(dir=tmp_path, run_id="t", schedule=(1, 3), host_metrics=False,
+                              report=False, use_env=False, torch=True)
+    prof.start()
+    prof.step()  # batch 1: our window opens, Kineto on
+    assert torch.autograd._profiler_enabled()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+        torch.ones(3).add_(1)
+        prof.step()
+        prof.step()  # our window closes while the program's profiler runs
+        assert torch.autograd._profiler_enabled()  # not stopped by us
+        torch.ones(3).mul_(2)
+    prof.stop()
+    assert {"aten::add_", "aten::mul_"} <= {e.name for e in p.events()}
+    assert "torch.profiler took over this window's operators" in capsys.readouterr().err
+    d = tq.db(tmp_path / "t" / "rank0.detail.0.pftrace")
+    assert tq.slices(d, "s.category = 'torch_op'") == []

@@ -130,6 +130,9 @@ class CollectiveTracer:
         from torch.distributed import distributed_c10d as c10d
 
         groups = list(getattr(c10d._world, "pg_map", {}).keys())  # noqa: SLF001
+        live = {id(pg) for pg in groups}
+        for gid in [g for g in self._hooked if g not in live]:  # destroyed: let them go
+            del self._hooked[gid]
         for pg in groups:
             if id(pg) not in self._hooked:
                 self.hook(pg)

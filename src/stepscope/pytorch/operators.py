@@ -107,6 +107,14 @@ class OperatorCapture:
 
         return bool(torch.autograd._profiler_enabled())  # noqa: SLF001
 
+    @staticmethod
+    def user_profiler_running() -> bool:
+        """torch.profiler.profile (or torch.autograd.profiler.profile) is on: its Python flag,
+        which our direct ``_enable_profiler`` calls leave alone."""
+        import torch.autograd.profiler as ap
+
+        return bool(getattr(ap, "_is_profiler_enabled", False))
+
     def warn_foreign(self) -> None:
         if not self._warned:
             self._warned = True
@@ -147,6 +155,12 @@ class OperatorCapture:
         if not self._on:
             return 0
         self._on = False
+        if self.user_profiler_running() or not ag._profiler_enabled():  # noqa: SLF001
+            # the program started torch.profiler inside the window: Kineto cancelled our
+            # trace for it; never stop the program's own profiler
+            print("stepscope: torch.profiler took over this window's operators; none written",
+                  file=sys.stderr)
+            return 0
         t0 = time.perf_counter()
         result = ag._disable_profiler()  # noqa: SLF001
         end = clock_offset()

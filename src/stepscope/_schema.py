@@ -126,10 +126,10 @@ GPU_RANGE_TRACK_NAME = "CUDA events"  # "CUDA events (stream <ptr>)" under the G
 # --- PyTorch (issue 20: stepscope.pytorch) ----------------------------------------------------
 CAT_TORCH_OP = "torch_op"  # an operator from torch's profiler (aten::mm, autograd nodes)
 CAT_RECORD_FUNCTION = "record_function"  # torch.profiler.record_function ranges
+CAT_DATALOADER_WORKER = "dataloader_worker"  # fetch/__getitem__/collate in a DataLoader worker
 CAT_COLLECTIVE = CAT_COMMUNICATION  # torch.distributed collectives (host side, issue to completion)
 ARG_INPUT_SHAPES = "input_shapes"  # an operator's input shapes, "[[64, 64], [64]]"
 ARG_INPUT_DTYPES = "input_dtypes"  # an operator's input dtypes, "float, float"
-ARG_SEQUENCE = "sequence"  # torch's autograd sequence number (forward op and its backward)
 ARG_OP = "op"  # a collective's op: allreduce, broadcast, send, ...
 ARG_BYTES = "bytes"  # a collective's input bytes
 ARG_DTYPE = "dtype"

@@ -10,7 +10,9 @@ replaced by wrappers that call torch's original and record the same range:
   ``enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__``,
   ``DistributedDataParallel.forward``. Category ``record_function``.
 * ``torch.cuda.nvtx.range_push``/``range_pop`` (and ``torch.cuda.nvtx.range``, which calls
-  them), ``range_start``/``range_end``, ``mark``. Category ``nvtx``, as captured ``nvtx`` calls.
+  them) and ``mark``: category ``nvtx``, as captured ``nvtx`` calls. ``range_start``/``range_end``
+  (ranges that may end on another thread) become ``stepscope.start_range``/``end_range``
+  async ranges, which are detail level like every ``start_range``.
 
 Summary level, so they are in the summary file too, and cheap: a cached C chain per name
 (begin) and one C call (end), about 0.3 µs beside torch's own ~3 µs per ``record_function``.

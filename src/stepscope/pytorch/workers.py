@@ -8,7 +8,7 @@ In the worker it starts a session of its own writing
 are not persistent are new processes every epoch), whose process is named
 ``rank <N> worker <W> (<host>)``, so ``stepscope merge`` and the summaries take it with the
 rank's summary file and ``--rank N`` selects it. Ranges, category ``dataloader_worker``, on the
-worker's thread: ``fetch`` (one batch, arg ``samples``) holding ``__getitem__`` (one per sample)
+worker's thread: ``fetch`` (one batch) holding ``__getitem__`` (one per sample)
 or ``__getitems__`` (one per batch), and ``collate``. The worker's CPU time is the counter
 ``worker.cpu %`` (percent of one core, sampled at fetch ends at most every 0.5 s).
 
@@ -30,7 +30,7 @@ from typing import Any
 from .. import _recorder as rec
 from .. import _schema as S
 
-CAT_WORKER = "dataloader_worker"
+CAT_WORKER = S.CAT_DATALOADER_WORKER
 CPU_SAMPLE_S = 0.5
 
 

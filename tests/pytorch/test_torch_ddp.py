@@ -97,11 +97,15 @@ def test_ddp_allreduce_from_cpp_as_communication_ranges(run, rank):
 
 def test_dataloader_worker_fetches_in_their_own_files(run):
     fetches = getitems = collates = 0
+    host = socket.gethostname()
     for path in sorted(run.glob("rank0.summary.worker*.pftrace")):
         d = tq.db(path)
-        procs = tq.rows(d, "SELECT name FROM process WHERE name IS NOT NULL")
-        worker = path.name.split(".")[2].split("-")[0].removeprefix("worker")
-        assert procs == [{"name": f"rank 0 worker {worker} ({socket.gethostname()})"}]
+        worker, pid = path.name.split(".")[2].removeprefix("worker").split("-")
+        # the worker's thread is a thread of the rank's process
+        assert tq.rows(d, "SELECT p.name AS process, t.name AS thread, t.tid FROM thread t "
+                          "JOIN process p USING(upid) WHERE t.tid != 0") == [
+            {"process": f"rank 0 ({host})", "thread": f"DataLoader worker {worker} (pid {pid})",
+             "tid": int(pid)}]
         sl = tq.slices(d)
         fetch = [s for s in sl if s["name"] == "fetch"]
         fetches += len(fetch)
@@ -110,21 +114,29 @@ def test_dataloader_worker_fetches_in_their_own_files(run):
         assert all(s["depth"] == 0 for s in fetch)
         assert {s["category"] for s in sl} == {"dataloader_worker"}
         cpu = tq.rows(d, "SELECT COUNT(*) AS n FROM counter c JOIN counter_track t ON "
-                         "t.id = c.track_id WHERE t.name = 'worker.cpu %'")
+                         "t.id = c.track_id WHERE t.name = "
+                         f"'DataLoader worker {worker} (pid {pid}).cpu %'")
         assert cpu[0]["n"] >= 1
+    # every range survives the workers' os._exit: one fetch and collate per batch, a
+    # __getitem__ per sample of the rank
     assert (fetches, collates, getitems) == (STEPS, STEPS, SAMPLES // 2)
 
 
-def test_merge_takes_the_workers_with_the_ranks(run, tmp_path):
+def test_merge_takes_the_workers_into_their_ranks(run, tmp_path):
+    from stepscope.analysis import summaries
     from stepscope.profiler import merge
 
     out = tmp_path / "merged.pftrace"
     merge.merge([run], out)
     d = tq.db(out)
-    names = sorted(r["name"] for r in tq.rows(d, "SELECT name FROM process WHERE name IS NOT NULL"))
     host = socket.gethostname()
-    assert names == sorted([f"rank {r} ({host})" for r in (0, 1)]
-                           + [f"rank {r} worker {w} ({host})" for r in (0, 1) for w in (0, 1)])
+    names = sorted(r["name"] for r in tq.rows(d, "SELECT name FROM process WHERE name IS NOT NULL"))
+    assert names == [f"rank 0 ({host})", f"rank 1 ({host})"]
+    dist = summaries.table(d, "distributed").rows
+    assert [(r["rank"], r["steps"]) for r in dist] == [(0, STEPS), (1, STEPS)]
+    overview = {r["kind"]: r for r in summaries.table(d, "overview").rows}
+    assert overview["Step"]["ratio"] == 1.0  # the workers' spans add no frame time
+    assert len(tq.slices(d, "s.name = '__getitem__'")) == SAMPLES
 
 
 def test_operators_of_the_window(run):

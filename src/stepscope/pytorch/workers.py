@@ -5,12 +5,15 @@ by :func:`traced_worker_loop` bound to this rank's settings; a ``functools.parti
 module-level function, so it pickles for the ``spawn`` and ``forkserver`` start methods too.
 In the worker it starts a session of its own writing
 ``<run dir>/rank<N>.summary.worker<W>-<pid>.pftrace`` (a file per worker process: workers that
-are not persistent are new processes every epoch), whose process is named
-``rank <N> worker <W> (<host>)``, so ``stepscope merge`` and the summaries take it with the
-rank's summary file and ``--rank N`` selects it. Ranges, category ``dataloader_worker``, on the
-worker's thread: ``fetch`` (one batch) holding ``__getitem__`` (one per sample)
-or ``__getitems__`` (one per batch), and ``collate``. The worker's CPU time is the counter
-``worker.cpu %`` (percent of one core, sampled at fetch ends at most every 0.5 s).
+are not persistent are new processes every epoch), which ``stepscope merge`` takes with the
+rank's summary file. The worker's events are on a thread track ``DataLoader worker <W> (pid
+<pid>)`` *of the rank's process* (the rank's pid and process track): as processes of their own,
+workers were step-less processes whose whole span the summaries counted as frame time (the
+merged DDP example's step ratio fell to 38 %) and extra rows of the distributed table. Ranges,
+category ``dataloader_worker``, on that thread: ``fetch`` (one batch) holding ``__getitem__``
+(one per sample) or ``__getitems__`` (one per batch), and ``collate``. The worker's CPU time is
+the counter ``DataLoader worker <W> (pid <pid>).cpu %`` (percent of one core, sampled at fetch
+ends at most every 0.5 s).
 
 Flush: torch's workers end with ``os._exit`` (no atexit), so the session is stopped when the
 worker loop returns (the loader's shutdown, its parent gone, the iterator dropped) in a
@@ -22,7 +25,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -47,8 +50,10 @@ class WorkerTracing:
         if self.prof.run_dir is None:
             return
         original = worker._worker_loop  # noqa: SLF001
+        sess = self.prof._sess  # noqa: SLF001
         cfg = {"dir": str(self.prof.run_dir), "rank": self.prof.rank,
-               "host": self.prof.rank_info.host}
+               "host": self.prof.rank_info.host, "pid": sess.pid,
+               "process_uuid": sess.process_uuid, "process_name": sess.process_name}
         self._original = original
         worker._worker_loop = functools.partial(traced_worker_loop, cfg, original)  # noqa: SLF001
 
@@ -76,7 +81,8 @@ class _CpuCounter:
 
     def __init__(self, sess: Any) -> None:
         self.em = sess.emitter(clock="monotonic", level=S.LEVEL_SUMMARY)
-        self.track = sess.counter_track(S.COUNTER_WORKER_CPU, "%")
+        self.track = sess.counter_track(
+            S.COUNTER_WORKER_CPU.format(worker=threading.current_thread().name), "%")
         self.last = (time.perf_counter_ns(), _cpu_ns())
 
     def maybe_sample(self, force: bool = False) -> None:
@@ -175,9 +181,17 @@ def _start_session(cfg: dict, worker_id: int) -> Any:
     if old is not None:  # a session inherited by fork is the parent's: never written here
         _session._current = None  # noqa: SLF001
     rank = int(cfg["rank"])
-    host = cfg.get("host") or socket.gethostname()
     path = Path(cfg["dir"]) / S.WORKER_FILE.format(rank=rank, worker=worker_id, pid=os.getpid())
-    name = S.WORKER_PROCESS_NAME.format(rank=rank, worker=worker_id, host=host)
-    sess = _session.Session(path, detail=True, rank=rank, process_name=name)
+    name = S.WORKER_THREAD_NAME.format(worker=worker_id, pid=os.getpid())
+    threading.current_thread().name = name  # this process's main thread: the worker loop
+    sess = _session.Session(path, detail=True, rank=rank, process_name=cfg["process_name"])
+    # the rank's process (its pid and track uuid): the worker's thread is a thread of the rank,
+    # so its slices count for the rank and no step-less process dilutes the summaries' frames
+    del sess.tracks[sess.process_uuid]
+    own_pid = sess.pid
+    sess.pid, sess.process_uuid = int(cfg["pid"]), int(cfg["process_uuid"])
+    sess.tracks[sess.process_uuid] = sess._process_descriptor(sess.process_uuid)  # noqa: SLF001
+    sess.thread_track()  # this thread's descriptor, under the rank's pid
+    sess.pid = own_pid  # the session's own process: exit and SIGTERM handling check it
     sess.start()
     return sess

@@ -56,6 +56,7 @@ def _begin(name: Any, category: str) -> None:
 
 
 _end = rec.end_summary
+_rf_chains: dict[str, Any] = {}  # record_function name -> its begin chain (None: not cached)
 
 
 def recorded_names() -> set:
@@ -89,10 +90,19 @@ class RangeCapture:
         cat = S.CAT_RECORD_FUNCTION
         capture = self
 
+        by_name = _rf_chains
+        recorder = rec
+
         def __enter__(self: Any) -> Any:
             result = o_enter(self)
-            if rec.ON:
-                _begin(self.name, cat)
+            if recorder.ON:
+                c = by_name.get(self.name) if type(self.name) is str else None
+                if c is not None:
+                    c()
+                else:
+                    _begin(self.name, cat)
+                    if len(by_name) < MAX_CACHED_NAMES and type(self.name) is str:
+                        by_name[self.name] = _chains.get((self.name, cat))
                 self._stepscope_open = True
             return result
 
@@ -100,13 +110,11 @@ class RangeCapture:
             try:
                 return o_exit(self, *exc)
             finally:
-                if getattr(self, "_stepscope_open", False):
-                    self._stepscope_open = False
-                    if rec.ON:
-                        _end()
-                after = capture.after_optimizer
-                if after is not None and str(self.name).startswith("Optimizer.step#"):
-                    capture.after_optimizer = None
+                if self.__dict__.pop("_stepscope_open", False) and recorder.ON:
+                    _end()
+                if capture.after_optimizer is not None and str(self.name).startswith(
+                        "Optimizer.step#"):
+                    after, capture.after_optimizer = capture.after_optimizer, None
                     after()
 
         self._patch(rf, "__enter__", __enter__)

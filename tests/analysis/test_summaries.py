@@ -525,3 +525,30 @@ def test_rendered_sql_has_no_placeholders():
 
 def test_table_is_falsy_when_empty():
     assert not Table("x", "X", [], [])
+
+
+def test_device_mean_holds_the_last_sample_to_the_end_of_the_run():
+    """Issue 17 item 10: with two samples the mean was the first one (the last held 0 ns).
+
+    Steps [0,1000) and [1000,4000): the run ends at 4000. rss 100 at 1000 holds 2000 ns,
+    300 at 3000 holds the last 1000 ns: (100*2000 + 300*1000) / 3000 = 500000 / 3000.
+    A sample after the run's end (cpu 7 at 5000) holds nothing: (10*4000 + 7*0) / 4000 = 10.
+    With steps 1: (the window [1000,4000)), only the two rss samples, held as before."""
+    db = TraceDB()
+    up = db.process(100, "rank 0 (h)")
+    main = db.thread(up, 101, "main")
+    db.slice(main, 0, 1000, "step 0", "step", {"step": 0})
+    db.slice(main, 1000, 3000, "step 1", "step", {"step": 1})
+    rss = db.counter_track("host.process.rss", db.process_track(up))
+    db.counter(rss, 1000, 100.0)
+    db.counter(rss, 3000, 300.0)
+    cpu = db.counter_track("host.cpu.user %", db.process_track(up))
+    db.counter(cpu, 0, 10.0)
+    db.counter(cpu, 5000, 7.0)
+    rows = by(S.table(db, "device").rows, "name")
+    assert rows["host.process.rss"]["mean"] == pytest.approx(500000 / 3000)
+    assert (rows["host.process.rss"]["min"], rows["host.process.rss"]["max"]) == (100.0, 300.0)
+    assert rows["host.cpu.user %"]["mean"] == pytest.approx(10.0)
+    rows = by(S.table(db, "device", steps="1:").rows, "name")
+    assert rows["host.process.rss"]["mean"] == pytest.approx(500000 / 3000)
+    assert "host.cpu.user %" not in rows

@@ -51,10 +51,28 @@ def add_parsers(subparsers: Any) -> None:
         help="a rank is a straggler when its mean step exceeds the median by more than F "
         "(default 0.10)",
     )
+    p.add_argument(
+        "--name-width",
+        type=_width,
+        metavar="N",
+        help="text/md: cut names longer than N characters in the middle (default: as needed "
+        "to keep each table within 200 columns; 0: never; csv/json always hold full names)",
+    )
     p.add_argument("--cntk", metavar="DIR", help="also write CNTK-style per-rank files to DIR")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     add_engine_args(p)
     p.set_defaults(func=run)
+
+
+def _width(text: str) -> int:
+    """``--name-width``: a non-negative integer (argparse turns the error into a usage line)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"takes a number of characters >= 0, got {text!r}")
+    return n
 
 
 def _split(values: str | None) -> list[str] | None:
@@ -109,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail("summary", f"cannot read {shown}: {e}")
     try:
         text = summaries.report(
-            db, unit=args.unit, fmt=args.format, names=names, sort=args.sort, **kw
+            db, unit=args.unit, fmt=args.format, names=names, sort=args.sort,
+            name_width=args.name_width, **kw
         )
         if args.cntk:
             from .cntk import write_cntk

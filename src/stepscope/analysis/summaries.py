@@ -27,7 +27,19 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from ._format import BOOL, FLOAT, INT, RATIO, TEXT, TIME, Column, Table, render_many
+from ._format import (
+    BOOL,
+    BYTES,
+    FLOAT,
+    INT,
+    MEASURE,
+    RATIO,
+    TEXT,
+    TIME,
+    Column,
+    Table,
+    render_many,
+)
 from ._slicebase import SS_BASE_ROWS, SS_COLUMNS, SS_INDEX_KEYS, SS_TABLE
 from ._sqlimage import file_of, open_file
 from ._threads import cpus
@@ -453,7 +465,7 @@ _SPECS: dict[str, _Spec] = {
         (
             C("kind", "Kind"),
             *_TIME_STATS,
-            C("bytes", "Bytes", INT),
+            C("bytes", "Bytes", BYTES),
             C("bandwidth_gbps", "Bandwidth (GB/s)", FLOAT),
         ),
     ),
@@ -464,9 +476,9 @@ _SPECS: dict[str, _Spec] = {
             C("rank", "Rank", INT),
             C("name", "Metric"),
             C("samples", "Samples", INT),
-            C("mean", "Mean", FLOAT),
-            C("min", "Min", FLOAT),
-            C("max", "Max", FLOAT),
+            C("mean", "Mean (time-weighted)", MEASURE),
+            C("min", "Min", MEASURE),
+            C("max", "Max", MEASURE),
         ),
     ),
     "distributed": _Spec(
@@ -704,17 +716,20 @@ def report(
     unit: str = "ms",
     fmt: str = "text",
     names: Sequence[str] | None = None,
+    name_width: int | None = None,
     **kwargs: Any,
 ) -> str:
     """All non-empty tables rendered one after the other (``fmt``: text, csv, json, md).
 
-    The per-step listing (``step_times``) is left out unless named.
+    The per-step listing (``step_times``) is left out unless named. ``name_width``: text and
+    markdown cut names longer than this in the middle (None: as needed to keep each text table
+    within 200 columns; 0: never); CSV and JSON hold them in full.
     """
     tables = all_tables(db, names=names or DEFAULT_TABLES, **kwargs)
     shown = [t for t in tables.values() if t]
     if not shown:
         return "No events to summarize.\n" if fmt == "text" else render_many([], fmt, unit)
-    return render_many(shown, fmt, unit)
+    return render_many(shown, fmt, unit, name_width)
 
 
 # --- post-processing in Python ----------------------------------------------------------------
@@ -787,6 +802,43 @@ def _step_stats(rows: list[dict], **kw: Any) -> tuple[list[dict], list[str]]:
     return table_rows, [note]
 
 
+_GPU_KEYS = tuple(f"gpu_{s}" for s in ("total_ns", "avg_ns", "max_ns", "min_ns", "ratio"))
+
+
+def _no_gpu(rows: list[dict], keys: Sequence[str] = _GPU_KEYS) -> list[dict]:
+    """GPU values become None (shown "-", the columns left out of text) when the trace has no
+    device time at all: gpu_ratio's denominator, the device slices' union, is then 0 (NULL)."""
+    if any(r.get("gpu_ratio") is not None for r in rows):
+        return rows
+    return [{**r, **dict.fromkeys(keys)} for r in rows]
+
+
+def _model(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
+    return _no_gpu(rows), []
+
+
+def _device(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
+    """Each row gets the ``unit`` of its values (bytes, bytes/s: shown in binary units)."""
+    out = [{**r, "unit": counter_unit(r.get("name") or "")} for r in rows]
+    note = ("Mean (time-weighted): each sample holds until the next one of its counter, the "
+            "last until the end of its rank's run (its last step's end)")
+    return out, [note] if any(r.get("samples") is not None for r in rows) else []
+
+
+_BYTE_COUNTERS = re.compile(
+    r"^(host\.process\.rss|host\.memory\.used|nvml\.gpu\d+\.memory\.used"
+    r"|cupy\.gpu\d+\.pool\.(used|total))$|(^|[ .])bytes$"
+)
+
+
+def counter_unit(name: str) -> str | None:
+    """The unit of a counter written by stepscope, from its name (see ``_schema``): "bytes",
+    "bytes/s", or None (the number as it is, e.g. "%" or "1/s", which the names say)."""
+    if name.endswith("bytes/s"):
+        return "bytes/s"
+    return "bytes" if _BYTE_COUNTERS.search(name) else None
+
+
 def _operators(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
     """stddev = sqrt(E[dur^2] - E[dur]^2), the population standard deviation, clamped at 0.
 
@@ -800,11 +852,17 @@ def _operators(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
         n, avg = r.get("calls") or 0, r.get("avg_ns")
         r["stddev_ns"] = math.sqrt(max(sq / n - avg * avg, 0.0)) if n and sq is not None else None
         out.append(r)
-    return out, []
+    return _no_gpu(out), []
 
 
 def _distributed(rows: list[dict], straggler_margin: float = 0.10, **_: Any):
-    """vs_median = mean step / median of the ranks' mean steps - 1; straggler when > margin."""
+    """vs_median = mean step / median of the ranks' mean steps - 1; straggler when > margin.
+
+    Without any device time (no kernel, copy or set on any rank) computation, communication,
+    overlap and other are None: the split needs GPU data."""
+    keys = ("computation_ns", "communication_ns", "overlap_ns", "other_ns")
+    if not any(r.get(k) for r in rows for k in keys[:3]):
+        rows = [{**r, **dict.fromkeys(keys)} for r in rows]
     means = [r["avg_step_ns"] for r in rows if r.get("avg_step_ns") is not None]
     med = statistics.median(means) if means else None
     out = []
@@ -827,6 +885,8 @@ def _distributed(rows: list[dict], straggler_margin: float = 0.10, **_: Any):
 _POST = {
     "steps": _step_stats,
     "step_times": _per_step,
+    "model": _model,
     "operators": _operators,
+    "device": _device,
     "distributed": _distributed,
 }

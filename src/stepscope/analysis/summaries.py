@@ -55,6 +55,7 @@ __all__ = [
     "percentile",
     "query_rows",
     "render",
+    "render_report",
     "report",
     "shared_base",
     "sql_text",
@@ -503,6 +504,9 @@ _SPECS: dict[str, _Spec] = {
 TABLES: tuple[str, ...] = tuple(_SPECS)
 #: The tables of a report when none are named: the per-step listing is left out.
 DEFAULT_TABLES: tuple[str, ...] = tuple(n for n in TABLES if n != "step_times")
+#: Tables of events the profiler records only in detail windows (user ranges, CUPTI activity):
+#: a run's summary files leave them empty, its detail files fill them.
+DETAIL_TABLES: tuple[str, ...] = ("operators", "kernels", "memcpy")
 
 _OPERATOR_THREAD_COLS = (
     C("rank", "Rank", INT),
@@ -726,7 +730,14 @@ def report(
     within 200 columns; 0: never); CSV and JSON hold them in full.
     """
     tables = all_tables(db, names=names or DEFAULT_TABLES, **kwargs)
-    shown = [t for t in tables.values() if t]
+    return render_report(tables.values(), fmt=fmt, unit=unit, name_width=name_width)
+
+
+def render_report(
+    tables: Iterable[Table], *, fmt: str = "text", unit: str = "ms", name_width: int | None = None
+) -> str:
+    """The non-empty ``tables`` rendered one after the other, as :func:`report` does."""
+    shown = [t for t in tables if t]
     if not shown:
         return "No events to summarize.\n" if fmt == "text" else render_many([], fmt, unit)
     return render_many(shown, fmt, unit, name_width)

@@ -338,6 +338,7 @@ class Profiler:
         self.files: list[Path] = []
         self.sampler_cost: SamplerCost | None = None
         self.report_text: str | None = None
+        self._printed: str | None = None  # the report stop() printed
         self._sess: Any = None
         self._own_session = False
         self._sink: Any = None
@@ -518,7 +519,9 @@ class Profiler:
             atexit.unregister(self._at_exit)
         if self.options["report"]:
             try:
-                print(self.summary(), file=sys.stderr)
+                text = self.summary()
+                print(text.text, file=sys.stderr)
+                self._printed = text.text  # a later print(prof.summary()) does not repeat it
             except Exception as exc:
                 _warn(f"summary report failed: {exc!r}")
         return list(self.files)
@@ -763,10 +766,16 @@ class Profiler:
         """reader_cost / batch_cost / ips figures of the completed steps (any mode)."""
         return self.timer.stats()
 
-    def summary(self, **report_options: Any) -> str:
+    def summary(self, **report_options: Any) -> Report:
         """The end-of-run report: step timer, sampler cost, and the analysis summary tables of
         the summary trace (after ``stop()``, when the analysis package can open it);
-        ``report_options`` go to ``stepscope.analysis.summaries.report`` (unit, fmt, names...)."""
+        ``report_options`` go to ``stepscope.analysis.summaries.report`` (unit, fmt, names...).
+
+        A :class:`Report`: the text itself; printing it gives one line instead when ``stop()``
+        has already printed that same report (``report=True``), so it is shown once."""
+        return Report(self._summary_text(**report_options), self._printed)
+
+    def _summary_text(self, **report_options: Any) -> str:
         parts = [self.timer.stats().format()]
         if self.sampler_cost is not None:
             parts.append(self.sampler_cost.format())
@@ -782,6 +791,33 @@ class Profiler:
                 if self.report_text:
                     parts.append(self.report_text)
         return "\n".join(parts)
+
+
+class Report(str):
+    """The profiler's report: a ``str`` holding the whole text (``.text`` too).
+
+    ``print(prof.summary())`` after ``stop()`` printed the report (``Profiler(report=True)``,
+    the default) would show it twice; ``str()`` of such a report, what ``print`` shows, is one
+    line saying where it was printed. Any other report (``report=False``, other options, before
+    ``stop()``) prints in full."""
+
+    printed_at_stop: bool
+
+    def __new__(cls, text: str, printed: str | None = None) -> Report:
+        self = super().__new__(cls, text)
+        self.printed_at_stop = printed is not None and printed == text
+        return self
+
+    @property
+    def text(self) -> str:
+        """The whole report."""
+        return str.__str__(self)
+
+    def __str__(self) -> str:
+        if self.printed_at_stop:
+            return ("stepscope: the report was printed at stop() (on stderr); "
+                    "prof.summary().text holds it, Profiler(report=False) leaves it to you")
+        return self.text
 
 
 def _analysis_report(path: Path, **options: Any) -> str:

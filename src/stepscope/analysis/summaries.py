@@ -832,7 +832,8 @@ def _device(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
     """Each row gets the ``unit`` of its values (bytes, bytes/s: shown in binary units)."""
     out = [{**r, "unit": counter_unit(r.get("name") or "")} for r in rows]
     note = ("Mean (time-weighted): each sample holds until the next one of its counter, the "
-            "last until the end of its rank's run (its last step's end)")
+            "last until the end of its rank's run (its last step's end; its last slice's without "
+            "steps); a sample after that end holds nothing")
     return out, [note] if any(r.get("samples") is not None for r in rows) else []
 
 

@@ -13,6 +13,7 @@ file stays a valid trace at every moment and takes events again as soon as space
 
 from __future__ import annotations
 
+import contextlib
 import os
 import zlib
 
@@ -293,11 +294,12 @@ class Sink:
             self._failed_gen = gen
             self.lost_events += events
             self.lost_bytes += len(raw)
-            try:  # a partial packet would make the rest of the file unreadable
+            # a partial packet would make the rest of the file unreadable: cut it off, and
+            # write the next chunk over it even if the cut failed
+            with contextlib.suppress(OSError):
                 os.ftruncate(self.fd, self.offset)
+            with contextlib.suppress(OSError):
                 os.lseek(self.fd, self.offset, os.SEEK_SET)
-            except OSError:
-                pass
             raise OSError(e.errno, f"{e.strerror or e}: the file keeps its first {self.offset} "
                           "bytes (whole packets); events are dropped and counted until a write "
                           "succeeds again") from None

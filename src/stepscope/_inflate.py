@@ -41,32 +41,34 @@ class Budget:
         return max(0, min(BATCH_RATIO * compressed + BATCH_FLOOR, self.bytes))
 
 
-_STEP = 4 << 20  # inflated a few MiB at a time into one growing buffer (no 2x copy at the end)
+_STEP = 16 << 20  # inflated at most this much at a time (a bomb is given up at the limit)
 
 
 def inflate(data: bytes | memoryview, limit: int, wbits: int = zlib.MAX_WBITS,
-            first: int | None = None) -> tuple[bytearray | None, str]:
+            first: int | None = None) -> tuple[bytes | bytearray | None, str]:
     """``data`` inflated if it holds at most ``limit`` bytes: (bytes, OK); else (None, OVER)
     with at most ``limit`` bytes ever held, or (None, CORRUPT) for a damaged or cut stream, or
     one whose first byte is not ``first`` (a batch of packets starts 0x0A: a run of zeros is
     refused after a few bytes, not after ``limit``). ``wbits=31``: gzip (every member)."""
-    out = bytearray()
+    parts: list[bytes] = []
+    size = 0
     rest = data
     d = zlib.decompressobj(wbits)
-    step = 16 if first is not None else _STEP
     try:
-        while True:
-            chunk = d.decompress(rest, min(step, limit + 1 - len(out)))  # never 0: no limit
-            if first is not None and not out and chunk and chunk[0] != first:
+        if first is not None:
+            probe = d.copy().decompress(data, 1)
+            if probe and probe[0] != first:
                 return None, CORRUPT
-            out += chunk
-            step = _STEP
-            if len(out) > limit:
+        while True:
+            chunk = d.decompress(rest, min(_STEP, limit + 1 - size))  # never 0: no limit
+            parts.append(chunk)
+            size += len(chunk)
+            if size > limit:
                 return None, OVER
             if d.eof:
                 rest = d.unused_data
                 if wbits != 31 or not rest.strip(b"\0"):  # gzip: another member may follow
-                    return out, OK
+                    break
                 d = zlib.decompressobj(wbits)
                 continue
             rest = d.unconsumed_tail
@@ -74,3 +76,9 @@ def inflate(data: bytes | memoryview, limit: int, wbits: int = zlib.MAX_WBITS,
                 return None, CORRUPT  # cut short
     except zlib.error:
         return None, CORRUPT
+    if len(parts) == 1:  # the common case: no copy
+        return parts[0], OK
+    out = bytearray()  # grown in place: no second copy of everything at the end
+    for part in parts:
+        out += part
+    return out, OK

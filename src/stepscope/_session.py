@@ -509,6 +509,8 @@ class Session:
         lost = _recorder.lost_events()  # events the C buffer could not store (out of memory)
         self.dropped += lost - self._lost_seen
         self._lost_seen = lost
+        for sink in self.sinks:  # a failed write: its events count as dropped, files restart
+            self.dropped += sink.recover()
         pending_raw = len(chunk) // 3 * RAW_EVENT_BYTES + len(_recorder.blobs) * BLOB_BYTES
         backlog = self._io_pending > self.buffer_bytes // 2 or pending_raw > self.buffer_bytes
         if len(chunk) and backlog:
@@ -628,10 +630,7 @@ class Session:
                 break
             size = len(data)
             try:
-                if sink.compress:
-                    data = sink.compress_chunk(data)
-                if not sink.closed:
-                    sink.write_now(data)
+                sink.write_chunk(data)  # a failed write is cut back and counted there
             except Exception as exc:
                 self._error(f"writing {sink.path} failed: {exc!r}")
             finally:
@@ -662,8 +661,10 @@ class Session:
             if sink is None:
                 continue
             self._io_pending -= len(data)
-            if not sink.closed:
-                sink.write_now(sink.compress_chunk(data) if sink.compress else data)
+            try:
+                sink.write_chunk(data)
+            except OSError as exc:
+                self._error(f"writing {sink.path} failed: {exc!r}")
 
 
 def _bad_level(x) -> int:

@@ -11,7 +11,7 @@ processor's names, columns and semantics, so the same SQL runs on both.
 
 from __future__ import annotations
 
-from ._errors import EngineError, TraceError
+from ._errors import EngineError, TraceDamageWarning, TraceError
 from .engines import (
     EmbeddedDB,
     QueryError,
@@ -28,6 +28,7 @@ __all__ = [
     "EngineError",
     "QueryError",
     "Rows",
+    "TraceDamageWarning",
     "TraceError",
     "TraceProcessorDB",
     "find_trace_processor",

@@ -34,6 +34,7 @@ import logging
 import os
 import sqlite3
 import tempfile
+import warnings
 from collections.abc import Iterable, Sequence
 from os import PathLike, fspath
 
@@ -42,8 +43,8 @@ import numpy as np
 from . import _slicebase
 from . import _sqlimage as si
 from ._decode import Tables, decode, read_file
-from ._errors import TraceError
-from ._packets import Progress
+from ._errors import TraceDamageWarning, TraceError
+from ._packets import Progress, skipped_summary
 
 log = logging.getLogger("stepscope.analysis")
 
@@ -110,12 +111,20 @@ def decode_files(path_or_paths, progress: Progress | None = None) -> Tables:
     paths = _paths(path_or_paths)
     datas = [(p, read_file(p)) for p in paths]
     try:
-        return decode(datas, progress)
+        tables = decode(datas, progress)
     except (TraceError, MemoryError):  # as they are (KeyboardInterrupt is no Exception)
         raise
     except Exception as e:  # corrupt input the checks above did not catch: still a clear error
         raise TraceError(f"{', '.join(paths)}: cannot decode the trace "
                          f"({type(e).__name__}: {e})") from e
+    skipped = skipped_summary(tables.stats)
+    if skipped and not len(tables.slice["ts"]) and not len(tables.counter["ts"]):
+        # what is left leans on what was lost (interned names, clocks): nothing to show
+        raise TraceError(f"{', '.join(paths)}: nothing readable: {skipped}")
+    if skipped:  # the loss is in the stats table too, but nobody looks there
+        warnings.warn(f"{', '.join(paths)}: skipped {skipped}; the rest is loaded",
+                      TraceDamageWarning, stacklevel=2)
+    return tables
 
 
 def load(

@@ -17,19 +17,27 @@ timestamps on those clocks) are shifted onto the first host's clocks by the diff
 REALTIME readings in each file's first snapshot ("wall clock"): alignment is as good as the hosts'
 NTP sync. The mode used is returned and printed.
 
-Memory stays bounded: files are read packet by packet and one compressed batch at a time.
+Memory stays bounded: files are read packet by packet and one compressed batch at a time, each
+inflated within the bounds of ``stepscope._inflate`` (a decompression bomb is skipped). A damaged
+packet or batch is left out with a warning (``TraceDamageWarning``: batches and bytes), the rest
+is merged. The output is written to a temporary file beside it and renamed at the end: a failed
+merge leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
+import tempfile
+import warnings
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from .. import _inflate
 from .. import _wire as w
 from .._clock import BOOTTIME as CLOCK_BOOTTIME
 from .._clock import MONOTONIC as CLOCK_MONOTONIC
@@ -149,14 +157,26 @@ def iter_trace_bytes(data: bytes) -> Iterator[bytes]:
 
 
 def iter_all_packets(path: str | os.PathLike[str]) -> Iterator[bytes]:
-    """Every packet of a file, with compressed batches inflated."""
+    """Every packet of a file, with compressed batches inflated (within the bounds of
+    ``_inflate``); damaged packets and batches are left out."""
+    budget = _inflate.Budget(os.path.getsize(path))
     with open(path, "rb") as f:
         for pkt in iter_packets(f):
-            inner = _compressed_payload(pkt)
+            try:
+                inner = _compressed_payload(pkt)
+            except (ValueError, IndexError):
+                continue
             if inner is None:
                 yield pkt
-            else:
-                yield from iter_trace_bytes(zlib.decompress(inner))
+                continue
+            data, _ = _inflate.inflate(inner, budget.batch_limit(len(inner)), first=0x0A)
+            if data is None:
+                continue
+            budget.bytes -= len(data)
+            try:
+                yield from iter_trace_bytes(bytes(data))
+            except (ValueError, IndexError):
+                continue
 
 
 def _compressed_payload(pkt: bytes) -> bytes | None:
@@ -164,6 +184,15 @@ def _compressed_payload(pkt: bytes) -> bytes | None:
         if field == F_COMPRESSED and wt == 2:
             return pkt[s:e]
     return None
+
+
+class _Damaged(Exception):
+    """A packet or batch that cannot be rewritten: left out of the merge."""
+
+    def __init__(self, kind: str, nbytes: int) -> None:
+        super().__init__(kind)
+        self.kind = kind  # "damaged" or "over"
+        self.nbytes = nbytes  # compressed bytes of the batch
 
 
 # -- inputs -------------------------------------------------------------------------------------
@@ -235,7 +264,7 @@ def _probe(path: Path, max_packets: int = 2000) -> InputInfo:
     m = _RANK_FILE.search(path.name)
     if m:
         info.rank = int(m.group(1))
-    for i, pkt in enumerate(iter_all_packets(path)):
+    for i, pkt in enumerate(_parsable(iter_all_packets(path), pb)):
         for field, wt, s, e, _ in _fields(pkt):
             if wt != 2:
                 continue
@@ -259,12 +288,31 @@ def _probe(path: Path, max_packets: int = 2000) -> InputInfo:
     return info
 
 
+def _parsable(packets: Iterable[bytes], pb) -> Iterator[bytes]:
+    """The packets whose fields, track descriptors and clock snapshots parse (a damaged one
+    is left out here; the rewrite counts it)."""
+    from google.protobuf.message import DecodeError
+
+    for pkt in packets:
+        try:
+            for field, wt, s, e, _ in _fields(pkt):
+                if wt == 2 and field == F_TRACK_DESCRIPTOR:
+                    pb.TrackDescriptor.FromString(pkt[s:e])
+                elif wt == 2 and field == F_CLOCK_SNAPSHOT:
+                    pb.ClockSnapshot.FromString(pkt[s:e])
+        except (ValueError, IndexError, DecodeError):
+            continue
+        yield pkt
+
+
 # -- rewriting ----------------------------------------------------------------------------------
 class _Rewriter:
     """Rewrites one input file's packets: sequence ids, and clocks/pids where needed."""
 
     def __init__(self, info: InputInfo, alloc: Iterator[int]) -> None:
         self.info = info
+        self.budget = _inflate.Budget(os.path.getsize(info.path))
+        self.skipped: dict[str, int] = {}  # what was left out: batches, packets, bytes
         self.alloc = alloc
         self.seq_map: dict[int, int] = {}
         self.seq_clock: dict[int, int] = {}  # sequence -> default timestamp clock id
@@ -345,9 +393,40 @@ class _Rewriter:
             rep = self._seq_bytes[old] = f_varint(F_SEQ_ID, self._new_seq(old))
         return rep
 
+    def rewrite(self, pkt: bytes) -> bytes | None:
+        """``packet``, or None (counted in ``skipped``) for a packet or batch that is damaged
+        or over the inflation bounds."""
+        try:
+            return self.packet(pkt)
+        except _Damaged as e:
+            over = e.kind == "over"
+            kind = "compressed_batches_over_limit" if over else "corrupt_compressed_batches"
+            byte_key = "compressed_bytes_over_limit" if over else "corrupt_compressed_bytes"
+            nbytes = e.nbytes
+        except (ValueError, IndexError, _decode_error()):  # fields that do not parse
+            kind, byte_key, nbytes = "corrupt_packets", "corrupt_bytes", len(pkt)
+        self.skipped[kind] = self.skipped.get(kind, 0) + 1
+        self.skipped[byte_key] = self.skipped.get(byte_key, 0) + nbytes
+        return None
+
     def _batch(self, deflated: bytes) -> bytes:
         """Rewrite one compressed batch (inflate, rewrite each packet, deflate)."""
-        data = zlib.decompress(deflated)
+        from ..analysis import _protoscan as ps
+
+        data, status = _inflate.inflate(deflated, self.budget.batch_limit(len(deflated)),
+                                        first=0x0A)
+        if data is None:
+            if status == _inflate.OVER:  # the work spent on it counts: bombs are slow too
+                self.budget.bytes -= self.budget.batch_limit(len(deflated))
+            raise _Damaged("over" if status == _inflate.OVER else "damaged", len(deflated))
+        self.budget.bytes -= len(data)
+        st, _, stop = ps.split_repeated(ps.padded(data), 0, len(data))
+        if stop < len(data):
+            raise _Damaged("damaged", len(deflated))
+        if len(st) > self.budget.packets:  # tiny packets by the million
+            raise _Damaged("over", len(deflated))
+        self.budget.packets -= len(st)
+        data = bytes(data)
         if not self.shift and not self.info.pid_map:
             patched = self._batch_in_place(data)
             if patched is not None:
@@ -455,6 +534,7 @@ class MergeResult:
     ranks: list[int | None]
     alignment: str  # "shared clock (host X)" or "wall clock (REALTIME) across hosts ..."
     packets: int
+    skipped: dict[str, int] = dataclasses.field(default_factory=dict)  # left out: counts
 
     def format(self) -> str:
         return (
@@ -473,6 +553,7 @@ def merge(
     if isinstance(ranks, str):
         ranks = parse_ranks(ranks)
     files = find_inputs(inputs, level)
+    _check_output(Path(output), files)
     infos = [_probe(p) for p in files]
     if ranks is not None:
         missing = [str(i.path) for i in infos if i.rank is None]
@@ -493,17 +574,68 @@ def merge(
 
     alloc = ids()
     out_path = Path(output)
-    tmp = out_path.with_name(out_path.name + ".tmp")
     total = 0
-    with open(tmp, "wb") as out:
-        for info in infos:
-            rw = _Rewriter(info, alloc)
-            with open(info.path, "rb") as f:
-                for pkt in iter_packets(f):
-                    out.write(f_bytes(1, rw.packet(pkt)))
-            total += rw.packets
-    os.replace(tmp, out_path)
-    return MergeResult(out_path, infos, [i.rank for i in infos], alignment, total)
+    skipped: dict[str, int] = {}
+    # a temporary file beside the output (same file system: the rename is atomic), removed
+    # whatever goes wrong, Ctrl-C included
+    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".tmp",
+                               dir=out_path.parent if str(out_path.parent) else ".")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for info in infos:
+                rw = _Rewriter(info, alloc)
+                with open(info.path, "rb") as f:
+                    for pkt in iter_packets(f):
+                        new = rw.rewrite(pkt)
+                        if new is not None:
+                            out.write(f_bytes(1, new))
+                total += rw.packets
+                what = _inflate_summary(rw.skipped)
+                if what:
+                    warnings.warn(f"{info.path}: skipped {what}; the rest is merged",
+                                  _inflate.TraceDamageWarning, stacklevel=2)
+                for k, v in rw.skipped.items():
+                    skipped[k] = skipped.get(k, 0) + v
+        if total == 0 and skipped:
+            raise ValueError(f"nothing readable in {', '.join(str(i.path) for i in infos)}: "
+                             f"{_inflate_summary(skipped)}")
+        os.chmod(tmp, 0o666 & ~_umask())  # as open() would have made it
+        os.replace(tmp, out_path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return MergeResult(out_path, infos, [i.rank for i in infos], alignment, total, skipped)
+
+
+def _decode_error() -> type[Exception]:
+    from google.protobuf.message import DecodeError
+
+    return DecodeError
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _inflate_summary(skipped: dict[str, int]) -> str | None:
+    from ..analysis._packets import skipped_summary
+
+    return skipped_summary(skipped)
+
+
+def _check_output(out: Path, inputs: list[Path]) -> None:
+    """Refuse an output that is a directory or one of the inputs (read while it is replaced)."""
+    if out.is_dir():
+        raise ValueError(f"-o {out}: is a directory; name the merged .pftrace file to write")
+    if not out.exists():
+        return
+    for p in inputs:
+        with contextlib.suppress(OSError):
+            if os.path.samefile(p, out):
+                raise ValueError(f"-o {out}: is one of the inputs; name a new file")
 
 
 def _align(infos: list[InputInfo]) -> str:

@@ -44,8 +44,8 @@ def explain(e: sqlite3.Error) -> str:
     if msg.startswith("no such function:"):
         return f"{msg} (not provided by the embedded engine; {_TP_HINT})"
     if msg in ("not authorized", "authorization denied"):
-        return (f"{msg}: queries are read-only (ATTACH, DETACH, VACUUM INTO and PRAGMAs that "
-                f"set a value are refused)")
+        return ("not authorized: queries are read-only (ATTACH, DETACH, VACUUM INTO and "
+                "PRAGMAs that set a value are refused)")
     return msg
 
 

@@ -43,7 +43,7 @@ def _trace(path, pid=10, tid=11, slices=(("outer", 100, 200), ("inner", 120, 150
     desc(3, parent_uuid=1, name="mem", counter="bytes")
     desc(4, parent_uuid=2, name="util", counter="%")
     desc(5, name="temp", counter="C")
-    for i, (name, b, e) in enumerate(slices):
+    for i, (name, b, _e) in enumerate(slices):
         p = t.packet.add(timestamp=b, trusted_packet_sequence_id=seq)
         p.track_event.type, p.track_event.track_uuid, p.track_event.name = 1, 2 + base, name
         if i == 0:
@@ -51,7 +51,7 @@ def _trace(path, pid=10, tid=11, slices=(("outer", 100, 200), ("inner", 120, 150
                                  ("r", "double_value", 2.5), ("b", "bool_value", True)):
                 a = p.track_event.debug_annotations.add(name=key)
                 setattr(a, kind, v)
-    for name, b, e in reversed(slices):
+    for _name, _b, e in reversed(slices):
         p = t.packet.add(timestamp=e, trusted_packet_sequence_id=seq)
         p.track_event.type, p.track_event.track_uuid = 2, 2 + base
     for uuid, ts, v in ((3, 110, 1000.0), (4, 130, 50.0), (5, 140, 40.0)):

@@ -142,6 +142,8 @@ def _numeric(s: str) -> bool:
 
 
 def run_get_trace_processor(args: argparse.Namespace) -> int:
+    if args.timeout is not None and not 0 < args.timeout < 1e6:
+        return _fail("get-trace-processor", f"--timeout {args.timeout:g}: give seconds > 0")
     try:
         path = engines.find_trace_processor() or engines.download_trace_processor(args.timeout)
     except EngineError as e:

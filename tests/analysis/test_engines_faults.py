@@ -124,7 +124,7 @@ def test_an_asked_download_gives_up_after_its_timeout(small, tmp_path, proxy):
                                "from https://")
     assert lines[0].endswith(f": timed out after 2 s (set {eng.ENV_BIN} to a local binary)")
     assert len(proxy.accepted) == 1  # it did try, through the proxy
-    assert 2.0 <= took - base_s + 0.5 and took - base_s < 2.0 + 3.0  # the timeout, not more
+    assert 2.0 <= took - base_s + 1.0 and took - base_s < 2.0 + 6.0  # the timeout, not more
     print(f"gave up after {took:.2f} s ({took - base_s:.2f} s more than a run without it)")
     out, took = _stepscope("get-trace-processor", "--timeout", "1.5", env=env)
     assert out.returncode == 2 and out.stdout == ""
@@ -176,7 +176,8 @@ def test_a_signal_while_loading_leaves_no_temporary_database(big, tmp_path, sig,
     assert os.listdir(tmpdir) == []
 
 
-def test_ctrl_c_stops_an_endless_query(small, tmp_path):
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_stops_an_endless_query(small, tmp_path, sig, code):
     env = _env(tmp_path)
     tmpdir = str(tmp_path / "tmpdir")
     endless = "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) " \
@@ -187,12 +188,12 @@ def test_ctrl_c_stops_an_endless_query(small, tmp_path):
         time.sleep(1.0)  # loaded (a few milliseconds) and well into the query
         assert p.poll() is None
         t0 = time.monotonic()
-        p.send_signal(signal.SIGINT)
+        p.send_signal(sig)
         out, err = p.communicate(timeout=30)
         took = time.monotonic() - t0
     finally:
         p.kill()
-    print(f"exited {took:.3f} s after SIGINT")
-    assert p.returncode == 130 and "Traceback" not in err, err
+    print(f"exited {took:.3f} s after {signal.Signals(sig).name}")
+    assert p.returncode == code and "Traceback" not in err, err
     assert took < 2.0
     assert os.listdir(tmpdir) == []

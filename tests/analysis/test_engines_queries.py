@@ -119,8 +119,19 @@ def test_extract_arg_and_counter_track_tables(trace):
         assert got == [{"n": 7, "s": "x", "r": 2.5, "b": 1, "none": None}]
         assert db.query("SELECT EXTRACT_ARG(arg_set_id, 'debug.n') AS n FROM slice"
                         " WHERE name = 'inner'") == [{"n": None}]  # no arg set: NULL
-        assert db.query("SELECT STR_SPLIT('a,b,c', ',', 1) AS p, 'abc' REGEXP 'b.$' AS m") \
-            == [{"p": "b", "m": 1}]
+        assert db.query("SELECT STR_SPLIT('a,b,c', ',', 1) AS p, STR_SPLIT('a,b', ',', 2) AS q,"
+                        " STR_SPLIT(12, ',', 0) AS r, 'abc' REGEXP 'b.$' AS m,"
+                        " 'abc' REGEXP '^b' AS n") \
+            == [{"p": "b", "q": None, "r": None, "m": 1, "n": 0}]
+        for sql, msg in (("SELECT STR_SPLIT('a', '', 0)",
+                          "str_split: delimiter must be a non-empty string"),
+                         ("SELECT STR_SPLIT('a', ',', -1)",
+                          "str_split: field number must be a non-negative integer"),
+                         ("SELECT EXTRACT_ARG('x', 'debug.n')",
+                          "EXTRACT_ARG: 1st argument should be arg set id")):
+            with pytest.raises(QueryError) as e:
+                db.query(sql)
+            assert str(e.value) == f"query failed: {msg}"
         ct = db.query("SELECT name, type, unit FROM counter_track ORDER BY name")
         assert ct == [
             {"name": "mem", "type": "process_counter_track_event", "unit": "bytes"},

@@ -6,6 +6,7 @@ embedded engine provides them with trace processor's results:
 ``EXTRACT_ARG(arg_set_id, key)``  the value of ``key`` in the arg set (int, real or string,
                                   as ``args.value_type`` says), NULL when absent
 ``STR_SPLIT(str, delim, index)``  the index-th (0-based) part of ``str`` split at ``delim``
+                                  (NULL past the end or for a non-text ``str``)
 ``REGEXP``                        ``x REGEXP pattern`` (Python's ``re.search``)
 
 PerfettoSQL's own statements (``INCLUDE PERFETTO MODULE``, ``CREATE PERFETTO TABLE`` ...) and
@@ -41,6 +42,9 @@ def unsupported(sql: str) -> str | None:
 def explain(e: sqlite3.Error) -> str:
     """SQLite's message, with what to do where the embedded engine lacks something."""
     msg = str(e)
+    if msg.startswith("user-defined function raised exception") and _FunctionError.last:
+        msg, _FunctionError.last = _FunctionError.last, None
+        return msg
     if msg.startswith("no such function:"):
         return f"{msg} (not provided by the embedded engine; {_TP_HINT})"
     if msg in ("not authorized", "authorization denied"):
@@ -58,8 +62,12 @@ def install(conn: sqlite3.Connection) -> None:
     """Register the functions on ``conn`` (which holds the ``args`` table)."""
 
     def extract_arg(arg_set_id: Any, key: Any) -> Any:
-        if arg_set_id is None or key is None:
+        if arg_set_id is None:
             return None
+        if not isinstance(arg_set_id, int):
+            raise _FunctionError("EXTRACT_ARG: 1st argument should be arg set id")
+        if not isinstance(key, str):
+            raise _FunctionError("EXTRACT_ARG: 2nd argument should be key")
         row = conn.execute(_ARG_SQL, (arg_set_id, key)).fetchone()
         return None if row is None else row[0]
 
@@ -68,17 +76,34 @@ def install(conn: sqlite3.Connection) -> None:
     conn.create_function("REGEXP", 2, _regexp, deterministic=True)
 
 
+class _FunctionError(ValueError):
+    """A function's own error; SQLite reports only "user-defined function raised exception",
+    so the message is kept for explain() (as trace processor words it)."""
+
+    last: str | None = None
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(msg)
+        _FunctionError.last = msg
+
+
 def _str_split(s: Any, delim: Any, index: Any) -> str | None:
-    if s is None or delim is None or index is None:
+    """As trace processor's: NULL for a non-text string or a field past the end."""
+    if not isinstance(delim, str) or not delim:
+        raise _FunctionError("str_split: delimiter must be a non-empty string")
+    if not isinstance(index, int) or index < 0:
+        raise _FunctionError("str_split: field number must be a non-negative integer")
+    if not isinstance(s, str):
         return None
-    if not delim:
-        raise ValueError("STR_SPLIT: delimiter must not be empty")
-    parts = str(s).split(str(delim))
-    i = int(index)
-    return parts[i] if 0 <= i < len(parts) else None
+    parts = s.split(delim)
+    return parts[index] if index < len(parts) else None
 
 
 def _regexp(pattern: Any, value: Any) -> int | None:
     if pattern is None or value is None:
         return None
-    return int(re.search(str(pattern), str(value)) is not None)
+    try:
+        rx = re.compile(str(pattern))
+    except re.error as e:
+        raise _FunctionError(f"regexp: invalid pattern {pattern!r}: {e}") from None
+    return int(rx.search(str(value)) is not None)

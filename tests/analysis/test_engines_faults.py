@@ -197,3 +197,55 @@ def test_ctrl_c_stops_an_endless_query(small, tmp_path, sig, code):
     assert p.returncode == code and "Traceback" not in err, err
     assert took < 2.0
     assert os.listdir(tmpdir) == []
+
+
+def test_an_asked_download_lands_in_the_cache_that_auto_reads(small, tmp_path, monkeypatch):
+    """The download (here from a local server) is checked against the pinned SHA-256, lands
+    where the perfetto package keeps it, and auto then finds it without any network; a bad
+    checksum leaves nothing."""
+    import hashlib
+    import http.server
+
+    body = b"#!/bin/sh\nexit 3\n"
+    served = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            served.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    for k in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.delenv(eng.ENV_BIN, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    url = f"http://127.0.0.1:{srv.server_address[1]}/tp"
+    entry = {"file_name": "trace_processor_shell", "url": url,
+             "sha256": hashlib.sha256(b"something else").hexdigest()}
+    monkeypatch.setattr(eng, "_prebuilt_entry", lambda: entry)
+    cache = tmp_path / ".local" / "share" / "perfetto" / "prebuilts"
+    try:
+        with pytest.raises(eng.EngineError, match="checksum mismatch"):
+            eng.download_trace_processor(timeout=10)
+        assert os.listdir(cache) == []
+        assert eng.find_trace_processor() is None
+        entry["sha256"] = hashlib.sha256(body).hexdigest()
+        path = eng.download_trace_processor(timeout=10)
+        assert path == str(cache / f"trace_processor_shell-{entry['sha256'][:16]}")
+        with open(path, "rb") as f:
+            assert f.read() == body
+        assert os.access(path, os.X_OK) and os.listdir(cache) == [os.path.basename(path)]
+        assert served == ["/tp", "/tp"]
+        assert eng.find_trace_processor() == path  # found, not fetched again
+        assert eng.download_trace_processor(timeout=10) == path and len(served) == 2
+    finally:
+        srv.shutdown()
+        srv.server_close()

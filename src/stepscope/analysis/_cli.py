@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,9 +123,26 @@ def open_traces(paths: list[str], args: argparse.Namespace) -> Any:
     """Load ``paths`` into one database as the engine arguments say; progress only for inputs
     large enough to take a few seconds (and not with ``-q``). A run directory stands for its
     whole-run files (see :func:`classify`), so nothing is loaded twice."""
+    exit_on_sigterm()
     if any(os.path.isdir(p) for p in paths):
         paths = classify(paths).main()
     size = sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
     progress = None if args.quiet or size < _PROGRESS_BYTES else engines.print_progress()
     return engines.open(paths, engine=args.engine, trace_processor_bin=args.trace_processor_bin,
                         progress=progress)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (kill, a job scheduler) as an exception in the main thread, so the temporary
+    database is removed as on Ctrl-C (its default action would end the process on the spot).
+    Exit status 143, as the signal would give."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return  # someone else's handler (or ignored): theirs
+
+    def on_term(signum: int, frame: Any) -> None:
+        engines._term_signal = signum
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)

@@ -14,16 +14,19 @@ active part starts, pending events are flushed with ``discard_detail=True`` (war
 dropped, so start-up cost does not distort the window) and the window's sink is opened; at the
 window's end detail recording is turned off and the sink closed (open slices are ended there).
 
-Steps: ``start()`` opens step 0 and each ``step()`` ends one and opens the next, as the slice
-``step <n>`` (category ``step``) on the calling thread. Its args: ``step`` on the begin, ``epoch``
-and ``num_samples`` (when ``step(num_samples=...)`` gives it) on the end, where the epoch is known
-for sure; trace processor merges both into the slice's args. The end's args repeat from step to
-step, so each (epoch, num_samples) is an event kind of its own: one C call, encoded once per file.
-When the ``prof.dataloader`` wrapper finds its loader exhausted, the step just opened holds no work:
-its begin and the final wait are withdrawn (if not yet written), and the step opens again at the
-next fetch, phase, ``epoch()`` or ``step()``. So there is no empty trailing step per epoch.
+Steps: ``start()`` opens step 0 (``start(open_step=False)``: at the first batch wait, phase or
+``step()``) and each ``step()`` ends one and opens the next, as the slice ``step <n>`` (category
+``step``) on the calling thread. Its args: ``step`` on the begin, ``epoch`` and ``num_samples``
+(when ``step(num_samples=...)`` gives it) on the end, where the epoch is known for sure; trace
+processor merges both into the slice's args. The end's args repeat from step to step, so each
+(epoch, num_samples) is an event kind of its own: one C call, encoded once per file. A step is
+written once it holds work or is ended (see the note above ``Profiler.step``): when the
+``prof.dataloader`` wrapper finds its loader exhausted, the step just opened and the final wait
+are never written, and the next step opens at the next batch wait, phase or ``step()``. So there
+is no empty trailing step per epoch, however long the exhausted loader takes.
 Phases (category ``phase``) and data-loader waits (category ``dataloader``, name
-``dataloader.next``) are summary-level slices inside the step.
+``dataloader.next``; the first of each pass from ``iter(loader)`` on) are summary-level slices
+inside the step.
 """
 
 from __future__ import annotations

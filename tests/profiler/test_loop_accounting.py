@@ -117,10 +117,11 @@ def test_exhaustion_after_a_flush_writes_no_step_and_counts_iter_as_reader_cost(
     assert [w.ts for w in waits] == want_begins  # each wait opens its step
     assert [w.dur for w in waits] == [210 * MS, 10 * MS, 10 * MS, 10 * MS, 10 * MS] * 2
 
-    # the tables: the same figures (to the µs: the engine maps CLOCK_MONOTONIC onto the trace
-    # clock through the file's clock snapshots, each read with some jitter)
+    # the tables: the same figures (within 1 ms: the engine maps CLOCK_MONOTONIC onto the trace
+    # clock through the file's clock snapshots, each two clock reads that a loaded machine may
+    # preempt; the decoded times above are exact)
     t = _tables(path)
-    near = lambda ms: pytest.approx(ms * MS, abs=5_000)  # noqa: E731
+    near = lambda ms: pytest.approx(ms * MS, abs=MS)  # noqa: E731
     overview = {r["kind"]: (r["calls"], r["total_ns"]) for r in t["overview"]}
     assert overview["Step"] == (10, near(800)) and overview["Dataloader"] == (10, near(500))
     stats = {r["stat"]: r for r in t["steps"]}

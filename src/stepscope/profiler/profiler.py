@@ -215,26 +215,23 @@ _WAIT_BEGIN = rec.code(rec.event_id(S.DATALOADER_WAIT_NAME, (S.CAT_DATALOADER,))
                        S.LEVEL_SUMMARY, rec.BEGIN)
 
 
-_WHOLE_BUFFER = sys.maxsize // 8  # a lookback past any buffer's start
+_ALL = sys.maxsize // 8  # a lookback past any buffer's start
 
 
-def _replace(old: int, ts: int, ident: int, new: int) -> bool:
+def _replace(old: int, ts: int, ident: int, new: int, lookback: int = _ALL) -> bool:
     """Turn the newest event ``(old, ts, ident)`` that no flush has taken yet into ``new``, in
     place (so it keeps its place among the thread's events); False if a flush took it. With the
     pure-Python buffer the caller holds the session's lock (see ``Profiler._plock``)."""
     ev = rec.events  # type: ignore[attr-defined]
-    for i in range(len(ev) - len(ev) % 3 - 3, -1, -3):
+    for i in range(len(ev) - len(ev) % 3 - 3, max(-1, len(ev) - 3 * lookback - 1), -3):
         if ev[i + 1] == ts and ev[i] == old and ev[i + 2] == ident:
             ev[i] = new
             return True
     return False
 
 
-if rec.fast is not None:  # the same in C (the buffer's search, from its end)
-    _withdraw = rec.fast.withdraw
-
-    def _replace(old: int, ts: int, ident: int, new: int) -> bool:  # noqa: F811
-        return _withdraw(old, ts, ident, new, _WHOLE_BUFFER)
+if rec.fast is not None:  # the same in C, called bare (callers pass the lookback)
+    _replace = rec.fast.withdraw  # type: ignore[assignment]  # noqa: F811
 
 
 # The open step's begin while it is not known to be a step (Profiler._tentative): a placeholder
@@ -713,7 +710,7 @@ class Profiler:
         if t is None:
             return
         self._tentative = None
-        if not _replace(_NULL, t[1], t[2], t[0]):
+        if not _replace(_NULL, t[1], t[2], t[0], _ALL):
             _emit(t)
         self._step_begin = t
 
@@ -725,7 +722,7 @@ class Profiler:
             return
         with self._plock:
             t = self._tentative
-            if t is not None and not self._waiting and _replace(_NULL, t[1], t[2], t[0]):
+            if t is not None and not self._waiting and _replace(_NULL, t[1], t[2], t[0], _ALL):
                 self._tentative = None
                 self._step_begin = t
 
@@ -755,7 +752,7 @@ class Profiler:
         ev = self._step_begin
         if ev is None or not (self._recording and rec.ON):
             return True
-        if _replace(ev[0], ev[1], ev[2], _NULL):
+        if _replace(ev[0], ev[1], ev[2], _NULL, _ALL):
             rec.blobs.pop(-ev[0], None)
             self._step_begin = None
             return True
@@ -814,15 +811,15 @@ class Profiler:
                 tent = self._tentative if main else None
                 if main:
                     self._waiting = False
-                wait_in = _replace(_NULL, t0, ident, _WAIT_BEGIN)  # the newest: the wait's
+                wait_in = _replace(_NULL, t0, ident, _WAIT_BEGIN, _ALL)  # the newest: the wait's
                 if tent is not None:
                     self._tentative = None
                     self._step_begin = tent
-                    if not _replace(_NULL, tent[1], tent[2], tent[0]):
+                    if not _replace(_NULL, tent[1], tent[2], tent[0], _ALL):
                         # a flush took both placeholders during the wait: both begins now,
                         # in order, with their own times
                         if wait_in:
-                            _replace(_WAIT_BEGIN, t0, ident, _NULL)
+                            _replace(_WAIT_BEGIN, t0, ident, _NULL, _ALL)
                         _emit((*tent, _WAIT_BEGIN, t0, ident))
                         wait_in = True
                 if not wait_in:

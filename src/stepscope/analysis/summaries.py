@@ -27,6 +27,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from .. import _schema as S
 from ._format import (
     BOOL,
     BYTES,
@@ -121,10 +122,25 @@ def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
+def _phase_sql() -> tuple[str, str]:
+    """The kind of a 'phase' slice ``s`` by its name, and the test that a 'phase' slice ``p``
+    is a Dataloader phase: the spellings of ``_schema.PHASE_ALIASES`` in any (ASCII) case."""
+    kinds = {S.PHASE_DATALOADER: 1, S.PHASE_FORWARD: 2, S.PHASE_BACKWARD: 3,
+             S.PHASE_OPTIMIZATION: 4}
+    whens = " ".join(f"WHEN {_sql_str(a)} THEN {kinds[ph]}"
+                     for ph, names in S.PHASE_ALIASES.items() for a in names)
+    loaders = ", ".join(_sql_str(a) for a in S.PHASE_ALIASES[S.PHASE_DATALOADER])
+    return f"CASE lower(s.name) {whens} ELSE 5 END", f"lower(p.name) IN ({loaders})"
+
+
+PHASE_KIND_SQL, DATALOADER_PHASE_SQL = _phase_sql()
+
+
 def _placeholders(f: Filters, slice_base: bool = False) -> dict[str, str]:
     """The base SQL's placeholders; ``slice_base``: read the importer's slice base (see
     _base.sql) instead of ``slice``."""
     p = {"rank_filter": "1", "thread_filter": "1", "step_filter": "1", "window_filter": "1",
+         "phase_kind": PHASE_KIND_SQL, "dataloader_phase": DATALOADER_PHASE_SQL,
          "slices": f"main.{SS_TABLE}" if slice_base else "slice",
          "step_rows": "s.kind_id = 0" if slice_base else "s.category = 'step'"}
     if f.ranks is not None:

@@ -19,7 +19,10 @@
 --     names in ss_kind, listed here in that order), used by the Overview:
 --       Step            category 'step'
 --       Dataloader      category 'dataloader' (consumer waits) or a 'phase' named 'Dataloader'
---       Forward / Backward / Optimization   a 'phase' slice with that name
+--                       (or 'data', 'data_loading', ...: as below)
+--       Forward / Backward / Optimization   a 'phase' slice with that name, or one of its
+--                       usual spellings in any case ('fwd', 'BWD', 'optimizer_step', ...:
+--                       stepscope._schema.PHASE_ALIASES; placeholder phase_kind)
 --       Other phases    any other 'phase' slice
 --       Kernels         category 'kernel'          Communication  category 'communication'
 --       Memcpy          category 'memcpy'          Memset         category 'memset'
@@ -121,9 +124,7 @@ ss_slice AS (
            WHEN s.category IS NULL THEN 6  -- most slices: tested first
            WHEN s.category = 'step' THEN 0
            WHEN s.category = 'dataloader' THEN 1
-           WHEN s.category = 'phase' THEN
-             CASE s.name WHEN 'Dataloader' THEN 1 WHEN 'Forward' THEN 2 WHEN 'Backward' THEN 3
-                         WHEN 'Optimization' THEN 4 ELSE 5 END
+           WHEN s.category = 'phase' THEN {{phase_kind}}
            WHEN s.category IN ('cuda_runtime', 'cuda_driver') THEN 7
            WHEN s.category = 'sync' THEN 8
            WHEN s.category = 'kernel' THEN 9

@@ -79,10 +79,21 @@ _lock = threading.RLock()  # reentrant: a signal handler may stop the session me
 def _categories(domain, category) -> tuple[str, ...]:
     cats = []
     if domain is not None:
-        cats.append(domain if isinstance(domain, str) else str(getattr(domain, "name", domain)))
+        cats.append(_domain_name(domain))
     if category is not None:
-        cats.append(str(category))
+        cats.append(rec.clean_text(category, "category"))
     return tuple(cats)
+
+
+def _domain_name(domain) -> str:
+    """A domain's name (an nvtx Domain's ``.name``, else its str); never raises."""
+    if type(domain) is str:
+        return domain
+    try:
+        domain = getattr(domain, "name", domain)
+    except Exception:  # a broken property: its str() then
+        pass
+    return rec.clean_text(domain, "domain")
 
 
 def _kwargs(args: dict) -> dict:
@@ -296,7 +307,7 @@ def _host_range(message, color, domain, category, payload, args):
         hash(key)
     except TypeError:
         message = rec.clean_name(message)
-        key = (message, None if domain is None else str(domain), category)
+        key = (message, None if domain is None else _domain_name(domain), category)
     r = _ranges.get(key)
     if r is None:
         if len(_ranges) >= MAX_CACHED_RANGES:  # so many names: no class per name any more
@@ -427,7 +438,7 @@ def _push_chain(message, domain, category):
         hash(key)
     except TypeError:  # unhashable message: clean it (str) and key on that
         message = rec.clean_name(message)
-        key = message if plain else (message, str(domain), str(category))
+        key = message if plain else (message, *_categories(domain, category))
     c = _push_chains.get(key)
     if c is None:
         cats = _categories(domain, category)
@@ -522,15 +533,22 @@ def counter(name: str, value: float, unit: str | None = None) -> None:
     sess = _session.current()
     if sess is None:
         return
+    name = rec.clean_text(name, "counter name")
     if not isinstance(value, (int, float)):
         try:
             value = float(value)
-        except (TypeError, ValueError, OverflowError):
-            warn_once("counter_value",
-                      f"counter {name!r}: value {value!r} is not a number; ignored")
+        except Exception:  # not a number, or a __float__ that fails: never the user's problem
+            warn_once("counter_value", f"counter {name!r}: a value of type "
+                      f"{type(value).__name__} is not a number; ignored")
             return
+    if isinstance(unit, str):
+        unit = str.__str__(unit)
+    elif unit is not None:
+        warn_once("counter_unit", f"counter {name!r}: a unit of type {type(unit).__name__} is "
+                  f"not a str; using '<{type(unit).__name__}>'")
+        unit = f"<{type(unit).__name__}>"
     # the writer makes it an int64 or a double (``counter_value``)
-    rec.record_blob(Blob(rec.COUNTER, 0, LEVEL_DETAIL, track=sess.counter_track(str(name), unit),
+    rec.record_blob(Blob(rec.COUNTER, 0, LEVEL_DETAIL, track=sess.counter_track(name, unit),
                          value=value))
 
 

@@ -167,6 +167,21 @@ def clean_name(name: Any) -> str:
     return name
 
 
+def clean_text(value: Any, what: str) -> str:
+    """``str(value)`` for text the trace holds besides event names (a category, a counter's name
+    or unit); never raises: a value whose ``str()`` fails becomes ``<TypeName>``, with one
+    warning (the user's program must not fail for what it hands the profiler)."""
+    if type(value) is str:
+        return value
+    try:
+        return str.__str__(value) if isinstance(value, str) else str(value)
+    except Exception as exc:
+        kind = type(value).__name__
+        warn_once(f"badtext {what}", f"str() of the {kind} given as {what} failed "
+                  f"({type(exc).__name__}); using '<{kind}>'")
+        return f"<{kind}>"
+
+
 MAX_EVENT_KINDS = 1 << 16  # interned names; past this, new names are written inline
 
 

@@ -47,6 +47,11 @@ BLOB_BYTES = 400  # a Blob with a small args dict
 _MIN_WAKE_S = 0.002
 _FLUSH_SWITCH_S = 0.0002  # GIL switch interval while the writer flushes
 _WAKE_S = 0.1  # a wake costs ~100 us of CPU on small VMs: 20 ms wakes were 0.5% of a core
+# While the program exits, the flushes that finish the files encode for at most this long;
+# what is left then is dropped and counted. Busy daemon threads keep taking the GIL at exit:
+# unbounded, the last flush took 3-16 s.
+EXIT_FLUSH_S = 1.0
+_FLUSH_PIECE = 1 << 16  # events encoded between two looks at the exit deadline
 _current: Session | None = None
 
 
@@ -200,6 +205,7 @@ class Session:
         self._writer: threading.Thread | None = None
         self._io_thread: threading.Thread | None = None
         self._last_flush = 0.0
+        self._deadline: float | None = None  # set when the program exits (see exiting)
         self.started = False
         self.stopped = False
         self.on_close: list[Callable[[Sink], None]] = []
@@ -389,7 +395,8 @@ class Session:
         with self._lock:
             if sink not in self.sinks:
                 return
-            self._flush_locked(False)
+            with _short_gil_turns():  # as the writer's: busy threads return the GIL sooner
+                self._flush_locked(False)
             now = _clock.now()
             for seq in sink.sequences.values():
                 sink.close_open_slices(seq, now)
@@ -454,11 +461,28 @@ class Session:
         if self.started and not self.stopped:
             _recorder.set_state(True, self.detail)
 
+    def exiting(self) -> None:
+        """The program is exiting (atexit, an unhandled exception, SIGTERM): from now on the
+        flushes that finish the files stop encoding ``EXIT_FLUSH_S`` seconds from here, and
+        drop (and count) what is left, so that busy daemon threads cannot hold the exit."""
+        if self._deadline is None:
+            self._deadline = time.monotonic() + EXIT_FLUSH_S
+
+    def _exit_deadline(self) -> float | None:
+        """The exit deadline; set on first sight of interpreter exit (atexit handlers, which run
+        in the main thread once it is no longer alive; e.g. the profiler's own)."""
+        if self._deadline is None:
+            main = threading.main_thread()
+            if threading.current_thread() is main and not main.is_alive():
+                self.exiting()
+        return self._deadline
+
     def stop(self) -> None:
         """Stop recording, write everything, close all files. Safe to call twice."""
         global _current
         if not self.started or self.stopped or self._stopping.is_set():
             return
+        self._exit_deadline()
         self._stopping.set()
         for hook in list(self.before_stop):  # e.g. the profiler closing its open window
             try:
@@ -562,26 +586,46 @@ class Session:
         self._lost_seen = lost
         pending_raw = len(chunk) // 3 * RAW_EVENT_BYTES + len(_recorder.blobs) * BLOB_BYTES
         backlog = self._io_pending > self.buffer_bytes // 2 or pending_raw > self.buffer_bytes
-        if len(chunk) and backlog:
+        deadline = self._exit_deadline()
+        late = deadline is not None and time.monotonic() > deadline  # exiting, out of time
+        if len(chunk) and (backlog or late):
             self._split(chunk, True, marks_only=True)  # who holds which ident, still
             self._drop(chunk)  # encoding or the disk cannot keep up: drop, count, move on
             chunk = chunk[:0]
         emitted = []
         for em in self._emitters:
             events = em.take()
-            if events:  # one blob id per event, shared by every file that takes it
+            if late:
+                self.dropped += len(events)
+            elif events:  # one blob id per event, shared by every file that takes it
                 ids = -np.array([_recorder.register_blob(e[4]) for e in events], dtype=np.int64)
                 emitted.append((em, ids, np.array([e[0] for e in events], dtype=np.int64)))
-        groups = self._split(chunk, discard_detail)
+        # in pieces, with a look at the exit deadline (which stop() may set meanwhile) between
+        lo = 0
+        while lo < len(chunk):
+            deadline = self._deadline
+            if deadline is not None and time.monotonic() > deadline:
+                rest = chunk[lo:]
+                self._split(rest, True, marks_only=True)
+                self._drop(rest)  # out of time: counted, not written
+                break
+            part = chunk[lo:lo + 3 * _FLUSH_PIECE]
+            lo += len(part)
+            groups = self._split(part, discard_detail)
+            for sink in self.sinks:
+                sink.describe(self.tracks)
+                for ident, uuid, codes, ts, levels in groups:
+                    mask = self._level_mask(levels, sink.levels)
+                    if mask is not None:
+                        codes, ts = codes[mask], ts[mask]
+                    seq = sink.sequence(("thread", ident, uuid), uuid, _clock.MONOTONIC)
+                    sink.add_events(seq, codes, ts)
+            for codes in [g[2] for g in groups]:
+                for k in codes[codes < 0].tolist():
+                    _recorder.blobs.pop(-k, None)
         self._forget_ended_threads()
         for sink in self.sinks:
             sink.describe(self.tracks)
-            for ident, uuid, codes, ts, levels in groups:
-                mask = self._level_mask(levels, sink.levels)
-                if mask is not None:
-                    codes, ts = codes[mask], ts[mask]
-                seq = sink.sequence(("thread", ident, uuid), uuid, _clock.MONOTONIC)
-                sink.add_events(seq, codes, ts)
             for em, codes, ts in emitted:
                 if em.level not in sink.levels or (discard_detail and em.level == LEVEL_DETAIL):
                     continue
@@ -591,7 +635,7 @@ class Session:
         self._dropped_written = self.dropped
         for sink in self.sinks:
             self._send(sink)
-        for codes in [g[2] for g in groups] + [e[1] for e in emitted]:
+        for codes in [e[1] for e in emitted]:
             for k in codes[codes < 0].tolist():
                 _recorder.blobs.pop(-k, None)
 

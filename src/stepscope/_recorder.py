@@ -57,6 +57,8 @@ END_SUMMARY = code(0, LEVEL_SUMMARY, END)
 
 # --- the buffer ---------------------------------------------------------------------------------
 fast = load_extension("stepscope._fast")
+if fast is not None and getattr(fast, "THREAD_MARK", None) != THREAD:
+    fast = None  # a stale build that writes no thread marks: the pure-Python twin instead
 
 # True while a session records: summary-level events (steps, phases, counters) are kept.
 ON = False
@@ -70,7 +72,6 @@ if fast is not None:
     pending_words = fast.size  # int64 words recorded and not drained yet (3 per event)
     lost_events = fast.lost  # events not stored for lack of memory
     clear = fast.clear
-    assert fast.THREAD_MARK == THREAD
 
     def mark_thread(native_id: int) -> None:
         """Nothing to do: the C buffer marks each thread at its first event."""

@@ -197,6 +197,10 @@ def test_tracks_threads_processes(tmp_path):
     assert rows(conn, "SELECT upid FROM process_track WHERE name = 'GPU 0'") == [dict(upid=1)]
     assert rows(conn, "SELECT name, unit FROM counter_track") == [dict(name="mem",
                                                                        unit="bytes")]
+    # as trace processor lists it: the process's counter (the summaries take its rank so)
+    assert rows(conn, "SELECT name, upid FROM process_counter_track") == [dict(name="mem",
+                                                                               upid=1)]
+    assert rows(conn, "SELECT COUNT(*) AS n FROM thread_counter_track") == [dict(n=0)]
 
 
 # --- args -------------------------------------------------------------------------------------
@@ -375,6 +379,30 @@ def test_incremental_clock_restarts_at_each_snapshot_of_its_sequence(tmp_path):
     got = {r["name"]: (r["ts"], r["dur"]) for r in rows(conn, "SELECT name, ts, dur FROM slice")}
     assert got == {"a": (5_000_500, 100), "b": (7_000_007, 0)}
     assert stats["clock_sync_failure"] == 1
+
+
+def test_events_before_the_trace_clocks_zero_are_dropped_and_counted(tmp_path):
+    """As trace processor: a TrackEvent whose time on the trace clock (BOOTTIME) is negative
+    is dropped and counted as track_event_invalid_timestamp (it kept them before)."""
+    boot, real = 6, 1
+    pk = descriptors() + [
+        snapshot(1, dict(clock_id=boot, timestamp=1_000), dict(clock_id=real, timestamp=10_000)),
+        start(seq=2),
+        ev(5_000, TI, name="early"),  # REALTIME 5_000 = BOOTTIME -4_000: dropped
+        ev(8_000, TC, track=CTR, counter_value=1),  # BOOTTIME -1_000: dropped
+        ev(9_500, TB, name="ok"),  # BOOTTIME 500
+        ev(10_500, TE),  # 1_500
+        ev(12_000, TC, track=CTR, counter_value=2),  # 3_000
+    ]
+    for p in pk[-5:]:
+        p.timestamp_clock_id = real
+    conn, stats = load(write(tmp_path, pk))
+    assert [(r["name"], r["ts"], r["dur"]) for r in rows(conn, "SELECT * FROM slice")] == [
+        ("ok", 500, 1_000)]
+    assert [(r["ts"], r["value"]) for r in rows(conn, "SELECT * FROM counter")] == [(3_000, 2.0)]
+    assert stats["track_event_invalid_timestamp"] == 2
+    assert rows(conn, "SELECT value FROM stats WHERE name = 'track_event_invalid_timestamp'") \
+        == [dict(value=2)]
 
 
 def test_interning_reset_and_skipped_packets(tmp_path):

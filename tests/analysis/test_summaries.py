@@ -251,6 +251,24 @@ def test_device(db):
     assert rows[(1, "GPU 0 (A100) kernel busy %")]["mean"] == pytest.approx(30.0)
 
 
+def test_device_rank_of_counters_as_trace_processor_lists_them():
+    """Trace processor (v58) gives a counter under a process descriptor no parent_id and lists
+    it in process_counter_track (not process_track): its row still has the process's rank
+    (it said -1 before), as does a thread counter (thread_counter_track)."""
+    db = TraceDB()
+    r3 = db.process(300, "rank 3 (hostC)")
+    main = db.thread(r3, 301, "main")
+    mem = db.counter_track("host.rss", None, upid=r3)
+    clk = db.counter_track("thread.clock", None, utid=301)
+    db.slice(main, 1000, 1000, "step 0", "step", {"step": 0})
+    for ts, v in ((1000, 4.0), (1500, 8.0), (2000, 8.0)):
+        db.counter(mem, ts, v)
+    db.counter(clk, 1200, 2.0)
+    rows = [(r["rank"], r["name"], r["samples"], r["mean"]) for r in S.table(db, "device").rows]
+    # 4 holds 500 ns, 8 holds 500 ns: mean 6
+    assert rows == [(3, "host.rss", 3, 6.0), (3, "thread.clock", 1, 2.0)]
+
+
 def test_distributed_and_stragglers(db):
     t = S.table(db, "distributed")
     rows = by(t.rows, "rank")

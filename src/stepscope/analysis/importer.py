@@ -12,6 +12,8 @@ processor's clock / interning / nesting semantics) and writes the tables into an
 ``thread_track``   id, name, type, parent_id, utid
 ``process_track``  id, name, type, parent_id, upid
 ``counter_track``  id, name, type, parent_id, unit, description
+``process_counter_track`` / ``thread_counter_track``  the counter tracks of a process / thread:
+                   id, name, type, parent_id, unit, description, upid / utid
 ``thread``         utid (= id), tid, name, upid, is_main_thread (utid 0: placeholder)
 ``process``        upid (= id), pid, name (upid 0: placeholder)
 ``counter``        id, ts, track_id, value, arg_set_id
@@ -71,6 +73,10 @@ CREATE TABLE process_track(id INTEGER PRIMARY KEY, name TEXT, type TEXT, parent_
                            upid INTEGER);
 CREATE TABLE counter_track(id INTEGER PRIMARY KEY, name TEXT, type TEXT, parent_id INTEGER,
                            unit TEXT, description TEXT);
+CREATE TABLE process_counter_track(id INTEGER PRIMARY KEY, name TEXT, type TEXT,
+                                   parent_id INTEGER, unit TEXT, description TEXT, upid INTEGER);
+CREATE TABLE thread_counter_track(id INTEGER PRIMARY KEY, name TEXT, type TEXT,
+                                  parent_id INTEGER, unit TEXT, description TEXT, utid INTEGER);
 CREATE TABLE process(upid INTEGER PRIMARY KEY, id INTEGER, pid INTEGER, name TEXT,
                      start_ts INTEGER, end_ts INTEGER, parent_upid INTEGER, uid INTEGER,
                      cmdline TEXT, arg_set_id INTEGER, machine_id INTEGER);
@@ -291,6 +297,20 @@ def _track_owners(t: Tables) -> dict[int, tuple[int, int | None]]:
         conn.close()
 
 
+def _counter_owner(tr, by_uuid: dict, t: Tables) -> tuple[str, int] | None:
+    """("process", upid) or ("thread", utid) of the nearest process/thread track above a
+    counter track (None: none above)."""
+    p, seen = tr, set()
+    while p is not None and p.parent_uuid is not None and p.uuid not in seen:
+        seen.add(p.uuid)
+        p = by_uuid.get(p.parent_uuid)
+        if p is not None and p.id in t.track_utid:
+            return "thread", t.track_utid[p.id]
+        if p is not None and p.kind == "process" and p.id in t.track_upid:
+            return "process", t.track_upid[p.id]
+    return None
+
+
 def _write_tracks(conn: sqlite3.Connection, t: Tables) -> None:
     by_uuid = {tr.uuid: tr for tr in t.tracks}
     for tr in t.tracks:
@@ -311,6 +331,14 @@ def _write_tracks(conn: sqlite3.Connection, t: Tables) -> None:
         if tr.kind == "counter":
             conn.execute("INSERT INTO counter_track(id, name, type, parent_id, unit)"
                          " VALUES (?,?,?,?,?)", (tr.id, name, kind, pid, tr.unit))
+            # as trace processor: a counter under a process (thread) track is that
+            # process's (thread's) counter, at any depth below it
+            owner = _counter_owner(tr, by_uuid, t)
+            if owner is not None:
+                conn.execute(f"INSERT INTO {owner[0]}_counter_track(id, name, type, parent_id,"
+                             " unit, " + ("upid" if owner[0] == "process" else "utid")
+                             + ") VALUES (?,?,?,?,?,?)",
+                             (tr.id, name, kind, pid, tr.unit, owner[1]))
     conn.executemany("INSERT INTO process(upid, id, pid, name) VALUES (?,?,?,?)",
                      ((u, u, p, n) for u, p, n in t.processes))
     pid_of = {u: p for u, p, _ in t.processes}

@@ -381,6 +381,7 @@ def test_incremental_clock_restarts_at_each_snapshot_of_its_sequence(tmp_path):
     assert stats["clock_sync_failure"] == 1
 
 
+@pytest.mark.rejected_trace_ok
 def test_events_before_the_trace_clocks_zero_are_dropped_and_counted(tmp_path):
     """As trace processor: a TrackEvent whose time on the trace clock (BOOTTIME) is negative
     is dropped and counted as track_event_invalid_timestamp (it kept them before)."""

@@ -484,8 +484,9 @@ def test_cupti_activity_and_cuda_event_ranges_share_one_gpu_track(tmp_path, fake
         assert timer.poll() == 1
         h100 = DeviceLimits.for_compute_capability(9, 0, sm_count=132, name="Fake GPU")
         conv = GpuTraceConverter(sess, {0: h100}, counters=False)
+        now = time.time_ns()  # REALTIME stamps: trace processor drops times before boot
         conv.convert(batch_from_records([{
-            "kind": "CONCURRENT_KERNEL", "name": "k", "start": 1000, "end": 2000,
+            "kind": "CONCURRENT_KERNEL", "name": "k", "start": now, "end": now + 1000,
             "stream_id": 7, "device_id": 0, "context_id": 1, "correlation_id": 1, "grid_x": 1,
             "grid_y": 1, "grid_z": 1, "block_x": 32, "block_y": 1, "block_z": 1}]))  # fmt: skip
     finally:

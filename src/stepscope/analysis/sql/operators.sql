@@ -21,7 +21,8 @@
 --                   such as "CUDA API") whose start lies inside the range. Found without a
 --                   range x launch join: S = the slice of the thread's own track (the thread
 --                   track that is not a child of another thread track) that started last at or
---                   before the launch (the deepest one on ties); as slices on one track nest
+--                   before the launch (the deepest one on ties: the largest id, both engines
+--                   numbering slices in start-time order); as slices on one track nest
 --                   strictly, the ranges containing the launch are S and those of its ancestors
 --                   (parent_id) that end after the launch (ancestors are walked once per
 --                   distinct S). Device slices without a flow count for no range.
@@ -48,12 +49,25 @@ op_root AS (
   FROM thread_track tt JOIN track t ON t.id = tt.id
   WHERE t.parent_id IS NULL OR t.parent_id NOT IN (SELECT id FROM thread_track)
 ),
+-- S of each launch: the launches and the slices of the root tracks of their threads in one
+-- sort per root track (time, slices before launches); S is the largest slice id seen so far, as
+-- both engines number slices in start-time order (at one time: the deepest). The slices are
+-- read only when there are launches (the one row of `need` drives them).
 op_start AS (
-  SELECT l.dev_id, l.launch_ts AS t, l.ts AS dts, l.end_ts AS dend,
-         (SELECT s.id FROM slice s
-          WHERE s.track_id = r.track_id AND s.ts <= l.launch_ts
-          ORDER BY s.ts DESC, s.depth DESC LIMIT 1) AS start_id
-  FROM op_launch l JOIN op_root r ON r.utid = l.utid
+  SELECT dev_id, t, dts, dend, start_id FROM (
+    SELECT ord, dev_id, t, dts, dend,
+           MAX(sid) OVER (PARTITION BY track_id ORDER BY t, ord
+                          ROWS UNBOUNDED PRECEDING) AS start_id
+    FROM (
+      SELECT r.track_id, s.ts AS t, 0 AS ord, s.id AS sid, NULL AS dev_id, NULL AS dts,
+             NULL AS dend
+      FROM (SELECT 1 WHERE EXISTS (SELECT 1 FROM op_launch)) need
+      CROSS JOIN op_root r JOIN slice s ON s.track_id = r.track_id
+      UNION ALL
+      SELECT r.track_id, l.launch_ts, 1, NULL, l.dev_id, l.ts, l.end_ts
+      FROM op_launch l JOIN op_root r ON r.utid = l.utid
+    )
+  ) WHERE ord = 1
 ),
 op_walk(start_id, anc_id, hops) AS (
   SELECT DISTINCT start_id, start_id, 0 FROM op_start WHERE start_id IS NOT NULL

@@ -269,6 +269,38 @@ def test_device_rank_of_counters_as_trace_processor_lists_them():
     assert rows == [(3, "host.rss", 3, 6.0), (3, "thread.clock", 1, 2.0)]
 
 
+class _TraceProcessorLike:
+    """An engine that, as trace processor, is reached only through ``query`` (here on SQLite)."""
+
+    engine = "trace_processor"
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.sqlite, self.seen = conn, []
+
+    def query(self, sql):
+        from stepscope.analysis.engines import Rows
+
+        self.seen.append(sql)
+        cur = self.sqlite.execute(sql)
+        cols = [d[0] for d in cur.description or ()]
+        return Rows([dict(zip(cols, r, strict=True)) for r in cur], cols)
+
+
+def test_trace_processor_computes_the_base_once_for_all_tables():
+    """On trace processor the base (every slice with its rank, thread and kind; steps; frame;
+    totals) is made once as temporary tables for all the tables of a report, not once per
+    table; the rows are those of each table computed alone from the CTEs, and nothing stays."""
+    tp = _TraceProcessorLike(scenario().conn)
+    got = {n: t.rows for n, t in S.all_tables(tp, names=S.TABLES).items()}
+    alone = scenario()
+    assert got == {n: S.table(alone, n).rows for n in S.TABLES}
+    made = [q for q in tp.seen if q.startswith("CREATE TEMP TABLE")]
+    assert [q.split()[3].split("(")[0] for q in made][-3:] == ["ss_frame", "ss_device",
+                                                                "ss_totals"]
+    assert sum("ss_slice" in q.split("(")[0] for q in made) == 1
+    assert tp.sqlite.execute("SELECT name FROM sqlite_temp_master").fetchall() == []
+
+
 def test_distributed_and_stragglers(db):
     t = S.table(db, "distributed")
     rows = by(t.rows, "rank")

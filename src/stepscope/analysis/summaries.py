@@ -203,13 +203,17 @@ def shared_base(db: Any, filters: Filters):
     """On an SQLite engine, compute the base CTEs once as TEMP tables for several tables.
 
     Yields the ``base`` to pass to render() (the table SQL then reads the temporary tables of
-    the same names), or None where this does not apply (trace processor, a name already
-    taken): the tables are then computed from the CTEs, with the same results.
+    the same names), or None where this does not apply (a name already taken, an engine that
+    refuses): the tables are then computed from the CTEs, with the same results. On trace
+    processor the same tables are made as SQLite tables through its queries (see
+    _trace_processor_base): each table would otherwise compute the base again.
     """
     conn = _sqlite_conn(db)
     made: list[tuple[str, str]] = []  # (VIEW or TABLE, name)
     base = None
-    if conn is not None:
+    if conn is None and getattr(db, "engine", None) == "trace_processor":
+        base = _trace_processor_base(db, filters, made)
+    elif conn is not None:
         try:
             has_base = _has_slice_base(conn)
             views = has_base and filters == Filters()
@@ -238,7 +242,7 @@ def shared_base(db: Any, filters: Filters):
         yield base
     finally:
         if made:
-            _drop(conn, made)
+            _drop(conn if conn is not None else db, made)
 
 
 # Base CTEs that are views over the slice base when it exists and no filter is set
@@ -277,18 +281,49 @@ def _create_temp(conn: sqlite3.Connection, name: str, sql: str, keyed: bool) -> 
         raise
 
 
+def _trace_processor_base(db: Any, filters: Filters, made: list[tuple[str, str]]) -> str | None:
+    """The base CTEs as temporary SQLite tables in trace processor (it runs plain SQLite
+    statements too), keyed and indexed as on the embedded engine; None (and nothing left
+    behind) when a statement is refused."""
+    try:
+        for name, cols, body in _base_ctes(filters):
+            if re.search(rf"\b{name}\b", body):  # recursive
+                sql = f"WITH RECURSIVE {name}{cols} AS ({body}) SELECT * FROM {name}"
+            else:
+                sql = body
+            if name in _KEYED_BASE:  # id as the rowid: the table queries look rows up by id
+                names = db.query(f"SELECT * FROM ({sql}) LIMIT 0").columns
+                decl = ", ".join('"id" INTEGER PRIMARY KEY' if c == "id" else f'"{c}"'
+                                 for c in names)
+                db.query(f"CREATE TEMP TABLE {name}({decl})")
+                made.append(("TABLE", name))
+                db.query(f"INSERT INTO temp.{name} SELECT * FROM ({sql})")
+            else:
+                db.query(f"CREATE TEMP TABLE {name} AS {sql}")
+                made.append(("TABLE", name))
+            for i, keys in enumerate(_BASE_INDEXES.get(name, ())):
+                db.query(f"CREATE INDEX temp.{name}_ix{i} ON {name}({keys})")
+        return _SHARED_BASE
+    except Exception:  # an engine that refuses: the tables compute their CTEs
+        _drop(db, made)
+        made.clear()
+        return None
+
+
 def _has_slice_base(conn: sqlite3.Connection) -> bool:
     """Whether the importer wrote the unfiltered ss_slice (see _slicebase) into ``conn``."""
     return conn.execute("SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?",
                         (SS_TABLE,)).fetchone() is not None
 
 
-def _drop(conn: sqlite3.Connection, made: list[tuple[str, str]]) -> None:
-    """Drop the (VIEW or TABLE, name) temporary objects, the last made first."""
+def _drop(conn: Any, made: list[tuple[str, str]]) -> None:
+    """Drop the (VIEW or TABLE, name) temporary objects, the last made first (``conn``: a
+    sqlite3 connection, or an engine with ``query``)."""
+    run = conn.execute if isinstance(conn, sqlite3.Connection) else conn.query
     for kind, name in reversed(made):
         try:
-            conn.execute(f"DROP {kind} IF EXISTS temp.{name}")
-        except sqlite3.Error:  # pragma: no cover - a closed connection
+            run(f"DROP {kind} IF EXISTS temp.{name}")
+        except Exception:  # pragma: no cover - a closed connection
             pass
 
 

@@ -88,3 +88,24 @@ def test_example_rank_files_together(example_run):
 
 def test_gpu_fixture_trace(gpu_trace):
     _same([str(gpu_trace)])
+
+
+def test_summaries_scale_with_steps_on_trace_processor(tmp_path):
+    """A profiler-like run of 20k steps (100k slices): every summary on trace processor within
+    twice its own load time (the model table alone took 143 s, growing with the square of the
+    steps, when it joined phases to steps on computed ordinals)."""
+    import time
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    from bench_analysis import generate
+
+    path = tmp_path / "steps.pftrace"
+    generate(str(path), 0, ranges=0, steps=20_000)
+    t0 = time.perf_counter()
+    with analysis.open(str(path), engine="trace_processor") as db:
+        load = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        tables = S.all_tables(db)
+        took = time.perf_counter() - t1
+    assert len(tables["step_times"].rows) == 20_000
+    assert took <= 2 * load + 1.0, (took, load)

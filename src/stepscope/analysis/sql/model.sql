@@ -100,8 +100,8 @@ md_union_in AS (
   UNION ALL
   SELECT 3, step_id, ts, end_ts FROM (
     SELECT c.step_id, MAX(c.ts, st.ts) AS ts, MIN(c.end_ts, st.ts + st.dur) AS end_ts
-    FROM md_carry c JOIN slice st ON st.id = c.step_id
-    WHERE c.ord = 1
+    FROM md_carry c CROSS JOIN slice st  -- each phase row, then its step by id (never a
+    WHERE st.id = c.step_id AND c.ord = 1  -- scan of slice per row)
   ) WHERE end_ts > ts
 ),
 md_union AS (

@@ -25,8 +25,8 @@ st_carry AS (
 ),
 st_clip AS (
   SELECT r.step_id, MAX(r.ts, st.ts) AS ts, MIN(r.end_ts, st.ts + st.dur) AS end_ts
-  FROM st_carry r JOIN slice st ON st.id = r.step_id
-  WHERE r.ord = 1 AND r.ts < st.ts + st.dur
+  FROM st_carry r CROSS JOIN slice st  -- each reader row, then its step by id (never a scan
+  WHERE st.id = r.step_id AND r.ord = 1 AND r.ts < st.ts + st.dur  -- of slice per row)
 ),
 st_union AS (
   SELECT step_id, SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) AS ns FROM (

@@ -28,7 +28,7 @@ from importlib import resources
 from typing import Any
 
 from ._format import BOOL, FLOAT, INT, RATIO, TEXT, TIME, Column, Table, render_many
-from ._slicebase import SS_BASE_ROWS, SS_COLUMNS, SS_INDEX_KEYS, SS_TABLE
+from ._slicebase import SS_BASE_ROWS, SS_COLUMNS, SS_INDEX_KEYS, SS_NAME_INDEX_KEYS, SS_TABLE
 from ._sqlimage import file_of, open_file
 from ._threads import cpus
 
@@ -251,8 +251,10 @@ _BASE_VIEWS = frozenset({"ss_slice", "ss_device"})
 # stored with ``id`` as the rowid, so those lookups need no index built per query.
 _KEYED_BASE = frozenset({"ss_slice", "ss_device"})
 # Indexes on base tables: the union window of the overview reads its rows in this order
-# (no sort), and the tables that want a few kinds of slices read just those.
-_BASE_INDEXES = {"ss_slice": (", ".join(SS_INDEX_KEYS),)}
+# (no sort), and the tables that want a few kinds of slices read just those; the operators'
+# statistics per name read theirs in (name, dur) order, as from the slice base: their REAL
+# sums then add in the same order on every engine and filter (the same bits).
+_BASE_INDEXES = {"ss_slice": (", ".join(SS_INDEX_KEYS), ", ".join(SS_NAME_INDEX_KEYS))}
 
 
 def _create_temp(conn: sqlite3.Connection, name: str, sql: str, keyed: bool) -> None:

@@ -254,7 +254,7 @@ _KEYED_BASE = frozenset({"ss_slice", "ss_device"})
 # (no sort), and the tables that want a few kinds of slices read just those; the operators'
 # statistics per name read theirs in (name, dur) order, as from the slice base: their REAL
 # sums then add in the same order on every engine and filter (the same bits).
-_BASE_INDEXES = {"ss_slice": (", ".join(SS_INDEX_KEYS), ", ".join(SS_NAME_INDEX_KEYS))}
+_BASE_INDEXES = {"ss_slice": (", ".join(SS_INDEX_KEYS), ", ".join(SS_NAME_INDEX_KEYS[:3]))}
 
 
 def _create_temp(conn: sqlite3.Connection, name: str, sql: str, keyed: bool) -> None:

@@ -824,18 +824,26 @@ def _step_stats(rows: list[dict], **kw: Any) -> tuple[list[dict], list[str]]:
     return table_rows, [note]
 
 
-def _operators(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
-    """stddev = sqrt(E[dur^2] - E[dur]^2), the population standard deviation, clamped at 0.
+_SQ_PARTS = ("sq_hh", "sq_hl", "sq_aa", "sq_ab", "sq_bb")  # see operators.sql
 
-    One pass over the ranges, at a precision cost: the subtraction cancels, so the relative
-    error of the variance is about (mean / stddev)^2 * 1e-16, times up to the number of calls
-    (see sumsq_ns2 in operators.sql); it shows only when the spread is tiny next to the mean."""
+
+def _operators(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
+    """stddev = sqrt(calls * sum(d^2) - sum(d)^2) / calls, the population standard deviation,
+    with the difference computed exactly in integers from the SQL's sum of durations and the
+    integer parts of the sum of their squares (sq_hh..sq_bb, see operators.sql): no cancellation,
+    and the same value whatever engine summed the rows, in whatever order."""
     out = []
     for r in rows:
         r = dict(r)
-        sq = r.pop("sumsq_ns2", None)
-        n, avg = r.get("calls") or 0, r.get("avg_ns")
-        r["stddev_ns"] = math.sqrt(max(sq / n - avg * avg, 0.0)) if n and sq is not None else None
+        parts = [r.pop(k, None) for k in _SQ_PARTS]
+        n, total = r.get("calls") or 0, r.get("total_ns")
+        if n and total is not None and None not in parts:
+            hh, hl, aa, ab, bb = (int(p) for p in parts)
+            sumsq = (hh << 64) + (hl << 33) + (aa << 32) + (ab << 17) + bb
+            var_n2 = max(n * sumsq - int(total) ** 2, 0)  # variance * n^2, exact
+            r["stddev_ns"] = math.sqrt(var_n2) / n
+        else:
+            r["stddev_ns"] = None
         out.append(r)
     return out, []
 

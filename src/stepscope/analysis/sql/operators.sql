@@ -4,13 +4,15 @@
 --
 --   ranges          slices of kind 'User ranges' (no category, 'nvtx', or a user's domain).
 --   calls           number of ranges; total_ns = sum of durations; avg = total / calls; max, min.
---   sumsq_ns2       sum of the squared durations, as a REAL (no integer overflow); Python takes
---                   stddev = sqrt(sumsq / calls - avg^2) (population), clamped at 0.
---                   One pass, at a precision cost: the subtraction cancels, so the variance's
---                   relative error is about (avg / stddev)^2 * 1e-16, times up to the number of
---                   calls (SUM rounds once per row). Invisible at nanosecond display unless the
---                   spread is tiny next to the mean: 10 ms ranges with 10 ns jitter show
---                   10.9 ns instead of 10.0 over 10,000 calls.
+--   sq_hh .. sq_bb  the sum of the squared durations, exact, in integer parts: with a duration
+--                   d = h 2^32 + a 2^16 + b (h = d >> 32; a, b 16-bit), d^2 = h^2 2^64
+--                   + 2 h (a 2^16 + b) 2^32 + a^2 2^32 + 2 a b 2^16 + b^2, each part summed as
+--                   an integer (no int64 overflow below 2^31 ranges of one name, 2^23 if they
+--                   last more than 18 minutes). Python takes the population
+--                   stddev = sqrt(calls * sum(d^2) - sum(d)^2) / calls, the difference exact:
+--                   no cancellation, and the same bits on every engine and row order (a REAL
+--                   sum is not: trace processor's SQLite adds with Kahan-Babuska-Neumaier,
+--                   older SQLite plainly).
 --   self_ns         sum over ranges of (duration - sum of the durations of its direct children,
 --                   i.e. slices whose parent_id is the range, which are on the same track).
 --   ratio           total_ns / frame time (union of ss_frame per rank, summed); nested ranges
@@ -113,7 +115,11 @@ op_gpu AS (  -- per row: the ranges with device work, their GPU time
 op_stats AS (
   SELECT name, rank, tid, thread_name, COUNT(*) AS calls,
          SUM(dur) AS total_ns, MAX(dur) AS max_ns, MIN(dur) AS min_ns,
-         SUM(CAST(dur AS REAL) * dur) AS sumsq_ns2
+         SUM((dur >> 32) * (dur >> 32)) AS sq_hh,
+         SUM((dur >> 32) * (dur & 4294967295)) AS sq_hl,
+         SUM(((dur >> 16) & 65535) * ((dur >> 16) & 65535)) AS sq_aa,
+         SUM(((dur >> 16) & 65535) * (dur & 65535)) AS sq_ab,
+         SUM((dur & 65535) * (dur & 65535)) AS sq_bb
   FROM op_range
   GROUP BY {{op_keys}}
 )
@@ -121,7 +127,8 @@ op_stats AS (
 -- when there is such a range
 SELECT s.name, s.rank, s.tid, s.thread_name, s.calls, s.total_ns,
        CAST(s.total_ns AS REAL) / s.calls AS avg_ns, s.max_ns, s.min_ns,
-       s.sumsq_ns2, s.total_ns - COALESCE(c.child_ns, 0) AS self_ns,
+       s.sq_hh, s.sq_hl, s.sq_aa, s.sq_ab, s.sq_bb,
+       s.total_ns - COALESCE(c.child_ns, 0) AS self_ns,
        CAST(s.total_ns AS REAL) / NULLIF((SELECT frame_ns FROM ss_totals), 0) AS ratio,
        COALESCE(g.ns, 0) AS gpu_total_ns, CAST(COALESCE(g.ns, 0) AS REAL) / s.calls AS gpu_avg_ns,
        COALESCE(g.max_ns, 0) AS gpu_max_ns,

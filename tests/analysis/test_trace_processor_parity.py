@@ -2,7 +2,7 @@
 embedded engine, for the example's traces and the GPU fixture's replay (issue 17, item 14).
 
 Runs when ``STEPSCOPE_TRACE_PROCESSOR`` names a ``trace_processor_shell`` (skipped otherwise: CI
-has none). Checked against trace processor v58.2 built from Perfetto's source.
+has none). Written for trace processor v58.2 (built from Perfetto's source).
 """
 
 from __future__ import annotations

@@ -119,6 +119,7 @@ md_gpu AS (
   FROM (
     SELECT MAX(phase) AS phase, MAX(ns) AS ns FROM (
       SELECT id AS gid, phase, NULL AS ns FROM md_phase
+      WHERE EXISTS (SELECT 1 FROM md_union WHERE kind = 1)  -- no device work: no phase read
       UNION ALL
       SELECT gid, NULL, ns FROM md_union WHERE kind = 1
     ) GROUP BY gid HAVING COUNT(ns) > 0

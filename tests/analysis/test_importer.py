@@ -406,6 +406,28 @@ def test_events_before_the_trace_clocks_zero_are_dropped_and_counted(tmp_path):
         == [dict(value=2)]
 
 
+@pytest.mark.rejected_trace_ok
+def test_clock_snapshots_that_go_back_as_trace_processor_takes_them(tmp_path):
+    """Trace processor refuses a snapshot whose trace clock (BOOTTIME) goes back, and converts
+    no longer from another clock that goes back (MONOTONIC here): its events are dropped."""
+    boot, mono, real = 6, 3, 1
+    pk = descriptors() + [
+        snapshot(1, dict(clock_id=boot, timestamp=5_000), dict(clock_id=real, timestamp=9_000)),
+        snapshot(1, dict(clock_id=boot, timestamp=4_000), dict(clock_id=real, timestamp=9_500)),
+        snapshot(1, dict(clock_id=boot, timestamp=1_000), dict(clock_id=mono, timestamp=800)),
+        snapshot(1, dict(clock_id=boot, timestamp=2_000), dict(clock_id=mono, timestamp=700)),
+        start(seq=2),
+        ev(9_700, TI, name="real"),  # through the first snapshot only: 5_000 + 700
+        ev(900, TI, name="mono"),  # MONOTONIC went back: no conversion from it, dropped
+    ]
+    pk[-2].timestamp_clock_id = real
+    pk[-1].timestamp_clock_id = mono
+    conn, stats = load(write(tmp_path, pk))
+    assert [(r["name"], r["ts"]) for r in rows(conn, "SELECT * FROM slice")] == [("real", 5_700)]
+    assert stats["invalid_clock_snapshots"] == 1
+    assert stats["clock_sync_failure"] == 1
+
+
 def test_interning_reset_and_skipped_packets(tmp_path):
     pk = descriptors() + [
         ev(5, TI, seq=2, name_iid=1),  # needs incremental state before any clear: skipped

@@ -41,7 +41,7 @@ from ._format import (
     Table,
     render_many,
 )
-from ._slicebase import SS_BASE_ROWS, SS_COLUMNS, SS_INDEX_KEYS, SS_TABLE
+from ._slicebase import SS_BASE_ROWS, SS_COLUMNS, SS_INDEX_KEYS, SS_NAME_INDEX_KEYS, SS_TABLE
 from ._sqlimage import file_of, open_file
 from ._threads import cpus
 
@@ -232,13 +232,17 @@ def shared_base(db: Any, filters: Filters):
     """On an SQLite engine, compute the base CTEs once as TEMP tables for several tables.
 
     Yields the ``base`` to pass to render() (the table SQL then reads the temporary tables of
-    the same names), or None where this does not apply (trace processor, a name already
-    taken): the tables are then computed from the CTEs, with the same results.
+    the same names), or None where this does not apply (a name already taken, an engine that
+    refuses): the tables are then computed from the CTEs, with the same results. On trace
+    processor the same tables are made as SQLite tables through its queries (see
+    _trace_processor_base): each table would otherwise compute the base again.
     """
     conn = _sqlite_conn(db)
     made: list[tuple[str, str]] = []  # (VIEW or TABLE, name)
     base = None
-    if conn is not None:
+    if conn is None and getattr(db, "engine", None) == "trace_processor":
+        base = _trace_processor_base(db, filters, made)
+    elif conn is not None:
         try:
             has_base = _has_slice_base(conn)
             views = has_base and filters == Filters()
@@ -267,7 +271,7 @@ def shared_base(db: Any, filters: Filters):
         yield base
     finally:
         if made:
-            _drop(conn, made)
+            _drop(conn if conn is not None else db, made)
 
 
 # Base CTEs that are views over the slice base when it exists and no filter is set
@@ -276,8 +280,10 @@ _BASE_VIEWS = frozenset({"ss_slice", "ss_device"})
 # stored with ``id`` as the rowid, so those lookups need no index built per query.
 _KEYED_BASE = frozenset({"ss_slice", "ss_device"})
 # Indexes on base tables: the union window of the overview reads its rows in this order
-# (no sort), and the tables that want a few kinds of slices read just those.
-_BASE_INDEXES = {"ss_slice": (", ".join(SS_INDEX_KEYS),)}
+# (no sort), and the tables that want a few kinds of slices read just those; the operators'
+# statistics per name read theirs in (name, dur) order, as from the slice base: their REAL
+# sums then add in the same order on every engine and filter (the same bits).
+_BASE_INDEXES = {"ss_slice": (", ".join(SS_INDEX_KEYS), ", ".join(SS_NAME_INDEX_KEYS[:3]))}
 
 
 def _create_temp(conn: sqlite3.Connection, name: str, sql: str, keyed: bool) -> None:
@@ -306,18 +312,49 @@ def _create_temp(conn: sqlite3.Connection, name: str, sql: str, keyed: bool) -> 
         raise
 
 
+def _trace_processor_base(db: Any, filters: Filters, made: list[tuple[str, str]]) -> str | None:
+    """The base CTEs as temporary SQLite tables in trace processor (it runs plain SQLite
+    statements too), keyed and indexed as on the embedded engine; None (and nothing left
+    behind) when a statement is refused."""
+    try:
+        for name, cols, body in _base_ctes(filters):
+            if re.search(rf"\b{name}\b", body):  # recursive
+                sql = f"WITH RECURSIVE {name}{cols} AS ({body}) SELECT * FROM {name}"
+            else:
+                sql = body
+            if name in _KEYED_BASE:  # id as the rowid: the table queries look rows up by id
+                names = db.query(f"SELECT * FROM ({sql}) LIMIT 0").columns
+                decl = ", ".join('"id" INTEGER PRIMARY KEY' if c == "id" else f'"{c}"'
+                                 for c in names)
+                db.query(f"CREATE TEMP TABLE {name}({decl})")
+                made.append(("TABLE", name))
+                db.query(f"INSERT INTO temp.{name} SELECT * FROM ({sql})")
+            else:
+                db.query(f"CREATE TEMP TABLE {name} AS {sql}")
+                made.append(("TABLE", name))
+            for i, keys in enumerate(_BASE_INDEXES.get(name, ())):
+                db.query(f"CREATE INDEX temp.{name}_ix{i} ON {name}({keys})")
+        return _SHARED_BASE
+    except Exception:  # an engine that refuses: the tables compute their CTEs
+        _drop(db, made)
+        made.clear()
+        return None
+
+
 def _has_slice_base(conn: sqlite3.Connection) -> bool:
     """Whether the importer wrote the unfiltered ss_slice (see _slicebase) into ``conn``."""
     return conn.execute("SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?",
                         (SS_TABLE,)).fetchone() is not None
 
 
-def _drop(conn: sqlite3.Connection, made: list[tuple[str, str]]) -> None:
-    """Drop the (VIEW or TABLE, name) temporary objects, the last made first."""
+def _drop(conn: Any, made: list[tuple[str, str]]) -> None:
+    """Drop the (VIEW or TABLE, name) temporary objects, the last made first (``conn``: a
+    sqlite3 connection, or an engine with ``query``)."""
+    run = conn.execute if isinstance(conn, sqlite3.Connection) else conn.query
     for kind, name in reversed(made):
         try:
-            conn.execute(f"DROP {kind} IF EXISTS temp.{name}")
-        except sqlite3.Error:  # pragma: no cover - a closed connection
+            run(f"DROP {kind} IF EXISTS temp.{name}")
+        except Exception:  # pragma: no cover - a closed connection
             pass
 
 
@@ -867,18 +904,26 @@ def counter_unit(name: str) -> str | None:
     return "bytes" if _BYTE_COUNTERS.search(name) else None
 
 
-def _operators(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
-    """stddev = sqrt(E[dur^2] - E[dur]^2), the population standard deviation, clamped at 0.
+_SQ_PARTS = ("sq_hh", "sq_hl", "sq_aa", "sq_ab", "sq_bb")  # see operators.sql
 
-    One pass over the ranges, at a precision cost: the subtraction cancels, so the relative
-    error of the variance is about (mean / stddev)^2 * 1e-16, times up to the number of calls
-    (see sumsq_ns2 in operators.sql); it shows only when the spread is tiny next to the mean."""
+
+def _operators(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
+    """stddev = sqrt(calls * sum(d^2) - sum(d)^2) / calls, the population standard deviation,
+    with the difference computed exactly in integers from the SQL's sum of durations and the
+    integer parts of the sum of their squares (sq_hh..sq_bb, see operators.sql): no cancellation,
+    and the same value whatever engine summed the rows, in whatever order."""
     out = []
     for r in rows:
         r = dict(r)
-        sq = r.pop("sumsq_ns2", None)
-        n, avg = r.get("calls") or 0, r.get("avg_ns")
-        r["stddev_ns"] = math.sqrt(max(sq / n - avg * avg, 0.0)) if n and sq is not None else None
+        parts = [r.pop(k, None) for k in _SQ_PARTS]
+        n, total = r.get("calls") or 0, r.get("total_ns")
+        if n and total is not None and None not in parts:
+            hh, hl, aa, ab, bb = (int(p) for p in parts)
+            sumsq = (hh << 64) + (hl << 33) + (aa << 32) + (ab << 17) + bb
+            var_n2 = max(n * sumsq - int(total) ** 2, 0)  # variance * n^2, exact
+            r["stddev_ns"] = math.sqrt(var_n2) / n
+        else:
+            r["stddev_ns"] = None
         out.append(r)
     return _no_gpu(out), []
 

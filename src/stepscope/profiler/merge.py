@@ -15,7 +15,14 @@ so trace processor aligns them with no change ("shared clock"). Ranks on other h
 unrelated MONOTONIC/BOOTTIME clocks: their readings (in clock snapshots, and absolute packet
 timestamps on those clocks) are shifted onto the first host's clocks by the difference of the
 REALTIME readings in each file's first snapshot ("wall clock"): alignment is as good as the hosts'
-NTP sync. The mode used is returned and printed.
+NTP sync. The mode used is returned and printed. Trace processor refuses a clock snapshot whose
+trace clock (BOOTTIME) reads less than in an earlier snapshot of the same clocks, and stops
+converting from any other clock that goes back; each rank's file holds a snapshot at its start and
+at its end, so the next rank's first snapshot (taken while the previous rank still ran) would go
+back. The merged file keeps a global snapshot only when no clock in it goes back from the last one
+kept with the same clocks (the rest are dropped and counted): every rank converts through the
+kept ones, readings of the same clocks (shifted ones for other hosts). Sequence-scoped snapshots
+(clocks 64-127, one sequence each) are kept as they are.
 
 Memory stays bounded: files are read packet by packet and one compressed batch at a time, each
 inflated within the bounds of ``stepscope._inflate`` (a decompression bomb is skipped). A damaged
@@ -306,13 +313,41 @@ def _parsable(packets: Iterable[bytes], pb) -> Iterator[bytes]:
 
 
 # -- rewriting ----------------------------------------------------------------------------------
+class _SnapshotFilter:
+    """Which global clock snapshots the merged file keeps (see the module docstring): shared by
+    the rewriters of all inputs, in output order."""
+
+    def __init__(self) -> None:
+        self.last: dict[frozenset, dict[int, int]] = {}  # clock set -> last kept readings
+        self.dropped = 0
+
+    def keep(self, snap: bytes) -> bool:
+        clocks: dict[int, int] = {}
+        for field, wt, s, e, _ in _fields(snap):
+            if field == 1 and wt == 2:  # Clock: clock_id (1), timestamp (2), last one wins
+                c = {f: v for f, w, v, _, _ in _fields(snap[s:e]) if w == 0}
+                cid = c.get(1, 0)
+                if 64 <= cid <= 127:
+                    return True  # sequence-scoped: that sequence's own, in its file's order
+                clocks[cid] = c.get(2, 0)
+        key = frozenset(clocks)
+        last = self.last.get(key)
+        if last is not None and any(ts < last[cid] for cid, ts in clocks.items()):
+            self.dropped += 1
+            return False
+        self.last[key] = clocks
+        return True
+
+
 class _Rewriter:
     """Rewrites one input file's packets: sequence ids, and clocks/pids where needed."""
 
-    def __init__(self, info: InputInfo, alloc: Iterator[int]) -> None:
+    def __init__(self, info: InputInfo, alloc: Iterator[int],
+                 snapshots: _SnapshotFilter | None = None) -> None:
         self.info = info
         self.budget = _inflate.Budget(os.path.getsize(info.path))
         self.skipped: dict[str, int] = {}  # what was left out: batches, packets, bytes
+        self.snapshots = snapshots or _SnapshotFilter()
         self.alloc = alloc
         self.seq_map: dict[int, int] = {}
         self.seq_clock: dict[int, int] = {}  # sequence -> default timestamp clock id
@@ -327,27 +362,39 @@ class _Rewriter:
             new = self.seq_map[old] = next(self.alloc)
         return new
 
-    def packet(self, pkt: bytes) -> bytes:
+    def packet(self, pkt: bytes) -> bytes | None:
+        """The rewritten packet; None when nothing is left of it (a dropped clock snapshot)."""
         self.packets += 1
         out: list[bytes] | None = None
         seq = None
         ts_field = None
         clock_id = None
         last = 0
+        dropped = False  # a clock snapshot left out
+        other = False  # a field besides the sequence id, timestamp and a dropped snapshot
         for field, wt, s, e, start in _fields(pkt):
             rep = None
             if field == F_SEQ_ID and wt == 0:
                 seq = s
                 rep = self._seq_field(s)
+            elif field == F_CLOCK_SNAPSHOT and wt == 2:
+                snap = self._snapshot(pkt[s:e]) if self.shift else pkt[s:e]
+                if self.snapshots.keep(snap):
+                    other = True
+                    rep = f_bytes(field, snap) if self.shift else None
+                else:
+                    dropped, rep = True, b""
             elif field == F_COMPRESSED and wt == 2:
+                other = True
                 self.packets -= 1
                 rep = f_bytes(F_COMPRESSED, self._batch(pkt[s:e]))
             elif wt == 2 and field == F_TRACK_DESCRIPTOR and self.info.pid_map:
+                other = True
                 rep = f_bytes(field, self._descriptor(pkt[s:e]))
-            elif self.shift:
-                if field == F_CLOCK_SNAPSHOT and wt == 2:
-                    rep = f_bytes(field, self._snapshot(pkt[s:e]))
-                elif field == F_TIMESTAMP and wt == 0:
+            elif field not in (F_TIMESTAMP, F_SEQ_ID):
+                other = True
+            if rep is None and self.shift:
+                if field == F_TIMESTAMP and wt == 0:
                     ts_field = (start, e, s)
                 elif field == F_TS_CLOCK_ID and wt == 0:
                     clock_id = s
@@ -361,6 +408,9 @@ class _Rewriter:
                 out.append(pkt[last:start])
                 out.append(rep)
                 last = e
+        if dropped and not other:  # only a dropped snapshot (and sequence id, time): none
+            self.packets -= 1
+            return None
         if self.shift:
             if self._pending_default is not None and seq is not None:
                 self.seq_clock[seq] = self._pending_default
@@ -431,7 +481,7 @@ class _Rewriter:
             patched = self._batch_in_place(data)
             if patched is not None:
                 return zlib.compress(patched, 1)
-        parts = [f_bytes(1, self.packet(p)) for p in iter_trace_bytes(data)]
+        parts = [f_bytes(1, q) for q in map(self.packet, iter_trace_bytes(data)) if q is not None]
         return zlib.compress(b"".join(parts), 1)
 
     def _batch_in_place(self, data: bytes) -> bytes | None:
@@ -458,6 +508,8 @@ class _Rewriter:
                     while data[q] & 0x80:
                         q += 1
                     q += 1
+                if data[q] == 0x50 and data[q + 2:q + 3] == b"\x32":
+                    return None  # a clock snapshot (the writer's own packet): the slow path
                 if data[q] != 0x50:  # rarely: other fields first (interned data); walk them
                     end = p + ln
                     while q < end:
@@ -535,6 +587,7 @@ class MergeResult:
     alignment: str  # "shared clock (host X)" or "wall clock (REALTIME) across hosts ..."
     packets: int
     skipped: dict[str, int] = dataclasses.field(default_factory=dict)  # left out: counts
+    snapshots_dropped: int = 0  # global clock snapshots that went back in time (see above)
 
     def format(self) -> str:
         return (
@@ -573,6 +626,7 @@ def merge(
             n += 1
 
     alloc = ids()
+    snapshots = _SnapshotFilter()
     out_path = Path(output)
     total = 0
     skipped: dict[str, int] = {}
@@ -583,7 +637,7 @@ def merge(
     try:
         with os.fdopen(fd, "wb") as out:
             for info in infos:
-                rw = _Rewriter(info, alloc)
+                rw = _Rewriter(info, alloc, snapshots)
                 with open(info.path, "rb") as f:
                     for pkt in iter_packets(f):
                         new = rw.rewrite(pkt)
@@ -605,7 +659,8 @@ def merge(
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return MergeResult(out_path, infos, [i.rank for i in infos], alignment, total, skipped)
+    return MergeResult(out_path, infos, [i.rank for i in infos], alignment, total, skipped,
+                       snapshots.dropped)
 
 
 def _decode_error() -> type[Exception]:

@@ -7,7 +7,9 @@
 --
 -- Definitions used by every table:
 --   * owner of a track (ss_track_info): upid of the nearest track at or above it (following
---     track.parent_id) that is a thread track (-> thread.upid) or a process track (-> upid).
+--     track.parent_id) that is a thread track (-> thread.upid) or a process track (-> upid),
+--     counter tracks included (thread_counter_track, process_counter_track: trace processor
+--     lists a counter under a process there, with no parent_id and not in process_track).
 --     GPU "stream <id>" tracks sit under a "GPU <id> (<name>)" track under the rank's process
 --     track, so device slices belong to the rank that launched them. upid -1 = no process.
 --     utid: the thread of the nearest thread track at or above the track (host slices, also
@@ -63,13 +65,15 @@ ss_track_up(track_id, cur_id, hops) AS (
   WHERE t.parent_id IS NOT NULL AND u.hops < 32
 ),
 ss_track_hop AS (
-  SELECT u.track_id, u.hops, COALESCE(th.upid, pt.upid) AS upid,
-         tt.utid AS utid
+  SELECT u.track_id, u.hops, COALESCE(th.upid, pt.upid, pc.upid) AS upid,
+         COALESCE(tt.utid, tc.utid) AS utid
   FROM ss_track_up u
   LEFT JOIN thread_track tt ON tt.id = u.cur_id
-  LEFT JOIN thread th ON th.utid = tt.utid
+  LEFT JOIN thread_counter_track tc ON tc.id = u.cur_id
+  LEFT JOIN thread th ON th.utid = COALESCE(tt.utid, tc.utid)
   LEFT JOIN process_track pt ON pt.id = u.cur_id
-  WHERE tt.id IS NOT NULL OR pt.id IS NOT NULL
+  LEFT JOIN process_counter_track pc ON pc.id = u.cur_id
+  WHERE tt.id IS NOT NULL OR pt.id IS NOT NULL OR tc.id IS NOT NULL OR pc.id IS NOT NULL
 ),
 ss_track_owner AS (
   SELECT DISTINCT track_id,

@@ -51,15 +51,51 @@ def test_events_carry_code_time_and_thread_ident():
         _recorder.chain(41)()
         got["window"] = (t0, time.perf_counter_ns())
         got["ident"] = threading.get_ident()
+        got["native"] = threading.get_native_id()
 
     th = threading.Thread(target=work)
     th.start()
     th.join()
     ev = _recorder.drain().reshape(-1, 3)
-    assert ev.shape == (1, 3)
-    assert ev[0, 0] == 41 and ev[0, 2] == got["ident"]
-    assert got["window"][0] <= ev[0, 1] <= got["window"][1]
+    # the thread's first event is preceded by its mark: (THREAD, native id, ident)
+    assert ev.shape == (2, 3)
+    assert ev[0].tolist() == [_recorder.THREAD, got["native"], got["ident"]]
+    assert ev[1, 0] == 41 and ev[1, 2] == got["ident"]
+    assert got["window"][0] <= ev[1, 1] <= got["window"][1]
     assert _recorder.pending_words() == 0
+
+
+def _unmarked(words: np.ndarray) -> list[int]:
+    """Recorded words without the thread marks (see _recorder: THREAD)."""
+    ev = words.reshape(-1, 3)
+    return ev[ev[:, 0] != _recorder.THREAD].ravel().tolist()
+
+
+@needs_fast
+def test_each_os_thread_marks_its_first_event_once_per_recording():
+    # a mark per thread, not per event; again after clear() (a new session), not per drain
+    _recorder.clear()
+    emit = fast.Emit(5)
+
+    def work():
+        emit()
+        emit()
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for th in threads:
+        th.start()
+        th.join()  # one after another: the idents are probably reused, the marks are not
+    emit()
+    ev = _recorder.drain().reshape(-1, 3)
+    codes = ev[:, 0].tolist()
+    assert codes == [_recorder.THREAD, 5, 5] * 3 + [_recorder.THREAD, 5]
+    assert ev[ev[:, 0] == _recorder.THREAD, 1].tolist() == (
+        [th.native_id for th in threads] + [threading.get_native_id()])
+    emit()
+    assert _recorder.drain().reshape(-1, 3)[:, 0].tolist() == [5]  # a drain keeps the mark
+    _recorder.clear()
+    emit()
+    assert _recorder.drain().reshape(-1, 3)[:, 0].tolist() == [_recorder.THREAD, 5]
 
 
 @needs_fast
@@ -72,7 +108,7 @@ def test_extend_takes_whole_events_or_nothing():
         fast.extend((7, 8, "x"))
     with pytest.raises(OverflowError):
         fast.extend((7, 8, 1 << 70))
-    assert _recorder.drain().tolist() == [1, 2, 3, 4, 5, 6]
+    assert _unmarked(_recorder.drain()) == [1, 2, 3, 4, 5, 6]
 
 
 @needs_fast
@@ -81,7 +117,7 @@ def test_withdraw_nulls_the_matching_event_only():
     fast.extend((8, 100, 7, 8, 200, 7, 9, 200, 7))
     assert _recorder.withdraw((8, 200, 7))
     assert not _recorder.withdraw((8, 300, 7))
-    assert _recorder.drain().tolist() == [8, 100, 7, _recorder.NULL, 200, 7, 9, 200, 7]
+    assert _unmarked(_recorder.drain()) == [8, 100, 7, _recorder.NULL, 200, 7, 9, 200, 7]
 
 
 @needs_fast
@@ -178,7 +214,7 @@ def test_modes_follow_the_session(tmp_path):
         with r:
             stepscope.push_range("mode probe")
             stepscope.pop_range()
-        got = _recorder.drain().reshape(-1, 3)[:, 0].tolist()
+        got = _unmarked(_recorder.drain())[0::3]
     assert got == [begin, begin, END_DETAIL, END_DETAIL]
 
 
@@ -209,7 +245,7 @@ def test_noop_and_emit_take_any_arguments():
     _recorder.clear()
     emit = fast.Emit(12345)
     assert emit(None, None, None) is None and emit(ValueError, ValueError("x"), None) is None
-    assert _recorder.drain().reshape(-1, 3)[:, 0].tolist() == [12345, 12345]
+    assert _unmarked(_recorder.drain())[0::3] == [12345, 12345]
 
 
 @pytest.mark.skipif(FORCED_PURE or fast is None, reason="this run already is the pure one")
@@ -217,7 +253,8 @@ def test_core_tests_pass_on_the_pure_python_recorder():
     here = os.path.dirname(__file__)
     env = dict(os.environ, STEPSCOPE_PURE_PYTHON="1")
     files = [os.path.join(here, f) for f in ("test_writer.py", "test_robustness.py",
-                                             "test_nvtx.py", "test_fast.py")]
+                                             "test_nvtx.py", "test_fast.py",
+                                             "test_thread_tracks.py", "test_decorators.py")]
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            *files], env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

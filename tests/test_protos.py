@@ -9,6 +9,7 @@ number, type, label and type name, and the enums we define must be complete.
 from __future__ import annotations
 
 import re
+import time
 import zlib
 from pathlib import Path
 
@@ -690,11 +691,12 @@ def test_what_the_writer_writes_is_all_defined_here(files, tmp_path):
         gpu = sess.new_track("GPU 0", parent=sess.process_uuid)
         stream = sess.new_track("stream 7", parent=gpu)
         util = sess.new_counter_track("util", unit="%", parent=gpu)
-        for clock in ("monotonic", "realtime"):
+        # times now on each clock: trace processor drops events before BOOTTIME's zero
+        for clock, t in (("monotonic", time.monotonic_ns()), ("realtime", time.time_ns())):
             em = sess.emitter(clock=clock)
-            em.complete(1_000, 50, "launch", gpu, category="cuda_runtime", flow_ids=[5])
+            em.complete(t, 50, "launch", gpu, category="cuda_runtime", flow_ids=[5])
             em.complete(
-                1_010,
+                t + 10,
                 20,
                 "kernel",
                 stream,
@@ -702,9 +704,9 @@ def test_what_the_writer_writes_is_all_defined_here(files, tmp_path):
                 args={"grid_x": 4},
                 terminating_flow_ids=[5],
             )
-            em.instant(1_020, "sync", stream)
-            em.counter(1_030, util, 0.75)
-            em.counter(1_031, util, 2)
+            em.instant(t + 20, "sync", stream)
+            em.counter(t + 30, util, 0.75)
+            em.counter(t + 31, util, 2)
     cls = _our_classes(files)
     data = path.read_bytes()
     used: set[str] = set()

@@ -69,7 +69,8 @@ def test_odd_messages_become_valid_names(tmp_path):
             stepscope.push_range(msg)
             stepscope.pop_range()
     names = begins(path)
-    expected = ["17", "", "bytes\ufffd", "x" * 1024, "bad \ufffd utf8", "<Broken>", "['a']"]
+    expected = ["17", "<unnamed>", "bytes\ufffd", "x" * 1024, "bad \ufffd utf8", "<Broken>",
+                "['a']"]
     assert names == [n for n in expected for _ in (0, 1)]
     text = " ".join(str(w.message) for w in caught)
     assert "not a str" in text and "cut" in text

@@ -159,26 +159,27 @@ def test_emitter_exact_timestamps_any_order_and_flows(path):
     stream = sess.new_track("stream 7", parent=gpu)
     ctr = sess.new_counter_track("util", unit="%")
     em = sess.emitter(clock="realtime")
-    em.complete(1_000_150, 50, "child2", stream)
-    em.complete(1_000_100, 100, "parent", stream, category="kernel", args={"grid_x": 128},
+    t = time.time_ns()  # on the clock now: trace processor drops events before its zero
+    em.complete(t + 150, 50, "child2", stream)
+    em.complete(t + 100, 100, "parent", stream, category="kernel", args={"grid_x": 128},
                 terminating_flow_ids=[99])
-    em.complete(1_000_100, 50, "child1", stream)
-    em.complete(1_000_300, 0, "empty", stream)
-    em.counter(1_000_100, ctr, 0.5)
-    em.counter(1_000_200, ctr, 0.0)
+    em.complete(t + 100, 50, "child1", stream)
+    em.complete(t + 300, 0, "empty", stream)
+    em.counter(t + 100, ctr, 0.5)
+    em.counter(t + 200, ctr, 0.0)
     sess.stop()
     d = decode(path)
     assert d.tracks[stream].parent_uuid == gpu
     assert d.tracks[gpu].parent_uuid == sess.process_uuid
-    assert d.slices(stream) == [("parent", 0, 1_000_100, 1_000_200),
-                                ("child1", 1, 1_000_100, 1_000_150),
-                                ("child2", 1, 1_000_150, 1_000_200),
-                                ("empty", 0, 1_000_300, 1_000_300)]
+    assert d.slices(stream) == [("parent", 0, t + 100, t + 200),
+                                ("child1", 1, t + 100, t + 150),
+                                ("child2", 1, t + 150, t + 200),
+                                ("empty", 0, t + 300, t + 300)]
     parent = next(e for e in d.events if e.name == "parent")
     assert parent.clock == 1  # REALTIME-based sequence clock
     assert parent.categories == ("kernel",) and parent.args == {"grid_x": 128}
     assert parent.tflows == (99,)
-    assert [(e.ts, e.value) for e in d.by_track(ctr)] == [(1_000_100, 0.5), (1_000_200, 0.0)]
+    assert [(e.ts, e.value) for e in d.by_track(ctr)] == [(t + 100, 0.5), (t + 200, 0.0)]
     assert d.tracks[ctr].counter.unit_name == "%"
 
 

@@ -9,13 +9,20 @@ counter value): a range is two events.
     python tools/bench_analysis.py            # 100k and 1M events
     python tools/bench_analysis.py --10m      # and 10M events
     python tools/bench_analysis.py --sizes 200000 --keep /tmp/traces
+    STEPSCOPE_TRACE_PROCESSOR=/path/to/trace_processor_shell \
+        python tools/bench_analysis.py --engine trace_processor --per-table
+    python tools/bench_analysis.py --steps 20000 --ranges 0 --engine trace_processor
+                                              # a profiler-like run: 20k steps, no user ranges
 
 The script puts the checkout's ``src`` first on ``sys.path`` itself (no PYTHONPATH needed).
 Each size runs in a fresh subprocess (this same file, so the same ``src``) so that peak memory
 (ru_maxrss) is that of one load.
 The summaries are computed as a report does: ``summaries.all_tables(db)``, which computes the
 shared base pieces once (``--per-table`` prints each table's share).
-Targets (issue 3): 10M events loaded and summarized in <= 20 s, peak memory <= 2 GB.
+Targets (issue 3): 10M events loaded and summarized in <= 20 s, peak memory <= 2 GB. With
+``--engine trace_processor`` (its binary from ``STEPSCOPE_TRACE_PROCESSOR`` or ``PATH``) the same
+summaries run on Perfetto's trace processor; target (issue 17): all summaries within twice its
+own load time.
 """
 
 from __future__ import annotations
@@ -37,13 +44,17 @@ RANGES_PER_PHASE = 8  # leaf ranges inside each phase
 EVENTS_PER_STEP = 2 * (1 + 4 + 4 * RANGES_PER_PHASE) + 1
 
 
-def generate(path: str, n_events: int) -> dict:
-    """Write a trace of about ``n_events`` events with the stepscope writer."""
+def generate(path: str, n_events: int, ranges: int = RANGES_PER_PHASE,
+             steps: int | None = None) -> dict:
+    """Write a trace of about ``n_events`` events with the stepscope writer (``ranges`` leaf
+    ranges per phase; ``steps``: that many steps, the worker thread then writing the rest)."""
     import stepscope
     from stepscope import _schema
 
-    steps = max(1, n_events * 4 // (5 * EVENTS_PER_STEP))  # 80 % main thread, 20 % worker
-    worker_events = n_events - steps * EVENTS_PER_STEP
+    per_step = 2 * (1 + 4 + 4 * ranges) + 1
+    if steps is None:
+        steps = max(1, n_events * 4 // (5 * per_step))  # 80 % main thread, 20 % worker
+    worker_events = n_events - steps * per_step
     t0 = time.perf_counter()
     stop = threading.Event()
 
@@ -62,7 +73,7 @@ def generate(path: str, n_events: int) -> dict:
                                     args={_schema.ARG_STEP: s} if s % 100 == 0 else None):
                 for phase in _schema.PHASES:
                     with stepscope.annotate(phase, category=_schema.CAT_PHASE):
-                        for r in range(RANGES_PER_PHASE):
+                        for r in range(ranges):
                             with stepscope.annotate(f"op{r}"):
                                 pass
                 stepscope.counter("loss", 1.0 / (s + 1))
@@ -71,12 +82,13 @@ def generate(path: str, n_events: int) -> dict:
             "bytes": os.path.getsize(path)}
 
 
-def measure(path: str, summaries_too: bool = True) -> dict:
-    """Load + all summaries in this process; returns timings and peak memory."""
+def measure(path: str, summaries_too: bool = True, engine: str = "embedded") -> dict:
+    """Load + all summaries in this process; returns timings and peak memory (of this process:
+    trace processor's own memory is not counted)."""
     from stepscope import analysis
 
     t0, c0 = time.perf_counter(), time.process_time()
-    db = analysis.open(path, engine="embedded")
+    db = analysis.open(path, engine=engine)
     t1, c1 = time.perf_counter(), time.process_time()
     n_slices = db.query("SELECT COUNT(*) AS n FROM slice")[0]["n"]
     n_counters = db.query("SELECT COUNT(*) AS n FROM counter")[0]["n"]
@@ -133,9 +145,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-table", action="store_true", help="print each summary's seconds")
     ap.add_argument("--load-only", action="store_true",
                     help="load + three aggregate queries instead of the summaries")
+    ap.add_argument("--engine", choices=("embedded", "trace_processor"), default="embedded",
+                    help="the engine that loads and summarizes (trace_processor: its binary "
+                         "from STEPSCOPE_TRACE_PROCESSOR or PATH)")
+    ap.add_argument("--ranges", type=int, default=RANGES_PER_PHASE,
+                    help=f"leaf ranges per phase in generated traces (default "
+                         f"{RANGES_PER_PHASE})")
+    ap.add_argument("--steps", type=int, help="steps per generated trace (default: 80%% of "
+                    "the events on the main thread); the size is then at least the steps' events")
     a = ap.parse_args(argv)
     if a.measure:
-        print(json.dumps(measure(a.measure, not a.load_only)))
+        print(json.dumps(measure(a.measure, not a.load_only, a.engine)))
         return 0
     sizes = list(a.sizes) + ([10_000_000] if a.ten else [])
     scratch = None if a.keep else tempfile.TemporaryDirectory(prefix="stepscope-bench-")
@@ -146,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if scratch is not None:
             scratch.cleanup()
-    print("summaries:" if not a.load_only else "load + 3 aggregate queries (--load-only):")
+    print(f"engine: {a.engine}; " + ("summaries:" if not a.load_only
+                                     else "load + 3 aggregate queries (--load-only):"))
     hdr = f"{'events':>11} {'file MB':>8} {'slices':>10} {'load s':>7} {'summ. s':>8} " \
           f"{'total s':>8} {'load cpu':>8} {'tot cpu':>8} {'peak MB':>8}"
     print(hdr)
@@ -163,14 +184,16 @@ def _run_sizes(a: argparse.Namespace, sizes: list[int], tmp: str) -> list[dict]:
     """Measure each size in a child process (this same file, ``--measure``)."""
     rows = []
     for n in sizes:
-        path = os.path.join(tmp, f"bench_{n}.pftrace")
+        shape = "" if (a.ranges, a.steps) == (RANGES_PER_PHASE, None) else \
+            f"_r{a.ranges}_s{a.steps}"
+        path = os.path.join(tmp, f"bench_{n}{shape}.pftrace")
         if not os.path.exists(path):
-            info = generate(path, n)
+            info = generate(path, n, a.ranges, a.steps)
             print(f"wrote {path}: {info['bytes'] / 1e6:.1f} MB in {info['write_s']:.1f} s",
                   file=sys.stderr)
         # the child's module-level sys.path.insert finds the same src: no PYTHONPATH needed
-        cmd = [sys.executable, __file__, "--measure", path] + (["--load-only"] if a.load_only
-                                                              else [])
+        cmd = [sys.executable, __file__, "--measure", path, "--engine", a.engine] + (
+            ["--load-only"] if a.load_only else [])
         out = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if out.returncode != 0:
             print(out.stderr, file=sys.stderr)

@@ -31,9 +31,11 @@ _forward = False  # also send ranges to NVTX
 
 
 class _Range:
-    """A user range: context manager and decorator. Begins/ends on the calling thread."""
+    """A user range: context manager and decorator. Begins/ends on the calling thread.
+    ``message`` is what the user gave (None when nothing: a decorator then names the function),
+    ``name`` what the slice is called."""
 
-    __slots__ = ("message", "color", "domain", "category", "payload", "args", "begin")
+    __slots__ = ("message", "name", "color", "domain", "category", "payload", "args", "begin")
 
     def __call__(self, func: Callable) -> Callable:
         return _decorate(func, self.message, self.color, self.domain, self.category,
@@ -41,7 +43,7 @@ class _Range:
 
     def _enter_forwarding(self):
         self.begin()
-        _nvtx.forward_push(self.message, self.color, self.domain, self.category)
+        _nvtx.forward_push(self.name, self.color, self.domain, self.category)
 
     def _exit(self, exc_type, exc, tb, _end=rec.end_detail):
         _end()
@@ -58,7 +60,8 @@ if rec.fast is not None:
         """A cached range in C: ``__enter__``/``__exit__`` record, do nothing, or delegate to
         ``_enter_slow``/``_exit_slow`` (forwarding), as the global mode says."""
 
-        __slots__ = ("message", "color", "domain", "category", "payload", "args", "begin")
+        __slots__ = ("message", "name", "color", "domain", "category", "payload", "args",
+                     "begin")
         __call__ = _Range.__call__
 
         def _enter_slow(self):  # mode "delegate": detail recording and forwarding are on
@@ -76,10 +79,21 @@ _lock = threading.RLock()  # reentrant: a signal handler may stop the session me
 def _categories(domain, category) -> tuple[str, ...]:
     cats = []
     if domain is not None:
-        cats.append(domain if isinstance(domain, str) else str(getattr(domain, "name", domain)))
+        cats.append(_domain_name(domain))
     if category is not None:
-        cats.append(str(category))
+        cats.append(rec.clean_text(category, "category"))
     return tuple(cats)
+
+
+def _domain_name(domain) -> str:
+    """A domain's name (an nvtx Domain's ``.name``, else its str); never raises."""
+    if type(domain) is str:
+        return domain
+    try:
+        domain = getattr(domain, "name", domain)
+    except Exception:  # a broken property: its str() then
+        pass
+    return rec.clean_text(domain, "domain")
 
 
 def _kwargs(args: dict) -> dict:
@@ -107,7 +121,7 @@ def _make_range(message, color, domain, category, payload, args, fast=False) -> 
     """``fast`` (cached ranges only): a C ``_CRange`` reading the global mode, or without the
     extension a class of its own whose enter/exit ``_on_state`` rebinds; otherwise a
     ``_SlowRange``, which checks the state on every call."""
-    name = "" if message is None else message
+    name = _name(message)
     cats = _categories(domain, category)
     if fast and rec.fast is not None:
         begin_code = code(event_id(name, cats), LEVEL_DETAIL, BEGIN)
@@ -122,7 +136,7 @@ def _make_range(message, color, domain, category, payload, args, fast=False) -> 
         r = _SlowRange()
         r.begin = functools.partial(rec.record_named, BEGIN, name, cats, LEVEL_DETAIL,
                                     _args_data(payload, args))
-    r.message, r.color, r.domain, r.category = name, color, domain, category
+    r.message, r.name, r.color, r.domain, r.category = message, name, color, domain, category
     r.payload, r.args = payload, args
     return r
 
@@ -137,7 +151,7 @@ class _SlowRange(_Range):
         if _on:
             self.begin()
             if _forward:
-                _nvtx.forward_push(self.message, self.color, self.domain, self.category)
+                _nvtx.forward_push(self.name, self.color, self.domain, self.category)
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -279,7 +293,7 @@ def _annotate_slow(message, color, domain, category, payload, args):
     if "cupy" not in sys.modules:
         warn_once("gpu_range", "annotate(gpu=True) needs CuPy; timing the host only")
         return host
-    return _GpuRange(host, rec.clean_name("" if message is None else message))
+    return _GpuRange(host, rec.clean_name(_name(message)))
 
 
 def _host_range(message, color, domain, category, payload, args):
@@ -293,7 +307,7 @@ def _host_range(message, color, domain, category, payload, args):
         hash(key)
     except TypeError:
         message = rec.clean_name(message)
-        key = (message, None if domain is None else str(domain), category)
+        key = (message, None if domain is None else _domain_name(domain), category)
     r = _ranges.get(key)
     if r is None:
         if len(_ranges) >= MAX_CACHED_RANGES:  # so many names: no class per name any more
@@ -315,9 +329,14 @@ def _decorate(func, message, color, domain, category, payload, args):
         srcloc = (co.co_filename, target.__qualname__, co.co_firstlineno)
     except (AttributeError, ValueError):
         srcloc = None
-    name = message if message is not None else getattr(func, "__qualname__", repr(func))
+    if _unnamed(message):  # @annotate, @annotate(), @annotate(domain=...): the function
+        message = getattr(func, "__qualname__", None) or repr(func)
+    name = message
     cats = _categories(domain, category)
     data = _args_data(payload, args)
+    if inspect.iscoroutinefunction(func):
+        eid = event_id(name, cats, srcloc)
+        return _decorate_coroutine(func, eid, data, rec.kinds[eid].name, color, domain, category)
     # the args are fixed for the life of the function: an event kind carrying them, so every
     # call records a fast code (see rec.event_id); a blob per call only for unhashable values
     eid = event_id(name, cats, srcloc, args=data)
@@ -331,22 +350,6 @@ def _decorate(func, message, color, domain, category, payload, args):
             rec.record_blob(Blob(BEGIN, eid, LEVEL_DETAIL, args=data))
     end = rec.end_detail
     clean = rec.kinds[eid].name
-
-    if inspect.iscoroutinefunction(func):
-        @functools.wraps(func)
-        async def async_wrapper(*a, **k):
-            if not _on:
-                return await func(*a, **k)
-            begin()
-            if _forward:
-                _nvtx.forward_push(clean, color, domain, category)
-            try:
-                return await func(*a, **k)
-            finally:
-                end()
-                if _forward:
-                    _nvtx.forward_pop(domain)
-        return async_wrapper
 
     @functools.wraps(func)
     def wrapper(*a, **k):
@@ -367,6 +370,31 @@ def _decorate(func, message, color, domain, category, payload, args):
         fast = rec.fast.Decorated(func, wrapper, fast_code)
         return functools.update_wrapper(fast, func)
     return wrapper
+
+
+def _decorate_coroutine(func, eid, args, name, color, domain, category):
+    """An ``async def`` function as an async range (the ``start_range`` kind, on an "async
+    ranges" track): coroutines interleave on one thread, so their ranges cannot share the
+    thread's stack (the first to end would close the last to begin)."""
+
+    @functools.wraps(func)
+    async def async_wrapper(*a, **k):
+        sess = _session.current() if _on else None
+        if sess is None:
+            return await func(*a, **k)
+        track = sess.acquire_async_track()
+        rec.record_blob(Blob(BEGIN, eid, LEVEL_DETAIL, track=track, args=args))
+        fwd = _nvtx.forward_start(name, color, domain, category) if _forward else None
+        try:
+            return await func(*a, **k)
+        finally:
+            if _session.current() is sess:  # not a track of the next session
+                if rec.ON:
+                    rec.record_blob(Blob(END, 0, LEVEL_DETAIL, track=track))
+                sess.release_async_track(track)
+            if fwd is not None:
+                _nvtx.forward_end(fwd, domain)
+    return async_wrapper
 
 
 # --- push/pop, start/end, mark ------------------------------------------------------------------
@@ -392,8 +420,15 @@ def push_range(message: Any = None, color: Any = None, domain: Any = None, categ
         _nvtx.forward_push(_name(message), color, domain, category)
 
 
+UNNAMED = "<unnamed>"  # the name of a range, or mark, given no message: none is nameless
+
+
+def _unnamed(message) -> bool:
+    return message is None or (isinstance(message, str) and str.__len__(message) == 0)
+
+
 def _name(message) -> Any:
-    return "" if message is None else message
+    return UNNAMED if _unnamed(message) else message
 
 
 def _push_chain(message, domain, category):
@@ -403,7 +438,7 @@ def _push_chain(message, domain, category):
         hash(key)
     except TypeError:  # unhashable message: clean it (str) and key on that
         message = rec.clean_name(message)
-        key = message if plain else (message, str(domain), str(category))
+        key = message if plain else (message, *_categories(domain, category))
     c = _push_chains.get(key)
     if c is None:
         cats = _categories(domain, category)
@@ -498,15 +533,22 @@ def counter(name: str, value: float, unit: str | None = None) -> None:
     sess = _session.current()
     if sess is None:
         return
+    name = rec.clean_text(name, "counter name")
     if not isinstance(value, (int, float)):
         try:
             value = float(value)
-        except (TypeError, ValueError, OverflowError):
-            warn_once("counter_value",
-                      f"counter {name!r}: value {value!r} is not a number; ignored")
+        except Exception:  # not a number, or a __float__ that fails: never the user's problem
+            warn_once("counter_value", f"counter {name!r}: a value of type "
+                      f"{type(value).__name__} is not a number; ignored")
             return
+    if isinstance(unit, str):
+        unit = str.__str__(unit)
+    elif unit is not None:
+        warn_once("counter_unit", f"counter {name!r}: a unit of type {type(unit).__name__} is "
+                  f"not a str; using '<{type(unit).__name__}>'")
+        unit = f"<{type(unit).__name__}>"
     # the writer makes it an int64 or a double (``counter_value``)
-    rec.record_blob(Blob(rec.COUNTER, 0, LEVEL_DETAIL, track=sess.counter_track(str(name), unit),
+    rec.record_blob(Blob(rec.COUNTER, 0, LEVEL_DETAIL, track=sess.counter_track(name, unit),
                          value=value))
 
 

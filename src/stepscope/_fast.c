@@ -56,7 +56,26 @@ static int grow(Py_ssize_t need) {
     return 0;
 }
 
+/* Thread marks. Python reuses a thread ident (pthread_self) as soon as its thread has ended, so
+ * the ident alone cannot tell two threads apart. The first event of each OS thread in each
+ * recording (since the last clear) is preceded by (THREAD_MARK, native thread id, ident): the
+ * writer starts a new thread there. The check is one thread-local load per event. */
+#define THREAD_MARK 7 /* _recorder.THREAD: code(0, 1, 3), a code no event has */
+static int64_t generation = 1; /* bumped by clear(): every thread marks itself again */
+static __thread int64_t marked_generation = 0;
+
+static void mark_thread(void) {
+    if (buf_len + 3 > buf_cap && grow(buf_len + 3) < 0) return; /* retried at the next event */
+    int64_t *p = buf + buf_len;
+    p[0] = THREAD_MARK;
+    p[1] = (int64_t)PyThread_get_thread_native_id();
+    p[2] = (int64_t)PyThread_get_thread_ident();
+    buf_len += 3;
+    marked_generation = generation;
+}
+
 static inline void put(int64_t code, int64_t ts) {
+    if (__builtin_expect(marked_generation != generation, 0)) mark_thread();
     if (buf_len + 3 > buf_cap && grow(buf_len + 3) < 0) {
         lost++;
         return;
@@ -99,6 +118,7 @@ static PyObject *f_extend(PyObject *self, PyObject *seq) {
         }
     }
     Py_DECREF(fast);
+    if (n && marked_generation != generation) mark_thread();
     if (buf_len + n > buf_cap && grow(buf_len + n) < 0) {
         lost += n / 3;
     } else {
@@ -128,6 +148,7 @@ static PyObject *f_lost(PyObject *self, PyObject *unused) { return PyLong_FromLo
 
 static PyObject *f_clear(PyObject *self, PyObject *unused) {
     buf_len = 0;
+    generation++; /* the marks went with the events */
     Py_RETURN_NONE;
 }
 
@@ -753,7 +774,8 @@ PyMODINIT_FUNC PyInit__fast(void) {
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "Emit", (PyObject *)&EmitType) < 0
         || PyModule_AddObjectRef(m, "Range", (PyObject *)&RangeType) < 0
-        || PyModule_AddObjectRef(m, "Decorated", (PyObject *)&DecoratedType) < 0) {
+        || PyModule_AddObjectRef(m, "Decorated", (PyObject *)&DecoratedType) < 0
+        || PyModule_AddIntConstant(m, "THREAD_MARK", THREAD_MARK) < 0) {
         Py_DECREF(m);
         return NULL;
     }

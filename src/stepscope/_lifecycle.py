@@ -4,6 +4,8 @@
 * SIGTERM / SIGINT: flush, then hand over to whatever handler was there before (for the
   default SIGTERM action: stop, restore the default and re-raise, so the exit status is right);
 * an unhandled exception: stop (main thread) or flush (other threads), then the previous hook;
+* the flushes that finish the files at exit encode for at most ``EXIT_FLUSH_S`` (busy daemon
+  threads compete for the GIL meanwhile); what is left is dropped and counted;
 * SIGKILL cannot be caught: the writer flushes every ``flush_interval_s``, and every write ends
   on a packet boundary, so the file holds a loadable trace up to the last flush.
 """
@@ -72,6 +74,7 @@ def _session():
 def _at_exit() -> None:
     sess = _session()
     if sess is not None:
+        sess.exiting()  # bounded: daemon threads may still be busy
         sess.stop()
 
 
@@ -82,6 +85,7 @@ def _on_signal(signum, frame) -> None:
         sess = None  # we interrupted the session's own work: the file ends on a packet boundary
     if sess is not None:
         if previous in (signal.SIG_DFL, None) and signum == signal.SIGTERM:
+            sess.exiting()
             sess.stop()  # the process is about to die: finish the files properly
         else:
             sess.flush(timeout=5.0)
@@ -97,6 +101,7 @@ def _excepthook(exc_type, exc, tb) -> None:
     sess = _session()
     if sess is not None:
         try:
+            sess.exiting()
             sess.stop()
         except Exception:
             pass

@@ -126,7 +126,12 @@ def _forward(fn: str, *args: Any) -> Any:
 
 
 def _text(message: Any) -> Any:
-    return str(message) if message is not None and type(message) is not str else message
+    if message is None or type(message) is str:
+        return message
+    try:
+        return str(message)
+    except Exception:  # a broken __str__: the name stepscope records too
+        return f"<{type(message).__name__}>"
 
 
 def forward_push(message: Any, color: Any = None, domain: str | None = None,

@@ -15,6 +15,12 @@ extension, range begins are recorded by a chain of C callables built once per ev
 Codes (see ``code()``): ``eid << 3 | level << 2 | kind`` for events whose name is in the event
 table, and ``-k`` for a "blob", an event with arguments or an explicit track whose description
 waits in ``_blobs[k]`` until the writer encodes it. All encoding happens in the writer thread.
+
+Thread marks: Python hands a finished thread's ident to the next thread it starts, so the ident
+alone would put two threads' events on one track. A ``(THREAD, native thread id, ident)`` triple
+before a thread's first event tells the writer where the next holder of an ident begins. The C
+buffer writes it itself (one thread-local check per event); the pure-Python one when the
+session's thread-start hook sees a new thread start (``mark_thread``), which costs no event.
 """
 
 from __future__ import annotations
@@ -45,11 +51,14 @@ def code(eid: int, level: int, kind: int) -> int:
     return (eid << 3) | (level << 2) | kind
 
 
+THREAD = code(0, LEVEL_SUMMARY, COUNTER)  # a thread mark (see above): no event has this code
 END_DETAIL = code(0, LEVEL_DETAIL, END)
 END_SUMMARY = code(0, LEVEL_SUMMARY, END)
 
 # --- the buffer ---------------------------------------------------------------------------------
 fast = load_extension("stepscope._fast")
+if fast is not None and getattr(fast, "THREAD_MARK", None) != THREAD:
+    fast = None  # a stale build that writes no thread marks: the pure-Python twin instead
 
 # True while a session records: summary-level events (steps, phases, counters) are kept.
 ON = False
@@ -63,6 +72,9 @@ if fast is not None:
     pending_words = fast.size  # int64 words recorded and not drained yet (3 per event)
     lost_events = fast.lost  # events not stored for lack of memory
     clear = fast.clear
+
+    def mark_thread(native_id: int) -> None:
+        """Nothing to do: the C buffer marks each thread at its first event."""
 
     def drain() -> np.ndarray:
         """Take everything recorded so far, flat (code, ts, ident)* (writer thread only)."""
@@ -87,6 +99,11 @@ else:
 
     def clear() -> None:
         del events[:]
+
+    def mark_thread(native_id: int) -> None:
+        """Mark the start of the calling thread (called once, when it starts, while recording)."""
+        if ON:
+            _ext((THREAD, native_id, get_ident()))
 
     def drain() -> np.ndarray:
         """Take everything recorded so far, flat (code, ts, ident)* (writer thread only)."""
@@ -149,6 +166,21 @@ def clean_name(name: Any) -> str:
         warn_once("long", f"range names longer than {MAX_NAME_CHARS} characters are cut")
         name = name[:MAX_NAME_CHARS]
     return name
+
+
+def clean_text(value: Any, what: str) -> str:
+    """``str(value)`` for text the trace holds besides event names (a category, a counter's name
+    or unit); never raises: a value whose ``str()`` fails becomes ``<TypeName>``, with one
+    warning (the user's program must not fail for what it hands the profiler)."""
+    if type(value) is str:
+        return value
+    try:
+        return str.__str__(value) if isinstance(value, str) else str(value)
+    except Exception as exc:
+        kind = type(value).__name__
+        warn_once(f"badtext {what}", f"str() of the {kind} given as {what} failed "
+                  f"({type(exc).__name__}); using '<{kind}>'")
+        return f"<{kind}>"
 
 
 MAX_EVENT_KINDS = 1 << 16  # interned names; past this, new names are written inline

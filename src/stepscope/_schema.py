@@ -35,6 +35,33 @@ PHASE_BACKWARD = "Backward"
 PHASE_OPTIMIZATION = "Optimization"
 PHASE_OTHERS = "Others"  # step time not covered by any phase (computed, never written)
 PHASES = (PHASE_DATALOADER, PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZATION)
+# The spellings of those phases that the summaries recognize, in any letter case (ASCII): a
+# phase named "fwd" or "FORWARD" is a Forward phase in the Overview. The only definition: the
+# summary SQL's test (analysis.summaries.PHASE_KIND_SQL) and the embedded engine's slice base
+# are both made from it.
+PHASE_ALIASES = {
+    PHASE_DATALOADER: ("dataloader", "data_loader", "data-loader", "data loader", "dataloading",
+                       "data_loading", "data-loading", "data loading", "data", "load_data",
+                       "loader"),
+    PHASE_FORWARD: ("forward", "fwd", "fw", "fprop", "forward_pass", "forward-pass",
+                    "forward pass"),
+    PHASE_BACKWARD: ("backward", "bwd", "bw", "bprop", "backprop", "backward_pass",
+                     "backward-pass", "backward pass"),
+    PHASE_OPTIMIZATION: ("optimization", "optimisation", "optimizer", "optimiser", "optim",
+                         "opt", "optimizer_step", "optimizer-step", "optimizer step",
+                         "optimizer.step", "optimiser_step", "optim_step", "opt_step",
+                         "opt-step", "opt.step"),
+}
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_PHASE_OF_ALIAS = {a: phase for phase, names in PHASE_ALIASES.items() for a in names}
+
+
+def phase_of(name: str | None) -> str | None:
+    """The step phase (one of ``PHASES``) a phase name spells, in any letter case; None for
+    any other name. ASCII case only, as SQL's ``lower()``."""
+    if name is None:
+        return None
+    return _PHASE_OF_ALIAS.get(name.translate(_ASCII_LOWER))
 
 STEP_NAME = "step {step}"
 DATALOADER_WAIT_NAME = "dataloader.next"

@@ -47,6 +47,11 @@ BLOB_BYTES = 400  # a Blob with a small args dict
 _MIN_WAKE_S = 0.002
 _FLUSH_SWITCH_S = 0.0002  # GIL switch interval while the writer flushes
 _WAKE_S = 0.1  # a wake costs ~100 us of CPU on small VMs: 20 ms wakes were 0.5% of a core
+# While the program exits, the flushes that finish the files encode for at most this long;
+# what is left then is dropped and counted. Busy daemon threads keep taking the GIL at exit:
+# unbounded, the last flush took 3-16 s.
+EXIT_FLUSH_S = 1.0
+_FLUSH_PIECE = 1 << 16  # events encoded between two looks at the exit deadline
 _current: Session | None = None
 
 
@@ -182,6 +187,7 @@ class Session:
         self.process_uuid = self._register(self._process_descriptor)
         self._threads: dict[int, tuple[int, int, str]] = {}  # ident -> (uuid, tid, name)
         self._native_threads: dict[int, int] = {}  # system tid -> uuid (native_thread_track)
+        self._ended_before: set[int] = set()  # see _forget_ended_threads
         self._counter_tracks: dict[str, int] = {}
         self._async_free: list[int] = []
         self._emitters: list[Emitter] = []
@@ -200,6 +206,7 @@ class Session:
         self._writer: threading.Thread | None = None
         self._io_thread: threading.Thread | None = None
         self._last_flush = 0.0
+        self._deadline: float | None = None  # set when the program exits (see exiting)
         self.started = False
         self.stopped = False
         self.on_close: list[Callable[[Sink], None]] = []
@@ -303,24 +310,31 @@ class Session:
                                 + w.f_varint(w.THD_TID, int(tid)) + w.f_str(w.THD_NAME, name)))
             return uuid
 
-    def _thread_track(self, ident: int) -> int:
+    def _thread_track(self, ident: int, exclude: frozenset[int] = frozenset()) -> int:
+        """The track of the thread that holds (or last held) ``ident``. ``exclude``: native ids
+        of threads known not to be the one meant (those that marked their start later)."""
         known = self._threads.get(ident)
         thread = threading._active.get(ident)  # noqa: SLF001 - the only map from ident to Thread
-        if thread is not None:
-            tid, name = thread.native_id or (ident & 0x7FFFFFFF), thread.name
-        elif ident in _started_threads:  # ended before the writer saw it (the newest holder)
-            tid, name = _started_threads[ident]
-        elif known is not None:
+        if thread is not None and _tid(thread, ident) not in exclude:
+            tid, name = _tid(thread, ident), thread.name
+        elif ident in _started_threads and _started_threads[ident][0] not in exclude:
+            tid, name = _started_threads[ident]  # ended before the writer saw it
+        elif known is not None and known[1] not in exclude:
             return known[0]
         else:
-            thread = _find_dead_thread(ident)
+            thread = _find_dead_thread(ident, exclude)
             if thread is not None:
-                tid, name = thread.native_id or (ident & 0x7FFFFFFF), thread.name
+                tid, name = _tid(thread, ident), thread.name
             else:
                 tid, name = ident & 0x7FFFFFFF, f"thread {ident:#x}"
+        return self._set_holder(ident, tid, name)
+
+    def _set_holder(self, ident: int, tid: int, name: str) -> int:
+        """Make thread ``tid`` the holder of ``ident``: a renamed thread keeps its track, a new
+        thread that reuses the ident gets its own."""
+        known = self._threads.get(ident)
         if known is not None and known[1:] == (tid, name):
             return known[0]
-        # a renamed thread keeps its track; a new thread that reuses the ident gets its own
         uuid = known[0] if known is not None and known[1] == tid else self._new_uuid()
         self._threads[ident] = (uuid, tid, name)
         self.tracks[uuid] = (w.f_varint(w.TD_UUID, uuid)
@@ -329,6 +343,49 @@ class Session:
                                          + w.f_varint(w.THD_TID, tid)
                                          + w.f_str(w.THD_NAME, name)))
         return uuid
+
+    def _unmarked_track(self, ident: int, exclude: frozenset[int]) -> int:
+        """The track of events of ``ident`` that follow no thread mark in this batch: those of
+        the thread that held the ident at the last flush, unless a newer holder never marked
+        its start (pure Python, a thread the start hook did not see). ``exclude``: native ids
+        of the threads that mark their start later in this batch."""
+        known = self._threads.get(ident)
+        if known is not None and known[1] not in exclude:
+            thread = threading._active.get(ident)  # noqa: SLF001
+            tid = None if thread is None else _tid(thread, ident)
+            if tid == known[1]:
+                return self._set_holder(ident, tid, thread.name)  # renamed: same track
+            if (thread is None or _recorder.fast is not None or tid in exclude
+                    or tid in _thread_names):
+                return known[0]  # the newer holder marks its own start
+        return self._thread_track(ident, exclude)
+
+    def _marked_track(self, ident: int, native_id: int) -> int:
+        """The track of the thread whose start mark says (native id, ident)."""
+        known = self._threads.get(ident)
+        if known is not None and known[1] == native_id:
+            return known[0]  # the same thread marked again (a new recording)
+        thread = threading._active.get(ident)  # noqa: SLF001
+        if thread is not None and _tid(thread, ident) == native_id:
+            name = thread.name
+        elif native_id in _thread_names:
+            name = _thread_names[native_id]
+        else:
+            thread = _find_dead_thread(ident, native_id=native_id)
+            name = thread.name if thread is not None else f"thread {native_id}"
+        return self._set_holder(ident, native_id, name)
+
+    def _forget_ended_threads(self) -> None:
+        """Drop the start-hook names of threads found ended at two flushes in a row: every
+        event they recorded has been drained by then (bounds the table for endless threads)."""
+        if not _thread_names:
+            self._ended_before = set()
+            return
+        alive = {_tid(t, i) for i, t in list(threading._active.items())}  # noqa: SLF001
+        ended = set(_thread_names) - alive
+        for native_id in ended & self._ended_before:
+            _thread_names.pop(native_id, None)
+        self._ended_before = ended
 
     # -- sinks -------------------------------------------------------------------------------
     def add_sink(self, path: str | os.PathLike,
@@ -355,7 +412,8 @@ class Session:
         with self._lock:
             if sink not in self.sinks:
                 return
-            self._flush_locked(False)
+            with _short_gil_turns():  # as the writer's: busy threads return the GIL sooner
+                self._flush_locked(False)
             now = _clock.now()
             for seq in sink.sequences.values():
                 sink.close_open_slices(seq, now)
@@ -420,11 +478,28 @@ class Session:
         if self.started and not self.stopped:
             _recorder.set_state(True, self.detail)
 
+    def exiting(self) -> None:
+        """The program is exiting (atexit, an unhandled exception, SIGTERM): from now on the
+        flushes that finish the files stop encoding ``EXIT_FLUSH_S`` seconds from here, and
+        drop (and count) what is left, so that busy daemon threads cannot hold the exit."""
+        if self._deadline is None:
+            self._deadline = time.monotonic() + EXIT_FLUSH_S
+
+    def _exit_deadline(self) -> float | None:
+        """The exit deadline; set on first sight of interpreter exit (atexit handlers, which run
+        in the main thread once it is no longer alive; e.g. the profiler's own)."""
+        if self._deadline is None:
+            main = threading.main_thread()
+            if threading.current_thread() is main and not main.is_alive():
+                self.exiting()
+        return self._deadline
+
     def stop(self) -> None:
         """Stop recording, write everything, close all files. Safe to call twice."""
         global _current
         if not self.started or self.stopped or self._stopping.is_set():
             return
+        self._exit_deadline()
         self._stopping.set()
         for hook in list(self.before_stop):  # e.g. the profiler closing its open window
             try:
@@ -526,27 +601,50 @@ class Session:
         lost = _recorder.lost_events()  # events the C buffer could not store (out of memory)
         self.dropped += lost - self._lost_seen
         self._lost_seen = lost
+        for sink in self.sinks:  # a failed write: its events count as dropped, files restart
+            self.dropped += sink.recover()
         pending_raw = len(chunk) // 3 * RAW_EVENT_BYTES + len(_recorder.blobs) * BLOB_BYTES
         backlog = self._io_pending > self.buffer_bytes // 2 or pending_raw > self.buffer_bytes
-        if len(chunk) and backlog:
+        deadline = self._exit_deadline()
+        late = deadline is not None and time.monotonic() > deadline  # exiting, out of time
+        if len(chunk) and (backlog or late):
+            self._split(chunk, True, marks_only=True)  # who holds which ident, still
             self._drop(chunk)  # encoding or the disk cannot keep up: drop, count, move on
             chunk = chunk[:0]
         emitted = []
         for em in self._emitters:
             events = em.take()
-            if events:  # one blob id per event, shared by every file that takes it
+            if late:
+                self.dropped += len(events)
+            elif events:  # one blob id per event, shared by every file that takes it
                 ids = -np.array([_recorder.register_blob(e[4]) for e in events], dtype=np.int64)
                 emitted.append((em, ids, np.array([e[0] for e in events], dtype=np.int64)))
-        groups = self._split(chunk, discard_detail)
+        # in pieces, with a look at the exit deadline (which stop() may set meanwhile) between
+        lo = 0
+        while lo < len(chunk):
+            deadline = self._deadline
+            if deadline is not None and time.monotonic() > deadline:
+                rest = chunk[lo:]
+                self._split(rest, True, marks_only=True)
+                self._drop(rest)  # out of time: counted, not written
+                break
+            part = chunk[lo:lo + 3 * _FLUSH_PIECE]
+            lo += len(part)
+            groups = self._split(part, discard_detail)
+            for sink in self.sinks:
+                sink.describe(self.tracks)
+                for ident, uuid, codes, ts, levels in groups:
+                    mask = self._level_mask(levels, sink.levels)
+                    if mask is not None:
+                        codes, ts = codes[mask], ts[mask]
+                    seq = sink.sequence(("thread", ident, uuid), uuid, _clock.MONOTONIC)
+                    sink.add_events(seq, codes, ts)
+            for codes in [g[2] for g in groups]:
+                for k in codes[codes < 0].tolist():
+                    _recorder.blobs.pop(-k, None)
+        self._forget_ended_threads()
         for sink in self.sinks:
             sink.describe(self.tracks)
-            for ident, codes, ts, levels in groups:
-                mask = self._level_mask(levels, sink.levels)
-                if mask is not None:
-                    codes, ts = codes[mask], ts[mask]
-                uuid = self._threads[ident][0]
-                seq = sink.sequence(("thread", ident, uuid), uuid, _clock.MONOTONIC)
-                sink.add_events(seq, codes, ts)
             for em, codes, ts in emitted:
                 if em.level not in sink.levels or (discard_detail and em.level == LEVEL_DETAIL):
                     continue
@@ -556,12 +654,12 @@ class Session:
         self._dropped_written = self.dropped
         for sink in self.sinks:
             self._send(sink)
-        for codes in [g[1] for g in groups] + [e[1] for e in emitted]:
+        for codes in [e[1] for e in emitted]:
             for k in codes[codes < 0].tolist():
                 _recorder.blobs.pop(-k, None)
 
     def _drop(self, chunk: np.ndarray) -> None:
-        self.dropped += len(chunk) // 3
+        self.dropped += int(np.count_nonzero(chunk[0::3] != _recorder.THREAD))  # no marks
         for k in chunk[0::3][chunk[0::3] < 0].tolist():
             _recorder.blobs.pop(-k, None)
         now = _clock.now()
@@ -570,22 +668,29 @@ class Session:
             for seq in sink.sequences.values():
                 sink.close_open_slices(seq, now)
 
-    def _split(self, chunk: np.ndarray, discard_detail: bool):
-        """Per thread: (ident, codes, ts, levels) in time order."""
+    def _split(self, chunk: np.ndarray, discard_detail: bool, marks_only: bool = False):
+        """Per thread: (ident, track, codes, ts, levels) in time order. Thread marks (see
+        ``_recorder``) cut an ident's events where a new thread took the ident over; with
+        ``marks_only``, only the marks are taken in (for a batch that is dropped)."""
         if not len(chunk):
             return []
         arr = chunk.reshape(-1, 3)
         codes, ts, tids = arr[:, 0], arr[:, 1], arr[:, 2]
+        marks = codes == _recorder.THREAD
+        if marks_only:
+            for native_id, ident in zip(ts[marks].tolist(), tids[marks].tolist(), strict=True):
+                self._marked_track(ident, native_id)
+            return []
         if (codes == _recorder.NULL).any():  # withdrawn events
             keep = codes != _recorder.NULL
-            codes, ts, tids = codes[keep], ts[keep], tids[keep]
+            codes, ts, tids, marks = codes[keep], ts[keep], tids[keep], marks[keep]
         levels = (codes >> 2) & 1
         neg = np.nonzero(codes < 0)[0]
         if len(neg):
             levels[neg] = [LEVEL_DETAIL if b is None else b.level
                            for b in map(_recorder.blobs.get, (-codes[neg]).tolist())]
         if discard_detail:
-            keep = levels == LEVEL_SUMMARY
+            keep = (levels == LEVEL_SUMMARY) | marks
             codes, ts, tids, levels = codes[keep], ts[keep], tids[keep], levels[keep]
         if len(tids) == 0:
             return []
@@ -599,8 +704,20 @@ class Session:
                      zip(np.r_[0, cuts], np.r_[cuts, len(st)], strict=True)]
         out = []
         for ident, sel in parts:
-            self._thread_track(ident)
-            out.append((ident, codes[sel], ts[sel], levels[sel]))
+            c, t, lv = codes[sel], ts[sel], levels[sel]
+            at = np.flatnonzero(c == _recorder.THREAD).tolist()
+            if not at:
+                out.append((ident, self._unmarked_track(ident, frozenset()), c, t, lv))
+                continue
+            native_ids = t[at].tolist()
+            if at[0]:  # events of the thread that held the ident before the first mark
+                uuid = self._unmarked_track(ident, frozenset(native_ids))
+                out.append((ident, uuid, c[:at[0]], t[:at[0]], lv[:at[0]]))
+            for k, (i, native_id) in enumerate(zip(at, native_ids, strict=True)):
+                uuid = self._marked_track(ident, native_id)
+                j = at[k + 1] if k + 1 < len(at) else len(c)
+                if j > i + 1:
+                    out.append((ident, uuid, c[i + 1:j], t[i + 1:j], lv[i + 1:j]))
         return out
 
     @staticmethod
@@ -645,10 +762,7 @@ class Session:
                 break
             size = len(data)
             try:
-                if sink.compress:
-                    data = sink.compress_chunk(data)
-                if not sink.closed:
-                    sink.write_now(data)
+                sink.write_chunk(data)  # a failed write is cut back and counted there
             except Exception as exc:
                 self._error(f"writing {sink.path} failed: {exc!r}")
             finally:
@@ -679,8 +793,10 @@ class Session:
             if sink is None:
                 continue
             self._io_pending -= len(data)
-            if not sink.closed:
-                sink.write_now(sink.compress_chunk(data) if sink.compress else data)
+            try:
+                sink.write_chunk(data)
+            except OSError as exc:
+                self._error(f"writing {sink.path} failed: {exc!r}")
 
 
 def _bad_level(x) -> int:
@@ -688,21 +804,39 @@ def _bad_level(x) -> int:
 
 
 _started_threads: dict[int, tuple[int, str]] = {}  # ident -> (native id, name) at thread start
+_thread_names: dict[int, str] = {}  # native id -> name at thread start (until flushed, ended)
+
+
+def _tid(thread: threading.Thread, ident: int) -> int:
+    return thread.native_id or (ident & 0x7FFFFFFF)
 
 
 def _note_thread_start(frame, event, arg) -> None:
     """Profile hook run once at the start of every new thread while tracing: remembers its
-    name, so a thread that ends before the next flush still gets a named track."""
+    name, so a thread that ends before the next flush still gets a named track, and marks its
+    start (pure-Python buffer), so that it does not take the events of an earlier thread that
+    had its ident."""
     t = threading.current_thread()
-    _started_threads[t.ident] = (t.native_id or (t.ident & 0x7FFFFFFF), t.name)
+    native_id = _tid(t, t.ident)
+    _started_threads[t.ident] = (native_id, t.name)
+    _thread_names[native_id] = t.name
+    _recorder.mark_thread(native_id)
     sys.setprofile(None)
 
 
-def _find_dead_thread(ident: int) -> threading.Thread | None:
-    """A finished Thread still referenced by the user (the newest, as idents get reused)."""
+def _find_dead_thread(ident: int, exclude: frozenset[int] = frozenset(),
+                      native_id: int | None = None) -> threading.Thread | None:
+    """A finished Thread still referenced by the user: the one with ``native_id``, else the
+    newest not in ``exclude`` (idents get reused)."""
     found = None
     for t in list(getattr(threading, "_dangling", ())):
-        if t.ident == ident and (found is None or (t.native_id or 0) > (found.native_id or 0)):
+        if t.ident != ident:
+            continue
+        tid = t.native_id or 0
+        if native_id is not None:
+            if tid == native_id:
+                return t
+        elif tid not in exclude and (found is None or tid > (found.native_id or 0)):
             found = t
     return found
 

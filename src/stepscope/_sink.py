@@ -3,10 +3,17 @@
 A sink turns per-thread (or per-emitter) batches of events into packets of its own sequences and
 hands finished byte strings to the session's I/O thread. Every write ends on a packet boundary,
 so the file is a loadable trace after every flush, and after a SIGKILL up to the last one.
+
+A write that fails (disk full, quota) is cut back to the last whole packet, and what could not
+be written is dropped and counted like the buffer cap's drops. Batches already encoded after it
+lean on its interned names and timestamps, so they are dropped too, and the next flush restarts
+every sequence (cleared incremental state, names interned again, tracks described again): the
+file stays a valid trace at every moment and takes events again as soon as space returns.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import zlib
 
@@ -27,7 +34,7 @@ class SequenceState:
     """Incremental state of one sequence in one file: interning, clock, open slices."""
 
     __slots__ = ("seq_id", "interner", "last_ts", "depth", "track", "clock_id", "prefix",
-                 "templates", "started")
+                 "templates", "started", "counted", "lost")
 
     def __init__(self, seq_id: int, track: int | None, clock_id: int):
         self.seq_id = seq_id
@@ -39,6 +46,16 @@ class SequenceState:
         self.prefix = w.f_varint(w.PKT_SEQUENCE_ID, seq_id) + _PREFIX_FLAGS
         self.templates: dict[int, bytes] = {}  # fast event code -> template bytes
         self.started = False
+        self.counted = True  # its events count as dropped when a write fails
+        self.lost = False  # packets of this sequence were lost: the restart says so
+
+    def restart(self) -> None:
+        """Forget the incremental state: the next packet starts the sequence again."""
+        self.interner = Interner()
+        self.templates = {}
+        self.started = False
+        self.depth = 0  # ends of slices begun before are then unmatched, and left out
+        self.lost = True
 
     def start_packet(self, t0: int) -> bytes:
         """First packet: clears incremental state, sets defaults, declares clock 64."""
@@ -56,7 +73,8 @@ class SequenceState:
             w.f_varint(w.PKT_SEQUENCE_ID, self.seq_id),
             w.f_varint(w.PKT_SEQUENCE_FLAGS,
                        w.SEQ_INCREMENTAL_STATE_CLEARED | w.SEQ_NEEDS_INCREMENTAL_STATE),
-            w.f_bool(w.PKT_FIRST_ON_SEQUENCE, True),
+            w.f_bool(w.PKT_PREVIOUS_PACKET_DROPPED if self.lost else w.PKT_FIRST_ON_SEQUENCE,
+                     True),
             w.f_bytes(w.PKT_DEFAULTS, defaults),
             w.f_bytes(w.PKT_CLOCK_SNAPSHOT, clocks),
         )
@@ -103,12 +121,23 @@ class Sink:
         self.bytes_raw = 0
         self.closed = False
         self.warn_unmatched = True  # False for files opened mid-run (windows): drops expected
+        # failed writes: what the writer thread encodes belongs to generation `gen`; the I/O
+        # thread drops the chunks of every generation up to `_failed_gen` (see write_chunk)
+        self.gen = 0
+        self._failed_gen = -1
+        self._chunk_info: dict[int, tuple[int, int]] = {}  # id(chunk) -> (gen, events)
+        self._part_events: dict[int, int] = {}  # index in pending -> events of that part
+        self.offset = 0  # bytes on disk, all whole packets
+        self.lost_events = 0  # events dropped because a write failed (I/O thread)
+        self.lost_bytes = 0  # raw packet bytes dropped with them
+        self._lost_reported = 0
 
     # -- building one flush ----------------------------------------------------------------
     def sequence(self, key: object, track: int | None, clock_id: int) -> SequenceState:
         seq = self.sequences.get(key)
         if seq is None:
             seq = self.sequences[key] = SequenceState(self._next_seq, track, clock_id)
+            seq.counted = key != ("dropped",)  # the drop counter does not count itself
             self._next_seq += 1
         return seq
 
@@ -192,6 +221,8 @@ class Sink:
         seq.last_ts = int(ts[-1])
         out.append(assemble(deltas, tidx, templates))
         self.pending.extend(out)
+        if seq.counted:
+            self._part_events[len(self.pending) - 1] = n
 
     def close_open_slices(self, seq: SequenceState, ts: int) -> None:
         """End slices still open on the default track, e.g. when a detail window closes."""
@@ -207,20 +238,72 @@ class Sink:
         if not self.pending:
             return []
         parts, self.pending = self.pending, []
+        events, self._part_events = self._part_events, {}
         self.bytes_raw += sum(map(len, parts))
         if not self.compress:
-            return [b"".join(parts)]
+            return [self._tag(b"".join(parts), sum(events.values()))]
         # batches of ~1 MiB, split between encoded batches (each holds whole packets)
-        chunks, cur, size = [], [], 0
-        for part in parts:
+        chunks, cur, size, nev = [], [], 0, 0
+        for i, part in enumerate(parts):
             cur.append(part)
             size += len(part)
+            nev += events.get(i, 0)
             if size >= COMPRESS_CHUNK:
-                chunks.append(b"".join(cur))
-                cur, size = [], 0
+                chunks.append(self._tag(b"".join(cur), nev))
+                cur, size, nev = [], 0, 0
         if cur:
-            chunks.append(b"".join(cur))
+            chunks.append(self._tag(b"".join(cur), nev))
         return chunks
+
+    def _tag(self, chunk: bytes, events: int) -> bytes:
+        self._chunk_info[id(chunk)] = (self.gen, events)
+        return chunk
+
+    def recover(self) -> int:
+        """After a failed write (writer thread, before encoding a flush): restart every
+        sequence and describe every track again, so what follows stands on its own. Returns
+        the events lost since the last call."""
+        if self._failed_gen >= self.gen:
+            self.gen += 1
+            for seq in self.sequences.values():
+                seq.restart()
+            self.described = {}
+            self.warn_unmatched = False  # ends of slices begun in the lost part: expected
+            self.clock_snapshot(_clock.snapshot())
+        lost = self.lost_events - self._lost_reported
+        self._lost_reported += lost
+        return lost
+
+    def write_chunk(self, raw: bytes) -> None:
+        """Compress (if asked) and write one chunk of ``take()`` (the I/O thread).
+
+        A chunk of a generation with a failed write is dropped (it leans on what was lost). A
+        failed write is cut back to the last whole packet, counted, and raised (to be
+        reported); the writer restarts the sequences at its next flush (``recover``)."""
+        gen, events = self._chunk_info.pop(id(raw), (self.gen, 0))
+        if self.closed:
+            return
+        if gen <= self._failed_gen:
+            self.lost_events += events
+            self.lost_bytes += len(raw)
+            return
+        data = self.compress_chunk(raw) if self.compress else raw
+        try:
+            self.write_now(data)
+        except OSError as e:
+            self._failed_gen = gen
+            self.lost_events += events
+            self.lost_bytes += len(raw)
+            # a partial packet would make the rest of the file unreadable: cut it off, and
+            # write the next chunk over it even if the cut failed
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, self.offset)
+            with contextlib.suppress(OSError):
+                os.lseek(self.fd, self.offset, os.SEEK_SET)
+            raise OSError(e.errno, f"{e.strerror or e}: the file keeps its first {self.offset} "
+                          "bytes (whole packets); events are dropped and counted until a write "
+                          "succeeds again") from None
+        self.offset += len(data)
 
     def compress_chunk(self, raw: bytes) -> bytes:
         """Wrap raw packets into one ``compressed_packets`` packet (runs on the I/O thread)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 # modules that define add_parsers(subparsers); each subcommand sets func=handler(args) -> int
 _COMMAND_MODULES = (
@@ -28,7 +29,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Skipped trace data is news for the user, not a code location: one stderr line."""
+    from ._inflate import TraceDamageWarning
+
+    if issubclass(category, TraceDamageWarning):
+        print(f"stepscope: {message}", file=sys.stderr, flush=True)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+_default_showwarning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.showwarning = _show_warning
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)

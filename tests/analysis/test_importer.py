@@ -197,6 +197,10 @@ def test_tracks_threads_processes(tmp_path):
     assert rows(conn, "SELECT upid FROM process_track WHERE name = 'GPU 0'") == [dict(upid=1)]
     assert rows(conn, "SELECT name, unit FROM counter_track") == [dict(name="mem",
                                                                        unit="bytes")]
+    # as trace processor lists it: the process's counter (the summaries take its rank so)
+    assert rows(conn, "SELECT name, upid FROM process_counter_track") == [dict(name="mem",
+                                                                               upid=1)]
+    assert rows(conn, "SELECT COUNT(*) AS n FROM thread_counter_track") == [dict(n=0)]
 
 
 # --- args -------------------------------------------------------------------------------------
@@ -374,6 +378,53 @@ def test_incremental_clock_restarts_at_each_snapshot_of_its_sequence(tmp_path):
     conn, stats = load(write(tmp_path, pk))
     got = {r["name"]: (r["ts"], r["dur"]) for r in rows(conn, "SELECT name, ts, dur FROM slice")}
     assert got == {"a": (5_000_500, 100), "b": (7_000_007, 0)}
+    assert stats["clock_sync_failure"] == 1
+
+
+@pytest.mark.rejected_trace_ok
+def test_events_before_the_trace_clocks_zero_are_dropped_and_counted(tmp_path):
+    """As trace processor: a TrackEvent whose time on the trace clock (BOOTTIME) is negative
+    is dropped and counted as track_event_invalid_timestamp (it kept them before)."""
+    boot, real = 6, 1
+    pk = descriptors() + [
+        snapshot(1, dict(clock_id=boot, timestamp=1_000), dict(clock_id=real, timestamp=10_000)),
+        start(seq=2),
+        ev(5_000, TI, name="early"),  # REALTIME 5_000 = BOOTTIME -4_000: dropped
+        ev(8_000, TC, track=CTR, counter_value=1),  # BOOTTIME -1_000: dropped
+        ev(9_500, TB, name="ok"),  # BOOTTIME 500
+        ev(10_500, TE),  # 1_500
+        ev(12_000, TC, track=CTR, counter_value=2),  # 3_000
+    ]
+    for p in pk[-5:]:
+        p.timestamp_clock_id = real
+    conn, stats = load(write(tmp_path, pk))
+    assert [(r["name"], r["ts"], r["dur"]) for r in rows(conn, "SELECT * FROM slice")] == [
+        ("ok", 500, 1_000)]
+    assert [(r["ts"], r["value"]) for r in rows(conn, "SELECT * FROM counter")] == [(3_000, 2.0)]
+    assert stats["track_event_invalid_timestamp"] == 2
+    assert rows(conn, "SELECT value FROM stats WHERE name = 'track_event_invalid_timestamp'") \
+        == [dict(value=2)]
+
+
+@pytest.mark.rejected_trace_ok
+def test_clock_snapshots_that_go_back_as_trace_processor_takes_them(tmp_path):
+    """Trace processor refuses a snapshot whose trace clock (BOOTTIME) goes back, and converts
+    no longer from another clock that goes back (MONOTONIC here): its events are dropped."""
+    boot, mono, real = 6, 3, 1
+    pk = descriptors() + [
+        snapshot(1, dict(clock_id=boot, timestamp=5_000), dict(clock_id=real, timestamp=9_000)),
+        snapshot(1, dict(clock_id=boot, timestamp=4_000), dict(clock_id=real, timestamp=9_500)),
+        snapshot(1, dict(clock_id=boot, timestamp=1_000), dict(clock_id=mono, timestamp=800)),
+        snapshot(1, dict(clock_id=boot, timestamp=2_000), dict(clock_id=mono, timestamp=700)),
+        start(seq=2),
+        ev(9_700, TI, name="real"),  # through the first snapshot only: 5_000 + 700
+        ev(900, TI, name="mono"),  # MONOTONIC went back: no conversion from it, dropped
+    ]
+    pk[-2].timestamp_clock_id = real
+    pk[-1].timestamp_clock_id = mono
+    conn, stats = load(write(tmp_path, pk))
+    assert [(r["name"], r["ts"]) for r in rows(conn, "SELECT * FROM slice")] == [("real", 5_700)]
+    assert stats["invalid_clock_snapshots"] == 1
     assert stats["clock_sync_failure"] == 1
 
 

@@ -108,11 +108,13 @@ def test_summary_cli_reports_unwritable_outputs_in_one_line(tmp_path):
         assert "cannot write" in out.stderr
 
 
-def test_a_missing_file_is_not_remembered_as_a_failed_download(tmp_path, monkeypatch):
-    monkeypatch.setattr(engines, "_download_failed", None)
+def test_a_missing_file_is_refused_before_any_download(tmp_path, monkeypatch):
+    def no_download(timeout=None):
+        raise AssertionError("downloaded")
+
+    monkeypatch.setattr(engines, "download_trace_processor", no_download)
     with pytest.raises(Exception, match="no such file"):
         engines.open(str(tmp_path / "nope.pftrace"), engine="trace_processor")
-    assert engines._download_failed is None
 
 
 def test_very_long_names_are_cut_on_a_character_boundary(tmp_path):

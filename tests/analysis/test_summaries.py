@@ -177,6 +177,29 @@ def test_operators_threads_merged(db):
     assert (rows["inner"]["self_ns"], rows["inner"]["stddev_ns"]) == (60, 0)
 
 
+def test_operator_stddev_is_exact_and_the_same_on_every_path():
+    """10 ms ranges with +-10 ns jitter (10,000 calls): stddev exactly 10 (the REAL sum of
+    squares gave 10.9); ranges of 2^50 ns +3 / -5: exactly 4 (it gave 0). The same bits through
+    trace processor's path (a REAL sum depends on the engine's summation and row order)."""
+    db = TraceDB()
+    r0 = db.process(100, "rank 0 (h)")
+    main = db.thread(r0, 101, "main")
+    t = 0
+    for i in range(10_000):
+        d = 10_000_000 + (10 if i % 2 else -10)
+        db.slice(main, t, d, "jitter")
+        t += d
+    for d in ((1 << 50) + 3, (1 << 50) - 5):
+        db.slice(main, t, d, "long")
+        t += d
+    rows = by(S.table(db, "operators").rows, "name")
+    assert rows["jitter"]["stddev_ns"] == 10.0
+    assert rows["long"]["stddev_ns"] == 4.0
+    tp = by(S.all_tables(_TraceProcessorLike(db.conn), names=["operators"])["operators"].rows,
+            "name")
+    assert tp == rows
+
+
 def test_operators_by_thread(db):
     t = S.table(db, "operators", by_thread=True)
     got = {
@@ -249,6 +272,56 @@ def test_device(db):
     # rank 0 kernels inside [1000,3000): 200 + 130 + nccl 200 = 530 of 2000
     assert rows[(0, "GPU 0 (H100) kernel busy %")]["mean"] == pytest.approx(26.5)
     assert rows[(1, "GPU 0 (A100) kernel busy %")]["mean"] == pytest.approx(30.0)
+
+
+def test_device_rank_of_counters_as_trace_processor_lists_them():
+    """Trace processor (v58) gives a counter under a process descriptor no parent_id and lists
+    it in process_counter_track (not process_track): its row still has the process's rank
+    (it said -1 before), as does a thread counter (thread_counter_track)."""
+    db = TraceDB()
+    r3 = db.process(300, "rank 3 (hostC)")
+    main = db.thread(r3, 301, "main")
+    mem = db.counter_track("host.rss", None, upid=r3)
+    clk = db.counter_track("thread.clock", None, utid=301)
+    db.slice(main, 1000, 1000, "step 0", "step", {"step": 0})
+    for ts, v in ((1000, 4.0), (1500, 8.0), (2000, 8.0)):
+        db.counter(mem, ts, v)
+    db.counter(clk, 1200, 2.0)
+    rows = [(r["rank"], r["name"], r["samples"], r["mean"]) for r in S.table(db, "device").rows]
+    # 4 holds 500 ns, 8 holds 500 ns: mean 6
+    assert rows == [(3, "host.rss", 3, 6.0), (3, "thread.clock", 1, 2.0)]
+
+
+class _TraceProcessorLike:
+    """An engine that, as trace processor, is reached only through ``query`` (here on SQLite)."""
+
+    engine = "trace_processor"
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.sqlite, self.seen = conn, []
+
+    def query(self, sql):
+        from stepscope.analysis.engines import Rows
+
+        self.seen.append(sql)
+        cur = self.sqlite.execute(sql)
+        cols = [d[0] for d in cur.description or ()]
+        return Rows([dict(zip(cols, r, strict=True)) for r in cur], cols)
+
+
+def test_trace_processor_computes_the_base_once_for_all_tables():
+    """On trace processor the base (every slice with its rank, thread and kind; steps; frame;
+    totals) is made once as temporary tables for all the tables of a report, not once per
+    table; the rows are those of each table computed alone from the CTEs, and nothing stays."""
+    tp = _TraceProcessorLike(scenario().conn)
+    got = {n: t.rows for n, t in S.all_tables(tp, names=S.TABLES).items()}
+    alone = scenario()
+    assert got == {n: S.table(alone, n).rows for n in S.TABLES}
+    made = [q for q in tp.seen if q.startswith("CREATE TEMP TABLE")]
+    assert [q.split()[3].split("(")[0] for q in made][-3:] == ["ss_frame", "ss_device",
+                                                                "ss_totals"]
+    assert sum("ss_slice" in q.split("(")[0] for q in made) == 1
+    assert tp.sqlite.execute("SELECT name FROM sqlite_temp_master").fetchall() == []
 
 
 def test_distributed_and_stragglers(db):
@@ -525,3 +598,30 @@ def test_rendered_sql_has_no_placeholders():
 
 def test_table_is_falsy_when_empty():
     assert not Table("x", "X", [], [])
+
+
+def test_device_mean_holds_the_last_sample_to_the_end_of_the_run():
+    """Issue 17 item 10: with two samples the mean was the first one (the last held 0 ns).
+
+    Steps [0,1000) and [1000,4000): the run ends at 4000. rss 100 at 1000 holds 2000 ns,
+    300 at 3000 holds the last 1000 ns: (100*2000 + 300*1000) / 3000 = 500000 / 3000.
+    A sample after the run's end (cpu 7 at 5000) holds nothing: (10*4000 + 7*0) / 4000 = 10.
+    With steps 1: (the window [1000,4000)), only the two rss samples, held as before."""
+    db = TraceDB()
+    up = db.process(100, "rank 0 (h)")
+    main = db.thread(up, 101, "main")
+    db.slice(main, 0, 1000, "step 0", "step", {"step": 0})
+    db.slice(main, 1000, 3000, "step 1", "step", {"step": 1})
+    rss = db.counter_track("host.process.rss", db.process_track(up))
+    db.counter(rss, 1000, 100.0)
+    db.counter(rss, 3000, 300.0)
+    cpu = db.counter_track("host.cpu.user %", db.process_track(up))
+    db.counter(cpu, 0, 10.0)
+    db.counter(cpu, 5000, 7.0)
+    rows = by(S.table(db, "device").rows, "name")
+    assert rows["host.process.rss"]["mean"] == pytest.approx(500000 / 3000)
+    assert (rows["host.process.rss"]["min"], rows["host.process.rss"]["max"]) == (100.0, 300.0)
+    assert rows["host.cpu.user %"]["mean"] == pytest.approx(10.0)
+    rows = by(S.table(db, "device", steps="1:").rows, "name")
+    assert rows["host.process.rss"]["mean"] == pytest.approx(500000 / 3000)
+    assert "host.cpu.user %" not in rows

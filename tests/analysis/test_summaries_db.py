@@ -16,6 +16,8 @@ CREATE TABLE track(id INTEGER PRIMARY KEY, name TEXT, parent_id INTEGER);
 CREATE TABLE thread_track(id INTEGER PRIMARY KEY, utid INTEGER);
 CREATE TABLE process_track(id INTEGER PRIMARY KEY, upid INTEGER);
 CREATE TABLE counter_track(id INTEGER PRIMARY KEY, name TEXT);
+CREATE TABLE process_counter_track(id INTEGER PRIMARY KEY, name TEXT, upid INTEGER);
+CREATE TABLE thread_counter_track(id INTEGER PRIMARY KEY, name TEXT, utid INTEGER);
 CREATE TABLE thread(utid INTEGER PRIMARY KEY, tid INTEGER, name TEXT, upid INTEGER);
 CREATE TABLE process(upid INTEGER PRIMARY KEY, pid INTEGER, name TEXT);
 CREATE TABLE slice(id INTEGER PRIMARY KEY, ts INTEGER, dur INTEGER, track_id INTEGER,
@@ -82,9 +84,18 @@ class TraceDB:
             self.conn.execute("INSERT INTO thread_track VALUES (?, ?)", (tr, utid))
         return tr
 
-    def counter_track(self, name: str, parent: int | None) -> int:
+    def counter_track(self, name: str, parent: int | None, upid: int | None = None,
+                      utid: int | None = None) -> int:
+        """A counter track; with ``upid`` (``utid``) also a process (thread) counter track, as
+        trace processor lists a counter under a process (thread) descriptor: no parent_id."""
         tr = self._new_track(name, parent)
         self.conn.execute("INSERT INTO counter_track VALUES (?, ?)", (tr, name))
+        if upid is not None:
+            self.conn.execute("INSERT INTO process_counter_track VALUES (?, ?, ?)",
+                              (tr, name, upid))
+        if utid is not None:
+            self.conn.execute("INSERT INTO thread_counter_track VALUES (?, ?, ?)",
+                              (tr, name, utid))
         return tr
 
     # -- events ------------------------------------------------------------------------------

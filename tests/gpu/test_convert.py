@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import time
 
 import numpy as np
 import pytest
@@ -10,11 +11,12 @@ from gpu_trace_decode import TYPE_INSTANT, decode
 
 from stepscope import _schema, _session
 from stepscope.gpu.convert import GpuTraceConverter, assign_lanes, demangle, flow_ids_for
-from stepscope.gpu.fixture import batch_from_records
+from stepscope.gpu.fixture import batch_from_records, rebase_shift, shifted
 from stepscope.gpu.occupancy import DeviceLimits
 
 H100 = DeviceLimits.for_compute_capability(9, 0, sm_count=132, name="H100")
 REALTIME = 1
+NOW = time.time_ns() // 10**9 * 10**9  # REALTIME now: trace processor drops times before boot
 
 
 def run(tmp_path, batch, devices, **kw):
@@ -188,7 +190,7 @@ def test_counters_for_two_overlapping_kernels_by_hand(tmp_path):
     # On 132 SMs: K1 66 blocks (0.5 blocks/SM) in [0, 6000); K2 99 blocks (0.75) in [4000, 9000),
     # on two streams. 128 threads, 32 regs: active blocks 16 (warp limit), so occupancy =
     # blocks/SM * 128 / 2048: K1 0.03125, K2 0.046875.
-    t0 = 1_700_000_000_000_000_000
+    t0 = NOW
     b = batch_from_records(
         [_kernel(t0, t0 + 6000, 7, 66, 1), _kernel(t0 + 4000, t0 + 9000, 9, 99, 2)]
     )
@@ -201,7 +203,7 @@ def test_counters_for_two_overlapping_kernels_by_hand(tmp_path):
 
 
 def test_overlap_on_one_stream_goes_to_a_sibling_track(tmp_path):
-    t0 = 1_700_000_000_000_000_000
+    t0 = NOW
     b = batch_from_records(
         [
             _kernel(t0, t0 + 6000, corr=1),
@@ -217,7 +219,7 @@ def test_overlap_on_one_stream_goes_to_a_sibling_track(tmp_path):
 
 
 def test_dropped_records_are_written(tmp_path):
-    b = batch_from_records([_kernel(1000, 2000)])
+    b = batch_from_records([_kernel(NOW + 1000, NOW + 2000)])
     b.dropped = 5
     tr, stats, _ = run(tmp_path, b, {0: H100}, counters=False)
     marks = [e for e in tr.events if e.type == TYPE_INSTANT]
@@ -247,7 +249,7 @@ def test_converter_needs_a_device():
 
 def test_each_device_uses_its_own_sm_count(tmp_path):
     small = DeviceLimits.for_compute_capability(8, 6, sm_count=66, name="A10")
-    t0 = 1_700_000_000_000_000_000
+    t0 = NOW
     k0 = _kernel(t0, t0 + 1000, grid=66, corr=1)
     k1 = {**_kernel(t0, t0 + 1000, grid=66, corr=2), "device_id": 1}
     tr, stats, _ = run(tmp_path, batch_from_records([k0, k1]), {0: H100, 1: small})
@@ -263,7 +265,8 @@ def test_counters_reach_a_summary_only_file(tmp_path, fixture):
     sess.add_sink(path, levels=("summary",))
     sess.start()
     try:
-        GpuTraceConverter(sess, {0: fixture.device}).convert(fixture.batch, steps=12)
+        batch = shifted(fixture.batch, rebase_shift(fixture.batch, []))  # recorded elsewhere
+        GpuTraceConverter(sess, {0: fixture.device}).convert(batch, steps=12)
     finally:
         sess.stop()
     tr = decode(path)
@@ -283,7 +286,7 @@ def test_records_without_stamps_or_outside_the_window_are_left_out(tmp_path):
     # CUPTI writes start=end=0 where it could not collect stamps; a record flushed while still
     # running has end < start; one from before the window starts long before it. None may
     # stretch the buckets (to the 1970 epoch) or reach the trace.
-    t0 = 1_700_000_000_000_000_000
+    t0 = NOW
     b = batch_from_records(
         [_kernel(t0, t0 + 6000, 7, 66, 1), _kernel(t0 + 4000, t0 + 9000, 9, 99, 2),
          _kernel(0, 0, corr=3), _kernel(t0 + 5000, 0, corr=4),
@@ -318,7 +321,7 @@ def test_flow_ids_of_ranks_that_share_a_pid_differ(tmp_path):
 
 
 def test_a_tiny_bucket_is_widened_to_a_bounded_count(tmp_path):
-    t0 = 1_700_000_000_000_000_000
+    t0 = NOW
     b = batch_from_records([_kernel(t0, t0 + 500_000_000)])
     tr, stats, _ = run(tmp_path, b, {0: H100}, bucket_ns=1, max_buckets=100,
                        window=(t0, t0 + 1_000_000_000))  # fmt: skip

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from gpu_fakes import FakeCupti
-from gpu_trace_decode import TYPE_INSTANT, decode
+from gpu_trace_decode import TYPE_COUNTER, TYPE_INSTANT, decode
 
 import stepscope
 import stepscope.gpu as gpu
@@ -202,6 +202,36 @@ def test_replayed_fixture_lines_up_host_and_device(tmp_path, fixture):
     assert len(dram) < len(fixture.gpm_samples)
     counts = collections.Counter(tr.track_name(s.track) for s in tr.slices)
     assert counts["loader"] == 12
+
+
+def test_replay_is_rebased_onto_this_sessions_clocks(tmp_path, fixture):
+    """The fixture was recorded on another machine: as recorded, its REALTIME stamps lie days
+    before this machine's boot (negative BOOTTIME), which trace processor drops (4671 events:
+    every slice and counter). Rebased, its first event is 'now' and the spacing is kept."""
+    from stepscope.analysis.importer import load
+
+    path = tmp_path / "replay.pftrace"
+    sess = _session.Session(path).start()
+    try:
+        before = time.time_ns()
+        replay_fixture(sess, fixture)
+        after = time.time_ns()
+    finally:
+        sess.stop()
+    tr = decode(path)
+    kernels = sorted(s.ts for s in tr.slices if s.category == "kernel")
+    recorded = np.sort(fixture.batch.kernels["start"])
+    shift = kernels[0] - int(recorded[0])
+    assert kernels == (recorded + shift).tolist()  # one offset for all: spacing kept
+    first = min(s.ts for s in tr.slices)
+    assert before <= first <= after
+    conn, stats = load([str(path)])
+    assert "track_event_invalid_timestamp" not in stats
+    # every slice and counter sample written is kept
+    assert conn.execute("SELECT COUNT(*) FROM slice").fetchone()[0] == len(tr.slices)
+    assert conn.execute("SELECT COUNT(*) FROM counter").fetchone()[0] == sum(
+        1 for e in tr.events if e.type == TYPE_COUNTER)
+    assert conn.execute("SELECT MIN(ts) FROM slice").fetchone()[0] > 0
 
 
 def test_nvml_sample_conversion_by_hand():
@@ -454,8 +484,9 @@ def test_cupti_activity_and_cuda_event_ranges_share_one_gpu_track(tmp_path, fake
         assert timer.poll() == 1
         h100 = DeviceLimits.for_compute_capability(9, 0, sm_count=132, name="Fake GPU")
         conv = GpuTraceConverter(sess, {0: h100}, counters=False)
+        now = time.time_ns()  # REALTIME stamps: trace processor drops times before boot
         conv.convert(batch_from_records([{
-            "kind": "CONCURRENT_KERNEL", "name": "k", "start": 1000, "end": 2000,
+            "kind": "CONCURRENT_KERNEL", "name": "k", "start": now, "end": now + 1000,
             "stream_id": 7, "device_id": 0, "context_id": 1, "correlation_id": 1, "grid_x": 1,
             "grid_y": 1, "grid_z": 1, "block_x": 32, "block_y": 1, "block_z": 1}]))  # fmt: skip
     finally:

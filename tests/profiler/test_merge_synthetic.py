@@ -11,15 +11,21 @@ from stepscope.profiler import merge as M
 S = 1_000_000_000
 
 
-def _trace(path, rank, host, pid, mono0, real0, events, compress=True):
-    """One rank: process+thread tracks, a global snapshot, one sequence (id 1, like every rank)
-    whose clock 64 is incremental against MONOTONIC; events = [(mono ns, 'B'|'E', name)]."""
-    pkts = []
+def _snapshot(boot, mono, real):
     p = pb.TracePacket()
-    p.clock_snapshot.clocks.add(clock_id=6, timestamp=mono0 + 7 * S)
-    p.clock_snapshot.clocks.add(clock_id=3, timestamp=mono0)
-    p.clock_snapshot.clocks.add(clock_id=1, timestamp=real0)
-    pkts.append(p)
+    p.clock_snapshot.clocks.add(clock_id=6, timestamp=boot)
+    p.clock_snapshot.clocks.add(clock_id=3, timestamp=mono)
+    p.clock_snapshot.clocks.add(clock_id=1, timestamp=real)
+    return p
+
+
+def _trace(path, rank, host, pid, mono0, real0, events, compress=True, boot_off=7 * S,
+           mono_end=None):
+    """One rank: process+thread tracks, a global snapshot (BOOTTIME = MONOTONIC + boot_off),
+    one sequence (id 1, like every rank) whose clock 64 is incremental against MONOTONIC;
+    events = [(mono ns, 'B'|'E', name)]; with ``mono_end`` a last global snapshot then, as
+    the writer takes one when it closes a file."""
+    pkts = [_snapshot(mono0 + boot_off, mono0, real0)]
     p = pb.TracePacket()
     p.track_descriptor.uuid = 1000 + rank
     p.track_descriptor.process.pid = pid
@@ -62,6 +68,8 @@ def _trace(path, rank, host, pid, mono0, real0, events, compress=True):
         pkts.append(c)
     else:
         pkts.extend(body)
+    if mono_end is not None:
+        pkts.append(_snapshot(mono_end + boot_off, mono_end, real0 + mono_end - mono0))
     with open(path, "wb") as f:
         f.write(pb.Trace(packet=pkts).SerializeToString())
 
@@ -82,6 +90,48 @@ def test_same_host_sequence_ids_unique_and_times_kept(tmp_path):
     raw = pb.Trace()
     raw.ParseFromString((tmp_path / "out.pftrace").read_bytes())
     assert sum(p.HasField("compressed_packets") for p in raw.packet) == 2
+
+
+def _global_snapshots(path):
+    """(BOOTTIME, MONOTONIC) of each global clock snapshot of a file, in file order."""
+    out = []
+
+    def walk(trace):
+        for p in trace.packet:
+            if p.HasField("clock_snapshot"):
+                c = {k.clock_id: k.timestamp for k in p.clock_snapshot.clocks}
+                if 6 in c:
+                    out.append((c[6], c[3]))
+            if p.HasField("compressed_packets"):
+                walk(pb.Trace.FromString(zlib.decompress(p.compressed_packets)))
+
+    walk(pb.Trace.FromString(path.read_bytes()))
+    return out
+
+
+def test_snapshots_stay_monotonic_across_ranks(tmp_path):
+    """Rank 1 started (its first snapshot, MONOTONIC 55 s) before rank 0 ended (its last, 60 s):
+    concatenated, the trace clock goes back at rank 1's first snapshot, which trace processor
+    refuses (invalid_clock_snapshots). Merged, that snapshot is left out and rank 1 converts
+    through rank 0's (readings of the same clocks)."""
+    from stepscope.analysis.importer import load
+
+    _trace(tmp_path / "rank0.summary.pftrace", 0, "h", 100, 50 * S, 9000 * S,
+           [(51 * S, "B", ""), (52 * S, "E", "")], mono_end=60 * S)
+    # rank 1's snapshots read BOOTTIME 100 ns later than rank 0's (the jitter between reads)
+    _trace(tmp_path / "rank1.summary.pftrace", 1, "h", 200, 55 * S, 9005 * S,
+           [(56 * S, "B", ""), (58 * S, "E", "")], boot_off=7 * S + 100, mono_end=65 * S)
+    both = [str(tmp_path / f"rank{r}.summary.pftrace") for r in (0, 1)]
+    assert load(both)[1]["invalid_clock_snapshots"] == 1  # as trace processor counts it
+    res = M.merge([tmp_path], tmp_path / "out.pftrace")
+    assert res.snapshots_dropped == 1
+    assert _global_snapshots(tmp_path / "out.pftrace") == [
+        (57 * S, 50 * S), (67 * S, 60 * S), (72 * S + 100, 65 * S)]
+    conn, stats = load([str(tmp_path / "out.pftrace")])
+    assert "invalid_clock_snapshots" not in stats
+    # MONOTONIC 51 s and 56 s: both through the snapshot at MONOTONIC 50 s (+7 s)
+    assert conn.execute("SELECT ts, dur FROM slice ORDER BY ts").fetchall() == [
+        (58 * S, S), (63 * S, 2 * S)]
 
 
 def test_rank_filter_and_errors(tmp_path):

@@ -10,7 +10,7 @@ def test_parse_full():
     o = options.parse(json.dumps({
         "dir": "/tmp/x", "schedule": {"wait": 1, "warmup": 1, "active": 2, "repeat": -1},
         "timer_only": False, "levels": ["detail", "summary"], "host_metrics": True,
-        "sample_interval_s": 0.25, "buffer_bytes": 1024, "rank": 2,
+        "sample_interval_s": 0.25, "buffer_bytes": 65536, "rank": 2,
     }))
     assert o["schedule"] == Schedule(wait=1, warmup=1, active=2, repeat=-1)
     assert o["levels"] == ("summary", "detail")
@@ -36,8 +36,9 @@ def test_dumps_roundtrip():
         ("[1, 2]", "must be a JSON object, got list"),
         ('{"dri": "x"}', "unknown key(s) ['dri']"),
         ('{"timer_only": "yes"}', "'timer_only' must be true or false"),
-        ('{"sample_interval_s": 0}', "'sample_interval_s' must be a number > 0"),
-        ('{"rank": -1}', "'rank' must be an integer >= 0"),
+        ('{"sample_interval_s": 0}',
+         "'sample_interval_s' must be a finite number from 0.001 to 86400, got 0"),
+        ('{"rank": -1}', "'rank' must be an integer from 0 to 2147483647, got -1"),
         ('{"levels": ["full"]}', "'levels' must be a non-empty list"),
         ('{"schedule": {"active": 0}}', "'schedule': schedule: active must be >= 1"),
         ('{"schedule": [5, 2]}', "end must be greater than start"),
@@ -48,3 +49,45 @@ def test_errors(text, message):
     with pytest.raises(ValueError) as e:
         options.parse(text)
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        # JSON's non-finite numbers: inf passed "> 0" and killed the sampler thread
+        ("sample_interval_s", "Infinity", "a finite number from 0.001 to 86400, got inf"),
+        ("sample_interval_s", "-Infinity", "a finite number from 0.001 to 86400, got -inf"),
+        ("sample_interval_s", "NaN", "a finite number from 0.001 to 86400, got nan"),
+        ("sample_interval_s", "1e-300", "a finite number from 0.001 to 86400, got 1e-300"),
+        ("sample_interval_s", "86401", "a finite number from 0.001 to 86400, got 86401"),
+        ("sample_interval_s", "true", "a finite number from 0.001 to 86400, got True"),
+        ("buffer_bytes", "1024", "an integer from 65536 to 1099511627776, got 1024"),
+        ("buffer_bytes", "1e9", "an integer from 65536 to 1099511627776, got 1000000000.0"),
+        ("buffer_bytes", str(1 << 41), f"an integer from 65536 to 1099511627776, got {1 << 41}"),
+        ("rank", str(1 << 31), f"an integer from 0 to 2147483647, got {1 << 31}"),
+        ("rank", "Infinity", "an integer from 0 to 2147483647, got inf"),
+        ("gpu_bucket_ns", "0", "an integer from 1 to 3600000000000, got 0"),
+        ("gpu_bucket_ns", "10" * 13, f"an integer from 1 to 3600000000000, got {'10' * 13}"),
+    ],
+)
+def test_out_of_range_and_non_finite_numbers_name_the_key(key, value, message):
+    with pytest.raises(ValueError) as e:
+        options.from_env({"STEPSCOPE_OPTIONS": f'{{"{key}": {value}}}'})
+    assert str(e.value) == f"STEPSCOPE_OPTIONS: {key!r} must be {message}"
+
+
+@pytest.mark.parametrize("key, value", [("sample_interval_s", 0.001),
+                                        ("sample_interval_s", 86400),
+                                        ("buffer_bytes", 1 << 16), ("buffer_bytes", 1 << 40),
+                                        ("rank", (1 << 31) - 1), ("gpu_bucket_ns", 1),
+                                        ("gpu_bucket_ns", 3600 * 10**9)])
+def test_the_bounds_themselves_are_accepted(key, value):
+    assert options.parse(json.dumps({key: value})) == {key: value}
+
+
+def test_the_sampler_refuses_an_endless_interval():
+    from stepscope.profiler.host_metrics import HostSampler
+
+    for bad in (float("inf"), float("nan"), 0, 1e-9):
+        with pytest.raises(ValueError, match="sample_interval_s must be from 0.001 to 86400"):
+            HostSampler(interval_s=bad)

@@ -78,6 +78,79 @@ def test_auto_mode_yields_to_the_programs_own_steps(tmp_path, user_steps):
     assert "step" not in prof.__dict__  # the instance hook is gone after stop
 
 
+def _flush() -> None:
+    from stepscope import _session
+
+    _session.current().flush()  # what the writer thread does every second, made here
+
+
+def _nested(d, outer: str, inner: str) -> list[tuple[dict, list[dict]]]:
+    """Each ``outer`` slice with the ``inner`` slices that lie inside it, one level deeper."""
+    out = tq.slices(d, f"s.category = '{outer}'")
+    ins = tq.slices(d, f"s.category = '{inner}'")
+    return [(o, [i for i in ins if o["ts"] <= i["ts"] and i["ts"] + i["dur"] <= o["ts"] + o["dur"]
+                 and i["depth"] == o["depth"] + 1]) for o in out]
+
+
+def test_optimizer_steps_without_a_loader_hold_their_ranges_across_flushes(tmp_path):
+    """A step opened at an optimizer step is written only once it has work: its first range
+    (here the user's record_function) writes it, so the ranges nest in the steps even when
+    a flush took the step's place in between, and step 0 opens before the first range, not
+    at the first module forward inside it."""
+    prof = stepscope.Profiler(dir=tmp_path, run_id="r", schedule=None, step_on="optimizer",
+                              host_metrics=False, report=False, use_env=False, torch=True)
+    prof.start()
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(4):
+        with torch.autograd.profiler.record_function("fwd"):
+            loss = model(torch.randn(2, 4)).sum()
+        loss.backward()
+        opt.step()
+        _flush()  # step k+1 is open, its begin not written yet
+    prof.stop()
+    d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
+    got = _nested(d, "step", "record_function")
+    assert [st["name"] for st, _ in got] == ["step 0", "step 1", "step 2", "step 3"]
+    assert [[r["name"] for r in inner] for _, inner in got] == [
+        ["fwd", "Optimizer.step#SGD.step"]] * 4
+    for (a, _), (b, _) in zip(got, got[1:], strict=False):
+        assert a["ts"] + a["dur"] == b["ts"]  # a step ends where the next begins
+    assert prof.timer.steps == 4
+
+
+def test_loader_waits_stay_in_their_steps_across_flushes(tmp_path):
+    """A flush inside every batch wait (the dataset flushes): the waits and steps are written
+    with their own times once the batch came; torch's enumerate(DataLoader) range inside the
+    wait is left out (the wait's slice covers it)."""
+    prof = stepscope.Profiler(dir=tmp_path, run_id="r", schedule=None, step_on="optimizer",
+                              host_metrics=False, report=False, use_env=False, torch=True)
+
+    class Flushing(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, i: int) -> tuple:
+            _flush()
+            return torch.randn(4), torch.randn(1)
+
+    prof.start()
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in torch.utils.data.DataLoader(Flushing(), batch_size=2):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    prof.stop()
+    d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
+    got = _nested(d, "step", "dataloader")
+    assert len(got) == 4  # 8 samples / 2: no step for the exhausted loader's final wait
+    assert [len(inner) for _, inner in got] == [1, 1, 1, 1]
+    assert got[0][0]["ts"] == got[0][1][0]["ts"]  # step 0 opens at the first batch wait
+    assert len(tq.slices(d, "s.category = 'dataloader'")) == 4
+    assert tq.slices(d, "s.name LIKE 'enumerate(DataLoader)%'") == []
+    assert prof.timer.steps == 4
+
+
 def test_options_accept_torch_and_step_on():
     assert options.parse('{"torch": false, "step_on": "optimizer"}') == {
         "torch": False, "step_on": "optimizer"}

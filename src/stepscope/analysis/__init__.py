@@ -3,6 +3,7 @@
     import stepscope.analysis as sa
     with sa.open("run.pftrace") as db:            # engine="auto" | "trace_processor" | "embedded"
         rows = db.query("SELECT name, SUM(dur) AS total FROM slice GROUP BY name")
+        rows[0]["total"], rows[0][1]                # every column, by name or position
         df = db.query_df("SELECT * FROM slice")     # with pandas installed
 
 The embedded engine (``importer``) loads the trace into SQLite tables that carry trace
@@ -11,10 +12,11 @@ processor's names, columns and semantics, so the same SQL runs on both.
 
 from __future__ import annotations
 
-from ._errors import EngineError, TraceError
+from ._errors import EngineError, TraceDamageWarning, TraceError
 from .engines import (
     EmbeddedDB,
     QueryError,
+    Row,
     Rows,
     TraceProcessorDB,
     find_trace_processor,
@@ -27,7 +29,9 @@ __all__ = [
     "EmbeddedDB",
     "EngineError",
     "QueryError",
+    "Row",
     "Rows",
+    "TraceDamageWarning",
     "TraceError",
     "TraceProcessorDB",
     "find_trace_processor",

@@ -110,6 +110,12 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
     known = etid >= 0
     valid = ~eskip & (ets != np.iinfo(np.int64).min)
     del eskip
+    # trace processor drops a TrackEvent whose time (on the trace clock) is negative
+    negative = valid & (ets < 0)
+    if negative.any():
+        stats["track_event_invalid_timestamp"] = int(negative.sum())
+        valid &= ~negative
+    del negative
     if (valid & ~known).any():
         stats["track_event_unknown_track"] = int((valid & ~known).sum())
     valid &= known

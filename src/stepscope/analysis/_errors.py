@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from .._inflate import TraceDamageWarning
+
+__all__ = ["EngineError", "TraceDamageWarning", "TraceError"]
+
 
 class TraceError(ValueError):
     """The input is not a loadable Perfetto trace (missing, unreadable, or corrupt)."""

@@ -7,15 +7,15 @@ sequence, flags and event kind) are decoded once per distinct body and copied.
 
 from __future__ import annotations
 
-import gzip
-import zlib
+import os
+import stat
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _ext
+from .. import _ext, _inflate
 from .. import _wire as w
 from . import _protoscan as ps
 from ._errors import TraceError
@@ -57,10 +57,18 @@ def _as_i64(u: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 
 
+NONREGULAR_MAX = 1 << 30  # bytes read from a pipe or device (a regular file: its size)
+
+
 def read_file(path: str) -> bytes:
+    """The bytes of a trace file (gzip inflated), read with a bound: a regular file's size, or
+    NONREGULAR_MAX for a pipe or device (``/dev/zero`` never ends)."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            st = os.fstat(f.fileno())
+            regular = stat.S_ISREG(st.st_mode) and st.st_size > 0  # not /proc's
+            limit = st.st_size if regular else NONREGULAR_MAX
+            data = f.read(limit) if regular else _read_stream(f, path, limit)
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file") from None
     except IsADirectoryError:
@@ -68,11 +76,35 @@ def read_file(path: str) -> bytes:
     except OSError as e:
         raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
     if data[:2] == b"\x1f\x8b":  # gzip-compressed trace file
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as e:
-            raise TraceError(f"{path}: corrupt gzip data ({e})") from None
+        cap = _inflate.TOTAL_RATIO * len(data) + _inflate.TOTAL_FLOOR
+        out, status = _inflate.inflate(data, cap, wbits=31)
+        if status == _inflate.OVER:
+            raise TraceError(f"{path}: gzip data inflates to more than {cap >> 20} MiB "
+                             f"({_inflate.TOTAL_RATIO}x its {len(data)} bytes + "
+                             f"{_inflate.TOTAL_FLOOR >> 20} MiB): not a trace, a decompression "
+                             "bomb")
+        if out is None:
+            raise TraceError(f"{path}: corrupt gzip data") from None
+        data = out
     return data
+
+
+def _read_stream(f, path: str, limit: int) -> bytes:
+    """A pipe or device, read up to ``limit`` bytes; one that does not start like a trace
+    (``/dev/zero``) is refused after its first chunk."""
+    out = bytearray()
+    while True:
+        chunk = f.read(min(16 << 20, limit + 1 - len(out)))
+        if not chunk:
+            return bytes(out)
+        if not out and chunk[0] not in (0x0A, 0x1F):  # Trace.packet, or gzip
+            raise TraceError(f"{path}: not a Perfetto protobuf trace (starts with byte "
+                             f"0x{chunk[0]:02x}, not a packet)")
+        out += chunk
+        if len(out) > limit:
+            raise TraceError(f"{path}: not a regular file and longer than {limit >> 20} MiB, "
+                             "the most stepscope reads from a pipe or device; save it to a "
+                             "file first")
 
 
 @dataclass
@@ -102,12 +134,8 @@ def _runs_past(buf: np.ndarray, pos: int, n: int) -> bool:
     return nl[0] < 0 or pos + 1 + int(nl[0]) + int(ln[0]) > n
 
 
-def _inflate(data: bytes, off: int, ln: int) -> bytes | None:
-    """A compressed batch inflated (None: it does not inflate)."""
-    try:
-        return zlib.decompress(data[off : off + ln])
-    except zlib.error:
-        return None
+def _add(stats: dict, key: str, n: int) -> None:
+    stats[key] = stats.get(key, 0) + n
 
 
 def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progress) -> _Packets:
@@ -122,10 +150,12 @@ def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progre
     # recipe); the keys are only built when the pieces are out of order
     keys: list[tuple[int, int, object]] = []
     top_base = 0  # top-level packet numbers, continued across files
+    budget = _inflate.Budget(sum(len(d) for _, d in datas))
     for fidx, (name, data) in enumerate(datas):
         if not data:
             continue
         progress("read", fidx / max(len(datas), 1))
+        before = dict(stats)
         buf = ps.padded(data)
         st, en = _split_checked(buf, len(data), name, stats)
         if len(st) == 0:
@@ -141,6 +171,7 @@ def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progre
         is_comp = np.zeros(len(st), bool)
         is_comp[f.msg[comp]] = True
         plain = np.flatnonzero(~is_comp & ~f.bad)
+        budget.packets -= len(plain)
         base = len(out)
         out.extend(data)
         starts.append(st[plain] + base)
@@ -148,52 +179,84 @@ def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progre
         files.append((fidx, len(plain)))
         if len(plain):
             keys.append((int(plain[0]) + top_base, int(plain[-1]) + top_base, plain + top_base))
-        inflated: list[tuple[int, int]] = []  # (top-level packet, inflated length)
+        kept = len(plain)  # packets this file gives
+        # (top-level packet, inflated length, compressed length)
+        inflated: list[tuple[int, int, int]] = []
         p0 = len(out)  # where the batches inflated since the last split begin
 
         def flush(fidx=fidx, top_base=top_base) -> None:
             """Split the batches inflated so far (a piece at a time: bounded memory)."""
-            nonlocal inflated, p0
+            nonlocal inflated, p0, kept
             ist, ien, stop = _split_at(out, p0, len(out))
-            if stop < len(out):  # a batch inflated to garbage: keep every other batch
-                raws, at = [], p0
-                for m, ln in inflated:
+            if stop < len(out) or len(ist) > budget.packets:
+                # a batch inflated to garbage, or too many packets: batch by batch, keep the
+                # good ones while the packet budget lasts
+                del ist, ien  # (millions of packets, maybe)
+                raws, at, left = [], p0, budget.packets
+                for m, ln, cl in inflated:
                     raw = bytes(out[at : at + ln])
                     at += ln
-                    if ps.split_repeated(ps.padded(raw), 0, ln)[2] == ln:
-                        raws.append((m, raw))
-                stats["corrupt_compressed_batches"] = (
-                    stats.get("corrupt_compressed_batches", 0) + len(inflated) - len(raws))
+                    st_, _, stop_ = ps.split_repeated(ps.padded(raw), 0, ln)
+                    n_ = len(st_)
+                    del st_
+                    if stop_ < ln:
+                        _add(stats, "corrupt_compressed_batches", 1)
+                        _add(stats, "corrupt_compressed_bytes", cl)
+                    elif n_ > left:  # tiny packets by the million: memory, not data
+                        _add(stats, "compressed_batches_over_limit", 1)
+                        _add(stats, "compressed_bytes_over_limit", cl)
+                    else:
+                        left -= n_
+                        raws.append((m, raw, cl))
                 del out[p0:]
-                for _, raw in raws:
+                for _, raw, _ in raws:
                     out.extend(raw)
-                inflated = [(m, len(raw)) for m, raw in raws]
+                inflated = [(m, len(raw), cl) for m, raw, cl in raws]
                 ist, ien, _ = _split_at(out, p0, len(out))
             if len(ist):
-                owners = np.array([m for m, _ in inflated], np.int64) + top_base
-                bounds = p0 + np.cumsum([0] + [ln for _, ln in inflated])
+                budget.packets -= len(ist)
+                owners = np.array([m for m, _, _ in inflated], np.int64) + top_base
+                bounds = p0 + np.cumsum([0] + [ln for _, ln, _ in inflated])
                 keys.append((int(owners[0]), int(owners[-1]), (owners, bounds, ist)))
             starts.append(ist)
             ends.append(ien)
             files.append((fidx, len(ist)))
+            kept += len(ist)
             inflated, p0 = [], len(out)
 
         batches = list(zip(f.msg[comp].tolist(), f.off[comp].tolist(), f.ln[comp].tolist(),
                            strict=True))
+
+        def inflate(b, data=data):
+            return _inflate.inflate(memoryview(data)[b[1] : b[1] + b[2]],
+                                    budget.batch_limit(b[2]), first=0x0A)
+
         # inflated on a few threads (zlib lets go of the GIL), handed over in order
-        raws = map_ordered(lambda b, data=data: _inflate(data, b[1], b[2]), batches)
-        for k, ((m, _, _), raw) in enumerate(zip(batches, raws, strict=True)):
+        raws = map_ordered(inflate, batches)
+        for k, ((m, _, cl), (raw, status)) in enumerate(zip(batches, raws, strict=True)):
             if k % 64 == 0:
                 progress("inflate", k / max(len(comp), 1))
+            if raw is not None and len(raw) > budget.bytes:  # others took the budget meanwhile
+                raw, status = None, _inflate.OVER
             if raw is None:
-                stats["corrupt_compressed_batches"] = stats.get("corrupt_compressed_batches", 0) + 1
+                if status == _inflate.OVER:
+                    _add(stats, "compressed_batches_over_limit", 1)
+                    _add(stats, "compressed_bytes_over_limit", cl)
+                else:
+                    _add(stats, "corrupt_compressed_batches", 1)
+                    _add(stats, "corrupt_compressed_bytes", cl)
                 continue
+            budget.bytes -= len(raw)
             out.extend(raw)
-            inflated.append((int(m), len(raw)))
+            inflated.append((int(m), len(raw), cl))
+            del raw
             if len(out) - p0 >= _PIECE:
                 flush()
         if inflated:
             flush()
+        if kept == 0 and len(comp):  # every batch damaged or over the limits
+            mine = {k: v - before.get(k, 0) for k, v in stats.items()}
+            raise TraceError(f"{name}: nothing readable: {skipped_summary(mine)}")
         top_base += len(st)
     if not starts:
         z = np.zeros(0, np.int64)
@@ -210,6 +273,26 @@ def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progre
                           for _, _, k in keys])
     order = np.argsort(key, kind="stable")
     return _Packets(buf, start[order], end[order], file[order])
+
+
+def skipped_summary(stats: dict) -> str | None:
+    """What the reader skipped, in words (None: nothing): damaged and over-limit compressed
+    batches with their bytes, and damaged bytes outside batches."""
+    parts = []
+    n, b = stats.get("corrupt_compressed_batches", 0), stats.get("corrupt_compressed_bytes", 0)
+    if n:
+        parts.append(f"{n} damaged compressed batch{'es' if n > 1 else ''} ({b} bytes)")
+    n, b = (stats.get("compressed_batches_over_limit", 0),
+            stats.get("compressed_bytes_over_limit", 0))
+    if n:
+        parts.append(f"{n} compressed batch{'es' if n > 1 else ''} ({b} bytes) over the "
+                     "inflation limits (a decompression bomb?)")
+    if stats.get("corrupt_bytes"):
+        parts.append(f"{stats['corrupt_bytes']} bytes of damaged packets")
+    n = stats.get("corrupt_packets", 0)
+    if n:
+        parts.append(f"{n} damaged packet{'s' if n > 1 else ''}")
+    return "; ".join(parts) or None
 
 
 def _split_at(out: bytearray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, int]:

@@ -23,6 +23,7 @@ import sqlite3
 
 import numpy as np
 
+from .._schema import phase_of
 from . import _sqlimage as si
 
 SS_TABLE = "ss_slice_base"
@@ -59,7 +60,8 @@ SS_NAME_INDEX = f"{SS_TABLE}_name"
 _KIND_OF_CATEGORY = {"step": 0, "dataloader": 1, "cuda_runtime": 7, "cuda_driver": 7, "sync": 8,
                      "kernel": 9, "communication": 10, "memcpy": 11, "memset": 12,
                      "gpu_range": 13, "stepscope": None}
-_KIND_OF_PHASE = {"Dataloader": 1, "Forward": 2, "Backward": 3, "Optimization": 4}
+_KIND_OF_PHASE = {"Dataloader": 1, "Forward": 2, "Backward": 3, "Optimization": 4}  # by
+# _schema.phase_of(name): the spellings _base.sql's placeholder phase_kind recognizes
 _USER, _OTHER_PHASE = 6, 5
 
 
@@ -91,7 +93,7 @@ def kinds(strings: list[str], category: np.ndarray, name: np.ndarray) -> tuple:
             null_cat[i] = k is None
         elif s == "phase":
             phase = i
-        by_name[i] = _KIND_OF_PHASE.get(s, _OTHER_PHASE)
+        by_name[i] = _KIND_OF_PHASE.get(phase_of(s), _OTHER_PHASE)
     cat = np.where(category < 0, n, category)
     kind = by_cat[cat]
     if phase >= 0:

@@ -194,23 +194,38 @@ class _Clocks:
         self.anchors: dict[int, list[tuple[int, int]]] = defaultdict(list)
         self.trace_clock: int | None = None
         self._paths: dict[int, list | None] = {}
+        self.last: dict[frozenset, dict[int, int]] = {}  # clock set -> its last snapshot
+        self.invalid = 0  # snapshots refused (trace processor's invalid_clock_snapshots)
+        self.non_monotonic: set[int] = set()  # clocks that went back: never a hop's source
 
-    def add(self, pkt: int, clocks: list[tuple[int, int, int, bool]], primary: int) -> None:
-        snap = {}
+    def add(self, pkt: int, clocks: list[tuple[int, int, int, bool]], primary: int) -> bool:
+        """Take one snapshot, or refuse it as trace processor's ClockSynchronizer does: when
+        its trace clock reads less than in the last snapshot of the same clock set (counted in
+        ``invalid``). Another clock that goes back is kept as a target but no longer converts
+        from (``non_monotonic``). Returns whether the snapshot was taken."""
+        snap = {ck: ts * mult for ck, ts, mult, _ in clocks}
+        group = frozenset(snap)
+        tc = primary or self.trace_clock or BOOTTIME
+        last = self.last.get(group)
+        if last is not None and tc in snap and snap[tc] < last[tc]:
+            self.invalid += 1
+            return False
+        if last is not None:
+            self.non_monotonic.update(ck for ck, ns in snap.items() if ns < last[ck])
+        self.last[group] = snap
         for ck, ts, mult, incr in clocks:
-            ns = ts * mult
-            snap[ck] = ns
             self.multiplier[ck] = mult
             self.incremental[ck] = incr
             if incr:
-                self.anchors[ck].append((pkt, ns))
+                self.anchors[ck].append((pkt, ts * mult))
         if primary:
             self.trace_clock = primary
         elif BOOTTIME in snap and self.trace_clock is None:
             self.trace_clock = BOOTTIME
         if len(snap) >= 2:
-            self.groups[frozenset(snap)] = None  # a known key keeps its place
+            self.groups[group] = None  # a known key keeps its place
         self.snapshots.append(snap)
+        return True
 
     def path(self, src: int) -> list | None:
         """Hops (a, b) from ``src`` to the trace clock, breadth first."""
@@ -222,6 +237,8 @@ class _Clocks:
         while frontier and dst not in prev:
             nxt = []
             for a in frontier:
+                if a in self.non_monotonic:
+                    continue
                 for grp in self.groups:
                     if a not in grp:
                         continue
@@ -317,10 +334,12 @@ class _State:
                     cs = pb.ClockSnapshot.FromString(raw)
                     clocks = [(_clock_key(c.clock_id, int(srank[pkt])), c.timestamp,
                                c.unit_multiplier_ns or 1, c.is_incremental) for c in cs.clocks]
-                    self.clocks.add(pkt, clocks, cs.primary_trace_clock)
-                    self.snapshot_pkts.append(pkt)
+                    if self.clocks.add(pkt, clocks, cs.primary_trace_clock):
+                        self.snapshot_pkts.append(pkt)
             except Exception:  # a corrupt message: count it, never fail the load
                 stats["corrupt_messages"] = stats.get("corrupt_messages", 0) + 1
+        if self.clocks.invalid:
+            stats["invalid_clock_snapshots"] = self.clocks.invalid
         self.def_pkt = np.array(def_pkt, np.int64)
         self.def_clock = np.array(def_clock, np.int64)
         self.def_track = np.array([t if t < (1 << 63) else t - (1 << 64) for t in def_track],

@@ -49,6 +49,15 @@ def add_parsers(subparsers: Any) -> None:
                    help="tables to write (default: " + ",".join(EXPORT_TABLES) + ")")
     add_engine_args(e)
     e.set_defaults(func=run_export_csv)
+    g = subparsers.add_parser(
+        "get-trace-processor", help="download Perfetto's trace_processor_shell",
+        description="Download the trace_processor_shell pinned by the perfetto package into its "
+        "cache (~/.local/share/perfetto/prebuilts), where --engine auto finds it; prints its "
+        "path. Nothing else in stepscope downloads it, but --engine trace_processor.")
+    g.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help=f"give up after this long (default: ${engines.ENV_TIMEOUT} or "
+                   f"{engines.DOWNLOAD_TIMEOUT_S:g})")
+    g.set_defaults(func=run_get_trace_processor)
 
 
 def run_sql(args: argparse.Namespace) -> int:
@@ -79,16 +88,20 @@ def run_sql(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_rows(rows: list[dict], columns: list[str], fmt: str, out) -> None:
+def write_rows(rows: list, columns: list[str], fmt: str, out) -> None:
+    """Rows (sequences of values in ``columns`` order, or dicts) as text, csv or json. JSON
+    objects need distinct keys: a repeated column name gets ``:2``, ``:3``... there."""
+    rows = [[r[c] for c in columns] if isinstance(r, dict) else list(r) for r in rows]
     if fmt == "json":
-        json.dump(rows, out, indent=1, default=str)
+        keys = _distinct(columns)
+        json.dump([dict(zip(keys, r, strict=True)) for r in rows], out, indent=1, default=str)
         out.write("\n")
     elif fmt == "csv":
         w = csv.writer(out, lineterminator="\n")
         w.writerow(columns)
-        w.writerows([r[c] for c in columns] for r in rows)
+        w.writerows(rows)
     else:
-        cells = [[_text(r[c]) for c in columns] for r in rows]
+        cells = [[_text(v) for v in r] for r in rows]
         widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
         out.write("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()
                   + "\n")
@@ -97,6 +110,19 @@ def write_rows(rows: list[dict], columns: list[str], fmt: str, out) -> None:
             out.write("  ".join(v.rjust(w) if _numeric(v) else v.ljust(w)
                                 for v, w in zip(row, widths, strict=True)).rstrip() + "\n")
         out.write(f"({len(rows)} row{'s' if len(rows) != 1 else ''})\n")
+
+
+def _distinct(columns: list[str]) -> list[str]:
+    seen: set[str] = set()
+    out = []
+    for c in columns:
+        k, n = c, 1
+        while k in seen:
+            n += 1
+            k = f"{c}:{n}"
+        seen.add(k)
+        out.append(k)
+    return out
 
 
 def _text(v: Any) -> str:
@@ -113,6 +139,17 @@ def _numeric(s: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def run_get_trace_processor(args: argparse.Namespace) -> int:
+    if args.timeout is not None and not 0 < args.timeout < 1e6:
+        return _fail("get-trace-processor", f"--timeout {args.timeout:g}: give seconds > 0")
+    try:
+        path = engines.find_trace_processor() or engines.download_trace_processor(args.timeout)
+    except EngineError as e:
+        return _fail("get-trace-processor", str(e))
+    print(path)
+    return 0
 
 
 def run_export_csv(args: argparse.Namespace) -> int:
@@ -160,5 +197,5 @@ def export_table(db: Any, table: str, path: str) -> int:
             return n
         rows = db.query(f"SELECT * FROM {table}")
         w.writerow(rows.columns)
-        w.writerows([r[c] for c in rows.columns] for r in rows)
+        w.writerows(list(r) for r in rows)
         return len(rows)

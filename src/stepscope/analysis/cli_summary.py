@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from . import summaries
-from ._cli import add_engine_args
+from ._cli import add_engine_args, classify
 from ._cli import fail as _fail
 from ._cli import open_traces as _open  # a module global: the tests replace it
 from ._errors import TraceError
@@ -28,7 +28,14 @@ def add_parsers(subparsers: Any) -> None:
         description="Summary tables (overview, model, steps, operators, kernels, memory "
         "copies, device, distributed) computed with SQL on the trace.",
     )
-    p.add_argument("paths", nargs="+", metavar="PATH", help="trace file(s) written by stepscope")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="trace files or profiler run directories (rank<N>.summary.pftrace give the "
+        "tables, rank<N>.detail.<k>.pftrace windows add the operators, kernels and memcpy "
+        "tables; nothing is counted twice)",
+    )
     p.add_argument(
         "--table",
         action="append",
@@ -51,10 +58,28 @@ def add_parsers(subparsers: Any) -> None:
         help="a rank is a straggler when its mean step exceeds the median by more than F "
         "(default 0.10)",
     )
+    p.add_argument(
+        "--name-width",
+        type=_width,
+        metavar="N",
+        help="text/md: cut names longer than N characters in the middle (default: as needed "
+        "to keep each table within 200 columns; 0: never; csv/json always hold full names)",
+    )
     p.add_argument("--cntk", metavar="DIR", help="also write CNTK-style per-rank files to DIR")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     add_engine_args(p)
     p.set_defaults(func=run)
+
+
+def _width(text: str) -> int:
+    """``--name-width``: a non-negative integer (argparse turns the error into a usage line)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"takes a number of characters >= 0, got {text!r}")
+    return n
 
 
 def _split(values: str | None) -> list[str] | None:
@@ -94,22 +119,40 @@ def _options(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Handler of ``stepscope summary``: all PATHs are loaded into one database (one rank per
-    file, typically), so the distributed table compares them."""
+    """Handler of ``stepscope summary``: the whole-run files of all PATHs are loaded into one
+    database (one rank per file, typically), so the distributed table compares them.
+
+    Files by role (see ``_cli.classify``): the profiler's ``rank<N>.summary.pftrace`` (and any
+    trace not named as a detail window) cover the whole run and give every table. Its
+    ``rank<N>.detail.<k>.pftrace`` windows repeat the steps and phases of their window, so when
+    whole-run files are given too they are loaded apart and only fill the tables the whole-run
+    files leave empty (operators, kernels, memcpy: events recorded in detail windows only),
+    titled "(detail windows)". Detail files alone give every table (windows never overlap)."""
     try:
         names, kw = _options(args)
+        inputs = classify(list(args.paths))
     except summaries.SummaryError as e:
         return _fail("summary", str(e))
-    shown = ", ".join(args.paths)
+    except TraceError as e:  # a directory without rank files, or with several runs
+        return _fail("summary", f"cannot read {e}")
+    if not args.quiet:
+        for f in inputs.left_out:
+            print(f"stepscope summary: left out {f} (it repeats the run's rank files)",
+                  file=sys.stderr)
+    paths = inputs.main()
+    shown = ", ".join(paths)
     try:
-        db = _open(list(args.paths), args)
+        db = _open(paths, args)
     except TraceError as e:  # "PATH: what is wrong" (missing, a directory, corrupt)
         return _fail("summary", f"cannot read {e}")
     except Exception as e:  # the engines' own messages say what is wrong with the file
         return _fail("summary", f"cannot read {shown}: {e}")
     try:
-        text = summaries.report(
-            db, unit=args.unit, fmt=args.format, names=names, sort=args.sort, **kw
+        tables = summaries.all_tables(db, names=names, sort=args.sort, **kw)
+        if inputs.whole and inputs.detail:
+            _add_detail_tables(tables, inputs.detail, args, kw)
+        text = summaries.render_report(
+            tables.values(), fmt=args.format, unit=args.unit, name_width=args.name_width
         )
         if args.cntk:
             from .cntk import write_cntk
@@ -119,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"wrote {p}", file=sys.stderr)
     except summaries.SummaryError as e:
         return _fail("summary", f"{shown}: {e}")
+    except TraceError as e:  # a detail file that cannot be read
+        return _fail("summary", f"cannot read {e}")
     except OSError as e:  # --cntk DIR not writable, a file in the way, ...
         return _fail("summary", f"cannot write {e.filename or args.cntk}: {e.strerror or e}")
     finally:
@@ -135,3 +180,31 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     return 0
 
+
+
+def _add_detail_tables(tables: dict[str, Any], detail: list[str], args: argparse.Namespace,
+                       kw: dict[str, Any]) -> None:
+    """Fill the detail-only tables that the whole-run files left empty from the detail
+    windows (loaded into a database of their own, so their steps are not counted again)."""
+    wanted = [n for n in summaries.DETAIL_TABLES if n in tables and not tables[n]]
+    if not wanted:
+        return
+    try:
+        db = _open(detail, args)
+    except TraceError:
+        raise
+    except Exception as e:
+        raise TraceError(f"{', '.join(detail)}: {e}") from e
+    try:
+        extra = summaries.all_tables(db, names=wanted, sort=args.sort, **kw)
+    finally:
+        close = getattr(db, "close", None)
+        if callable(close):
+            close()
+    note = (f"from {len(detail)} detail window file(s); the other tables cover the whole run "
+            "(the summary files)")
+    for n, t in extra.items():
+        if t:
+            t.title += " (detail windows)"
+            t.notes.append(note)
+            tables[n] = t

@@ -1,51 +1,133 @@
 """Query engines: Perfetto's trace processor, or the embedded SQLite importer.
 
 ``open(path)`` picks the engine. Both expose the same object: ``.query(sql)`` returns
-:class:`Rows` (a list of dicts), ``.query_df(sql)`` a pandas DataFrame, ``.engine`` says which
+:class:`Rows` (a list of :class:`Row`, every column kept in order), ``.query_df(sql)`` a pandas
+DataFrame, ``.engine`` says which
 engine answered, and the object is a context manager. The same PerfettoSQL (the subset both
 understand: SQLite syntax over trace processor's tables) gives the same tables on both.
 
 Trace processor needs its ``trace_processor_shell`` binary. It is looked for, in order: the
 ``trace_processor_bin`` argument, the ``STEPSCOPE_TRACE_PROCESSOR`` environment variable,
-``trace_processor_shell`` on ``PATH``, then the ``perfetto`` package's own download (needs
-internet). With ``engine="auto"`` any failure prints one line and falls back to the embedded
-engine; with ``engine="trace_processor"`` it raises :class:`EngineError`.
+``trace_processor_shell`` on ``PATH``, then the binary the ``perfetto`` package downloaded
+before (its cache, ``~/.local/share/perfetto/prebuilts``). Nothing touches the network unless
+asked: ``engine="auto"`` uses a binary found so and otherwise the embedded engine, silently;
+only ``engine="trace_processor"`` (or ``stepscope get-trace-processor``) downloads the package's
+pinned binary, with a timeout (``STEPSCOPE_DOWNLOAD_TIMEOUT`` seconds, default 60), into that
+cache. A binary that fails to start: ``auto`` prints one line and uses the embedded engine,
+``trace_processor`` raises :class:`EngineError`.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import hashlib
 import os
+import platform
 import shutil
 import sqlite3
 import sys
 import time
+import urllib.request
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from os import PathLike
 from typing import Any
 
+from . import _sqlfuncs
 from ._errors import EngineError, TraceError
 from ._sqlimage import file_of
 from .importer import Progress, _paths, load, remove_db_file
 
 ENV_BIN = "STEPSCOPE_TRACE_PROCESSOR"
+ENV_TIMEOUT = "STEPSCOPE_DOWNLOAD_TIMEOUT"
+DOWNLOAD_TIMEOUT_S = 60.0
 ENGINES = ("auto", "trace_processor", "embedded")
 
 PathArg = str | PathLike | Iterable[str | PathLike]
 
 
-class Rows(list):
-    """Query result: a list of dicts (column -> value), with the column names kept."""
+class Row:
+    """One result row, every column in order (like ``sqlite3.Row``): ``row[0]`` by position,
+    ``row["name"]`` by name (the first column of that name), iteration over the values; also
+    ``keys()``, ``values()``, ``items()``, ``get()`` and ``==`` a dict, so code written for the
+    dict rows of earlier versions keeps working."""
 
-    def __init__(self, rows: Iterable[dict[str, Any]] = (), columns: list[str] | None = None):
-        super().__init__(rows)
-        self.columns = list(columns or (self[0].keys() if self else []))
+    __slots__ = ("_values", "_index", "_columns")
+
+    def __init__(self, values: Iterable[Any], columns: list[str],
+                 index: dict[str, int] | None = None) -> None:
+        self._values = tuple(values)
+        self._columns = columns
+        self._index = index if index is not None else _first_index(columns)
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            try:
+                return self._values[self._index[key]]
+            except KeyError:
+                raise KeyError(key) from None
+        return self._values[key]
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values)
+
+    def keys(self) -> list[str]:
+        return list(self._columns)
+
+    def values(self) -> tuple:
+        return self._values
+
+    def items(self) -> list[tuple[str, Any]]:
+        return list(zip(self._columns, self._values, strict=True))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        i = self._index.get(key)
+        return default if i is None else self._values[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Row):
+            return self._columns == other._columns and self._values == other._values
+        if isinstance(other, Mapping):
+            return len(self._index) == len(self._values) and dict(self.items()) == dict(other)
+        if isinstance(other, (tuple, list)):
+            return self._values == tuple(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # compares equal to dicts: unhashable as they are
+
+    def __repr__(self) -> str:
+        return f"Row({', '.join(f'{c}={v!r}' for c, v in self.items())})"
+
+
+def _first_index(columns: list[str]) -> dict[str, int]:
+    index: dict[str, int] = {}
+    for i, c in enumerate(columns):
+        index.setdefault(c, i)
+    return index
+
+
+class Rows(list):
+    """Query result: a list of :class:`Row` (every column, in order), with the column names."""
+
+    def __init__(self, rows: Iterable[Any] = (), columns: list[str] | None = None):
+        rows = list(rows)
+        if columns is None:
+            columns = list(rows[0].keys()) if rows else []
+        self.columns = list(columns)
+        index = _first_index(self.columns)
+        super().__init__(r if isinstance(r, Row) else
+                         Row(r.values() if isinstance(r, Mapping) else r, self.columns, index)
+                         for r in rows)
 
     def df(self):
+        """A pandas DataFrame; duplicate column names are kept, as pandas keeps them."""
         import pandas as pd
 
-        return pd.DataFrame(list(self), columns=self.columns)
+        return pd.DataFrame([r.values() for r in self], columns=self.columns)
 
 
 class QueryError(RuntimeError):
@@ -80,7 +162,11 @@ class _Base:
 
 
 class EmbeddedDB(_Base):
-    """Trace loaded by stepscope's own importer into SQLite (no binary, no network)."""
+    """Trace loaded by stepscope's own importer into SQLite (no binary, no network).
+
+    Queries run read-only towards the rest of the machine: ATTACH, DETACH (and so VACUUM INTO)
+    and PRAGMAs that set something are refused, so SQL writes no file but the engine's own
+    database. Ctrl-C interrupts a running query (KeyboardInterrupt)."""
 
     engine = "embedded"
 
@@ -90,23 +176,73 @@ class EmbeddedDB(_Base):
         close or exit (other connections can then open it: the summaries use several cores),
         ":memory:", or a file path (kept)."""
         self.paths = paths
-        self.conn, self.stats = load(paths, db=db, progress=progress)
-        tmp = file_of(self.conn) if db is None else None  # None: kept in memory after all
-        self._cleanup = weakref.finalize(self, _close, self.conn, tmp)
+        self.conn = None
+        conn, self.stats = load(paths, db=db, progress=progress)
+        try:  # an interrupt from here on still removes the temporary file
+            tmp = file_of(conn) if db is None else None  # None: kept in memory after all
+            self._cleanup = weakref.finalize(self, _close, conn, tmp)
+        except BaseException:
+            _close(conn, file_of(conn) if db is None else None)
+            raise
+        self.conn = conn
+        _sqlfuncs.install(conn)
+        conn.set_authorizer(_authorize)
 
     def query(self, sql: str) -> Rows:
+        why = _sqlfuncs.unsupported(sql)
+        if why:
+            raise QueryError(f"query failed: {why}")
+        conn = self.conn
+        if conn is None:
+            raise QueryError("query failed: the database is closed")
+        # a Python callback now and then lets a pending Ctrl-C run (SQLite itself never
+        # returns to the interpreter during a statement); it aborts the statement
+        conn.set_progress_handler(_tick, _TICK_OPS)
         try:  # rows are fetched inside: SQLite reports some errors only while stepping
-            cur = self.conn.execute(sql)
+            cur = conn.execute(sql)
             if cur.description is None:
                 return Rows()
             cols = [d[0] for d in cur.description]
-            return Rows([dict(zip(cols, r, strict=True)) for r in cur], cols)
+            return Rows(cur.fetchall(), cols)
         except sqlite3.Error as e:
-            raise QueryError(f"query failed: {e}") from None
+            if str(e) == "interrupted":  # Ctrl-C (or a termination signal) during the query
+                if _term_signal:
+                    raise SystemExit(128 + _term_signal) from None
+                raise KeyboardInterrupt from None
+            raise QueryError(f"query failed: {_sqlfuncs.explain(e)}") from None
+        finally:
+            conn.set_progress_handler(None, 0)
 
     def close(self) -> None:
-        self._cleanup()
+        if self.conn is not None:
+            self._cleanup()
         self.conn = None
+
+
+_TICK_OPS = 100_000  # SQLite VM steps between callbacks: about a millisecond
+_term_signal = 0  # set by the CLI's SIGTERM handler (see _cli), so an aborted query exits so
+
+
+def _tick() -> int:
+    return 0
+
+
+# PRAGMAs that take an argument and only read (the summaries use table_info)
+_READ_PRAGMAS = frozenset({"table_info", "table_xinfo", "index_info", "index_xinfo",
+                           "index_list", "foreign_key_list", "foreign_key_check",
+                           "integrity_check", "quick_check"})
+
+
+def _authorize(action: int, arg1: str | None, arg2: str | None, db: str | None,
+               source: str | None) -> int:
+    """SQLite authorizer: no statement may reach another file (ATTACH, which VACUUM INTO uses
+    too) or change the connection's settings (a PRAGMA that sets, e.g. journal_mode=WAL)."""
+    if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
+        return sqlite3.SQLITE_DENY
+    if action == sqlite3.SQLITE_PRAGMA and arg2 is not None and \
+            (arg1 or "").lower() not in _READ_PRAGMAS:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
 
 
 def _close(conn: sqlite3.Connection, tmp: str | None) -> None:
@@ -116,27 +252,26 @@ def _close(conn: sqlite3.Connection, tmp: str | None) -> None:
 
 
 class TraceProcessorDB(_Base):
-    """Trace loaded by Perfetto's trace processor (``perfetto.trace_processor``)."""
+    """Trace loaded by Perfetto's trace processor (``perfetto.trace_processor``), run from the
+    binary ``bin_path`` (never downloaded here: see :func:`download_trace_processor`)."""
 
     engine = "trace_processor"
 
-    def __init__(self, paths: list[str], bin_path: str | None) -> None:
+    def __init__(self, paths: list[str], bin_path: str) -> None:
         from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
 
         self.paths = paths
+        self.tp = None
         trace: Any = paths[0] if len(paths) == 1 else _concatenated(paths)
         config = TraceProcessorConfig(bin_path=bin_path)
-        if bin_path is None:  # the perfetto package downloads the binary: keep its output quiet
-            with _quiet_fds():
-                self.tp = TraceProcessor(trace=trace, config=config)
-        else:
+        with _local_without_proxy():  # its start-up check asks http://localhost through urllib
             self.tp = TraceProcessor(trace=trace, config=config)
 
     def query(self, sql: str) -> Rows:
         try:
             it = self.tp.query(sql)
             cols = list(it.column_names)
-            rows = [{c: _py(getattr(r, c)) for c in cols} for r in it]
+            rows = _result_rows(it, cols)
         except Exception as e:
             raise QueryError(f"query failed: {_one_line(e)}") from None
         return Rows(rows, cols)
@@ -147,25 +282,33 @@ class TraceProcessorDB(_Base):
             self.tp = None
 
 
-_download_failed: str | None = None  # remembered so a process tries to download only once
+def _result_rows(it: Any, cols: list[str]) -> list[Row]:
+    """A perfetto result's rows, every column by position. Its row objects hold one attribute
+    per name (a name given twice keeps only one value), so the cells are read when present."""
+    index = _first_index(cols)
+    cells = getattr(it, "cells", None)
+    n = len(cols)
+    if cells is not None and n and len(cells) == n * len(it):
+        return [Row([_py(v) for v in cells[i:i + n]], cols, index)
+                for i in range(0, len(cells), n)]
+    return [Row([_py(getattr(r, c)) for c in cols], cols, index) for r in it]
 
 
 @contextlib.contextmanager
-def _quiet_fds():
-    """Silence fds 1 and 2 (the download's curl progress) for the duration."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    devnull = os.open(os.devnull, os.O_WRONLY)
+def _local_without_proxy():
+    """localhost reached directly for the duration, whatever HTTP(S)_PROXY says (a proxy that
+    stalls would otherwise hang trace processor's start-up check)."""
+    saved = {k: os.environ.get(k) for k in ("no_proxy", "NO_PROXY")}
+    for k, v in saved.items():
+        os.environ[k] = ",".join(x for x in (v, "localhost", "127.0.0.1", "::1") if x)
     try:
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
         yield
     finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, devnull):
-            os.close(fd)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _py(v: Any) -> Any:
@@ -176,13 +319,50 @@ def _py(v: Any) -> Any:
 def _concatenated(paths: list[str]):
     """Several traces as one stream: Perfetto traces are concatenable."""
     for p in paths:
-        with open(p, "rb") as f:
+        with builtins.open(p, "rb") as f:  # not this module's open()
             while chunk := f.read(1 << 24):
                 yield chunk
 
 
+def _prebuilt_entry() -> dict | None:
+    """The perfetto package's pinned trace_processor_shell for this machine (None: none)."""
+    try:
+        from perfetto.prebuilts.manifests.trace_processor_shell import (
+            TRACE_PROCESSOR_SHELL_MANIFEST as manifest,
+        )
+    except ImportError:
+        return None
+    plat, machine = sys.platform.lower(), platform.machine().lower()
+    for e in manifest:
+        if e.get("platform") == plat and machine in e.get("machine", []) and e.get("url"):
+            return e
+    return None
+
+
+def _cache_dir() -> str:
+    return os.path.join(os.path.expanduser("~"), ".local", "share", "perfetto", "prebuilts")
+
+
+def _cache_path(entry: dict) -> str:
+    """Where the perfetto package keeps (and looks for) its downloaded binary."""
+    root, ext = os.path.splitext(entry["file_name"])
+    return os.path.join(_cache_dir(), f"{root}-{entry['sha256'][:16]}{ext}")
+
+
+def cached_trace_processor() -> str | None:
+    """A trace_processor_shell the perfetto package downloaded before (no network)."""
+    entry = _prebuilt_entry()
+    cands = [_cache_path(entry)] if entry else []
+    cands.append(os.path.join(_cache_dir(), "trace_processor_shell"))  # older packages' name
+    for c in cands:
+        if os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
+
+
 def find_trace_processor(explicit: str | None = None) -> str | None:
-    """The trace_processor_shell to use: explicit path, env var, PATH (None: let perfetto fetch).
+    """The trace_processor_shell to use: explicit path, env var, PATH, the perfetto package's
+    cache; None when there is none. Never downloads.
 
     An explicit path or env var that names no executable file is an error.
     """
@@ -191,7 +371,68 @@ def find_trace_processor(explicit: str | None = None) -> str | None:
             if os.path.isfile(cand) and os.access(cand, os.X_OK):
                 return cand
             raise EngineError(f"{source}={cand!r} is not an executable trace_processor_shell")
-    return shutil.which("trace_processor_shell")
+    return shutil.which("trace_processor_shell") or cached_trace_processor()
+
+
+def download_timeout() -> float:
+    """Seconds a download may take: ``STEPSCOPE_DOWNLOAD_TIMEOUT``, else 60."""
+    raw = os.environ.get(ENV_TIMEOUT)
+    if not raw:
+        return DOWNLOAD_TIMEOUT_S
+    try:
+        t = float(raw)
+    except ValueError:
+        t = float("nan")
+    if not 0 < t < 1e6:
+        raise EngineError(f"{ENV_TIMEOUT}={raw!r} is not a number of seconds")
+    return t
+
+
+def download_trace_processor(timeout: float | None = None) -> str:
+    """Download the perfetto package's pinned trace_processor_shell into its cache (checked
+    against the pinned SHA-256; where the package looks for it too) and return its path.
+
+    Gives up after ``timeout`` seconds (default :func:`download_timeout`) with an
+    :class:`EngineError` of one line; leaves no partial file.
+    """
+    entry = _prebuilt_entry()
+    if entry is None:
+        raise EngineError(f"the perfetto package has no trace_processor_shell for "
+                          f"{sys.platform}-{platform.machine()}; set {ENV_BIN}")
+    dest = _cache_path(entry)
+    if os.path.isfile(dest) and os.access(dest, os.X_OK):
+        return dest
+    timeout = download_timeout() if timeout is None else timeout
+    url = entry["url"]
+    deadline = time.monotonic() + timeout
+    tmp = f"{dest}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        digest = hashlib.sha256()
+        with urllib.request.urlopen(url, timeout=timeout) as resp, \
+                builtins.open(tmp, "wb") as f:
+            while chunk := resp.read(1 << 20):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("timed out")
+                digest.update(chunk)
+                f.write(chunk)
+        if digest.hexdigest() != entry["sha256"]:
+            raise EngineError(f"cannot download trace_processor_shell from {url}: checksum "
+                              f"mismatch")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, dest)
+        return dest
+    except EngineError:
+        raise
+    except Exception as e:
+        why = _one_line(getattr(e, "reason", None) or e)
+        if isinstance(e, TimeoutError) or "timed out" in why:
+            why = f"timed out after {timeout:g} s"
+        raise EngineError(f"cannot download trace_processor_shell from {url}: {why} "
+                          f"(set {ENV_BIN} to a local binary)") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def _say(msg: str) -> None:
@@ -207,11 +448,12 @@ def open(  # noqa: A001 - mirrors the builtin on purpose: stepscope.analysis.ope
     """Open trace file(s) for SQL queries.
 
     engine: ``"embedded"`` (stepscope's importer, always available), ``"trace_processor"``
-    (Perfetto's trace processor; raises :class:`EngineError` if it cannot start) or ``"auto"``
-    (trace processor when its binary is found or can be downloaded, else the embedded engine,
-    after one line on stderr saying why; a failed download is not retried). Several paths are
-    loaded into one database. ``progress``: a ``callback(stage, fraction)`` or True to print
-    progress to stderr (the embedded engine only).
+    (Perfetto's trace processor, downloaded when no binary is found; raises
+    :class:`EngineError` if it cannot start) or ``"auto"`` (trace processor when a binary is
+    found, see :func:`find_trace_processor`, else the embedded engine; no network; one line on
+    stderr when a binary found fails). Several paths are loaded into one database.
+    ``progress``: a ``callback(stage, fraction)`` or True to print progress to stderr (the
+    embedded engine only).
     """
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
@@ -221,31 +463,25 @@ def open(  # noqa: A001 - mirrors the builtin on purpose: stepscope.analysis.ope
         progress = print_progress()
     elif progress is False:
         progress = None
-    if engine in ("auto", "trace_processor"):
+    if engine == "trace_processor":
+        return _start_trace_processor(paths, find_trace_processor(trace_processor_bin)
+                                      or download_trace_processor())
+    if engine == "auto":
         try:
-            return _start_trace_processor(paths, trace_processor_bin)
+            binary = find_trace_processor(trace_processor_bin)
+            if binary is not None:
+                return _start_trace_processor(paths, binary)
         except EngineError as e:
-            if engine == "trace_processor":
-                raise
             _say(f"trace processor unavailable ({_one_line(e)}); using the embedded engine")
     return EmbeddedDB(paths, progress=progress)
 
 
-def _start_trace_processor(paths: list[str], bin_arg: str | None) -> TraceProcessorDB:
-    """Trace processor on ``paths``; EngineError whatever fails (no binary, failed download,
-    binary crashed), so ``open`` can fall back. The paths were checked: a failure is not theirs.
-    A failed download is remembered: it would fail again, slowly."""
-    global _download_failed
-    explicit = find_trace_processor(bin_arg)
-    if explicit is None and _download_failed:
-        raise EngineError(_download_failed)
+def _start_trace_processor(paths: list[str], binary: str) -> TraceProcessorDB:
+    """Trace processor on ``paths``; EngineError whatever fails (the binary crashed, ...), so
+    ``open`` can fall back. The paths were checked: a failure is not theirs."""
     try:
-        return TraceProcessorDB(paths, explicit)
+        return TraceProcessorDB(paths, binary)
     except Exception as e:
-        if explicit is None:  # the perfetto package's own download failed
-            _download_failed = (f"no trace_processor_shell found and downloading it "
-                                f"failed ({type(e).__name__}); set {ENV_BIN}")
-            raise EngineError(_download_failed) from None
         raise EngineError(f"trace_processor_shell failed: {_one_line(e)}") from None
 
 
@@ -281,5 +517,5 @@ def print_progress(stream=None, min_interval_s: float = 0.5) -> Callable[[str, f
 
 
 
-__all__ = ["EmbeddedDB", "QueryError", "Rows", "TraceProcessorDB", "find_trace_processor", "open",
-           "print_progress"]
+__all__ = ["EmbeddedDB", "QueryError", "Row", "Rows", "TraceProcessorDB", "cached_trace_processor",
+           "download_trace_processor", "find_trace_processor", "open", "print_progress"]

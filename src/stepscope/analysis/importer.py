@@ -11,7 +11,13 @@ processor's clock / interning / nesting semantics) and writes the tables into an
 ``track``          id, name, type, classification, parent_id, dimension_arg_set_id, ...
 ``thread_track``   id, name, type, parent_id, utid
 ``process_track``  id, name, type, parent_id, upid
-``counter_track``  id, name, type, parent_id, unit, description
+``counter_track``  id, name, parent_id, type, dimension_arg_set_id, source_arg_set_id,
+                   machine_id, unit, description; type as trace processor's:
+                   'process_counter_track_event' (under a process), 'thread_counter_track_event'
+                   (under a thread), 'global_counter_track_event'
+``process_counter_track``  counter tracks of a process: id, name, type, parent_id,
+                   source_arg_set_id, machine_id, unit, description, upid
+``thread_counter_track``   the same with utid, for counter tracks of a thread
 ``thread``         utid (= id), tid, name, upid, is_main_thread (utid 0: placeholder)
 ``process``        upid (= id), pid, name (upid 0: placeholder)
 ``counter``        id, ts, track_id, value, arg_set_id
@@ -34,6 +40,7 @@ import logging
 import os
 import sqlite3
 import tempfile
+import warnings
 from collections.abc import Iterable, Sequence
 from os import PathLike, fspath
 
@@ -42,8 +49,8 @@ import numpy as np
 from . import _slicebase
 from . import _sqlimage as si
 from ._decode import Tables, decode, read_file
-from ._errors import TraceError
-from ._packets import Progress
+from ._errors import TraceDamageWarning, TraceError
+from ._packets import Progress, skipped_summary
 
 log = logging.getLogger("stepscope.analysis")
 
@@ -69,8 +76,17 @@ CREATE TABLE thread_track(id INTEGER PRIMARY KEY, name TEXT, type TEXT, parent_i
                           utid INTEGER);
 CREATE TABLE process_track(id INTEGER PRIMARY KEY, name TEXT, type TEXT, parent_id INTEGER,
                            upid INTEGER);
-CREATE TABLE counter_track(id INTEGER PRIMARY KEY, name TEXT, type TEXT, parent_id INTEGER,
-                           unit TEXT, description TEXT);
+CREATE TABLE counter_track(id INTEGER PRIMARY KEY, name TEXT, parent_id INTEGER, type TEXT,
+                           dimension_arg_set_id INTEGER, source_arg_set_id INTEGER,
+                           machine_id INTEGER, unit TEXT, description TEXT);
+CREATE TABLE process_counter_track(id INTEGER PRIMARY KEY, name TEXT, type TEXT,
+                                   parent_id INTEGER, source_arg_set_id INTEGER,
+                                   machine_id INTEGER, unit TEXT, description TEXT,
+                                   upid INTEGER);
+CREATE TABLE thread_counter_track(id INTEGER PRIMARY KEY, name TEXT, type TEXT,
+                                  parent_id INTEGER, source_arg_set_id INTEGER,
+                                  machine_id INTEGER, unit TEXT, description TEXT,
+                                  utid INTEGER);
 CREATE TABLE process(upid INTEGER PRIMARY KEY, id INTEGER, pid INTEGER, name TEXT,
                      start_ts INTEGER, end_ts INTEGER, parent_upid INTEGER, uid INTEGER,
                      cmdline TEXT, arg_set_id INTEGER, machine_id INTEGER);
@@ -110,12 +126,20 @@ def decode_files(path_or_paths, progress: Progress | None = None) -> Tables:
     paths = _paths(path_or_paths)
     datas = [(p, read_file(p)) for p in paths]
     try:
-        return decode(datas, progress)
+        tables = decode(datas, progress)
     except (TraceError, MemoryError):  # as they are (KeyboardInterrupt is no Exception)
         raise
     except Exception as e:  # corrupt input the checks above did not catch: still a clear error
         raise TraceError(f"{', '.join(paths)}: cannot decode the trace "
                          f"({type(e).__name__}: {e})") from e
+    skipped = skipped_summary(tables.stats)
+    if skipped and not len(tables.slice["ts"]) and not len(tables.counter["ts"]):
+        # what is left leans on what was lost (interned names, clocks): nothing to show
+        raise TraceError(f"{', '.join(paths)}: nothing readable: {skipped}")
+    if skipped:  # the loss is in the stats table too, but nobody looks there
+        warnings.warn(f"{', '.join(paths)}: skipped {skipped}; the rest is loaded",
+                      TraceDamageWarning, stacklevel=2)
+    return tables
 
 
 def load(
@@ -252,6 +276,10 @@ def _temp_file_db(tables: list[si.Table], ixs: list[si.Index],
         if path is not None:
             remove_db_file(path)
         return None
+    except BaseException:  # Ctrl-C, or SIGTERM made an exception (see _cli): no file left
+        if path is not None:
+            remove_db_file(path)
+        raise
 
 
 def remove_db_file(path: str) -> None:
@@ -291,12 +319,29 @@ def _track_owners(t: Tables) -> dict[int, tuple[int, int | None]]:
         conn.close()
 
 
+def _counter_owner(tr, by_uuid: dict):
+    """The nearest thread or process track above a counter track (None: a global counter), as
+    trace processor scopes TrackEvent counter tracks."""
+    p, seen = tr, set()
+    while p.parent_uuid is not None and p.uuid not in seen:
+        seen.add(p.uuid)
+        p = by_uuid.get(p.parent_uuid)
+        if p is None:
+            return None
+        if p.kind in ("thread", "process"):
+            return p
+    return None
+
+
 def _write_tracks(conn: sqlite3.Connection, t: Tables) -> None:
     by_uuid = {tr.uuid: tr for tr in t.tracks}
     for tr in t.tracks:
         parent = by_uuid.get(tr.parent_uuid) if tr.parent_uuid is not None else None
         pid = parent.id if parent is not None else None
-        kind = {"track": "track_event", "counter": "counter"}.get(tr.kind, tr.kind)
+        owner = _counter_owner(tr, by_uuid) if tr.kind == "counter" else None
+        kind = {"track": "track_event"}.get(tr.kind, tr.kind)
+        if tr.kind == "counter":
+            kind = f"{owner.kind if owner is not None else 'global'}_counter_track_event"
         name = tr.name
         conn.execute(
             "INSERT INTO track(id, name, type, classification, parent_id) VALUES (?,?,?,?,?)",
@@ -311,6 +356,14 @@ def _write_tracks(conn: sqlite3.Connection, t: Tables) -> None:
         if tr.kind == "counter":
             conn.execute("INSERT INTO counter_track(id, name, type, parent_id, unit)"
                          " VALUES (?,?,?,?,?)", (tr.id, name, kind, pid, tr.unit))
+            if owner is not None and owner.kind == "thread":
+                conn.execute("INSERT INTO thread_counter_track(id, name, type, parent_id, unit,"
+                             " utid) VALUES (?,?,?,?,?,?)",
+                             (tr.id, name, kind, pid, tr.unit, t.track_utid[owner.id]))
+            elif owner is not None and owner.id in t.track_upid:
+                conn.execute("INSERT INTO process_counter_track(id, name, type, parent_id,"
+                             " unit, upid) VALUES (?,?,?,?,?,?)",
+                             (tr.id, name, kind, pid, tr.unit, t.track_upid[owner.id]))
     conn.executemany("INSERT INTO process(upid, id, pid, name) VALUES (?,?,?,?)",
                      ((u, u, p, n) for u, p, n in t.processes))
     pid_of = {u: p for u, p, _ in t.processes}

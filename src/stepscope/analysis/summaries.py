@@ -27,8 +27,21 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from ._format import BOOL, FLOAT, INT, RATIO, TEXT, TIME, Column, Table, render_many
-from ._slicebase import SS_BASE_ROWS, SS_COLUMNS, SS_INDEX_KEYS, SS_TABLE
+from .. import _schema as S
+from ._format import (
+    BOOL,
+    BYTES,
+    FLOAT,
+    INT,
+    MEASURE,
+    RATIO,
+    TEXT,
+    TIME,
+    Column,
+    Table,
+    render_many,
+)
+from ._slicebase import SS_BASE_ROWS, SS_COLUMNS, SS_INDEX_KEYS, SS_NAME_INDEX_KEYS, SS_TABLE
 from ._sqlimage import file_of, open_file
 from ._threads import cpus
 
@@ -43,6 +56,7 @@ __all__ = [
     "percentile",
     "query_rows",
     "render",
+    "render_report",
     "report",
     "shared_base",
     "sql_text",
@@ -108,10 +122,25 @@ def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
+def _phase_sql() -> tuple[str, str]:
+    """The kind of a 'phase' slice ``s`` by its name, and the test that a 'phase' slice ``p``
+    is a Dataloader phase: the spellings of ``_schema.PHASE_ALIASES`` in any (ASCII) case."""
+    kinds = {S.PHASE_DATALOADER: 1, S.PHASE_FORWARD: 2, S.PHASE_BACKWARD: 3,
+             S.PHASE_OPTIMIZATION: 4}
+    whens = " ".join(f"WHEN {_sql_str(a)} THEN {kinds[ph]}"
+                     for ph, names in S.PHASE_ALIASES.items() for a in names)
+    loaders = ", ".join(_sql_str(a) for a in S.PHASE_ALIASES[S.PHASE_DATALOADER])
+    return f"CASE lower(s.name) {whens} ELSE 5 END", f"lower(p.name) IN ({loaders})"
+
+
+PHASE_KIND_SQL, DATALOADER_PHASE_SQL = _phase_sql()
+
+
 def _placeholders(f: Filters, slice_base: bool = False) -> dict[str, str]:
     """The base SQL's placeholders; ``slice_base``: read the importer's slice base (see
     _base.sql) instead of ``slice``."""
     p = {"rank_filter": "1", "thread_filter": "1", "step_filter": "1", "window_filter": "1",
+         "phase_kind": PHASE_KIND_SQL, "dataloader_phase": DATALOADER_PHASE_SQL,
          "slices": f"main.{SS_TABLE}" if slice_base else "slice",
          "step_rows": "s.kind_id = 0" if slice_base else "s.category = 'step'"}
     if f.ranks is not None:
@@ -203,13 +232,17 @@ def shared_base(db: Any, filters: Filters):
     """On an SQLite engine, compute the base CTEs once as TEMP tables for several tables.
 
     Yields the ``base`` to pass to render() (the table SQL then reads the temporary tables of
-    the same names), or None where this does not apply (trace processor, a name already
-    taken): the tables are then computed from the CTEs, with the same results.
+    the same names), or None where this does not apply (a name already taken, an engine that
+    refuses): the tables are then computed from the CTEs, with the same results. On trace
+    processor the same tables are made as SQLite tables through its queries (see
+    _trace_processor_base): each table would otherwise compute the base again.
     """
     conn = _sqlite_conn(db)
     made: list[tuple[str, str]] = []  # (VIEW or TABLE, name)
     base = None
-    if conn is not None:
+    if conn is None and getattr(db, "engine", None) == "trace_processor":
+        base = _trace_processor_base(db, filters, made)
+    elif conn is not None:
         try:
             has_base = _has_slice_base(conn)
             views = has_base and filters == Filters()
@@ -238,7 +271,7 @@ def shared_base(db: Any, filters: Filters):
         yield base
     finally:
         if made:
-            _drop(conn, made)
+            _drop(conn if conn is not None else db, made)
 
 
 # Base CTEs that are views over the slice base when it exists and no filter is set
@@ -247,8 +280,10 @@ _BASE_VIEWS = frozenset({"ss_slice", "ss_device"})
 # stored with ``id`` as the rowid, so those lookups need no index built per query.
 _KEYED_BASE = frozenset({"ss_slice", "ss_device"})
 # Indexes on base tables: the union window of the overview reads its rows in this order
-# (no sort), and the tables that want a few kinds of slices read just those.
-_BASE_INDEXES = {"ss_slice": (", ".join(SS_INDEX_KEYS),)}
+# (no sort), and the tables that want a few kinds of slices read just those; the operators'
+# statistics per name read theirs in (name, dur) order, as from the slice base: their REAL
+# sums then add in the same order on every engine and filter (the same bits).
+_BASE_INDEXES = {"ss_slice": (", ".join(SS_INDEX_KEYS), ", ".join(SS_NAME_INDEX_KEYS[:3]))}
 
 
 def _create_temp(conn: sqlite3.Connection, name: str, sql: str, keyed: bool) -> None:
@@ -277,18 +312,49 @@ def _create_temp(conn: sqlite3.Connection, name: str, sql: str, keyed: bool) -> 
         raise
 
 
+def _trace_processor_base(db: Any, filters: Filters, made: list[tuple[str, str]]) -> str | None:
+    """The base CTEs as temporary SQLite tables in trace processor (it runs plain SQLite
+    statements too), keyed and indexed as on the embedded engine; None (and nothing left
+    behind) when a statement is refused."""
+    try:
+        for name, cols, body in _base_ctes(filters):
+            if re.search(rf"\b{name}\b", body):  # recursive
+                sql = f"WITH RECURSIVE {name}{cols} AS ({body}) SELECT * FROM {name}"
+            else:
+                sql = body
+            if name in _KEYED_BASE:  # id as the rowid: the table queries look rows up by id
+                names = db.query(f"SELECT * FROM ({sql}) LIMIT 0").columns
+                decl = ", ".join('"id" INTEGER PRIMARY KEY' if c == "id" else f'"{c}"'
+                                 for c in names)
+                db.query(f"CREATE TEMP TABLE {name}({decl})")
+                made.append(("TABLE", name))
+                db.query(f"INSERT INTO temp.{name} SELECT * FROM ({sql})")
+            else:
+                db.query(f"CREATE TEMP TABLE {name} AS {sql}")
+                made.append(("TABLE", name))
+            for i, keys in enumerate(_BASE_INDEXES.get(name, ())):
+                db.query(f"CREATE INDEX temp.{name}_ix{i} ON {name}({keys})")
+        return _SHARED_BASE
+    except Exception:  # an engine that refuses: the tables compute their CTEs
+        _drop(db, made)
+        made.clear()
+        return None
+
+
 def _has_slice_base(conn: sqlite3.Connection) -> bool:
     """Whether the importer wrote the unfiltered ss_slice (see _slicebase) into ``conn``."""
     return conn.execute("SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?",
                         (SS_TABLE,)).fetchone() is not None
 
 
-def _drop(conn: sqlite3.Connection, made: list[tuple[str, str]]) -> None:
-    """Drop the (VIEW or TABLE, name) temporary objects, the last made first."""
+def _drop(conn: Any, made: list[tuple[str, str]]) -> None:
+    """Drop the (VIEW or TABLE, name) temporary objects, the last made first (``conn``: a
+    sqlite3 connection, or an engine with ``query``)."""
+    run = conn.execute if isinstance(conn, sqlite3.Connection) else conn.query
     for kind, name in reversed(made):
         try:
-            conn.execute(f"DROP {kind} IF EXISTS temp.{name}")
-        except sqlite3.Error:  # pragma: no cover - a closed connection
+            run(f"DROP {kind} IF EXISTS temp.{name}")
+        except Exception:  # pragma: no cover - a closed connection
             pass
 
 
@@ -453,7 +519,7 @@ _SPECS: dict[str, _Spec] = {
         (
             C("kind", "Kind"),
             *_TIME_STATS,
-            C("bytes", "Bytes", INT),
+            C("bytes", "Bytes", BYTES),
             C("bandwidth_gbps", "Bandwidth (GB/s)", FLOAT),
         ),
     ),
@@ -464,9 +530,9 @@ _SPECS: dict[str, _Spec] = {
             C("rank", "Rank", INT),
             C("name", "Metric"),
             C("samples", "Samples", INT),
-            C("mean", "Mean", FLOAT),
-            C("min", "Min", FLOAT),
-            C("max", "Max", FLOAT),
+            C("mean", "Mean (time-weighted)", MEASURE),
+            C("min", "Min", MEASURE),
+            C("max", "Max", MEASURE),
         ),
     ),
     "distributed": _Spec(
@@ -491,6 +557,9 @@ _SPECS: dict[str, _Spec] = {
 TABLES: tuple[str, ...] = tuple(_SPECS)
 #: The tables of a report when none are named: the per-step listing is left out.
 DEFAULT_TABLES: tuple[str, ...] = tuple(n for n in TABLES if n != "step_times")
+#: Tables of events the profiler records only in detail windows (user ranges, CUPTI activity):
+#: a run's summary files leave them empty, its detail files fill them.
+DETAIL_TABLES: tuple[str, ...] = ("operators", "kernels", "memcpy")
 
 _OPERATOR_THREAD_COLS = (
     C("rank", "Rank", INT),
@@ -704,17 +773,27 @@ def report(
     unit: str = "ms",
     fmt: str = "text",
     names: Sequence[str] | None = None,
+    name_width: int | None = None,
     **kwargs: Any,
 ) -> str:
     """All non-empty tables rendered one after the other (``fmt``: text, csv, json, md).
 
-    The per-step listing (``step_times``) is left out unless named.
+    The per-step listing (``step_times``) is left out unless named. ``name_width``: text and
+    markdown cut names longer than this in the middle (None: as needed to keep each text table
+    within 200 columns; 0: never); CSV and JSON hold them in full.
     """
     tables = all_tables(db, names=names or DEFAULT_TABLES, **kwargs)
-    shown = [t for t in tables.values() if t]
+    return render_report(tables.values(), fmt=fmt, unit=unit, name_width=name_width)
+
+
+def render_report(
+    tables: Iterable[Table], *, fmt: str = "text", unit: str = "ms", name_width: int | None = None
+) -> str:
+    """The non-empty ``tables`` rendered one after the other, as :func:`report` does."""
+    shown = [t for t in tables if t]
     if not shown:
         return "No events to summarize.\n" if fmt == "text" else render_many([], fmt, unit)
-    return render_many(shown, fmt, unit)
+    return render_many(shown, fmt, unit, name_width)
 
 
 # --- post-processing in Python ----------------------------------------------------------------
@@ -787,24 +866,76 @@ def _step_stats(rows: list[dict], **kw: Any) -> tuple[list[dict], list[str]]:
     return table_rows, [note]
 
 
-def _operators(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
-    """stddev = sqrt(E[dur^2] - E[dur]^2), the population standard deviation, clamped at 0.
+_GPU_KEYS = tuple(f"gpu_{s}" for s in ("total_ns", "avg_ns", "max_ns", "min_ns", "ratio"))
 
-    One pass over the ranges, at a precision cost: the subtraction cancels, so the relative
-    error of the variance is about (mean / stddev)^2 * 1e-16, times up to the number of calls
-    (see sumsq_ns2 in operators.sql); it shows only when the spread is tiny next to the mean."""
+
+def _no_gpu(rows: list[dict], keys: Sequence[str] = _GPU_KEYS) -> list[dict]:
+    """GPU values become None (shown "-", the columns left out of text) when the trace has no
+    device time at all: gpu_ratio's denominator, the device slices' union, is then 0 (NULL)."""
+    if any(r.get("gpu_ratio") is not None for r in rows):
+        return rows
+    return [{**r, **dict.fromkeys(keys)} for r in rows]
+
+
+def _model(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
+    return _no_gpu(rows), []
+
+
+def _device(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
+    """Each row gets the ``unit`` of its values (bytes, bytes/s: shown in binary units)."""
+    out = [{**r, "unit": counter_unit(r.get("name") or "")} for r in rows]
+    note = ("Mean (time-weighted): each sample holds until the next one of its counter, the "
+            "last until the end of its rank's run (its last step's end; its last slice's without "
+            "steps); a sample after that end holds nothing")
+    return out, [note] if any(r.get("samples") is not None for r in rows) else []
+
+
+_BYTE_COUNTERS = re.compile(
+    r"^(host\.process\.rss|host\.memory\.used|nvml\.gpu\d+\.memory\.used"
+    r"|cupy\.gpu\d+\.pool\.(used|total))$|(^|[ .])bytes$"
+)
+
+
+def counter_unit(name: str) -> str | None:
+    """The unit of a counter written by stepscope, from its name (see ``_schema``): "bytes",
+    "bytes/s", or None (the number as it is, e.g. "%" or "1/s", which the names say)."""
+    if name.endswith("bytes/s"):
+        return "bytes/s"
+    return "bytes" if _BYTE_COUNTERS.search(name) else None
+
+
+_SQ_PARTS = ("sq_hh", "sq_hl", "sq_aa", "sq_ab", "sq_bb")  # see operators.sql
+
+
+def _operators(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
+    """stddev = sqrt(calls * sum(d^2) - sum(d)^2) / calls, the population standard deviation,
+    with the difference computed exactly in integers from the SQL's sum of durations and the
+    integer parts of the sum of their squares (sq_hh..sq_bb, see operators.sql): no cancellation,
+    and the same value whatever engine summed the rows, in whatever order."""
     out = []
     for r in rows:
         r = dict(r)
-        sq = r.pop("sumsq_ns2", None)
-        n, avg = r.get("calls") or 0, r.get("avg_ns")
-        r["stddev_ns"] = math.sqrt(max(sq / n - avg * avg, 0.0)) if n and sq is not None else None
+        parts = [r.pop(k, None) for k in _SQ_PARTS]
+        n, total = r.get("calls") or 0, r.get("total_ns")
+        if n and total is not None and None not in parts:
+            hh, hl, aa, ab, bb = (int(p) for p in parts)
+            sumsq = (hh << 64) + (hl << 33) + (aa << 32) + (ab << 17) + bb
+            var_n2 = max(n * sumsq - int(total) ** 2, 0)  # variance * n^2, exact
+            r["stddev_ns"] = math.sqrt(var_n2) / n
+        else:
+            r["stddev_ns"] = None
         out.append(r)
-    return out, []
+    return _no_gpu(out), []
 
 
 def _distributed(rows: list[dict], straggler_margin: float = 0.10, **_: Any):
-    """vs_median = mean step / median of the ranks' mean steps - 1; straggler when > margin."""
+    """vs_median = mean step / median of the ranks' mean steps - 1; straggler when > margin.
+
+    Without any device time (no kernel, copy or set on any rank) computation, communication,
+    overlap and other are None: the split needs GPU data."""
+    keys = ("computation_ns", "communication_ns", "overlap_ns", "other_ns")
+    if not any(r.get(k) for r in rows for k in keys[:3]):
+        rows = [{**r, **dict.fromkeys(keys)} for r in rows]
     means = [r["avg_step_ns"] for r in rows if r.get("avg_step_ns") is not None]
     med = statistics.median(means) if means else None
     out = []
@@ -827,6 +958,8 @@ def _distributed(rows: list[dict], straggler_margin: float = 0.10, **_: Any):
 _POST = {
     "steps": _step_stats,
     "step_times": _per_step,
+    "model": _model,
     "operators": _operators,
+    "device": _device,
     "distributed": _distributed,
 }

@@ -8,9 +8,11 @@ code the live path uses, on machines without a GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,33 +154,41 @@ def load_fixture(path: str | os.PathLike[str], *, api: str = "correlated") -> Fi
     )
 
 
-def replay_fixture(sess: Any, fx: Fixture, *, host_ranges: bool = True, counters: bool = True):
+def replay_fixture(sess: Any, fx: Fixture, *, host_ranges: bool = True, counters: bool = True,
+                   rebase: bool = True):
     """Write the whole fixture into a session, as if it had been recorded live.
 
     Everything goes on the REALTIME clock so that it lines up regardless of this machine's clocks:
     device records as recorded (CUPTI stamps REALTIME), host ranges and NVML/GPM samples mapped
     from the recording machine's ``perf_counter_ns`` to its ``time_ns`` through the clock pairs.
-    Host ranges go on one custom track per recorded thread name. Returns the converter's stats.
+    ``rebase`` (default) then moves all of it by one offset so that its first event is now
+    (``time.time_ns()``): recorded on another machine, it would otherwise lie before this
+    machine's boot, at negative trace (BOOTTIME) times, which trace processor drops. Host ranges
+    go on one custom track per recorded thread name. Returns the converter's stats.
     """
     from .. import _schema
     from .clock import to_clock
     from .convert import GpuTraceConverter
     from .nvml import CounterWriter, gpm_counters, sample_counters
 
+    def realtime(values: list[int]) -> np.ndarray:
+        return to_clock(np.array(values, dtype=np.int64), fx.clock_pairs, "perf_counter_ns",
+                        "time_ns")
+
+    starts = realtime([h["start"] for h in fx.host_ranges]) if fx.host_ranges else None
+    ends = realtime([h["end"] for h in fx.host_ranges]) if fx.host_ranges else None
+    sample_ts = [realtime([s["perf_counter_ns"] for s in samples]) if samples else None
+                 for samples in (fx.nvml_samples, fx.gpm_samples)]
+    shift = rebase_shift(fx.batch, [a for a in (starts, *sample_ts) if a is not None]) \
+        if rebase else 0
+    batch = shifted(fx.batch, shift)
     pid = int(fx.meta.get("pid", 0)) or None
     conv = GpuTraceConverter(sess, {0: fx.device}, pid=pid)
     steps = len({h.get("step") for h in fx.host_ranges if h.get("name") == "ProfileStep"})
-    stats = conv.convert(fx.batch, steps=steps)
+    stats = conv.convert(batch, steps=steps)
     if host_ranges and fx.host_ranges:
         em = sess.emitter(clock="realtime", level=_schema.LEVEL_DETAIL)
-        starts = to_clock(
-            np.array([h["start"] for h in fx.host_ranges]), fx.clock_pairs, "perf_counter_ns",
-            "time_ns",
-        )  # fmt: skip
-        ends = to_clock(
-            np.array([h["end"] for h in fx.host_ranges]), fx.clock_pairs, "perf_counter_ns",
-            "time_ns",
-        )  # fmt: skip
+        starts, ends = starts + shift, ends + shift
         tracks: dict[str, int] = {}
         for h, s, e in zip(fx.host_ranges, starts.tolist(), ends.tolist(), strict=True):
             t = tracks.get(h["thread"])
@@ -187,13 +197,37 @@ def replay_fixture(sess: Any, fx: Fixture, *, host_ranges: bool = True, counters
             em.complete(s, e - s, h["name"], t, args={_schema.ARG_STEP: h.get("step", -1)})
     if counters:
         w = CounterWriter(sess, clock="realtime")
-        for samples, fn in ((fx.nvml_samples, sample_counters), (fx.gpm_samples, gpm_counters)):
+        for samples, fn, ts in ((fx.nvml_samples, sample_counters, sample_ts[0]),
+                                (fx.gpm_samples, gpm_counters, sample_ts[1])):
             if not samples:
                 continue
-            ts = to_clock(
-                np.array([s["perf_counter_ns"] for s in samples]), fx.clock_pairs,
-                "perf_counter_ns", "time_ns",
-            )  # fmt: skip
-            for s, t in zip(samples, ts.tolist(), strict=True):
+            for s, t in zip(samples, (ts + shift).tolist(), strict=True):
                 w.write(t, fn(s, 0))
     return stats
+
+
+def rebase_shift(batch: ActivityBatch, others: Iterable[np.ndarray], now: int | None = None) -> int:
+    """The offset that moves the earliest of the batch's records and ``others`` (REALTIME
+    stamps) to ``now`` (default: ``time.time_ns()``); 0 when there is nothing."""
+    firsts = [int(a.min()) for a in others if len(a)]
+    span = batch.time_range()
+    if span is not None:
+        firsts.append(span[0])
+    if not firsts:
+        return 0
+    return (time.time_ns() if now is None else now) - min(firsts)
+
+
+def shifted(batch: ActivityBatch, shift: int) -> ActivityBatch:
+    """A copy of ``batch`` with every record's start and end moved by ``shift`` ns (the batch
+    itself is left as it is: fixtures are shared)."""
+    if not shift:
+        return batch
+    moved = {}
+    for attr in ActivityBatch.TABLES:
+        a = getattr(batch, attr).copy()
+        if a.size:
+            a["start"] += shift
+            a["end"] += shift
+        moved[attr] = a
+    return dataclasses.replace(batch, **moved)

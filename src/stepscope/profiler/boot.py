@@ -5,20 +5,29 @@ directly, e.g. ``torchrun --nproc-per-node 8 -m stepscope.profiler.boot train.py
 from ``STEPSCOPE_OPTIONS``. Steps come from ``stepscope.step()`` calls in the program, or, with the
 ``step_range`` option, from a named range: the profiler starts at the first begin of a range of that
 name (``stepscope.annotate``/``push_range``, or ``nvtx.annotate``/``push_range``) on any thread,
-and every later begin starts the next step. The profiler is stopped (files closed, report
-printed) however the program ends; its exit status is kept. After the last ``stepscope.step()``
-the program's tail is no step, so that open step is dropped, unless the program failed in it.
+and every later begin starts the next step. Without ``step_range``, step 0 opens at the program's
+first batch wait (``stepscope.dataloader``), phase or ``stepscope.step()`` (which ends a step 0
+whose start was not seen: the numbers go on from 1), never at interpreter start: start-up and
+imports are no step. A run without steps says so, with the flag to use; a ``step_range`` that
+names no range says so. The profiler is stopped (files closed, report printed) however the
+program ends; its exit status is kept. After the last ``stepscope.step()`` the program's tail is
+no step (unless it has a phase, or the program failed in it). A program that cannot be run (a
+missing script or module, a syntax error) ends as under Python (its message and exit status)
+before anything is started or written.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import runpy
 import sys
 import threading
+import traceback
 from typing import Any
 
 from . import options as _options
-from .profiler import Profiler
+from .profiler import NO_STEPS_HINT, Profiler
 
 USAGE = "usage: python -m stepscope.profiler.boot (SCRIPT | -m MODULE | -c CODE) [ARGS...]"
 
@@ -96,6 +105,91 @@ class _StepHook:
         nvtx.push_range = self.wrap_push(nvtx.push_range)
 
 
+class _ProgramError(Exception):
+    """The program cannot be run: Python's own message and exit status for it."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _NoModule(ImportError):
+    """What runpy raises for ``-m`` with no such module (its message is Python's)."""
+
+
+def _prepare(argv: list[str]) -> Any:
+    """Check, before anything is started or written, that the program can be run, as Python
+    does before running it (the same message and exit status when it cannot: a missing script,
+    module or __main__, a syntax error); returns a function that runs it."""
+    exe = sys.executable or "python"
+    if argv[0] in ("-m", "-c") and len(argv) < 2:
+        raise _ProgramError(USAGE, 2)
+    if argv[0] == "-m":
+        name = argv[1]
+        try:
+            get = getattr(runpy, "_get_module_details", None)
+            if get is not None:
+                get(name, _NoModule)
+            elif importlib.util.find_spec(name) is None:
+                raise ImportError(f"No module named {name}")
+        except ImportError as exc:  # (also one raised by a parent package's import)
+            raise _ProgramError(f"{exe}: {exc}", 1) from None
+        except Exception:  # a package that fails to import: it fails again in the run, with
+            pass  # its traceback
+
+        def run() -> None:
+            sys.argv = [argv[1], *argv[2:]]
+            runpy.run_module(name, run_name="__main__", alter_sys=True)
+
+        return run
+    if argv[0] == "-c":
+        try:
+            code = compile(argv[1], "<string>", "exec")
+        except (SyntaxError, ValueError) as exc:
+            raise _ProgramError("".join(traceback.format_exception_only(exc)).rstrip(), 1) from None
+
+        def run() -> None:
+            sys.argv = ["-c", *argv[2:]]
+            exec(code, {"__name__": "__main__"})
+
+        return run
+    path = argv[0]
+    full = os.path.abspath(path)
+    if os.path.isdir(path):
+        if not any(os.path.exists(os.path.join(path, f"__main__.{x}")) for x in ("py", "pyc")):
+            raise _ProgramError(f"{exe}: can't find '__main__' module in {full!r}", 1)
+    else:
+        try:
+            with open(path, "rb") as f:
+                source = f.read()
+        except OSError as exc:
+            raise _ProgramError(f"{exe}: can't open file {full!r}: [Errno {exc.errno}] "
+                                f"{exc.strerror}", 2) from None
+        if path.endswith(".py"):
+            try:
+                compile(source, full, "exec")
+            except (SyntaxError, ValueError) as exc:
+                raise _ProgramError(
+                    "".join(traceback.format_exception_only(exc)).rstrip(), 1) from None
+
+    def run() -> None:
+        sys.argv = list(argv)
+        sys.path.insert(0, _script_dir(path))
+        runpy.run_path(full, run_name="__main__")
+
+    return run
+
+
+def _program_traceback(tb: Any) -> Any:
+    """The traceback from the program's first frame on (Python's, without the boot's and
+    runpy's frames)."""
+    mine = globals()
+    while tb is not None and (tb.tb_frame.f_globals is mine
+                              or tb.tb_frame.f_globals.get("__name__") == "runpy"):
+        tb = tb.tb_next
+    return tb
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
@@ -106,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"stepscope: {exc}", file=sys.stderr)
         return 2
+    try:
+        program = _prepare(argv)
+    except _ProgramError as exc:  # nothing started, nothing written
+        print(exc, file=sys.stderr)
+        return exc.code
     # no step_range: steps from optimizer steps until the program calls stepscope.step()
     prof = Profiler(step_on=None if opts.get("step_range") else "auto")
     hook = None
@@ -113,47 +212,42 @@ def main(argv: list[str] | None = None) -> int:
         hook = _StepHook(prof, opts["step_range"])
         hook.install()
     else:
-        prof.start()
+        # step 0 opens at the first batch wait (prof.dataloader), phase or step() call, not
+        # here: the interpreter's and the program's start-up (imports) is no step. Automatic
+        # step boundaries for unchanged programs (e.g. a framework's optimizer-step hooks) are
+        # installed here, once the profiler runs.
+        prof.start(open_step=False)
     code = 0
-    failed = False
+    failed: BaseException | None = None
     try:
-        if argv[0] == "-m":
-            if len(argv) < 2:
-                print(USAGE, file=sys.stderr)
-                return 2
-            sys.argv = [argv[1], *argv[2:]]
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        elif argv[0] == "-c":
-            if len(argv) < 2:
-                print(USAGE, file=sys.stderr)
-                return 2
-            sys.argv = ["-c", *argv[2:]]
-            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
-        else:
-            sys.argv = list(argv)
-            sys.path.insert(0, _script_dir(argv[0]))
-            runpy.run_path(argv[0], run_name="__main__")
+        program()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
+    except BaseException as exc:
         code = 1
-        failed = True
+        failed = exc.with_traceback(_program_traceback(exc.__traceback__))
     finally:
         if hook is None or hook.started:
             # a failed program's open step is the one that failed; with step_range the open
             # step is the last range's; otherwise it is only the program's tail
-            prof._stop(keep_open_step=failed or hook is not None)  # noqa: SLF001
+            prof._stop(keep_open_step=failed is not None or hook is not None)  # noqa: SLF001
+            if prof.timer.steps == 0 and not prof.options["report"]:
+                print(NO_STEPS_HINT, file=sys.stderr)  # (the report says it otherwise)
+        else:
+            print(f"stepscope: no range named {hook.name!r} began, so the profiler never "
+                  "started: no step was recorded and nothing was written (--step-range must "
+                  "name a stepscope.annotate/push_range or nvtx.annotate/push_range message "
+                  "exactly)", file=sys.stderr)
+    if failed is not None:  # as Python reports it, from the program's frames on; after the
+        # profiler stopped (stepscope's own hook would stop the session first, ending the
+        # failed step without its args)
+        sys.excepthook(type(failed), failed, failed.__traceback__)
     return code
 
 
 def _script_dir(script: str) -> str:
-    import os
-
     return os.path.dirname(os.path.abspath(script))
 
 

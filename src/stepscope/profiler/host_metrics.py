@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from .options import MAX_INTERVAL_S, MIN_INTERVAL_S
+
 try:
     import resource
 
@@ -110,8 +112,9 @@ class HostSampler:
 
     def __init__(self, emit: Emit | None = None, interval_s: float = 0.5,
                  pid: int | None = None) -> None:
-        if not interval_s > 0:
-            raise ValueError(f"host metrics: sample_interval_s must be > 0, got {interval_s!r}")
+        if not MIN_INTERVAL_S <= interval_s <= MAX_INTERVAL_S:  # NaN and inf too
+            raise ValueError(f"host metrics: sample_interval_s must be from {MIN_INTERVAL_S:g} "
+                             f"to {MAX_INTERVAL_S:g} seconds, got {interval_s!r}")
         self.emit = emit
         self.interval_s = float(interval_s)
         self.proc = psutil.Process(pid)

@@ -15,21 +15,36 @@ so trace processor aligns them with no change ("shared clock"). Ranks on other h
 unrelated MONOTONIC/BOOTTIME clocks: their readings (in clock snapshots, and absolute packet
 timestamps on those clocks) are shifted onto the first host's clocks by the difference of the
 REALTIME readings in each file's first snapshot ("wall clock"): alignment is as good as the hosts'
-NTP sync. The mode used is returned and printed.
+NTP sync. The mode used is returned and printed. Trace processor refuses a clock snapshot whose
+trace clock (BOOTTIME) reads less than in an earlier snapshot of the same clocks, and stops
+converting from any other clock that goes back; each rank's file holds a snapshot at its start and
+at its end, so the next rank's first snapshot (taken while the previous rank still ran) would go
+back. The merged file keeps a global snapshot only when no clock in it goes back from the last one
+kept with the same clocks (the rest are dropped and counted): every rank converts through the
+kept ones, readings of the same clocks (shifted ones for other hosts). Sequence-scoped snapshots
+(clocks 64-127, one sequence each) are kept as they are.
 
-Memory stays bounded: files are read packet by packet and one compressed batch at a time.
+Memory stays bounded: files are read packet by packet and one compressed batch at a time, each
+inflated within the bounds of ``stepscope._inflate`` (a decompression bomb is skipped). A damaged
+packet or batch is left out with a warning (``TraceDamageWarning``: batches and bytes), the rest
+is merged. The output is written to a temporary file beside it and renamed at the end: a failed
+merge leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
+import tempfile
+import warnings
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from .. import _inflate
 from .. import _wire as w
 from .._clock import BOOTTIME as CLOCK_BOOTTIME
 from .._clock import MONOTONIC as CLOCK_MONOTONIC
@@ -149,14 +164,26 @@ def iter_trace_bytes(data: bytes) -> Iterator[bytes]:
 
 
 def iter_all_packets(path: str | os.PathLike[str]) -> Iterator[bytes]:
-    """Every packet of a file, with compressed batches inflated."""
+    """Every packet of a file, with compressed batches inflated (within the bounds of
+    ``_inflate``); damaged packets and batches are left out."""
+    budget = _inflate.Budget(os.path.getsize(path))
     with open(path, "rb") as f:
         for pkt in iter_packets(f):
-            inner = _compressed_payload(pkt)
+            try:
+                inner = _compressed_payload(pkt)
+            except (ValueError, IndexError):
+                continue
             if inner is None:
                 yield pkt
-            else:
-                yield from iter_trace_bytes(zlib.decompress(inner))
+                continue
+            data, _ = _inflate.inflate(inner, budget.batch_limit(len(inner)), first=0x0A)
+            if data is None:
+                continue
+            budget.bytes -= len(data)
+            try:
+                yield from iter_trace_bytes(bytes(data))
+            except (ValueError, IndexError):
+                continue
 
 
 def _compressed_payload(pkt: bytes) -> bytes | None:
@@ -164,6 +191,15 @@ def _compressed_payload(pkt: bytes) -> bytes | None:
         if field == F_COMPRESSED and wt == 2:
             return pkt[s:e]
     return None
+
+
+class _Damaged(Exception):
+    """A packet or batch that cannot be rewritten: left out of the merge."""
+
+    def __init__(self, kind: str, nbytes: int) -> None:
+        super().__init__(kind)
+        self.kind = kind  # "damaged" or "over"
+        self.nbytes = nbytes  # compressed bytes of the batch
 
 
 # -- inputs -------------------------------------------------------------------------------------
@@ -235,7 +271,7 @@ def _probe(path: Path, max_packets: int = 2000) -> InputInfo:
     m = _RANK_FILE.search(path.name)
     if m:
         info.rank = int(m.group(1))
-    for i, pkt in enumerate(iter_all_packets(path)):
+    for i, pkt in enumerate(_parsable(iter_all_packets(path), pb)):
         for field, wt, s, e, _ in _fields(pkt):
             if wt != 2:
                 continue
@@ -259,12 +295,59 @@ def _probe(path: Path, max_packets: int = 2000) -> InputInfo:
     return info
 
 
+def _parsable(packets: Iterable[bytes], pb) -> Iterator[bytes]:
+    """The packets whose fields, track descriptors and clock snapshots parse (a damaged one
+    is left out here; the rewrite counts it)."""
+    from google.protobuf.message import DecodeError
+
+    for pkt in packets:
+        try:
+            for field, wt, s, e, _ in _fields(pkt):
+                if wt == 2 and field == F_TRACK_DESCRIPTOR:
+                    pb.TrackDescriptor.FromString(pkt[s:e])
+                elif wt == 2 and field == F_CLOCK_SNAPSHOT:
+                    pb.ClockSnapshot.FromString(pkt[s:e])
+        except (ValueError, IndexError, DecodeError):
+            continue
+        yield pkt
+
+
 # -- rewriting ----------------------------------------------------------------------------------
+class _SnapshotFilter:
+    """Which global clock snapshots the merged file keeps (see the module docstring): shared by
+    the rewriters of all inputs, in output order."""
+
+    def __init__(self) -> None:
+        self.last: dict[frozenset, dict[int, int]] = {}  # clock set -> last kept readings
+        self.dropped = 0
+
+    def keep(self, snap: bytes) -> bool:
+        clocks: dict[int, int] = {}
+        for field, wt, s, e, _ in _fields(snap):
+            if field == 1 and wt == 2:  # Clock: clock_id (1), timestamp (2), last one wins
+                c = {f: v for f, w, v, _, _ in _fields(snap[s:e]) if w == 0}
+                cid = c.get(1, 0)
+                if 64 <= cid <= 127:
+                    return True  # sequence-scoped: that sequence's own, in its file's order
+                clocks[cid] = c.get(2, 0)
+        key = frozenset(clocks)
+        last = self.last.get(key)
+        if last is not None and any(ts < last[cid] for cid, ts in clocks.items()):
+            self.dropped += 1
+            return False
+        self.last[key] = clocks
+        return True
+
+
 class _Rewriter:
     """Rewrites one input file's packets: sequence ids, and clocks/pids where needed."""
 
-    def __init__(self, info: InputInfo, alloc: Iterator[int]) -> None:
+    def __init__(self, info: InputInfo, alloc: Iterator[int],
+                 snapshots: _SnapshotFilter | None = None) -> None:
         self.info = info
+        self.budget = _inflate.Budget(os.path.getsize(info.path))
+        self.skipped: dict[str, int] = {}  # what was left out: batches, packets, bytes
+        self.snapshots = snapshots or _SnapshotFilter()
         self.alloc = alloc
         self.seq_map: dict[int, int] = {}
         self.seq_clock: dict[int, int] = {}  # sequence -> default timestamp clock id
@@ -279,27 +362,39 @@ class _Rewriter:
             new = self.seq_map[old] = next(self.alloc)
         return new
 
-    def packet(self, pkt: bytes) -> bytes:
+    def packet(self, pkt: bytes) -> bytes | None:
+        """The rewritten packet; None when nothing is left of it (a dropped clock snapshot)."""
         self.packets += 1
         out: list[bytes] | None = None
         seq = None
         ts_field = None
         clock_id = None
         last = 0
+        dropped = False  # a clock snapshot left out
+        other = False  # a field besides the sequence id, timestamp and a dropped snapshot
         for field, wt, s, e, start in _fields(pkt):
             rep = None
             if field == F_SEQ_ID and wt == 0:
                 seq = s
                 rep = self._seq_field(s)
+            elif field == F_CLOCK_SNAPSHOT and wt == 2:
+                snap = self._snapshot(pkt[s:e]) if self.shift else pkt[s:e]
+                if self.snapshots.keep(snap):
+                    other = True
+                    rep = f_bytes(field, snap) if self.shift else None
+                else:
+                    dropped, rep = True, b""
             elif field == F_COMPRESSED and wt == 2:
+                other = True
                 self.packets -= 1
                 rep = f_bytes(F_COMPRESSED, self._batch(pkt[s:e]))
             elif wt == 2 and field == F_TRACK_DESCRIPTOR and self.info.pid_map:
+                other = True
                 rep = f_bytes(field, self._descriptor(pkt[s:e]))
-            elif self.shift:
-                if field == F_CLOCK_SNAPSHOT and wt == 2:
-                    rep = f_bytes(field, self._snapshot(pkt[s:e]))
-                elif field == F_TIMESTAMP and wt == 0:
+            elif field not in (F_TIMESTAMP, F_SEQ_ID):
+                other = True
+            if rep is None and self.shift:
+                if field == F_TIMESTAMP and wt == 0:
                     ts_field = (start, e, s)
                 elif field == F_TS_CLOCK_ID and wt == 0:
                     clock_id = s
@@ -313,6 +408,9 @@ class _Rewriter:
                 out.append(pkt[last:start])
                 out.append(rep)
                 last = e
+        if dropped and not other:  # only a dropped snapshot (and sequence id, time): none
+            self.packets -= 1
+            return None
         if self.shift:
             if self._pending_default is not None and seq is not None:
                 self.seq_clock[seq] = self._pending_default
@@ -345,14 +443,45 @@ class _Rewriter:
             rep = self._seq_bytes[old] = f_varint(F_SEQ_ID, self._new_seq(old))
         return rep
 
+    def rewrite(self, pkt: bytes) -> bytes | None:
+        """``packet``, or None (counted in ``skipped``) for a packet or batch that is damaged
+        or over the inflation bounds."""
+        try:
+            return self.packet(pkt)
+        except _Damaged as e:
+            over = e.kind == "over"
+            kind = "compressed_batches_over_limit" if over else "corrupt_compressed_batches"
+            byte_key = "compressed_bytes_over_limit" if over else "corrupt_compressed_bytes"
+            nbytes = e.nbytes
+        except (ValueError, IndexError, _decode_error()):  # fields that do not parse
+            kind, byte_key, nbytes = "corrupt_packets", "corrupt_bytes", len(pkt)
+        self.skipped[kind] = self.skipped.get(kind, 0) + 1
+        self.skipped[byte_key] = self.skipped.get(byte_key, 0) + nbytes
+        return None
+
     def _batch(self, deflated: bytes) -> bytes:
         """Rewrite one compressed batch (inflate, rewrite each packet, deflate)."""
-        data = zlib.decompress(deflated)
+        from ..analysis import _protoscan as ps
+
+        data, status = _inflate.inflate(deflated, self.budget.batch_limit(len(deflated)),
+                                        first=0x0A)
+        if data is None:
+            if status == _inflate.OVER:  # the work spent on it counts: bombs are slow too
+                self.budget.bytes -= self.budget.batch_limit(len(deflated))
+            raise _Damaged("over" if status == _inflate.OVER else "damaged", len(deflated))
+        self.budget.bytes -= len(data)
+        st, _, stop = ps.split_repeated(ps.padded(data), 0, len(data))
+        if stop < len(data):
+            raise _Damaged("damaged", len(deflated))
+        if len(st) > self.budget.packets:  # tiny packets by the million
+            raise _Damaged("over", len(deflated))
+        self.budget.packets -= len(st)
+        data = bytes(data)
         if not self.shift and not self.info.pid_map:
             patched = self._batch_in_place(data)
             if patched is not None:
                 return zlib.compress(patched, 1)
-        parts = [f_bytes(1, self.packet(p)) for p in iter_trace_bytes(data)]
+        parts = [f_bytes(1, q) for q in map(self.packet, iter_trace_bytes(data)) if q is not None]
         return zlib.compress(b"".join(parts), 1)
 
     def _batch_in_place(self, data: bytes) -> bytes | None:
@@ -379,6 +508,8 @@ class _Rewriter:
                     while data[q] & 0x80:
                         q += 1
                     q += 1
+                if data[q] == 0x50 and data[q + 2:q + 3] == b"\x32":
+                    return None  # a clock snapshot (the writer's own packet): the slow path
                 if data[q] != 0x50:  # rarely: other fields first (interned data); walk them
                     end = p + ln
                     while q < end:
@@ -455,6 +586,8 @@ class MergeResult:
     ranks: list[int | None]
     alignment: str  # "shared clock (host X)" or "wall clock (REALTIME) across hosts ..."
     packets: int
+    skipped: dict[str, int] = dataclasses.field(default_factory=dict)  # left out: counts
+    snapshots_dropped: int = 0  # global clock snapshots that went back in time (see above)
 
     def format(self) -> str:
         return (
@@ -473,6 +606,7 @@ def merge(
     if isinstance(ranks, str):
         ranks = parse_ranks(ranks)
     files = find_inputs(inputs, level)
+    _check_output(Path(output), files)
     infos = [_probe(p) for p in files]
     if ranks is not None:
         missing = [str(i.path) for i in infos if i.rank is None]
@@ -492,18 +626,71 @@ def merge(
             n += 1
 
     alloc = ids()
+    snapshots = _SnapshotFilter()
     out_path = Path(output)
-    tmp = out_path.with_name(out_path.name + ".tmp")
     total = 0
-    with open(tmp, "wb") as out:
-        for info in infos:
-            rw = _Rewriter(info, alloc)
-            with open(info.path, "rb") as f:
-                for pkt in iter_packets(f):
-                    out.write(f_bytes(1, rw.packet(pkt)))
-            total += rw.packets
-    os.replace(tmp, out_path)
-    return MergeResult(out_path, infos, [i.rank for i in infos], alignment, total)
+    skipped: dict[str, int] = {}
+    # a temporary file beside the output (same file system: the rename is atomic), removed
+    # whatever goes wrong, Ctrl-C included
+    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".tmp",
+                               dir=out_path.parent if str(out_path.parent) else ".")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for info in infos:
+                rw = _Rewriter(info, alloc, snapshots)
+                with open(info.path, "rb") as f:
+                    for pkt in iter_packets(f):
+                        new = rw.rewrite(pkt)
+                        if new is not None:
+                            out.write(f_bytes(1, new))
+                total += rw.packets
+                what = _inflate_summary(rw.skipped)
+                if what:
+                    warnings.warn(f"{info.path}: skipped {what}; the rest is merged",
+                                  _inflate.TraceDamageWarning, stacklevel=2)
+                for k, v in rw.skipped.items():
+                    skipped[k] = skipped.get(k, 0) + v
+        if total == 0 and skipped:
+            raise ValueError(f"nothing readable in {', '.join(str(i.path) for i in infos)}: "
+                             f"{_inflate_summary(skipped)}")
+        os.chmod(tmp, 0o666 & ~_umask())  # as open() would have made it
+        os.replace(tmp, out_path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return MergeResult(out_path, infos, [i.rank for i in infos], alignment, total, skipped,
+                       snapshots.dropped)
+
+
+def _decode_error() -> type[Exception]:
+    from google.protobuf.message import DecodeError
+
+    return DecodeError
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _inflate_summary(skipped: dict[str, int]) -> str | None:
+    from ..analysis._packets import skipped_summary
+
+    return skipped_summary(skipped)
+
+
+def _check_output(out: Path, inputs: list[Path]) -> None:
+    """Refuse an output that is a directory or one of the inputs (read while it is replaced)."""
+    if out.is_dir():
+        raise ValueError(f"-o {out}: is a directory; name the merged .pftrace file to write")
+    if not out.exists():
+        return
+    for p in inputs:
+        with contextlib.suppress(OSError):
+            if os.path.samefile(p, out):
+                raise ValueError(f"-o {out}: is one of the inputs; name a new file")
 
 
 def _align(infos: list[InputInfo]) -> str:

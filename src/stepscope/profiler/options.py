@@ -8,8 +8,9 @@ Example::
 Keys (all optional): ``dir`` (str), ``run_id`` (str), ``schedule`` (object with skip_first, wait,
 warmup, active, repeat; or ``[start, end]``; or ``null`` for no detail windows), ``timer_only``
 (bool), ``levels`` (list of "summary", "detail": which files are written), ``host_metrics`` (bool),
-``sample_interval_s`` (number > 0), ``buffer_bytes`` (int > 0), ``rank`` (int >= 0), ``gpu``
-(bool), ``sync_gpu`` (bool), ``gpu_bucket_ns`` (int >= 1: the GPU counters' bucket), ``report``
+``sample_interval_s`` (seconds, 0.001 to 86400), ``buffer_bytes`` (64 KiB to 1 TiB), ``rank``
+(0 to 2**31 - 1), ``gpu`` (bool), ``sync_gpu`` (bool), ``gpu_bucket_ns`` (the GPU counters'
+bucket, 1 ns to one hour), ``report``
 (bool: print the summary at stop), ``step_range`` (str: for ``stepscope run``, the name of a user
 range that delimits steps), ``torch`` (bool: the PyTorch integration; unset: on when the program
 has imported torch), ``step_on`` ("optimizer": a step per optimizer step; "auto": the same until
@@ -21,6 +22,7 @@ editing it.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -28,6 +30,8 @@ from typing import Any
 from .schedule import Schedule, coerce
 
 ENV_VAR = "STEPSCOPE_OPTIONS"
+# host sampling periods accepted: a shorter one keeps a core busy, inf kills the sampler thread
+MIN_INTERVAL_S, MAX_INTERVAL_S = 0.001, 86400.0
 LEVELS = ("summary", "detail")
 
 
@@ -43,15 +47,20 @@ def _str(key: str, v: Any) -> str:
     return v
 
 
-def _pos_number(key: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-        raise ValueError(f"{ENV_VAR}: {key!r} must be a number > 0, got {v!r}")
+def _number(key: str, v: Any, low: float, high: float) -> float:
+    """A finite number in [low, high]: JSON's Infinity and NaN pass ``> 0`` or fail late (an
+    endless wait kills the sampler thread with OverflowError), so they are refused here."""
+    if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+            or not low <= v <= high):
+        raise ValueError(f"{ENV_VAR}: {key!r} must be a finite number from {low:g} to {high:g}, "
+                         f"got {v!r}")
     return float(v)
 
 
-def _int(key: str, v: Any, minimum: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ValueError(f"{ENV_VAR}: {key!r} must be an integer >= {minimum}, got {v!r}")
+def _int(key: str, v: Any, minimum: int, maximum: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= maximum:
+        raise ValueError(f"{ENV_VAR}: {key!r} must be an integer from {minimum} to {maximum}, "
+                         f"got {v!r}")
     return v
 
 
@@ -88,12 +97,12 @@ _KEYS = {
     "timer_only": _bool,
     "levels": _levels,
     "host_metrics": _bool,
-    "sample_interval_s": _pos_number,
-    "buffer_bytes": lambda k, v: _int(k, v, 1),
-    "rank": lambda k, v: _int(k, v, 0),
+    "sample_interval_s": lambda k, v: _number(k, v, MIN_INTERVAL_S, MAX_INTERVAL_S),
+    "buffer_bytes": lambda k, v: _int(k, v, 1 << 16, 1 << 40),  # the session's minimum
+    "rank": lambda k, v: _int(k, v, 0, (1 << 31) - 1),
     "gpu": _bool,
     "sync_gpu": _bool,
-    "gpu_bucket_ns": lambda k, v: _int(k, v, 1),
+    "gpu_bucket_ns": lambda k, v: _int(k, v, 1, 3600 * 10**9),
     "report": _bool,
     "step_range": _str,
     "torch": _bool,

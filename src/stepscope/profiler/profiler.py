@@ -14,16 +14,19 @@ active part starts, pending events are flushed with ``discard_detail=True`` (war
 dropped, so start-up cost does not distort the window) and the window's sink is opened; at the
 window's end detail recording is turned off and the sink closed (open slices are ended there).
 
-Steps: ``start()`` opens step 0 and each ``step()`` ends one and opens the next, as the slice
-``step <n>`` (category ``step``) on the calling thread. Its args: ``step`` on the begin, ``epoch``
-and ``num_samples`` (when ``step(num_samples=...)`` gives it) on the end, where the epoch is known
-for sure; trace processor merges both into the slice's args. The end's args repeat from step to
-step, so each (epoch, num_samples) is an event kind of its own: one C call, encoded once per file.
-When the ``prof.dataloader`` wrapper finds its loader exhausted, the step just opened holds no work:
-its begin and the final wait are withdrawn (if not yet written), and the step opens again at the
-next fetch, phase, ``epoch()`` or ``step()``. So there is no empty trailing step per epoch.
+Steps: ``start()`` opens step 0 (``start(open_step=False)``: at the first batch wait, phase or
+``step()``) and each ``step()`` ends one and opens the next, as the slice ``step <n>`` (category
+``step``) on the calling thread. Its args: ``step`` on the begin, ``epoch`` and ``num_samples``
+(when ``step(num_samples=...)`` gives it) on the end, where the epoch is known for sure; trace
+processor merges both into the slice's args. The end's args repeat from step to step, so each
+(epoch, num_samples) is an event kind of its own: one C call, encoded once per file. A step is
+written once it holds work or is ended (see the note above ``Profiler.step``): when the
+``prof.dataloader`` wrapper finds its loader exhausted, the step just opened and the final wait
+are never written, and the next step opens at the next batch wait, phase or ``step()``. So there
+is no empty trailing step per epoch, however long the exhausted loader takes.
 Phases (category ``phase``) and data-loader waits (category ``dataloader``, name
-``dataloader.next``) are summary-level slices inside the step.
+``dataloader.next``; the first of each pass from ``iter(loader)`` on) are summary-level slices
+inside the step.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .. import _recorder as rec
 from .. import _schema as S
@@ -53,6 +56,12 @@ DEFAULT_SCHEDULE = Schedule(skip_first=1, wait=0, warmup=1, active=3, repeat=0)
 """Default: one detail window per epoch, batches 2-4 (batch 0 skipped, batch 1 warms up)."""
 
 _current: Profiler | None = None
+
+NO_STEPS_HINT = (
+    "stepscope: no steps were recorded, so the tables have no per-step figures: call "
+    "stepscope.step() (or prof.step()) at the end of each training step, or, under "
+    "`stepscope run`, name the range that begins each step with --step-range NAME."
+)
 
 
 def current() -> Profiler | None:
@@ -177,9 +186,11 @@ MAX_STEP_END_KINDS = 1024
 _step_ends: dict[tuple, Callable[[], Any]] = {}
 
 
-def _record_step_end(epoch: int, num_samples: Any) -> None:
-    """Record a step end with its args: the fast code of an end with those fixed args, or a
-    blob for an unhashable ``num_samples``, a full event table or past ``MAX_STEP_END_KINDS``."""
+def _step_end_code(epoch: int, num_samples: Any) -> int:
+    """The code of a step end with its args: the fast code of an end with those fixed args, or
+    a parked blob's for an unhashable ``num_samples``, a full event table or past
+    ``MAX_STEP_END_KINDS``. (A code, not a recording: the caller writes it with the time the
+    step timer uses, so that the timer and the trace agree to the nanosecond.)"""
     key: tuple | None = (epoch, type(num_samples), num_samples)
     try:  # (a NaN num_samples is never found: rec.event_id makes no kind for it)
         end = _step_ends.get(key)
@@ -193,10 +204,40 @@ def _record_step_end(epoch: int, num_samples: Any) -> None:
         if key is not None and len(_step_ends) < MAX_STEP_END_KINDS:
             eid = rec.event_id("", (), force=False, args=args)
         if eid is None:
-            rec.record_blob(rec.Blob(rec.END, 0, S.LEVEL_SUMMARY, args=args))
-            return
-        end = _step_ends[key] = rec.chain(rec.code(eid, S.LEVEL_SUMMARY, rec.END))
-    end()
+            return -rec.register_blob(rec.Blob(rec.END, 0, S.LEVEL_SUMMARY, args=args))
+        end = _step_ends[key] = rec.code(eid, S.LEVEL_SUMMARY, rec.END)
+    return end
+
+
+_emit = rec._ext  # noqa: SLF001 - records (code, ts, ident) triples as one atomic extend
+_NULL = rec.NULL
+_WAIT_BEGIN = rec.code(rec.event_id(S.DATALOADER_WAIT_NAME, (S.CAT_DATALOADER,)),
+                       S.LEVEL_SUMMARY, rec.BEGIN)
+
+
+_ALL = sys.maxsize // 8  # a lookback past any buffer's start
+
+
+def _replace(old: int, ts: int, ident: int, new: int, lookback: int = _ALL) -> bool:
+    """Turn the newest event ``(old, ts, ident)`` that no flush has taken yet into ``new``, in
+    place (so it keeps its place among the thread's events); False if a flush took it. With the
+    pure-Python buffer the caller holds the session's lock (see ``Profiler._plock``)."""
+    ev = rec.events  # type: ignore[attr-defined]
+    for i in range(len(ev) - len(ev) % 3 - 3, max(-1, len(ev) - 3 * lookback - 1), -3):
+        if ev[i + 1] == ts and ev[i] == old and ev[i + 2] == ident:
+            ev[i] = new
+            return True
+    return False
+
+
+if rec.fast is not None:  # the same in C, called bare (callers pass the lookback)
+    _replace = rec.fast.withdraw  # type: ignore[assignment]  # noqa: F811
+
+
+# The open step's begin while it is not known to be a step (Profiler._tentative): a placeholder
+# (NULL, ts, ident) in the buffer, which files skip, and the begin it becomes, (code, ts, ident)
+# (code: a parked _StepBegin blob's).
+_Tentative = tuple[int, int, int]
 
 
 _phases: dict[str, _FastPhase] = {}
@@ -347,6 +388,7 @@ class Profiler:
         self.files: list[Path] = []
         self.sampler_cost: SamplerCost | None = None
         self.report_text: str | None = None
+        self._printed: str | None = None  # the report stop() printed
         self._sess: Any = None
         self._own_session = False
         self._sink: Any = None
@@ -363,9 +405,16 @@ class Profiler:
         self._epoch = 0
         self._batch = 0
         self._stable_until = 0  # batch from which on _enter_batch must run again
-        self._in_step = False
-        self._pending = False  # the step's begin waits for its first activity (see _cancel_step)
-        self._step_begin: tuple[int, int, int] | None = None
+        self._in_step = False  # a step is open (the step timer runs)
+        self._pending = False  # no step is open: the next batch wait, phase or step() opens one
+        self._active = False  # the open step had a batch or a phase
+        self._quiet = False  # pending, or a step with no phase yet: phase() has work to do
+        self._waiting = False  # the profiler's thread waits in prof.dataloader for a batch
+        self._tentative: _Tentative | None = None  # the open step's begin, not written yet
+        self._step_begin: tuple[int, int, int] | None = None  # ... once written
+        # guards _tentative/_waiting between the program and the writer's flush hook (the
+        # session's own lock with the pure-Python buffer, whose drain is not one C call)
+        self._plock: Any = threading.Lock()
         self._summary_sink: Any = None
         self._summary_path: Path | None = None
         self._started = False
@@ -397,8 +446,14 @@ class Profiler:
         """Schedule state of the step in progress."""
         return self._state
 
-    def start(self) -> Profiler:
-        """Start recording; the first step opens now."""
+    def start(self, *, open_step: bool = True) -> Profiler:
+        """Start recording; the first step opens now, or, with ``open_step=False`` (what
+        ``stepscope run`` does), at the first batch wait of ``prof.dataloader``, the first phase
+        or the first ``step()`` (which then ends a step 0 whose start was not seen: see
+        :meth:`step`), so that start-up (the interpreter, imports, model building) is no step.
+        With ``step_on`` (steps from optimizer steps) step 0 always opens that way (or at the
+        first module forward, see :mod:`stepscope.pytorch.steps`).
+        """
         global _current
         if self._started:
             raise RuntimeError("this Profiler was already started")
@@ -416,9 +471,12 @@ class Profiler:
                 _warn(f"tracing could not start ({exc!r}); timing steps only")
                 self._sess = None
                 self._recording = False
-        self.timer.start()
         self._enter_batch()
-        self._begin_step()
+        if open_step and not self.options.get("step_on"):
+            with self._plock:
+                self._begin_step(time.perf_counter_ns())
+        else:  # steps from optimizer steps: step 0 opens at the first batch wait or forward
+            self._pending = self._quiet = True
         self._attach_hooks()
         atexit.register(self._at_exit)
         return self
@@ -473,6 +531,9 @@ class Profiler:
         # if the session is stopped from elsewhere (an unhandled exception, SIGTERM, exit), the
         # open window still gets its GPU activity and a complete file
         sess.before_stop.append(self._leave_window)
+        if rec.fast is None:
+            self._plock = sess._lock  # noqa: SLF001 - see __init__
+        sess.flush_hooks.append(self._flush_hook)
         if "summary" in self.levels:
             path = self.run_dir / S.SUMMARY_FILE.format(rank=self.rank)
             self._summary_sink = sess.add_sink(path, levels=("summary",))
@@ -519,10 +580,11 @@ class Profiler:
     def stop(self) -> list[Path]:
         """Close every file and print the report; returns the files written.
 
-        The step opened by the last ``step()`` holds no step's work when the loop is over (it is
-        the time after the last step ended), so it is dropped when it has not been written yet
-        (else ended there). Leaving a ``with Profiler()`` block by an exception, or exiting the
-        interpreter without ``stop()``, keeps it: it is the step that failed.
+        The step opened by the last ``step()`` is no step when nothing came into it (no batch,
+        no phase: it is the time after the last step ended), so it is dropped; a step with a
+        batch or a phase in it is ended here and counted. Leaving a ``with Profiler()`` block by
+        an exception, or exiting the interpreter without ``stop()``, keeps the open step either
+        way: it is the step that failed.
         """
         return self._stop(keep_open_step=False)
 
@@ -532,10 +594,15 @@ class Profiler:
             return list(self.files)
         try:
             self._hook("stop")  # producers first: a pending step boundary is made here
-            if self._in_step and self._recording and rec.ON:
-                if keep_open_step or not self._drop_open_step():
-                    self._end_step(None)
-            self._in_step = False
+            if self._in_step and not (self._recording and not rec.ON):  # (else the session
+                if keep_open_step or self._active:  # was stopped from elsewhere and ended it)
+                    self._end_step(None, time.perf_counter_ns())
+                else:
+                    self._abandon_step()
+            self._in_step = self._pending = self._quiet = False
+            if self._sess is not None:
+                with contextlib.suppress(ValueError):
+                    self._sess.flush_hooks.remove(self._flush_hook)
             if self._sampler is not None:
                 self.sampler_cost = self._sampler.stop()
             self._leave_window()
@@ -562,7 +629,9 @@ class Profiler:
             atexit.unregister(self._at_exit)
         if self.options["report"]:
             try:
-                print(self.summary(), file=sys.stderr)
+                text = self.summary()
+                print(text.text, file=sys.stderr)
+                self._printed = text.text  # a later print(prof.summary()) does not repeat it
             except Exception as exc:
                 _warn(f"summary report failed: {exc!r}")
         return list(self.files)
@@ -573,13 +642,6 @@ class Profiler:
     def __exit__(self, exc_type: object, *exc: object) -> None:
         self._stop(keep_open_step=exc_type is not None)
 
-    def _drop_open_step(self) -> bool:
-        """Withdraw the open step's begin if the writer has not taken it yet."""
-        sess, ev = self._sess, self._step_begin
-        if sess is None or ev is None:
-            return False
-        return sess.withdraw(ev)
-
     def _ready(self, files: list[Path]) -> None:
         if self.on_trace_ready is None:
             return
@@ -589,32 +651,74 @@ class Profiler:
             _warn(f"on_trace_ready failed: {exc!r}")
 
     # -- steps ----------------------------------------------------------------------------------
+    # A step exists once step() ended it, or once it holds work (a batch, a phase) and stop()
+    # ends it. Its begin is therefore written late: step() (or the first batch wait of a pending
+    # step) records a placeholder with the begin's time (_Tentative), which files skip, and the
+    # placeholder becomes the begin, in place, when the step gets a batch or a phase or is
+    # ended. A flush may take the placeholder first (it is then simply gone); the begin is then
+    # written when the step turns out to be one, with its own time. That keeps it in order
+    # because, outside detail windows, nothing but the profiler records summary events on the
+    # thread, and the profiler writes the begin before its own next event. So a step that never
+    # gets work (the tail after the last step(), however long; the wait for an exhausted loader,
+    # with the wait itself) is in no file, table or timer figure. Two exceptions: (1) while
+    # detail ranges are recorded (detail windows) and the thread does not wait for a batch, a
+    # flush writes the begin in place first (_flush_hook), since ranges recorded after it must
+    # nest in it; a step that then gets no work is ended where that is found out, and counted
+    # (timer and tables agree); (2) a phase object kept across steps (``ph = prof.phase(...)``
+    # once, ``with ph:`` every step) records without the profiler seeing it: in a program with
+    # no prof.dataloader, a flush inside such a step writes the step's begin at its first event
+    # after the flush (the writer keeps each thread's times in order). ``with
+    # prof.phase("Forward"):`` at each use has neither problem.
     def step(self, num_samples: float | None = None, epoch: int | None = None) -> None:
         """End the step in progress (``num_samples`` in it, if known) and start the next.
 
         ``epoch=k`` with a new ``k`` starts epoch ``k`` (like :meth:`epoch`) for the next step.
+        With no step open (``start(open_step=False)`` before the first batch or phase, or after
+        ``prof.dataloader`` found its loader exhausted), the step in progress began where the
+        profiler could not see it: it ends here uncounted (its number is used up, so the
+        numbers still follow the program's ``step()`` calls) and the next one starts.
         """
         if not self._started or self._stopped:
             return
-        if self._pending:
-            self._resume()
         if self.sync_gpu:
             _sync_gpu()  # the step's device work ends inside the step
-        self.timer.step(num_samples)
         if self.hooks:
-            self._hook("step_end")
-        if self._in_step and self._recording and rec.ON:
-            self._end_step(num_samples)
-        self._step += 1
-        if epoch is not None and epoch != self._epoch:
-            self._epoch = epoch
-            self._batch = 0
+            self._hook("step_end")  # (CUDA memory counters: inside the step that ends)
+        t = time.perf_counter_ns()
+        if epoch is not None and epoch != self._epoch or self._batch + 1 >= self._stable_until:
+            if self._in_step:  # the schedule moves on: end the step before a window changes
+                self._end_step(num_samples, t)
+            self._step += 1
+            if epoch is not None and epoch != self._epoch:
+                self._epoch = epoch
+                self._batch = 0
+            else:
+                self._batch += 1
             self._enter_batch()
+            with self._plock:
+                self._begin_step(t)
+            return
+        # the common case, the schedule's state unchanged: one pass under the lock
+        if self._in_step:
+            self.timer.step(num_samples, now=t)
+        self._step += 1
+        self._batch += 1
+        if self._recording and rec.ON:
+            ident = threading.get_ident()
+            end = _step_end_code(self._epoch, num_samples) if self._in_step else None
+            begin = -rec.register_blob(_StepBegin(self._step))
+            with self._plock:
+                if end is not None:
+                    self._write_begin_locked()
+                    _emit((end, t, ident, _NULL, t, ident))
+                else:
+                    _emit((_NULL, t, ident))
+                self._tentative = (begin, t, ident)
+                self._step_begin = None
+            self.timer.start(t)
+            self._in_step, self._pending, self._active, self._quiet = True, False, False, True
         else:
-            self._batch += 1
-            if self._batch >= self._stable_until:
-                self._enter_batch()
-        self._begin_step()
+            self._begin_step(t)
 
     def epoch(self, epoch: int | None = None) -> None:
         """Start epoch ``epoch`` (default: the next one) at the step in progress, which becomes
@@ -634,50 +738,157 @@ class Profiler:
         self._epoch = epoch
         self._batch = 0
         self._enter_batch()
-        if self._pending:
-            self._resume()
 
-    def _begin_step(self) -> None:
-        self._in_step = True
-        self._pending = False
+    def _begin_step(self, t: int, place: bool = True) -> None:
+        """Open step ``self._step`` at ``t`` (perf_counter ns, the trace's clock), its begin
+        tentative; ``place=False``: the caller records the placeholder (with ``_plock`` held
+        while recording)."""
+        self.timer.start(t)
+        self._in_step, self._pending, self._active, self._quiet = True, False, False, True
+        self._step_begin = None
         if self._recording and rec.ON:
-            self._step_begin = rec.record_blob(_StepBegin(self._step))
+            ident = threading.get_ident()
+            self._tentative = (-rec.register_blob(_StepBegin(self._step)), t, ident)
+            if place:
+                _emit((_NULL, t, ident))
         else:
-            self._step_begin = None
+            self._tentative = None
 
-    def _end_step(self, num_samples: float | None) -> None:
-        """End the step slice with its epoch and num_samples as args (the end is where the
-        epoch is known for sure); trace processor merges them into the slice's args.
+    def _write_begin_locked(self) -> None:
+        """Write the tentative begin: in place while its placeholder is in the buffer, else
+        with its own time now (``_plock`` held)."""
+        t = self._tentative
+        if t is None:
+            return
+        self._tentative = None
+        if not _replace(_NULL, t[1], t[2], t[0], _ALL):
+            _emit(t)
+        self._step_begin = t
+
+    def _flush_hook(self) -> None:
+        """Before every flush (writer thread, session lock held): while detail ranges are
+        recorded, a tentative begin outside a batch wait is written in place (see the note
+        above ``step``)."""
+        if not rec.DETAIL:
+            return
+        with self._plock:
+            t = self._tentative
+            if t is not None and not self._waiting and _replace(_NULL, t[1], t[2], t[0], _ALL):
+                self._tentative = None
+                self._step_begin = t
+
+    def _end_step(self, num_samples: float | None, t: int) -> None:
+        """End the open step at ``t``: its begin is written if it was not, then its end, with
+        the epoch and num_samples as args (the end is where the epoch is known for sure; trace
+        processor merges them into the slice's args). The timer closes the step at the same
+        ``t``, so that its batch_cost and the slice's duration are the same number.
 
         The end's args repeat from step to step: each (epoch, num_samples) is an event kind
         of its own, recorded by one C call and encoded once per file."""
-        _record_step_end(self._epoch, num_samples)
+        self.timer.step(num_samples, now=t)
+        if self._recording and rec.ON:
+            end = _step_end_code(self._epoch, num_samples)
+            ident = threading.get_ident()
+            with self._plock:
+                self._write_begin_locked()
+                _emit((end, t, ident))
 
-    def _cancel_step(self, wait_event: tuple[int, int, int] | None) -> None:
-        """The loader is exhausted: the open step holds no work, only the final wait (recorded
-        as ``wait_event``). Withdraw both begins if the writer has not taken them yet (else end
-        them), and begin the step again at the next fetch, phase, ``epoch()`` or ``step()``;
-        the step timer restarts there too."""
-        in_step = self._in_step
+    def _discard_begin_locked(self) -> bool:
+        """Unrecord the open step's begin; False if a file has it already (``_plock`` held)."""
+        t = self._tentative
+        if t is not None:  # its placeholder stays a placeholder
+            self._tentative = None
+            rec.blobs.pop(-t[0], None)
+            return True
+        ev = self._step_begin
+        if ev is None or not (self._recording and rec.ON):
+            return True
+        if _replace(ev[0], ev[1], ev[2], _NULL, _ALL):
+            rec.blobs.pop(-ev[0], None)
+            self._step_begin = None
+            return True
+        return False
+
+    def _abandon_step(self) -> None:
+        """The open step had no batch and no phase, and nothing more comes into it (the loader
+        is exhausted, or the profiler stops): it is no step, and the next opens at the next
+        batch wait, phase or ``step()``. A begin a file already has (a flush came outside a
+        wait) cannot be taken back: that step is ended here, like any other."""
+        with self._plock:
+            gone = self._discard_begin_locked()
+        if not gone:
+            self.step()
+            with self._plock:
+                self._discard_begin_locked()
         self._in_step = False
-        self._pending = True
-        if not (self._recording and rec.ON):
-            return
-        sess = self._sess
-        wait_gone = step_gone = False
-        if sess is not None:
-            if wait_event is not None:
-                wait_gone = sess.withdraw(wait_event)
-            if in_step and self._step_begin is not None:
-                step_gone = sess.withdraw(self._step_begin)
-        if wait_event is not None and not wait_gone:
-            rec.end(S.LEVEL_SUMMARY)
-        if in_step and not step_gone:
-            rec.end(S.LEVEL_SUMMARY)
+        self._pending = self._quiet = True
 
-    def _resume(self) -> None:
-        self.timer.start()
-        self._begin_step()
+    def _activity(self) -> None:
+        """A phase begins: its step is a step (a pending one opens now)."""
+        if not self._started or self._stopped:
+            return
+        with self._plock:
+            if self._pending:
+                self._begin_step(time.perf_counter_ns())
+            self._write_begin_locked()
+        self._active = True
+        self._quiet = False
+
+    # -- batch waits (prof.dataloader) ------------------------------------------------------------
+    def _wait_begin(self, t0: int, ident: int, main: bool) -> bool:
+        """A wait for a batch starts at ``t0`` (before ``iter(loader)`` for the first batch: the
+        iterator's start-up, e.g. DataLoader workers, is the first batch's reader cost). On the
+        profiler's thread a pending step opens here. True if a placeholder for the wait's begin
+        was recorded."""
+        live = main and self._started and not self._stopped
+        if not (self._recording and rec.ON):
+            if live and self._pending:
+                self._begin_step(t0)
+            return False
+        with self._plock:
+            if live and self._pending:  # the step's placeholder and the wait's, as one record
+                self._begin_step(t0, place=False)
+                _emit((_NULL, t0, ident, _NULL, t0, ident))
+            else:
+                _emit((_NULL, t0, ident))
+            if live:
+                self._waiting = True
+        return True
+
+    def _wait_end(self, placed: bool, t0: int, t1: int, ident: int, main: bool) -> None:
+        """A batch came at ``t1`` (or the loader raised): the wait and its step are written."""
+        if placed:
+            with self._plock:
+                tent = self._tentative if main else None
+                if main:
+                    self._waiting = False
+                wait_in = _replace(_NULL, t0, ident, _WAIT_BEGIN, _ALL)  # the newest: the wait's
+                if tent is not None:
+                    self._tentative = None
+                    self._step_begin = tent
+                    if not _replace(_NULL, tent[1], tent[2], tent[0], _ALL):
+                        # a flush took both placeholders during the wait: both begins now,
+                        # in order, with their own times
+                        if wait_in:
+                            _replace(_WAIT_BEGIN, t0, ident, _NULL, _ALL)
+                        _emit((*tent, _WAIT_BEGIN, t0, ident))
+                        wait_in = True
+                if not wait_in:
+                    _emit((_WAIT_BEGIN, t0, ident))
+                _emit((rec.END_SUMMARY, t1, ident))
+        if main and self._in_step:
+            self._active = True
+            self._quiet = False
+
+    def _wait_exhausted(self, main: bool) -> None:
+        """The loader is exhausted: the final wait is never written (its placeholder stays
+        one), and the open step, if that wait was all it had, is no step."""
+        if not (main and self._started and not self._stopped):
+            return
+        with self._plock:
+            self._waiting = False
+        if self._in_step and not self._active:
+            self._abandon_step()
 
     # -- schedule -------------------------------------------------------------------------------
     def _enter_batch(self) -> None:
@@ -701,6 +912,9 @@ class Profiler:
         self._state, self._window_key = new, key
         if self._sess is None or not self._recording:
             return
+        if self._tentative is not None:  # (from epoch()) the open step's begin keeps its
+            with self._plock:  # place before what the window records
+                self._write_begin_locked()
         try:
             own = self._own_session  # a session the user started keeps its own detail setting
             if old is State.ACTIVE and (new is not State.ACTIVE or key != old_key):
@@ -753,11 +967,15 @@ class Profiler:
 
     # -- phases and data loading ------------------------------------------------------------------
     def phase(self, name: str) -> _Phase | _NoPhase:
-        """``with prof.phase("Forward"):`` — a phase slice inside the step (summary level)."""
-        if self._pending or not self._recording:
-            if not self._recording:
-                return _NO_PHASE
-            self._resume()
+        """``with prof.phase("Forward"):`` — a phase slice inside the step (summary level).
+
+        The Overview recognizes the usual names of the four step phases in any case (see
+        ``stepscope._schema.PHASE_ALIASES``: forward/fwd, backward/bwd, optimizer/opt_step,
+        dataloader/data, ...); any other name is an "Other phases" phase."""
+        if self._quiet:
+            self._activity()
+        if not self._recording:
+            return _NO_PHASE
         ph = (_sync_phases if self.sync_gpu else _phases).get(name)
         return ph if ph is not None else self._new_phase(name)
 
@@ -771,39 +989,42 @@ class Profiler:
                 ph = cache[name] = _SyncPhase(name) if self.sync_gpu else _fast_phase(name)
         return ph
 
-    def dataloader(self, loader: Iterable[T]) -> Iterator[T]:
-        """Iterate ``loader``, timing each wait for the next batch (reader_cost; slice
-        ``dataloader.next``, category ``dataloader``)."""
-        it = iter(loader)
-        add_reader = self.timer.add_reader
+    def dataloader(self, loader: Iterable[T]) -> ProfiledLoader[T]:
+        """``for batch in prof.dataloader(loader):`` — iterate ``loader``, timing each wait for
+        the next batch (reader_cost; slice ``dataloader.next``, category ``dataloader``), the
+        first one from ``iter(loader)`` on. The wrapper keeps ``len(loader)`` (progress bars
+        keep their total) and passes other attributes through."""
+        return ProfiledLoader(self, loader)
+
+    def _iterate(self, loader: Iterable[T]) -> Iterator[T]:
         clock = time.perf_counter_ns
+        add_reader = self.timer.add_reader
         ident = threading.get_ident()
         main = ident == self._thread
-        wait_begin = rec.code(rec.event_id(S.DATALOADER_WAIT_NAME, (S.CAT_DATALOADER,)),
-                              S.LEVEL_SUMMARY, rec.BEGIN)
-        record = rec.record
-        end = _end_summary
+        wait_begin, wait_end = self._wait_begin, self._wait_end
+        it: Iterator[T] | None = None
         while True:
-            if self._pending:
-                self._resume()
-            recording = self._recording and rec.ON
-            wait_event = record(wait_begin) if recording else None
             t0 = clock()
+            if main and not self._pending and self._recording and rec.ON:
+                with self._plock:  # the common case of _wait_begin, inline
+                    _emit((_NULL, t0, ident))
+                    self._waiting = True
+                placed = True
+            else:
+                placed = wait_begin(t0, ident, main)
             try:
+                if it is None:
+                    it = iter(loader)
                 batch = next(it)
             except StopIteration:
-                if main and self._started and not self._stopped:
-                    self._cancel_step(wait_event)
-                elif recording:
-                    end()
+                self._wait_exhausted(main)
                 return
             except BaseException:
-                if recording:
-                    end()
+                wait_end(placed, t0, clock(), ident, main)
                 raise
-            add_reader(clock() - t0)
-            if recording:
-                end()
+            t1 = clock()
+            add_reader(t1 - t0)
+            wait_end(placed, t0, t1, ident, main)
             yield batch
 
     # -- reports --------------------------------------------------------------------------------
@@ -811,11 +1032,19 @@ class Profiler:
         """reader_cost / batch_cost / ips figures of the completed steps (any mode)."""
         return self.timer.stats()
 
-    def summary(self, **report_options: Any) -> str:
+    def summary(self, **report_options: Any) -> Report:
         """The end-of-run report: step timer, sampler cost, and the analysis summary tables of
         the summary trace (after ``stop()``, when the analysis package can open it);
-        ``report_options`` go to ``stepscope.analysis.summaries.report`` (unit, fmt, names...)."""
+        ``report_options`` go to ``stepscope.analysis.summaries.report`` (unit, fmt, names...).
+
+        A :class:`Report`: the text itself; printing it gives one line instead when ``stop()``
+        has already printed that same report (``report=True``), so it is shown once."""
+        return Report(self._summary_text(**report_options), self._printed)
+
+    def _summary_text(self, **report_options: Any) -> str:
         parts = [self.timer.stats().format()]
+        if self.timer.steps == 0:
+            parts.append(NO_STEPS_HINT)
         if self.sampler_cost is not None:
             parts.append(self.sampler_cost.format())
         if self.files:
@@ -830,6 +1059,33 @@ class Profiler:
                 if self.report_text:
                     parts.append(self.report_text)
         return "\n".join(parts)
+
+
+class Report(str):
+    """The profiler's report: a ``str`` holding the whole text (``.text`` too).
+
+    ``print(prof.summary())`` after ``stop()`` printed the report (``Profiler(report=True)``,
+    the default) would show it twice; ``str()`` of such a report, what ``print`` shows, is one
+    line saying where it was printed. Any other report (``report=False``, other options, before
+    ``stop()``) prints in full."""
+
+    printed_at_stop: bool
+
+    def __new__(cls, text: str, printed: str | None = None) -> Report:
+        self = super().__new__(cls, text)
+        self.printed_at_stop = printed is not None and printed == text
+        return self
+
+    @property
+    def text(self) -> str:
+        """The whole report."""
+        return str.__str__(self)
+
+    def __str__(self) -> str:
+        if self.printed_at_stop:
+            return ("stepscope: the report was printed at stop() (on stderr); "
+                    "prof.summary().text holds it, Profiler(report=False) leaves it to you")
+        return self.text
 
 
 def _analysis_report(path: Path, **options: Any) -> str:
@@ -871,4 +1127,38 @@ def dataloader(loader: Iterable[T]) -> Iterable[T]:
     """``for b in stepscope.dataloader(loader):`` on the running profiler (plain without one)."""
     p = _current
     return p.dataloader(loader) if p is not None else loader
+
+
+class ProfiledLoader(Generic[T]):
+    """What ``prof.dataloader(loader)`` returns: iterating it times each wait for a batch;
+    ``len()`` and other attributes are the loader's. Each ``iter()`` starts a new pass over the
+    loader (``next()`` on the wrapper itself also works, as on the generator it once was)."""
+
+    __slots__ = ("loader", "_prof", "_it")
+
+    def __init__(self, prof: Profiler, loader: Iterable[T]) -> None:
+        self.loader = loader
+        self._prof = prof
+        self._it: Iterator[T] | None = None
+
+    def __iter__(self) -> Iterator[T]:
+        if self._it is not None:  # next() was called on the wrapper: go on from there
+            return self._it
+        return self._prof._iterate(self.loader)  # noqa: SLF001
+
+    def __next__(self) -> T:
+        if self._it is None:
+            self._it = self._prof._iterate(self.loader)  # noqa: SLF001
+        return next(self._it)
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]  # TypeError without one, as len() says
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ProfiledLoader.__slots__:  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def __repr__(self) -> str:
+        return f"<stepscope.ProfiledLoader of {self.loader!r}>"
 

@@ -12,7 +12,8 @@ Definitions (per completed step, i.e. between two ``step()`` calls, or ``start()
 * ``reader ratio``: ``sum(reader_cost) / sum(batch_cost)``, in percent.
 
 Only running aggregates are kept (O(1) memory), so the timer costs a few hundred ns per step. The
-step still open at ``stop()`` is not counted (it usually only holds the loader's final wait).
+profiler gives it the same clock readings as the trace's step and wait slices and counts the same
+steps (the step open at ``stop()`` only if it holds work), so its figures and the tables agree.
 """
 
 from __future__ import annotations

@@ -50,9 +50,8 @@ class _TorchImportWatcher:
     """A ``sys.meta_path`` finder that runs a callback once ``import torch`` has completed (the
     profiler of ``stepscope run`` starts before the program imports torch); it removes itself."""
 
-    def __init__(self, callback: Any, before: Any = None) -> None:
+    def __init__(self, callback: Any) -> None:
         self.callback = callback
-        self.before = before
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname != "torch":
@@ -60,8 +59,6 @@ class _TorchImportWatcher:
         import importlib.machinery
 
         self.remove()
-        if self.before is not None:
-            _call(self.before)
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         loader = getattr(spec, "loader", None)
         if spec is None or loader is None or not hasattr(loader, "exec_module"):
@@ -92,16 +89,7 @@ def attach_on_import(prof: Any) -> _TorchImportWatcher:
         if getattr(prof, "_window_path", None) is not None:  # a window is open already
             _call(hook.window_start)
 
-    def before_import() -> None:
-        """Steps from optimizer steps: withdraw step 0 now, while its begin is surely unwritten
-        (importing torch takes seconds); it opens again at the first batch wait or forward."""
-        if prof.options.get("step_on") in ("optimizer", "auto") and not prof._stopped:  # noqa: SLF001
-            import threading
-
-            if threading.get_ident() == prof._thread and not prof._pending:  # noqa: SLF001
-                prof._cancel_step(None)  # noqa: SLF001
-
-    watcher = _TorchImportWatcher(attach_now, before_import)
+    watcher = _TorchImportWatcher(attach_now)
     sys.meta_path.insert(0, watcher)
     return watcher
 
@@ -121,7 +109,7 @@ class TorchIntegration:
         sess = prof._sess if getattr(prof, "_recording", False) else None  # noqa: SLF001
         self.sess = sess
         self.ops = OperatorCapture(sess, rank=prof.rank) if sess is not None else None
-        self.ranges = RangeCapture() if sess is not None else None
+        self.ranges = RangeCapture(prof) if sess is not None else None
         self.collectives = CollectiveTracer(sess, rank=prof.rank) if sess is not None else None
         self.workers = WorkerTracing(prof) if sess is not None else None
         self.memory = CudaMemory(sess) if sess is not None else None

@@ -18,6 +18,12 @@ Summary level, so they are in the summary file too, and cheap: a cached C chain 
 (begin) and one C call (end), plus the wrappers' Python frames. On the shared, overloaded 2-core
 VM (load average 6-11) a ``record_function`` enter+exit took 34-37 µs untraced and 8-11 µs more
 with the capture; both numbers are several times what a quiet machine shows.
+On the profiler's thread a range is work of the step (like a phase): a step whose begin the
+profiler has not written yet (a pending step 0, or one just opened by a step boundary) is
+written first, so the range nests in it whatever the writer flushed in between. A
+``record_function`` that begins inside a batch wait there (torch's own
+``enumerate(DataLoader)#...`` range of every ``next()``) is not recorded: the wait's
+``dataloader.next`` slice covers it, and its begins are written only once the batch comes.
 Ranges whose end torch defers to a future (``_call_end_callbacks_on_future``) end here at
 ``__exit__``. Limits: C++ ``RECORD_FUNCTION`` scopes are not seen here (they are operators,
 see :mod:`.operators`); TorchScript-compiled ``record_function`` neither.
@@ -73,10 +79,29 @@ class _RangeIds:
         self.open: dict[int, Any] = {}
 
 
-class RangeCapture:
-    """Installs the wrappers at ``start()`` and puts torch's originals back at ``stop()``."""
+def _step_gate(prof: Any) -> Any:
+    """``gate()`` before a range begins: False inside a batch wait on the profiler's thread
+    (not recorded); else True, the step's begin written first if it was not (see above)."""
+    if prof is None:
+        return lambda: True
+    main, get_ident = prof._thread, threading.get_ident  # noqa: SLF001
 
-    def __init__(self) -> None:
+    def gate() -> bool:
+        if (prof._quiet or prof._waiting) and get_ident() == main:  # noqa: SLF001
+            if prof._waiting:  # noqa: SLF001
+                return False
+            prof._activity()  # noqa: SLF001
+        return True
+
+    return gate
+
+
+class RangeCapture:
+    """Installs the wrappers at ``start()`` and puts torch's originals back at ``stop()``;
+    ``prof``: the profiler whose steps the ranges nest in."""
+
+    def __init__(self, prof: Any = None) -> None:
+        self.prof = prof
         self._patched: list[tuple[Any, str, Any]] = []
         self._ids = _RangeIds()
         self.installed = False
@@ -94,10 +119,11 @@ class RangeCapture:
 
         by_name = _rf_chains
         recorder = rec
+        gate = _step_gate(self.prof)
 
         def __enter__(self: Any) -> Any:
             result = o_enter(self)
-            if recorder.ON:
+            if recorder.ON and gate():
                 c = by_name.get(self.name) if type(self.name) is str else None
                 if c is not None:
                     c()
@@ -133,10 +159,12 @@ class RangeCapture:
         o_start, o_end, o_mark = nv.range_start, nv.range_end, nv.mark
         cat = S.CAT_NVTX
         ids = self._ids
+        gate = _step_gate(self.prof)
 
         def range_push(msg: Any) -> Any:
             result = o_push(msg)  # raises where torch has no NVTX: nothing recorded then
             if rec.ON:
+                gate()  # (recorded even inside a wait: its range_pop must find it)
                 _begin(msg, cat)
             return result
 

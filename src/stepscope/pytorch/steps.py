@@ -7,11 +7,15 @@
   left to it (no double count).
 * **Steps** with ``step_on="optimizer"``: torch's global optimizer step post-hook
   (``torch.optim.optimizer.register_optimizer_step_post_hook``) ends the step at every
-  ``optimizer.step()`` (several optimizers: one step each). Step 0 starts at the first batch
-  wait or module forward, not at ``Profiler.start()`` (under ``stepscope run`` that is interpreter
-  start). An exhausted loader withdraws the step just opened, as ``prof.dataloader`` does, and
-  ends the epoch: the next epoch's first wait opens the step again as batch 0 of a new epoch
-  (so the schedule's windows repeat per epoch).
+  ``optimizer.step()`` (several optimizers: one step each), at the next batch wait (or, in a
+  loop without a DataLoader, at the end of torch's ``Optimizer.step#`` range), where no range is
+  open. Step 0 starts at the first batch wait or module forward, not at ``Profiler.start()``
+  (under ``stepscope run`` that is interpreter start): the profiler leaves it pending
+  (``start(open_step=False)``). The waits use the profiler's own wait recording
+  (``Profiler._wait_begin``/``_wait_end``/``_wait_exhausted``, as ``prof.dataloader``): a step
+  exists once it holds work, so an exhausted loader leaves no empty step; it also ends the epoch:
+  the next epoch's first wait opens the step as batch 0 of a new epoch (so the schedule's
+  windows repeat per epoch).
 * ``step_on="auto"`` (what ``stepscope run`` uses): as "optimizer", until the program calls
   ``step()`` itself; from then on only its calls make steps. A first call that comes right after
   an optimizer step (no batch wait between) marks that same boundary and is not counted again.
@@ -23,9 +27,6 @@ import sys
 import threading
 import time
 from typing import Any
-
-from .. import _recorder as rec
-from .. import _schema as S
 
 
 class StepDriver:
@@ -54,7 +55,8 @@ class StepDriver:
             self._handles.append(register_optimizer_step_post_hook(self._on_optimizer_step))
             if self.mode == "auto":
                 self.prof.step = self._user_step  # instance attribute: stepscope.step() too
-            self._defer_step()
+            if self.prof._pending:  # noqa: SLF001
+                self._watch_forward()
 
     def stop(self) -> None:
         self.flush_boundary()
@@ -71,23 +73,19 @@ class StepDriver:
             del self.prof.step
 
     # -- steps --------------------------------------------------------------------------------
-    def _defer_step(self) -> None:
-        """Withdraw the open step; it opens again at the next batch wait or module forward."""
-        prof = self.prof
-        if prof._stopped or threading.get_ident() != prof._thread:  # noqa: SLF001
-            return
-        if not prof._pending:  # noqa: SLF001
-            prof._cancel_step(None)  # noqa: SLF001
-        self._watch_forward()
+    def _new_epoch(self) -> None:
+        """The loader ran out: the pending step that opens next is batch 0 of a new epoch."""
+        self._epoch_ended = False
+        if self.prof._pending and not self.prof._stopped:  # noqa: SLF001
+            self.prof.epoch()
 
     def _resume(self) -> None:
+        """A module forward: a pending step opens here (it has work)."""
         prof = self.prof
+        if self._epoch_ended:
+            self._new_epoch()
         if prof._pending and not prof._stopped:  # noqa: SLF001
-            if self._epoch_ended:  # the loader ran out: the next epoch starts with this step
-                self._epoch_ended = False
-                prof.epoch()  # opens the step too
-            else:
-                prof._resume()  # noqa: SLF001
+            prof._activity()  # noqa: SLF001
         self._drop_forward_hook()
 
     def _watch_forward(self) -> None:
@@ -153,10 +151,9 @@ class StepDriver:
         original = base.__dict__["__next__"]
         driver = self
         prof = self.prof
-        skip_code = type(prof).dataloader.__code__
-        wait_code = rec.code(rec.event_id(S.DATALOADER_WAIT_NAME, (S.CAT_DATALOADER,)),
-                             S.LEVEL_SUMMARY, rec.BEGIN)
-        record, end = rec.record, rec.end_summary
+        skip_code = type(prof)._iterate.__code__  # prof.dataloader's iteration records itself
+        wait_begin, wait_end = prof._wait_begin, prof._wait_end  # noqa: SLF001
+        wait_exhausted = prof._wait_exhausted  # noqa: SLF001
         clock = time.perf_counter_ns
         main = prof._thread  # noqa: SLF001
         cancel = self.mode in ("optimizer", "auto")
@@ -164,49 +161,32 @@ class StepDriver:
         def __next__(self: Any) -> Any:
             if prof._stopped or sys._getframe(1).f_code is skip_code:  # noqa: SLF001
                 return original(self)
-            on_main = threading.get_ident() == main
+            ident = threading.get_ident()
+            on_main = ident == main
             if on_main:
                 driver.loader_seen = True
                 driver.flush_boundary()
                 driver._auto_stepped = False
-                if cancel and not driver._user_steps and _exhausted(self):
-                    # the epoch ends here: withdraw the step just opened now, while its begin
-                    # is surely unwritten (the workers' shutdown inside next() can take long)
-                    if not prof._pending:  # noqa: SLF001
-                        prof._cancel_step(None)  # noqa: SLF001
-                        driver._epoch_ended = True
-                        driver._watch_forward()
-                    return original(self)
-                if prof._pending:  # noqa: SLF001
-                    driver._resume()
-            recording = prof._recording and rec.ON  # noqa: SLF001
-            ev = record(wait_code) if recording else None
+                if driver._epoch_ended:
+                    driver._new_epoch()
             t0 = clock()
+            placed = wait_begin(t0, ident, on_main)  # a pending step opens here (main thread)
             try:
                 batch = original(self)
             except StopIteration:
+                wait_exhausted(on_main)  # the step just opened had no work: it is no step
                 if cancel and on_main and not driver._user_steps:
-                    prof._cancel_step(ev)  # noqa: SLF001
                     driver._epoch_ended = True
                     driver._watch_forward()
-                elif recording:
-                    end()
                 raise
             except BaseException:
-                if recording:
-                    end()
+                wait_end(placed, t0, clock(), ident, on_main)
                 raise
+            t1 = clock()
             if on_main:
-                prof.timer.add_reader(clock() - t0)
-            if recording:
-                end()
+                prof.timer.add_reader(t1 - t0)
+            wait_end(placed, t0, t1, ident, on_main)
             return batch
-
-        def _exhausted(it: Any) -> bool:
-            try:
-                return it._num_yielded >= len(it)  # noqa: SLF001
-            except Exception:  # an IterableDataset without __len__
-                return False
 
         __next__.__wrapped__ = original  # type: ignore[attr-defined]
         self._patched.append((base, "__next__", original))

@@ -7,7 +7,9 @@
 --
 -- Definitions used by every table:
 --   * owner of a track (ss_track_info): upid of the nearest track at or above it (following
---     track.parent_id) that is a thread track (-> thread.upid) or a process track (-> upid).
+--     track.parent_id) that is a thread track (-> thread.upid) or a process track (-> upid),
+--     counter tracks included (thread_counter_track, process_counter_track: trace processor
+--     lists a counter under a process there, with no parent_id and not in process_track).
 --     GPU "stream <id>" tracks sit under a "GPU <id> (<name>)" track under the rank's process
 --     track, so device slices belong to the rank that launched them. upid -1 = no process.
 --     utid: the thread of the nearest thread track at or above the track (host slices, also
@@ -19,7 +21,10 @@
 --     names in ss_kind, listed here in that order), used by the Overview:
 --       Step            category 'step'
 --       Dataloader      category 'dataloader' (consumer waits) or a 'phase' named 'Dataloader'
---       Forward / Backward / Optimization   a 'phase' slice with that name
+--                       (or 'data', 'data_loading', ...: as below)
+--       Forward / Backward / Optimization   a 'phase' slice with that name, or one of its
+--                       usual spellings in any case ('fwd', 'BWD', 'optimizer_step', ...:
+--                       stepscope._schema.PHASE_ALIASES; placeholder phase_kind)
 --       Other phases    any other 'phase' slice
 --       Kernels         category 'kernel'          Communication  category 'communication'
 --       Memcpy          category 'memcpy'          Memset         category 'memset'
@@ -60,13 +65,15 @@ ss_track_up(track_id, cur_id, hops) AS (
   WHERE t.parent_id IS NOT NULL AND u.hops < 32
 ),
 ss_track_hop AS (
-  SELECT u.track_id, u.hops, COALESCE(th.upid, pt.upid) AS upid,
-         tt.utid AS utid
+  SELECT u.track_id, u.hops, COALESCE(th.upid, pt.upid, pc.upid) AS upid,
+         COALESCE(tt.utid, tc.utid) AS utid
   FROM ss_track_up u
   LEFT JOIN thread_track tt ON tt.id = u.cur_id
-  LEFT JOIN thread th ON th.utid = tt.utid
+  LEFT JOIN thread_counter_track tc ON tc.id = u.cur_id
+  LEFT JOIN thread th ON th.utid = COALESCE(tt.utid, tc.utid)
   LEFT JOIN process_track pt ON pt.id = u.cur_id
-  WHERE tt.id IS NOT NULL OR pt.id IS NOT NULL
+  LEFT JOIN process_counter_track pc ON pc.id = u.cur_id
+  WHERE tt.id IS NOT NULL OR pt.id IS NOT NULL OR tc.id IS NOT NULL OR pc.id IS NOT NULL
 ),
 ss_track_owner AS (
   SELECT DISTINCT track_id,
@@ -121,9 +128,7 @@ ss_slice AS (
            WHEN s.category IS NULL THEN 6  -- most slices: tested first
            WHEN s.category = 'step' THEN 0
            WHEN s.category = 'dataloader' THEN 1
-           WHEN s.category = 'phase' THEN
-             CASE s.name WHEN 'Dataloader' THEN 1 WHEN 'Forward' THEN 2 WHEN 'Backward' THEN 3
-                         WHEN 'Optimization' THEN 4 ELSE 5 END
+           WHEN s.category = 'phase' THEN {{phase_kind}}
            WHEN s.category IN ('cuda_runtime', 'cuda_driver') THEN 7
            WHEN s.category = 'sync' THEN 8
            WHEN s.category = 'kernel' THEN 9

@@ -3,10 +3,14 @@
 -- row per GPU device computed from its kernels.
 --
 --   counter rows    samples, min and max of the counter's values; mean is time-weighted: each
---                   sample holds until the next sample of the same track,
---                   sum(value_i * (ts_(i+1) - ts_i)) / (ts_last - ts_first); with one sample
---                   (or all at one instant) the plain mean. With a step range set, only samples
---                   inside the rank's window are used. Values are in the counter's own unit
+--                   sample holds until the next sample of the same track, and the last one
+--                   until the end of the rank's run (the end of its frame, ss_frame: its last
+--                   step, or last slice for a process without steps; with a step range set, the
+--                   end of the selected steps), or nowhere if it comes later:
+--                   sum(value_i * hold_i) / sum(hold_i); with no hold at all (one sample at
+--                   the run's end, or all at one instant) the plain mean. With a step range
+--                   set, only samples inside the rank's window are used. A counter of no
+--                   process runs to the latest frame end. Values are in the counter's own unit
 --                   (the name says it, e.g. "host.cpu.user %").
 --   GPU rows        "<GPU track name> kernel busy %": 100 * time in which at least one kernel
 --                   ('kernel' or 'communication'; memcpy/memset excluded) runs on any stream of
@@ -16,19 +20,29 @@
 --   order           rank, counters before GPUs, name; rows of one name by track id, so both
 --                   engines list them alike.
 {{base}},
+dv_end AS (
+  SELECT upid, MAX(end_ts) AS end_ts FROM ss_frame GROUP BY upid
+),
 dv_ctr AS (
   SELECT s.track_id, s.ts, s.value, ti.rank, ti.track_name AS name,
-         LEAD(s.ts) OVER (PARTITION BY s.track_id ORDER BY s.ts, s.id) AS next_ts
+         LEAD(s.ts) OVER (PARTITION BY s.track_id ORDER BY s.ts, s.id) AS next_ts,
+         COALESCE(e.end_ts, (SELECT MAX(end_ts) FROM dv_end)) AS run_end
   FROM counter s JOIN ss_track_sel ti ON ti.track_id = s.track_id
+  LEFT JOIN dv_end e ON e.upid = ti.upid
   WHERE ({{window_filter}})
+),
+dv_hold AS (
+  SELECT track_id, rank, name, value,
+         COALESCE(next_ts, CASE WHEN run_end > ts THEN run_end ELSE ts END) - ts AS hold
+  FROM dv_ctr
 ),
 dv_counters AS (
   SELECT rank, name, COUNT(*) AS samples,
-         CASE WHEN SUM(next_ts - ts) > 0
-              THEN SUM(value * (next_ts - ts)) / SUM(next_ts - ts)
+         CASE WHEN SUM(hold) > 0
+              THEN SUM(value * hold) / SUM(hold)
               ELSE AVG(value) END AS mean,
          MIN(value) AS min, MAX(value) AS max, 0 AS is_gpu, track_id AS tie
-  FROM dv_ctr GROUP BY track_id, rank, name
+  FROM dv_hold GROUP BY track_id, rank, name
 ),
 dv_gpu AS (
   SELECT s.upid, CASE WHEN gp.name LIKE 'GPU %' THEN gp.id ELSE t.id END AS gpu_id,

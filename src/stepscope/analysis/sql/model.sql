@@ -30,7 +30,8 @@ md_nested_dl AS (
 -- test: each reader then takes the columns it needs from the index that holds them, with no
 -- slice row read; a CTE read twice would be stored once with all its columns.)
 md_phase AS (
-  SELECT s.id, s.upid, s.ts, s.end_ts
+  SELECT s.id, s.upid, s.ts, s.end_ts,
+         CASE WHEN s.kind_id = 1 THEN 'Dataloader' ELSE s.name END AS phase
   FROM ss_slice s
   WHERE s.kind_id BETWEEN 1 AND 5  -- kinds of 'phase' and 'dataloader' slices
     AND (s.kind_id > 1 OR s.id NOT IN (SELECT id FROM md_nested_dl))
@@ -48,39 +49,45 @@ md_cpu AS (
         GROUP BY s.kind_id, s.name)
   GROUP BY 1
 ),
+-- device slices with the start of the slice their flow comes from: devices and flows in one
+-- sort by slice id (no per-slice probe of the flow table, which trace processor does not index)
 md_dev AS (
-  SELECT d.id, d.upid, d.ts, d.end_ts, COALESCE(l.ts, d.ts) AS launch_ts
-  FROM ss_device d
-  LEFT JOIN flow f ON f.slice_in = d.id
-  LEFT JOIN slice l ON l.id = f.slice_out
+  SELECT x.id, x.upid, x.ts, x.end_ts, COALESCE(l.ts, x.ts) AS launch_ts
+  FROM (
+    SELECT id, upid, ts, end_ts, dev, MAX(src) OVER (PARTITION BY id) AS src
+    FROM (SELECT id, upid, ts, end_ts, 1 AS dev, NULL AS src FROM ss_device
+          UNION ALL
+          SELECT slice_in, NULL, NULL, NULL, 0, slice_out FROM flow)
+  ) x
+  LEFT JOIN slice l ON l.id = x.src
+  WHERE x.dev = 1
 ),
--- the phase / step current at each row: one window counting, in (time, ord, id) order, the steps
--- (high 32 bits) and phases (low 32 bits) seen so far. At a step or phase row the count is its
--- own ordinal by (ts, id); at a later row it is the ordinal of the instance that started last
--- at or before the time of that row (ties: the larger id), or 0 before the first one.
--- (the window sits in the select list of md_carry: computed once for its three readers)
+-- the step and phase current at each row: in (time, ord, id) order per rank, the step (phase)
+-- that started last at or before the row (ties: the larger id), or NULL before the first one.
+-- Both engines number slices in start-time order (ties: the order they are read), so that is
+-- the largest step (phase) id seen so far: one window, one sort. At a step or phase row it is
+-- that row itself.
 md_carry AS (
   SELECT upid, t, ord, id, ts, end_ts,
-         SUM(CASE ord WHEN 0 THEN 4294967296 WHEN 1 THEN 1 ELSE 0 END)
-           OVER (PARTITION BY upid ORDER BY t, ord, id ROWS UNBOUNDED PRECEDING) AS n
+         MAX(CASE WHEN ord = 0 THEN id END)
+           OVER (PARTITION BY upid ORDER BY t, ord, id ROWS UNBOUNDED PRECEDING) AS step_id,
+         MAX(CASE WHEN ord = 1 THEN id END)
+           OVER (PARTITION BY upid ORDER BY t, ord, id ROWS UNBOUNDED PRECEDING) AS phase_id
   FROM (SELECT upid, ts AS t, 0 AS ord, id, ts, end_ts FROM ss_step
         UNION ALL
         SELECT upid, ts, 1, id, ts, end_ts FROM md_phase
         UNION ALL
         SELECT upid, launch_ts, 2, id, ts, end_ts FROM md_dev)
 ),
-md_steps AS (
-  SELECT upid, n >> 32 AS sseq, id AS step_id, ts, end_ts FROM md_carry WHERE ord = 0
-),
-md_phases AS (
-  SELECT upid, n & 4294967295 AS pseq, id AS phase_id, ts, end_ts, n >> 32 AS cur_s
-  FROM md_carry WHERE ord = 1
-),
+-- device rows: the phase and step they are attributed to (those still running at the launch;
+-- each looked up by id in the slice table)
 md_dev_attr AS (
-  SELECT d.id AS dev_id, d.upid, d.ts, d.end_ts, mp.phase_id, ms.step_id
+  SELECT d.ts, d.end_ts,
+         CASE WHEN d.t < p.ts + p.dur THEN d.phase_id END AS phase_id,
+         CASE WHEN d.t < st.ts + st.dur THEN d.step_id END AS step_id
   FROM md_carry d
-  LEFT JOIN md_phases mp ON mp.upid = d.upid AND mp.pseq = d.n & 4294967295 AND d.t < mp.end_ts
-  LEFT JOIN md_steps ms ON ms.upid = d.upid AND ms.sseq = d.n >> 32 AND d.t < ms.end_ts
+  LEFT JOIN slice p ON p.id = d.phase_id
+  LEFT JOIN slice st ON st.id = d.step_id
   WHERE d.ord = 2
 ),
 -- unions (see _base.sql), one pass over three tagged inputs: kind 1 = device work per phase
@@ -92,8 +99,9 @@ md_union_in AS (
   SELECT 2, step_id, ts, end_ts FROM md_dev_attr WHERE phase_id IS NULL AND step_id IS NOT NULL
   UNION ALL
   SELECT 3, step_id, ts, end_ts FROM (
-    SELECT ms.step_id, MAX(mp.ts, ms.ts) AS ts, MIN(mp.end_ts, ms.end_ts) AS end_ts
-    FROM md_phases mp JOIN md_steps ms ON ms.upid = mp.upid AND ms.sseq = mp.cur_s
+    SELECT c.step_id, MAX(c.ts, st.ts) AS ts, MIN(c.end_ts, st.ts + st.dur) AS end_ts
+    FROM md_carry c CROSS JOIN slice st  -- each phase row, then its step by id (never a
+    WHERE st.id = c.step_id AND c.ord = 1  -- scan of slice per row)
   ) WHERE end_ts > ts
 ),
 md_union AS (
@@ -104,19 +112,26 @@ md_union AS (
     FROM md_union_in
   ) GROUP BY kind, gid
 ),
--- GPU per phase, over the instances with device work (the others count 0: see the SELECT)
+-- GPU per phase, over the instances with device work (the others count 0: see the SELECT);
+-- each instance meets its phase name in one sort by id (the instances and the phases grouped)
 md_gpu AS (
-  SELECT CASE WHEN s.kind_id = 1 THEN 'Dataloader' ELSE s.name END AS phase,
-         COUNT(*) AS n, SUM(u.ns) AS total, MAX(u.ns) AS max_ns, MIN(u.ns) AS min_ns
-  FROM md_union u JOIN ss_slice s ON s.id = u.gid
-  WHERE u.kind = 1
-  GROUP BY 1
+  SELECT phase, COUNT(*) AS n, SUM(ns) AS total, MAX(ns) AS max_ns, MIN(ns) AS min_ns
+  FROM (
+    SELECT MAX(phase) AS phase, MAX(ns) AS ns FROM (
+      SELECT id AS gid, phase, NULL AS ns FROM md_phase
+      WHERE EXISTS (SELECT 1 FROM md_union WHERE kind = 1)  -- no device work: no phase read
+      UNION ALL
+      SELECT gid, NULL, ns FROM md_union WHERE kind = 1
+    ) GROUP BY gid HAVING COUNT(ns) > 0
+  ) GROUP BY 1
 ),
-md_others AS (  -- one Others instance per selected step
-  SELECT ms.dur - COALESCE(c.ns, 0) AS cpu_ns, COALESCE(o.ns, 0) AS gpu_ns
-  FROM ss_step ms
-  LEFT JOIN md_union c ON c.kind = 3 AND c.gid = ms.id
-  LEFT JOIN md_union o ON o.kind = 2 AND o.gid = ms.id
+md_others AS (  -- one Others instance per selected step: its rows grouped by step id
+  SELECT MAX(dur) - SUM(covered) AS cpu_ns, SUM(gpu) AS gpu_ns FROM (
+    SELECT id AS gid, dur, 0 AS covered, 0 AS gpu FROM ss_step
+    UNION ALL
+    SELECT gid, NULL, CASE kind WHEN 3 THEN ns ELSE 0 END, CASE kind WHEN 2 THEN ns ELSE 0 END
+    FROM md_union WHERE kind > 1
+  ) GROUP BY gid HAVING COUNT(dur) > 0
 ),
 md_rows AS (
   SELECT c.phase, 1 AS is_phase, c.calls, c.cpu_total_ns, c.cpu_max_ns, c.cpu_min_ns,

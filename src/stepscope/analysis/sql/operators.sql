@@ -4,13 +4,15 @@
 --
 --   ranges          slices of kind 'User ranges' (no category, 'nvtx', or a user's domain).
 --   calls           number of ranges; total_ns = sum of durations; avg = total / calls; max, min.
---   sumsq_ns2       sum of the squared durations, as a REAL (no integer overflow); Python takes
---                   stddev = sqrt(sumsq / calls - avg^2) (population), clamped at 0.
---                   One pass, at a precision cost: the subtraction cancels, so the variance's
---                   relative error is about (avg / stddev)^2 * 1e-16, times up to the number of
---                   calls (SUM rounds once per row). Invisible at nanosecond display unless the
---                   spread is tiny next to the mean: 10 ms ranges with 10 ns jitter show
---                   10.9 ns instead of 10.0 over 10,000 calls.
+--   sq_hh .. sq_bb  the sum of the squared durations, exact, in integer parts: with a duration
+--                   d = h 2^32 + a 2^16 + b (h = d >> 32; a, b 16-bit), d^2 = h^2 2^64
+--                   + 2 h (a 2^16 + b) 2^32 + a^2 2^32 + 2 a b 2^16 + b^2, each part summed as
+--                   an integer (no int64 overflow below 2^31 ranges of one name, 2^23 if they
+--                   last more than 18 minutes). Python takes the population
+--                   stddev = sqrt(calls * sum(d^2) - sum(d)^2) / calls, the difference exact:
+--                   no cancellation, and the same bits on every engine and row order (a REAL
+--                   sum is not: trace processor's SQLite adds with Kahan-Babuska-Neumaier,
+--                   older SQLite plainly).
 --   self_ns         sum over ranges of (duration - sum of the durations of its direct children,
 --                   i.e. slices whose parent_id is the range, which are on the same track).
 --   ratio           total_ns / frame time (union of ss_frame per rank, summed); nested ranges
@@ -21,7 +23,8 @@
 --                   such as "CUDA API") whose start lies inside the range. Found without a
 --                   range x launch join: S = the slice of the thread's own track (the thread
 --                   track that is not a child of another thread track) that started last at or
---                   before the launch (the deepest one on ties); as slices on one track nest
+--                   before the launch (the deepest one on ties: the largest id, both engines
+--                   numbering slices in start-time order); as slices on one track nest
 --                   strictly, the ranges containing the launch are S and those of its ancestors
 --                   (parent_id) that end after the launch (ancestors are walked once per
 --                   distinct S). Device slices without a flow count for no range.
@@ -48,12 +51,25 @@ op_root AS (
   FROM thread_track tt JOIN track t ON t.id = tt.id
   WHERE t.parent_id IS NULL OR t.parent_id NOT IN (SELECT id FROM thread_track)
 ),
+-- S of each launch: the launches and the slices of the root tracks of their threads in one
+-- sort per root track (time, slices before launches); S is the largest slice id seen so far, as
+-- both engines number slices in start-time order (at one time: the deepest). The slices are
+-- read only when there are launches (the one row of `need` drives them).
 op_start AS (
-  SELECT l.dev_id, l.launch_ts AS t, l.ts AS dts, l.end_ts AS dend,
-         (SELECT s.id FROM slice s
-          WHERE s.track_id = r.track_id AND s.ts <= l.launch_ts
-          ORDER BY s.ts DESC, s.depth DESC LIMIT 1) AS start_id
-  FROM op_launch l JOIN op_root r ON r.utid = l.utid
+  SELECT dev_id, t, dts, dend, start_id FROM (
+    SELECT ord, dev_id, t, dts, dend,
+           MAX(sid) OVER (PARTITION BY track_id ORDER BY t, ord
+                          ROWS UNBOUNDED PRECEDING) AS start_id
+    FROM (
+      SELECT r.track_id, s.ts AS t, 0 AS ord, s.id AS sid, NULL AS dev_id, NULL AS dts,
+             NULL AS dend
+      FROM (SELECT 1 WHERE EXISTS (SELECT 1 FROM op_launch)) need
+      CROSS JOIN op_root r JOIN slice s ON s.track_id = r.track_id
+      UNION ALL
+      SELECT r.track_id, l.launch_ts, 1, NULL, l.dev_id, l.ts, l.end_ts
+      FROM op_launch l JOIN op_root r ON r.utid = l.utid
+    )
+  ) WHERE ord = 1
 ),
 op_walk(start_id, anc_id, hops) AS (
   SELECT DISTINCT start_id, start_id, 0 FROM op_start WHERE start_id IS NOT NULL
@@ -99,7 +115,11 @@ op_gpu AS (  -- per row: the ranges with device work, their GPU time
 op_stats AS (
   SELECT name, rank, tid, thread_name, COUNT(*) AS calls,
          SUM(dur) AS total_ns, MAX(dur) AS max_ns, MIN(dur) AS min_ns,
-         SUM(CAST(dur AS REAL) * dur) AS sumsq_ns2
+         SUM((dur >> 32) * (dur >> 32)) AS sq_hh,
+         SUM((dur >> 32) * (dur & 4294967295)) AS sq_hl,
+         SUM(((dur >> 16) & 65535) * ((dur >> 16) & 65535)) AS sq_aa,
+         SUM(((dur >> 16) & 65535) * (dur & 65535)) AS sq_ab,
+         SUM((dur & 65535) * (dur & 65535)) AS sq_bb
   FROM op_range
   GROUP BY {{op_keys}}
 )
@@ -107,7 +127,8 @@ op_stats AS (
 -- when there is such a range
 SELECT s.name, s.rank, s.tid, s.thread_name, s.calls, s.total_ns,
        CAST(s.total_ns AS REAL) / s.calls AS avg_ns, s.max_ns, s.min_ns,
-       s.sumsq_ns2, s.total_ns - COALESCE(c.child_ns, 0) AS self_ns,
+       s.sq_hh, s.sq_hl, s.sq_aa, s.sq_ab, s.sq_bb,
+       s.total_ns - COALESCE(c.child_ns, 0) AS self_ns,
        CAST(s.total_ns AS REAL) / NULLIF((SELECT frame_ns FROM ss_totals), 0) AS ratio,
        COALESCE(g.ns, 0) AS gpu_total_ns, CAST(COALESCE(g.ns, 0) AS REAL) / s.calls AS gpu_avg_ns,
        COALESCE(g.max_ns, 0) AS gpu_max_ns,

@@ -24,7 +24,7 @@ ov_nested_dl AS (  -- dataloader waits directly inside a 'Dataloader' phase (kin
   SELECT COUNT(*) AS n FROM ss_slice s
   WHERE s.kind_id = 1 AND s.category = 'dataloader' AND EXISTS (
     SELECT 1 FROM slice p WHERE p.id = s.parent_id
-    AND p.category = 'phase' AND p.name = 'Dataloader')
+    AND p.category = 'phase' AND {{dataloader_phase}})
 )
 SELECT k.kind,
        u.calls - CASE WHEN u.kind_id = 1 THEN (SELECT n FROM ov_nested_dl) ELSE 0 END AS calls,

@@ -12,23 +12,21 @@ st_reader AS (
   SELECT upid, ts, end_ts FROM ss_slice
   WHERE kind_id = 1  -- category 'dataloader', or a 'phase' named 'Dataloader'
 ),
--- the step current at each reader row: a window counting the steps seen so far in
--- (time, ord, id) order; at a step row the count is its own ordinal by (ts, id)
+-- the step current at each reader row: in (time, ord, id) order per rank, the step that started
+-- last at or before it (ties: the larger id), which is the largest step id seen so far (both
+-- engines number slices in start-time order): one window, then the step looked up by id
 st_carry AS (
-  SELECT upid, ord, id, ts, end_ts,
-         SUM(1 - ord) OVER (PARTITION BY upid ORDER BY ts, ord, id
-                            ROWS UNBOUNDED PRECEDING) AS cur_s
+  SELECT upid, ord, ts, end_ts,
+         MAX(CASE WHEN ord = 0 THEN id END)
+           OVER (PARTITION BY upid ORDER BY ts, ord, id ROWS UNBOUNDED PRECEDING) AS step_id
   FROM (SELECT upid, 0 AS ord, id, ts, end_ts FROM ss_step
         UNION ALL
         SELECT upid, 1, NULL, ts, end_ts FROM st_reader)
 ),
-st_steps AS (
-  SELECT upid, cur_s AS sseq, id, ts, end_ts FROM st_carry WHERE ord = 0
-),
 st_clip AS (
-  SELECT ms.id AS step_id, MAX(r.ts, ms.ts) AS ts, MIN(r.end_ts, ms.end_ts) AS end_ts
-  FROM st_carry r JOIN st_steps ms ON ms.upid = r.upid AND ms.sseq = r.cur_s
-  WHERE r.ord = 1 AND r.ts < ms.end_ts
+  SELECT r.step_id, MAX(r.ts, st.ts) AS ts, MIN(r.end_ts, st.ts + st.dur) AS end_ts
+  FROM st_carry r CROSS JOIN slice st  -- each reader row, then its step by id (never a scan
+  WHERE st.id = r.step_id AND r.ord = 1 AND r.ts < st.ts + st.dur  -- of slice per row)
 ),
 st_union AS (
   SELECT step_id, SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) AS ns FROM (
@@ -38,7 +36,11 @@ st_union AS (
     FROM st_clip
   ) GROUP BY step_id
 )
-SELECT st.rank, st.step, st.ts, st.dur AS batch_cost_ns,
-       COALESCE(u.ns, 0) AS reader_cost_ns, st.num_samples
-FROM ss_step st LEFT JOIN st_union u ON u.step_id = st.id
-ORDER BY st.rank, st.ts, st.id
+-- each step meets its reader time in one sort by step id (grouped, not joined)
+SELECT MAX(rank) AS rank, MAX(step) AS step, MAX(ts) AS ts, MAX(dur) AS batch_cost_ns,
+       SUM(ns) AS reader_cost_ns, MAX(num_samples) AS num_samples
+FROM (SELECT id AS gid, rank, step, ts, dur, 0 AS ns, num_samples FROM ss_step
+      UNION ALL
+      SELECT step_id, NULL, NULL, NULL, NULL, ns, NULL FROM st_union)
+GROUP BY gid HAVING COUNT(ts) > 0
+ORDER BY rank, ts, gid

@@ -1,0 +1,103 @@
+"""Issue 17 item 8: ``stepscope summary RUN_DIR`` (and ``RUN_DIR/*.pftrace``) count each step
+once: the summary file gives the tables, the detail windows only the detail-only tables."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import stepscope
+from stepscope import cli
+from stepscope.profiler import Profiler, schedule
+from stepscope.profiler.merge import merge
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """One rank, 10 batches; windows record batches 3-4 and 7-8 (skip 1, wait 1, warmup 1,
+    active 2, twice), each with a user range "user <i>" in its Forward phase; then
+    ``stepscope merge`` writes merged.pftrace into the run directory, as the example does."""
+    root = tmp_path_factory.mktemp("prof")
+    prof = Profiler(root, schedule(skip_first=1, wait=1, warmup=1, active=2, repeat=1),
+                    run_id="r", host_metrics=False, report=False)
+    prof.start()
+    for i, _ in enumerate(prof.dataloader(range(10))):
+        with prof.phase("Forward"), stepscope.annotate(f"user {i}"):
+            time.sleep(0.001)
+        prof.step(num_samples=4)
+    prof.stop()
+    run = root / "r"
+    merge([run], run / "merged.pftrace")
+    names = sorted(p.name for p in run.iterdir())
+    assert names == ["merged.pftrace", "rank0.detail.0.pftrace", "rank0.detail.1.pftrace",
+                     "rank0.summary.pftrace"]
+    return run
+
+
+def summary(argv, capsys):
+    rc = cli.main(["summary", "--engine", "embedded", "--format", "json", *argv])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    return json.loads(out), err
+
+
+def steps_of(data):
+    return data["steps"]["notes"], [r["steps"] for r in data["distributed"]["rows"]]
+
+
+def test_run_dir_counts_every_step_once(run_dir, capsys):
+    data, err = summary([str(run_dir)], capsys)
+    # 10 steps in the summary file; the windows' 4 steps are not added again
+    assert steps_of(data) == (["10 steps"], [10])
+    assert data["overview"]["rows"][0]["calls"] == 10
+    # the operators come from the two windows: batches 3, 4, 7, 8, one range each
+    ops = data["operators"]
+    assert ops["title"] == "Operators (detail windows)"
+    assert sorted((r["name"], r["calls"]) for r in ops["rows"]) == [
+        ("user 3", 1), ("user 4", 1), ("user 7", 1), ("user 8", 1)]
+    assert "from 2 detail window file(s)" in ops["notes"][0]
+    assert err == (f"stepscope summary: left out {run_dir / 'merged.pftrace'} "
+                   "(it repeats the run's rank files)\n")
+
+
+def test_run_dir_files_parent_dir_and_run_dir_agree(run_dir, capsys):
+    by_dir, _ = summary([str(run_dir)], capsys)
+    files = sorted(str(p) for p in run_dir.glob("*.pftrace"))
+    assert len(files) == 4
+    assert summary(files, capsys)[0] == by_dir  # RUN_DIR/*.pftrace
+    assert summary([str(run_dir.parent)], capsys)[0] == by_dir  # the profiler's dir
+    assert summary([str(run_dir), files[1]], capsys)[0] == by_dir  # a file named twice
+
+
+def test_detail_windows_alone_and_merged_alone(run_dir, capsys):
+    data, err = summary([str(p) for p in sorted(run_dir.glob("rank0.detail.*"))], capsys)
+    assert steps_of(data) == (["4 steps"], [4]) and err == ""
+    assert data["operators"]["title"] == "Operators" and len(data["operators"]["rows"]) == 4
+    data, err = summary([str(run_dir / "merged.pftrace")], capsys)
+    assert steps_of(data) == (["10 steps"], [10]) and "operators" not in data
+
+
+def test_sql_on_a_run_dir_reads_the_summary_files(run_dir, capsys):
+    rc = cli.main(["sql", "--engine", "embedded", "--format", "csv", str(run_dir),
+                   "select count(*) as n from slice where category = 'step'"])
+    out, _ = capsys.readouterr()
+    assert rc == 0 and out.splitlines()[-1] == "10"
+
+
+def test_directories_without_one_run(tmp_path, capsys):
+    rc = cli.main(["summary", str(tmp_path)])
+    _, err = capsys.readouterr()
+    assert rc == 2 and err == (
+        f"stepscope summary: error: cannot read {tmp_path}: is a directory without "
+        "rank<N>.summary.pftrace or rank<N>.detail.<k>.pftrace files; give trace files by "
+        "name\n")
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "rank0.summary.pftrace").write_bytes(b"")
+    rc = cli.main(["summary", str(tmp_path)])
+    _, err = capsys.readouterr()
+    assert rc == 2 and err == (
+        f"stepscope summary: error: cannot read {tmp_path}: holds several runs "
+        f"({tmp_path / 'a'}, {tmp_path / 'b'}); give run directories by name\n")

@@ -1,0 +1,234 @@
+"""Training-loop accounting: which steps and batch waits exist, and what they cost.
+
+A loader whose ``iter()`` takes a while, a few batches, then a StopIteration that outlasts a
+flush. Times come from a virtual clock (the profiler's ``time``), so every figure is exact and
+computed by hand; the flushes are real ones, made while the loader waits.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from tracedecode import decode
+
+import stepscope
+from stepscope import _schema as S
+from stepscope import analysis
+from stepscope.analysis import summaries
+from stepscope.profiler import Profiler
+from stepscope.profiler import profiler as P
+
+MS = 1_000_000
+
+
+class VirtualTime:
+    """The profiler's ``time`` module with a clock that moves only when told (from a real
+    reading, so the trace's times stay plausible)."""
+
+    def __init__(self) -> None:
+        self.now = time.perf_counter_ns()
+
+    def perf_counter_ns(self) -> int:
+        return self.now
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+class Loader:
+    """``iter()`` costs ``it_ms``; then ``n`` batches of ``batch_ms``; the final StopIteration
+    costs ``stop_ms``. ``flush_at``: waits (by index over all passes, the final one included)
+    during which the session flushes, as the writer does every second."""
+
+    def __init__(self, clock, prof, n=5, it_ms=200, batch_ms=10, stop_ms=1500, flush_at=()):
+        self.clock, self.prof, self.n = clock, prof, n
+        self.it_ms, self.batch_ms, self.stop_ms = it_ms, batch_ms, stop_ms
+        self.flush_at, self.waits = set(flush_at), 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        self.clock.now += self.it_ms * MS
+        for i in range(self.n + 1):
+            if self.waits in self.flush_at:
+                self.prof._sess.flush()  # noqa: SLF001 - a real flush, mid-wait
+            self.waits += 1
+            if i == self.n:
+                self.clock.now += self.stop_ms * MS
+                return
+            self.clock.now += self.batch_ms * MS
+            yield i
+
+
+def _profiler(tmp_path, monkeypatch, **kw):
+    clock = VirtualTime()
+    monkeypatch.setattr(P, "time", clock)
+    prof = Profiler(tmp_path, schedule=None, run_id="r", host_metrics=False, report=False,
+                    use_env=False, **kw)
+    return prof, clock
+
+
+def _train(prof, clock, loader, epochs=2, work_ms=30):
+    for _ in range(epochs):
+        for _batch in prof.dataloader(loader):
+            clock.now += work_ms * MS
+            prof.step(num_samples=4)
+
+
+def _tables(path):
+    db = analysis.open(str(path), engine="embedded")
+    try:
+        return {n: summaries.table(db, n).rows for n in ("overview", "steps")}
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("flush_at", [(5,), (5, 11), (2, 5, 8, 11)],
+                         ids=["first-end", "both-ends", "mid-and-ends"])
+def test_exhaustion_after_a_flush_writes_no_step_and_counts_iter_as_reader_cost(
+        tmp_path, monkeypatch, flush_at):
+    """By hand, per epoch: batch 0 waits 200 (iter) + 10 ms, batches 1-4 wait 10 ms; each step
+    is its wait + 30 ms of work: 240, 40, 40, 40, 40 ms. Two epochs: 10 steps (not 12), reader
+    cost 500 ms in all (avg 50, max 210, min 10), batch cost 800 ms (avg 80, max 240, min 40).
+    The waits for the StopIterations (1.5 s, flushed through) are in no step and no table."""
+    prof, clock = _profiler(tmp_path, monkeypatch)
+    prof.start(open_step=False)  # step 0 opens at the first batch wait, before iter()
+    start = clock.now
+    _train(prof, clock, Loader(clock, prof, flush_at=flush_at))
+    prof.stop()
+
+    st = prof.timer_stats()
+    assert st.steps == 10
+    assert (st.reader_cost.avg, st.reader_cost.max, st.reader_cost.min) == (0.050, 0.210, 0.010)
+    assert (st.batch_cost.avg, st.batch_cost.max, st.batch_cost.min) == (0.080, 0.240, 0.040)
+
+    path = tmp_path / "r" / "rank0.summary.pftrace"
+    d = decode(path)
+    steps = d.by_category(S.CAT_STEP)
+    waits = d.by_category(S.CAT_DATALOADER)
+    assert [s.name for s in steps] == [f"step {i}" for i in range(10)]
+    epoch1 = start + (240 + 4 * 40 + 1500) * MS  # epoch 0's steps, then its final wait
+    want_begins = [start + k * 40 * MS + (200 * MS if k else 0) for k in range(5)]
+    want_begins += [epoch1 + k * 40 * MS + (200 * MS if k else 0) for k in range(5)]
+    assert [s.ts for s in steps] == want_begins
+    assert [s.dur for s in steps] == [240 * MS, 40 * MS, 40 * MS, 40 * MS, 40 * MS] * 2
+    assert [w.ts for w in waits] == want_begins  # each wait opens its step
+    assert [w.dur for w in waits] == [210 * MS, 10 * MS, 10 * MS, 10 * MS, 10 * MS] * 2
+
+    # the tables: the same figures (within 1 ms: the engine maps CLOCK_MONOTONIC onto the trace
+    # clock through the file's clock snapshots, each two clock reads that a loaded machine may
+    # preempt; the decoded times above are exact)
+    t = _tables(path)
+    near = lambda ms: pytest.approx(ms * MS, abs=MS)  # noqa: E731
+    overview = {r["kind"]: (r["calls"], r["total_ns"]) for r in t["overview"]}
+    assert overview["Step"] == (10, near(800)) and overview["Dataloader"] == (10, near(500))
+    stats = {r["stat"]: r for r in t["steps"]}
+    assert (stats["avg"]["batch_cost_ns"], stats["avg"]["reader_cost_ns"]) == (near(80), near(50))
+    assert (stats["max"]["batch_cost_ns"], stats["max"]["reader_cost_ns"]) == (near(240),
+                                                                              near(210))
+
+
+def test_a_started_profiler_counts_iter_in_the_first_batch(tmp_path, monkeypatch):
+    """start() opens step 0 at once (50 ms of set-up before the loop is in it); the first
+    batch's reader cost is iter() + next(): 200 + 10 ms; the step 50 + 210 + 30 = 290 ms."""
+    prof, clock = _profiler(tmp_path, monkeypatch)
+    prof.start()
+    clock.now += 50 * MS
+    _train(prof, clock, Loader(clock, prof, n=2, stop_ms=5), epochs=1)
+    prof.stop()
+    st = prof.timer_stats()
+    assert st.steps == 2
+    assert (st.reader_cost.max, st.reader_cost.min) == (0.210, 0.010)
+    assert (st.batch_cost.max, st.batch_cost.min) == (0.290, 0.040)
+    steps = decode(tmp_path / "r" / "rank0.summary.pftrace").by_category(S.CAT_STEP)
+    assert [s.dur for s in steps] == [290 * MS, 40 * MS]
+
+
+@pytest.mark.parametrize("window", [False, True], ids=["summary", "detail-window"])
+def test_a_flush_between_step_and_the_exhausted_loader(tmp_path, monkeypatch, window):
+    """A flush right after each step(), before the next batch wait. Outside detail windows the
+    open step's begin stays unwritten (nothing but the profiler records on the thread), so the
+    step opened by the last step() is dropped when the loader runs dry: 2 steps. In a detail
+    window the flush writes it (ranges recorded next must nest in it); it cannot be taken back,
+    so it ends where the loader runs dry and the timer counts it too: 3 steps each."""
+    sched = stepscope.schedule(active=100) if window else None
+    clock = VirtualTime()
+    monkeypatch.setattr(P, "time", clock)
+    prof = Profiler(tmp_path, schedule=sched, run_id="r", host_metrics=False, report=False,
+                    use_env=False)
+    prof.start(open_step=False)
+    loader = Loader(clock, prof, n=2, stop_ms=100)
+    for _ in prof.dataloader(loader):
+        clock.now += 30 * MS
+        prof.step()
+        prof._sess.flush()  # noqa: SLF001 - the writer's periodic flush, right after step()
+    prof.stop()
+    want = [240 * MS, 40 * MS, 100 * MS] if window else [240 * MS, 40 * MS]  # last: final wait
+    assert prof.timer_stats().steps == len(want)
+    steps = decode(tmp_path / "r" / "rank0.summary.pftrace").by_category(S.CAT_STEP)
+    assert [s.dur for s in steps] == want
+
+
+def test_the_tail_after_the_last_step_is_no_step_even_across_flushes(tmp_path, monkeypatch):
+    """After the last step(), 3 s of checkpointing with flushes in it: no step 3."""
+    prof, clock = _profiler(tmp_path, monkeypatch)
+    prof.start()
+    for _ in range(3):
+        clock.now += 20 * MS
+        prof.step()
+    for _ in range(3):
+        clock.now += 1000 * MS
+        prof._sess.flush()  # noqa: SLF001
+    prof.stop()
+    assert prof.timer_stats().steps == 3
+    steps = decode(tmp_path / "r" / "rank0.summary.pftrace").by_category(S.CAT_STEP)
+    assert [(s.name, s.dur) for s in steps] == [(f"step {i}", 20 * MS) for i in range(3)]
+
+
+def test_cached_phases_and_ranges_stay_inside_their_step_across_flushes(tmp_path):
+    """A phase object kept by the program records without the profiler seeing it, and ranges
+    record in detail windows: a flush between step() and them writes the step's begin first
+    (real clock: the nesting is what is checked)."""
+    prof = Profiler(tmp_path, schedule=stepscope.schedule(warmup=0, active=100), run_id="r",
+                    host_metrics=False, report=False, use_env=False)
+    prof.start()
+    fwd = prof.phase("Forward")
+    for i in range(4):
+        prof._sess.flush()  # noqa: SLF001 - between step() and the step's first event
+        with fwd:
+            with stepscope.annotate(f"user {i}"):
+                pass
+        prof.step()
+    prof.stop()
+    for path in prof.files:
+        d = decode(path)
+        steps = d.by_category(S.CAT_STEP)
+        phases = d.by_category(S.CAT_PHASE)
+        assert [s.name for s in steps] == [f"step {i}" for i in range(4)]
+        assert len(phases) == 4
+        for st, ph in zip(steps, phases, strict=True):
+            assert st.ts <= ph.ts and ph.ts + ph.dur <= st.ts + st.dur
+        users = [s for s in d.slices if s.category == ""]
+        for st, u in zip(steps, users, strict=False):
+            assert st.ts <= u.ts and u.ts + u.dur <= st.ts + st.dur
+
+
+def test_the_loader_wrapper_keeps_len_and_attributes(tmp_path):
+    prof = Profiler(tmp_path, schedule=None, run_id="r", timer_only=True, report=False,
+                    use_env=False)
+    prof.start()
+
+    class WithLen(list):
+        batch_size = 32
+
+    wrapped = prof.dataloader(WithLen([1, 2, 3]))
+    assert len(wrapped) == 3 and wrapped.batch_size == 32
+    assert list(wrapped) == [1, 2, 3] and list(wrapped) == [1, 2, 3]  # a new pass each time
+    gen = prof.dataloader(x for x in "ab")
+    with pytest.raises(TypeError):
+        len(gen)  # the loader has none: len() says so, as on the loader itself
+    assert next(gen) == "a" and list(gen) == ["b"]  # next() on the wrapper, then go on
+    assert len(stepscope.dataloader(WithLen([1, 2]))) == 2  # the running profiler's
+    prof.stop()

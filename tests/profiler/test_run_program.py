@@ -1,0 +1,106 @@
+"""``stepscope run`` on unchanged programs: where step 0 starts, runs with no steps, and
+programs that cannot be run at all (they end as under Python, leaving nothing behind)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from test_run_and_crash import _cli, _env
+from tracedecode import decode
+
+from stepscope import _schema as S
+from stepscope.profiler import boot
+from stepscope.profiler.profiler import NO_STEPS_HINT
+
+
+def _python(*args, cwd):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          env=_env(), timeout=60, cwd=cwd)
+
+
+def _run(tmp_path, *args, opts=()):
+    return subprocess.run([sys.executable, "-m", "stepscope.cli", "run", "--dir",
+                           str(tmp_path / "out"), *opts, "--", sys.executable, *args],
+                          capture_output=True, text=True, env=_env(), timeout=60,
+                          cwd=tmp_path)
+
+
+def test_stepscope_run_of_a_missing_script_is_pythons_error(tmp_path):
+    want = _python("missing.py", cwd=tmp_path)
+    got = _run(tmp_path, "missing.py")
+    assert (got.returncode, got.stderr) == (want.returncode, want.stderr)
+    assert got.returncode == 2 and got.stderr.count("\n") == 1  # one line, no traceback
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args", [["-m", "no_such_module_here"], ["-c", "1 +"], ["bad.py"],
+                                  ["pkgdir"]],
+                         ids=["missing-module", "bad-code", "bad-script", "dir-without-main"])
+def test_a_program_that_cannot_run_ends_as_under_python_and_leaves_nothing(
+        tmp_path, monkeypatch, capsys, args):
+    (tmp_path / "bad.py").write_text("def f(:\n")
+    (tmp_path / "pkgdir").mkdir()
+    want = _python(*args, cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("STEPSCOPE_OPTIONS", '{"dir": "out"}')
+    code = boot.main(list(args))
+    assert (code, capsys.readouterr().err) == (want.returncode, want.stderr)
+    assert want.returncode == 1 and "Traceback" not in want.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failing_program_reports_its_own_frames_only(tmp_path):
+    (tmp_path / "boom.py").write_text("def f():\n    raise ValueError('boom')\nf()\n")
+    want = _python("boom.py", cwd=tmp_path)
+    got = _run(tmp_path, "boom.py", opts=("--no-report", "--no-host-metrics"))
+    assert got.returncode == want.returncode == 1
+    assert got.stderr.endswith(want.stderr)  # after the no-steps hint, Python's traceback
+
+
+START_UP = """
+import time
+time.sleep(0.5)  # a slow import (torch)
+import stepscope
+batches = [1, 2, 3]
+for b in stepscope.dataloader(batches):
+    time.sleep(0.02)
+    stepscope.step()
+time.sleep(0.3)  # the tail: saving a checkpoint
+"""
+
+
+def test_step_zero_starts_at_the_first_batch_wait_not_at_interpreter_start(tmp_path):
+    (tmp_path / "train.py").write_text(START_UP)
+    r = _run(tmp_path, "train.py", opts=("--run-id", "r", "--schedule", "none",
+                                         "--no-host-metrics", "--no-report"))
+    assert r.returncode == 0, r.stderr
+    steps = decode(tmp_path / "out" / "r" / "rank0.summary.pftrace").by_category(S.CAT_STEP)
+    assert [s.name for s in steps] == ["step 0", "step 1", "step 2"]
+    # each step: its wait (nothing) and 20 ms of work; not the 500 ms start-up, not the tail
+    assert all(0.02e9 <= s.dur < 0.25e9 for s in steps), [s.dur for s in steps]
+
+
+def test_a_run_without_steps_says_so_with_the_flag_to_use(tmp_path):
+    (tmp_path / "plain.py").write_text("import time\ntime.sleep(0.2)\n")
+    r = _run(tmp_path, "plain.py", opts=("--run-id", "r", "--no-host-metrics", "--no-report"))
+    assert r.returncode == 0, r.stderr
+    assert NO_STEPS_HINT in r.stderr and "--step-range NAME" in NO_STEPS_HINT
+    d = decode(tmp_path / "out" / "r" / "rank0.summary.pftrace")
+    assert d.by_category(S.CAT_STEP) == []  # not one start-up-long "step"
+
+
+def test_a_step_range_that_names_no_range_says_so(tmp_path):
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import stepscope
+        for i in range(3):
+            with stepscope.annotate("train_step"):
+                pass
+    """))
+    r = _cli("run", "--dir", str(tmp_path / "out"), "--step-range", "train-step", "--",
+             sys.executable, str(tmp_path / "train.py"))
+    assert r.returncode == 0, r.stderr
+    assert "no range named 'train-step' began" in r.stderr
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,327 @@
+"""Hostile and damaged inputs: decompression bombs stay bounded, damaged batches are skipped
+and reported, a stream with no end is refused, and merge never leaves partial outputs."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import subprocess
+import sys
+import threading
+import zlib
+
+import pytest
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+import bombs
+from stepscope import _inflate
+from stepscope import _wire as w
+from stepscope.analysis import TraceDamageWarning, TraceError, importer
+from stepscope.analysis import _packets as packets
+from stepscope.profiler import merge as M
+
+SRC = os.path.join(os.path.dirname(__file__), "..", "src")
+MiB = 1 << 20
+
+# loads one file in a fresh process, memory capped (a regression fails, it does not swap the
+# machine): prints the slices per name, the warnings, and the process's peak RSS
+_LOAD = r"""
+import json, resource, sys, time, warnings
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+import stepscope.analysis as sa
+t = time.monotonic()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    try:
+        with sa.open(sys.argv[1], engine="embedded") as db:
+            names = {r["name"]: r["n"] for r in db.query(
+                "select name, count(*) n from slice group by name")}
+    except Exception as e:
+        names = {"error": f"{type(e).__name__}: {e}"}
+print(json.dumps({"names": names, "warnings": [str(x.message) for x in caught],
+                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "s": time.monotonic() - t}))
+"""
+
+
+def load_in_child(path) -> dict:
+    r = subprocess.run([sys.executable, "-c", _LOAD, str(path)], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, PYTHONPATH=SRC))
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def payload_bytes(data: bytes) -> int:
+    """Compressed bytes of the compressed_packets batches in ``data`` (official schema)."""
+    t = pb.Trace.FromString(data)
+    return sum(len(p.compressed_packets) for p in t.packet if p.HasField("compressed_packets"))
+
+
+BOMB_BYTES: dict[str, int] = {}  # bomb -> compressed bytes of its batches
+
+
+@pytest.fixture(scope="module")
+def bomb_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bombs")
+    zeros = bombs.zeros_batch()  # 1 GiB of zeros, ~1 MB
+    made = {
+        "zeros1": zeros,
+        "zeros4": zeros * 4,
+        "packet": bombs.packet_bomb(),  # one packet of 1 GiB
+        "tiny": bombs.tiny_packets_batch(),  # 128M empty packets in 260 KB
+        # empty packets at zlib level 1 (229x: within the per-batch ratio), 10M of them in
+        # 92 KB: over the packet budget
+        "tiny1": bombs.batch_packet(zlib.compress(b"\x0a\x00" * (10 * MiB // 2 * 2), 1)),
+    }
+    bombs.good_trace_around(str(d / "good.pftrace"), b"")
+    for name, bomb in made.items():
+        bombs.good_trace_around(str(d / f"{name}.pftrace"), bomb)
+        BOMB_BYTES[name] = payload_bytes(bomb)
+    (d / "gzip.pftrace.gz").write_bytes(bombs.gzip_repeated(bytes(MiB), 256))
+    return d
+
+
+@pytest.fixture(scope="module")
+def base(bomb_dir):
+    """The good trace, loaded alike: the memory a load takes anyway."""
+    r = load_in_child(bomb_dir / "good.pftrace")
+    assert r["names"] == {"before": 100, "after": 50} and r["warnings"] == []
+    return r
+
+
+def test_a_real_trace_is_far_inside_the_bounds():
+    """The writer's most regular output (a counter at exact intervals, level 1) reaches 172x;
+    zlib level 1 cannot pass ~230x: every batch the writer makes is inside BATCH_RATIO."""
+    worst = zlib.compress(bytes(8 * MiB), 1)
+    assert 8 * MiB / len(worst) < _inflate.BATCH_RATIO
+
+
+@pytest.mark.parametrize("name, over, corrupt", [
+    ("zeros1", 0, 1), ("zeros4", 0, 4), ("packet", 1, 0), ("tiny", 1, 0), ("tiny1", 1, 0)])
+def test_bombs_are_skipped_with_bounded_memory_and_the_events_around_them_kept(
+        bomb_dir, base, name, over, corrupt):
+    r = load_in_child(bomb_dir / f"{name}.pftrace")
+    assert r["names"] == {"before": 100, "after": 50}
+    bad = BOMB_BYTES[name]
+    parts = []
+    if corrupt:
+        parts.append(f"{corrupt} damaged compressed batch{'es' if corrupt > 1 else ''} "
+                     f"({bad} bytes)")
+    if over:
+        parts.append(f"{over} compressed batch ({bad} bytes) over the inflation limits "
+                     "(a decompression bomb?)")
+    path = str(bomb_dir / f"{name}.pftrace")
+    assert r["warnings"] == [f"{path}: skipped {'; '.join(parts)}; the rest is loaded"]
+    # before: 4.1-7.1 GB; a bomb may cost what a batch may inflate to (~256x), not more
+    assert r["rss_mb"] < base["rss_mb"] + 400, (name, r, base)
+
+
+def test_a_gzip_bomb_is_refused_with_bounded_memory(bomb_dir, base):
+    path = bomb_dir / "gzip.pftrace.gz"
+    r = load_in_child(path)
+    cap = _inflate.TOTAL_RATIO * path.stat().st_size + _inflate.TOTAL_FLOOR
+    assert r["names"] == {"error": f"TraceError: {path}: gzip data inflates to more than "
+                          f"{cap >> 20} MiB ({_inflate.TOTAL_RATIO}x its {path.stat().st_size}"
+                          f" bytes + 64 MiB): not a trace, a decompression bomb"}
+    assert r["rss_mb"] < base["rss_mb"] + 2.5 * cap / MiB  # before: 2.1 GB
+
+
+def test_a_gzipped_trace_still_loads(bomb_dir, tmp_path):
+    path = tmp_path / "t.pftrace.gz"
+    path.write_bytes(gzip.compress((bomb_dir / "good.pftrace").read_bytes()))
+    conn, _ = importer.load(str(path))
+    assert conn.execute("select count(*) from slice").fetchone() == (150,)
+
+
+def test_merge_skips_a_bomb_quickly(bomb_dir, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rank0.summary.pftrace").write_bytes((bomb_dir / "good.pftrace").read_bytes())
+    (run / "rank1.summary.pftrace").write_bytes((bomb_dir / "zeros4.pftrace").read_bytes()
+                                                + (bomb_dir / "tiny.pftrace").read_bytes())
+    out = tmp_path / "m.pftrace"
+    with pytest.warns(TraceDamageWarning) as caught:
+        res = M.merge([run], out)
+    zeros, tiny = BOMB_BYTES["zeros4"], BOMB_BYTES["tiny"]
+    assert [str(c.message) for c in caught] == [
+        f"{run / 'rank1.summary.pftrace'}: skipped 4 damaged compressed batches ({zeros} bytes)"
+        f"; 1 compressed batch ({tiny} bytes) over the inflation limits (a decompression "
+        "bomb?); the rest is merged"]
+    assert res.skipped["corrupt_compressed_batches"] == 4
+    conn, _ = importer.load(str(out))
+    assert conn.execute("select count(*) from slice").fetchone() == (150 * 3,)
+
+
+# -- damaged batches: reported ------------------------------------------------------------------
+def _flip_in_batch(src, dst, batch: int) -> int:
+    """Copy with one byte flipped in the middle of compressed batch ``batch``; its length."""
+    data = bytearray(open(src, "rb").read())
+    t = pb.Trace.FromString(bytes(data))
+    payload = [p.compressed_packets for p in t.packet if p.HasField("compressed_packets")][batch]
+    at = bytes(data).index(payload) + len(payload) // 2
+    data[at] ^= 0xFF
+    open(dst, "wb").write(data)
+    return len(payload)
+
+
+def _cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stepscope.cli", *args], capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=SRC))
+
+
+def test_a_flipped_byte_is_reported_by_summary_sql_and_open(bomb_dir, tmp_path):
+    path = tmp_path / "d.pftrace"
+    n = _flip_in_batch(bomb_dir / "good.pftrace", path, 2)  # the "after" batch (0: tracks)
+    line = f"stepscope: {path}: skipped 1 damaged compressed batch ({n} bytes); the rest is loaded"
+    r = _cli("summary", str(path), "--engine", "embedded")
+    assert r.returncode == 0 and line in r.stderr.splitlines()
+    r = _cli("sql", str(path), "select count(*) as n from slice", "--engine", "embedded")
+    assert r.returncode == 0 and line in r.stderr.splitlines()
+    assert r.stdout.split() == ["n", "---", "100", "(1", "row)"]
+    with pytest.warns(TraceDamageWarning, match=f"skipped 1 damaged compressed batch .{n} "):
+        conn, _ = importer.load(str(path))
+    assert conn.execute("select count(*) from slice").fetchone() == (100,)
+
+
+def test_a_file_with_nothing_readable_is_an_error(bomb_dir, tmp_path):
+    path = tmp_path / "d.pftrace"
+    n = _flip_in_batch(bomb_dir / "good.pftrace", path, 1)  # interning, clocks: all lost
+    r = _cli("summary", str(path), "--engine", "embedded")
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines() == [
+        f"stepscope summary: error: cannot read {path}: nothing readable: 1 damaged "
+        f"compressed batch ({n} bytes)"]
+    assert "No events" not in r.stdout
+    with pytest.raises(TraceError, match="nothing readable"):
+        importer.load(str(path))
+
+
+# -- bounded reads ------------------------------------------------------------------------------
+def test_a_pipe_past_the_limit_is_refused(monkeypatch):
+    """A stream that starts like a trace and does not end: read up to the limit only."""
+    monkeypatch.setattr(packets, "NONREGULAR_MAX", 4 * MiB)
+    r, wfd = os.pipe()
+    stop = threading.Event()
+
+    def feed():
+        with os.fdopen(wfd, "wb") as f:
+            with contextlib.suppress(BrokenPipeError):
+                f.write(b"\x0a\x00")
+                while not stop.is_set():
+                    f.write(bytes(MiB))
+
+    t = threading.Thread(target=feed)
+    t.start()
+    try:
+        with pytest.raises(TraceError) as e:
+            packets.read_file(f"/dev/fd/{r}")
+    finally:
+        stop.set()
+        os.close(r)
+        t.join()
+    assert str(e.value) == (f"/dev/fd/{r}: not a regular file and longer than 4 MiB, the "
+                            "most stepscope reads from a pipe or device; save it to a file "
+                            "first")
+
+
+def test_a_pipe_under_the_limit_still_loads(bomb_dir):
+    data = (bomb_dir / "good.pftrace").read_bytes()
+    r, wfd = os.pipe()
+
+    def feed():
+        with os.fdopen(wfd, "wb") as f:
+            f.write(data)
+
+    t = threading.Thread(target=feed)
+    t.start()
+    try:
+        assert packets.read_file(f"/dev/fd/{r}") == data
+    finally:
+        t.join()
+        os.close(r)
+
+
+def test_summary_of_dev_zero_is_one_line_error():
+    r = _cli("summary", "/dev/zero", "--engine", "embedded")
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines() == [
+        "stepscope summary: error: cannot read /dev/zero: not a Perfetto protobuf trace "
+        "(starts with byte 0x00, not a packet)"]
+
+
+# -- merge: damaged rank files, outputs ---------------------------------------------------------
+@pytest.fixture
+def run_dir(bomb_dir, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rank0.summary.pftrace").write_bytes((bomb_dir / "good.pftrace").read_bytes())
+    n = _flip_in_batch(bomb_dir / "good.pftrace", run / "rank1.summary.pftrace", 2)
+    return run, n
+
+
+def test_merge_skips_a_damaged_batch_and_merges_the_rest(run_dir, tmp_path):
+    run, n = run_dir
+    out = tmp_path / "m.pftrace"
+    r = _cli("merge", str(run), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == [f"stepscope: {run / 'rank1.summary.pftrace'}: skipped 1 "
+                                     f"damaged compressed batch ({n} bytes); the rest is merged"]
+    conn, _ = importer.load(str(out))
+    assert conn.execute("select count(*) from slice").fetchone() == (150 + 100,)
+    assert sorted(os.listdir(tmp_path)) == ["m.pftrace", "run"]
+
+
+def test_merge_refuses_a_directory_or_an_input_as_output(run_dir, tmp_path):
+    run, _ = run_dir
+    before = sorted(os.listdir(tmp_path)), sorted(os.listdir(run))
+    r = _cli("merge", str(run), "-o", str(run))
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"stepscope merge: -o {run}: is a directory; name the merged "
+                                ".pftrace file to write")
+    target = run / "rank0.summary.pftrace"
+    data = target.read_bytes()
+    r = _cli("merge", str(run), "-o", str(target))
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"stepscope merge: -o {target}: is one of the inputs; name a "
+                                "new file")
+    assert (sorted(os.listdir(tmp_path)), sorted(os.listdir(run))) == before
+    assert target.read_bytes() == data
+
+
+def test_a_failed_merge_leaves_nothing_behind(run_dir, tmp_path, monkeypatch):
+    run, _ = run_dir
+    calls = []
+
+    def interrupted(self, pkt):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return self.packet(pkt)
+
+    monkeypatch.setattr(M._Rewriter, "rewrite", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        M.merge([run], tmp_path / "m.pftrace")
+    assert sorted(os.listdir(tmp_path)) == ["run"]
+
+
+def test_merge_of_nothing_readable_is_an_error_and_writes_nothing(bomb_dir, tmp_path):
+    bad = tmp_path / "rank0.summary.pftrace"
+    bad.write_bytes(bombs.zeros_batch(64 * MiB))
+    with pytest.raises(ValueError, match="nothing readable in .*: 1 damaged compressed batch"):
+        M.merge([bad], tmp_path / "m.pftrace")
+    assert sorted(os.listdir(tmp_path)) == ["rank0.summary.pftrace"]
+
+
+def test_inflate_bounds_hold_exactly():
+    raw = b"\x0a\x01\x00" * 1000
+    z = zlib.compress(raw)
+    assert _inflate.inflate(z, len(raw)) == (bytearray(raw), _inflate.OK)
+    assert _inflate.inflate(z, len(raw) - 1) == (None, _inflate.OVER)
+    assert _inflate.inflate(z[:-6], 10 * len(raw)) == (None, _inflate.CORRUPT)
+    assert _inflate.inflate(zlib.compress(bytes(100)), 1000, first=0x0A) == (None,
+                                                                               _inflate.CORRUPT)
+    two = gzip.compress(raw) + gzip.compress(raw)
+    assert _inflate.inflate(two, 2 * len(raw), wbits=31) == (bytearray(raw * 2), _inflate.OK)
+    assert w.PKT_COMPRESSED_PACKETS == 50

@@ -179,3 +179,35 @@ def test_clock_offsets_interpolate_between_window_start_and_end():
     assert conv(2_000 + 600) == 2_000  # halfway: 600
     assert conv(3_000 + 700) == 3_000
     assert conv(10_000 + 700) == 10_000  # past the end: the end's offset
+
+
+def test_clock_offsets_in_bulk_are_the_scalar_conversion():
+    from stepscope.pytorch.operators import _Offsets
+
+    conv = _Offsets((1_000, 500), (3_000, 700))
+    real = [0, 1_500, 1_501, 2_600, 2_601, 2_602, 3_699, 3_700, 10_700]
+    assert conv.many(real) == [conv(r) for r in real]
+    assert conv.many(real)[:4] == [-500, 1_000, 1_001, 2_000]  # clamped before the start
+    flat = _Offsets((1_000, 500), (3_000, 500))
+    assert flat.many([1_500, 9_000]) == [1_000, 8_500]
+
+
+def test_bulk_slices_are_ordered_as_single_ones():
+    """Emitter.completes: the same (ts, order, tiebreak, sequence) keys as complete() calls,
+    so a flush sorts bulk-written operators exactly as before."""
+    from stepscope import _recorder as rec
+    from stepscope._session import Emitter
+
+    slices = [(100, 50, "a"), (100, 0, "b"), (120, 10, "a")]
+    one, bulk = Emitter("monotonic", 1), Emitter("monotonic", 1)
+    for ts, dur, name in slices:
+        one.complete(ts, dur, name, 7, "torch_op")
+    blobs = [rec.Blob(rec.BEGIN, rec.event_id(n, ("torch_op",)), 1, 7) for _, _, n in slices]
+    end = rec.Blob(rec.END, 0, 1, 7)
+    bulk.completes([s[0] for s in slices], [s[1] for s in slices], blobs, [end] * 3)
+    a, b = one.take(), bulk.take()
+    assert [e[:4] for e in a] == [e[:4] for e in b]
+    assert [(e[4].kind, e[4].eid, e[4].track) for e in a] == [
+        (e[4].kind, e[4].eid, e[4].track) for e in b]
+    assert [e[:3] for e in b] == [(100, 1, -150), (100, 1, -100), (100, 2, -100),
+                                  (120, 1, -130), (130, 0, -120), (150, 0, -100)]

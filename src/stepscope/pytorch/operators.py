@@ -35,6 +35,9 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
+
+from .. import _recorder as rec
 from .. import _schema as S
 from .. import _session
 
@@ -73,6 +76,18 @@ class _Offsets:
         if m >= self.m0 + self.span:
             return real_ns - self.o1
         return round(m)
+
+    def many(self, real_ns: list[int]) -> list[int]:
+        """``[self(r) for r in real_ns]`` in numpy passes (the same arithmetic, the same ints)."""
+        r = np.asarray(real_ns, dtype=np.int64)
+        if self.o1 == self.o0:
+            return (r - self.o0).tolist()
+        k = (self.o1 - self.o0) / self.span
+        m = ((r - self.o0) + k * self.m0) / (1 + k)
+        out = np.rint(m).astype(np.int64)  # round half to even, as round()
+        out = np.where(m <= self.m0, r - self.o0, out)
+        out = np.where(m >= self.m0 + self.span, r - self.o1, out)
+        return out.tolist()
 
 
 def thread_name(tid: int) -> str:
@@ -254,28 +269,50 @@ class OperatorCapture:
                     if j is None or name.startswith(_EVAL) and not rows[j][2].startswith(_EVAL):
                         bwd[k] = i
         starts: dict[int, int] = {}
-        ends: dict[int, int] = {}
+        ends_at: dict[int, int] = {}
         for key, j in bwd.items():
             i = fwd.get(key)
             if i is not None:
                 fid = self._flow_id()
                 starts[i] = fid
-                ends[j] = fid
+                ends_at[j] = fid
         em = self._em
-        cat = S.CAT_TORCH_OP
-        with em.batch():
-            for i, (start, dur, name, tid, e) in enumerate(rows):
-                args = None
-                try:
-                    dtypes = e.dtypes()
-                    if dtypes and any(dtypes):
-                        args = {S.ARG_INPUT_SHAPES: str(e.shapes()),
-                                S.ARG_INPUT_DTYPES: ", ".join(dtypes)}
-                except Exception:
-                    pass
-                f_out = starts.get(i)
-                f_in = ends.get(i)
-                em.complete(to_mono(start), dur, name, self._track(tid), cat, args,
-                            flow_ids=None if f_out is None else [f_out],
-                            terminating_flow_ids=None if f_in is None else [f_in])
+        cat = (S.CAT_TORCH_OP,)
+        level = em.level
+        ts = to_mono.many([r[0] for r in rows]) if hasattr(to_mono, "many") else [
+            to_mono(r[0]) for r in rows]
+        durs, begins, ends = [], [], []
+        eids: dict[str, int] = {}
+        plain: dict[tuple[int, int], Any] = {}  # (eid, track) -> the begin blob without args
+        end_of: dict[int, Any] = {}  # track -> its end blob (blobs are read-only: shared)
+        Blob, BEGIN, END = rec.Blob, rec.BEGIN, rec.END
+        for i, (_start, dur, name, tid, e) in enumerate(rows):
+            args = None
+            try:
+                dtypes = e.dtypes()
+                if dtypes and any(dtypes):
+                    args = {S.ARG_INPUT_SHAPES: str(e.shapes()),
+                            S.ARG_INPUT_DTYPES: ", ".join(dtypes)}
+            except Exception:
+                pass
+            eid = eids.get(name)
+            if eid is None:
+                eid = eids[name] = rec.event_id(name, cat)
+            track = self._track(tid)
+            f_out = starts.get(i)
+            f_in = ends_at.get(i)
+            if args is None and f_out is None and f_in is None:
+                b = plain.get((eid, track))
+                if b is None:
+                    b = plain[(eid, track)] = Blob(BEGIN, eid, level, track)
+            else:
+                b = Blob(BEGIN, eid, level, track, args, None if f_out is None else [f_out],
+                         None if f_in is None else [f_in])
+            e_blob = end_of.get(track)
+            if e_blob is None:
+                e_blob = end_of[track] = Blob(END, 0, level, track)
+            durs.append(max(0, dur))
+            begins.append(b)
+            ends.append(e_blob)
+        em.completes(ts, durs, begins, ends)
         return len(rows)

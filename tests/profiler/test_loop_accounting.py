@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -371,3 +372,25 @@ def test_a_session_stopped_from_elsewhere_ends_a_step_begun_late(tmp_path, monke
     steps = [s for s in d.slices(track) if s[0].startswith("step")]  # asserts none is open
     assert [s[0] for s in steps] == ["step 0", "step 1"]
     assert steps[1][2] == t1 and before <= steps[1][3] <= after
+
+
+def test_waits_on_another_thread_overtaken_by_a_flush_keep_their_times(tmp_path, monkeypatch):
+    """A loader iterated by another thread (a prefetcher), a flush inside every wait: each
+    wait is written late, on that thread's track, at its own time: 210, 10, 10 ms; no step
+    comes from that thread."""
+    prof, clock = _profiler(tmp_path, monkeypatch)
+    prof.start()
+    loader = Loader(clock, prof, n=3, stop_ms=5, flush_at=(0, 1, 2, 3))
+    start = clock.now
+    worker = threading.Thread(target=lambda: list(prof.dataloader(loader)), name="prefetch")
+    worker.start()
+    worker.join()
+    prof.step()
+    prof.stop()
+    d = decode(tmp_path / "r" / "rank0.summary.pftrace")
+    waits = d.by_category(S.CAT_DATALOADER)
+    assert {d.thread_name(w.track) for w in waits} == {"prefetch"}
+    assert [(w.ts - start, w.dur) for w in waits] == [
+        (0, 210 * MS), (210 * MS, 10 * MS), (220 * MS, 10 * MS)]
+    steps = d.by_category(S.CAT_STEP)
+    assert [(s.name, s.ts, s.dur) for s in steps] == [("step 0", start, 235 * MS)]

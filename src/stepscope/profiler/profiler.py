@@ -241,6 +241,11 @@ if rec.fast is not None:  # the same in C, called bare (callers pass the lookbac
 _Tentative = tuple[int, int, int]
 
 
+# Threads other than the profiler's with an emitter of late begins (idents: reused by later
+# threads); past this many, they share the profiler's thread's (where a begin earlier than one
+# already written there is clamped forward)
+MAX_LATE_THREADS = 64
+
 _phases: dict[str, _FastPhase] = {}
 _sync_phases: dict[str, _Phase] = {}
 
@@ -407,6 +412,7 @@ class Profiler:
         # _write_late), on this track: its end is written with the track too
         self._late: Any = None  # the emitter of late begins (see _write_late)
         self._main_track = 0  # the profiler's thread's track
+        self._late_others: dict[int, Any] = {}  # thread ident -> its emitter of late begins
         # guards _tentative and the placeholders in the buffer against a flush (the session's
         # own lock with the pure-Python buffer, whose drain is not one C call)
         self._plock: Any = threading.Lock()
@@ -731,11 +737,23 @@ class Profiler:
         explicit track (the thread's sequence counts only its own begins as open, and would
         drop an end it sees none for). An end at the begin's time (the previous step's) was
         recorded with the placeholder, so it is written in an earlier flush, or the same: no
-        tie breaks wrongly. (``_plock`` held. The profiler's thread's track is known from
-        the start: no wait for the session's lock, which a flush holds while it encodes.)"""
-        track = self._main_track if ident == self._thread else self._sess.thread_track(ident)
-        self._late._add(ts, 1, 0, rec.Blob(rec.BEGIN, eid, S.LEVEL_SUMMARY, track,  # noqa: SLF001
-                                           args=args, name=name))
+        tie breaks wrongly. Each thread has an emitter of its own (a sequence's times only
+        move forward; a thread writes its late begins in time order: a step's before its
+        waits'). (``_plock`` held. The profiler's thread's track and emitter are known from the
+        start: no wait for the session's lock, which a flush holds while it encodes.)"""
+        if ident == self._thread:
+            track, em = self._main_track, self._late
+        else:  # batch waits on another thread: an emitter of its own, as a sequence's times
+            # only move forward and each thread writes its late begins in time order
+            track = self._sess.thread_track(ident)
+            em = self._late_others.get(ident)
+            if em is None:
+                em = self._late
+                if len(self._late_others) < MAX_LATE_THREADS:
+                    em = self._late_others[ident] = self._sess.emitter(
+                        clock="monotonic", level=S.LEVEL_SUMMARY)
+        em._add(ts, 1, 0, rec.Blob(rec.BEGIN, eid, S.LEVEL_SUMMARY, track,  # noqa: SLF001
+                                   args=args, name=name))
         return track
 
     def _late_end(self, num_samples: Any, track: int | None = None) -> int:

@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return exc.code
     prof = Profiler()
+    prof._adopts_nested = True  # noqa: SLF001  (the program's own Profiler records into it)
     hook = None
     if opts.get("step_range"):
         hook = _StepHook(prof, opts["step_range"])

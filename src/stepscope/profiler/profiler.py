@@ -423,6 +423,7 @@ class Profiler:
         self._pid = os.getpid()
         self._thread = threading.get_ident()
         self._recording = False  # a session is on: summary events are written
+        self._adopts_nested = False  # `stepscope run`'s: a Profiler the program starts joins it
 
     # -- life cycle ---------------------------------------------------------------------------
     @property
@@ -456,7 +457,11 @@ class Profiler:
         self._started = True
         self._pid = os.getpid()
         self._thread = threading.get_ident()
-        if _current is not None and not _current._stopped:
+        outer = _current
+        if outer is not None and not outer._stopped:
+            if outer._adopts_nested:
+                self._join(outer)
+                return self
             _warn("another Profiler is running in this process; this one only times steps")
             self.timer_only = True
         _current = self
@@ -475,6 +480,18 @@ class Profiler:
             self._pending = self._quiet = True
         atexit.register(self._at_exit)
         return self
+
+    def _join(self, outer: Profiler) -> None:
+        """Under ``stepscope run`` the program's own Profiler is the one it calls: its steps,
+        epochs, phases and loaders go to the run's profiler (which writes the files and prints
+        the report at the program's end), not to a second timer that nobody reads."""
+        _warn("`stepscope run` is profiling this program: this Profiler's steps, phases and "
+              "loaders are recorded by it (with the run's options)")
+        self.timer_only = True
+        self.options["report"] = False
+        self.run_dir = outer.run_dir
+        for name in ("step", "epoch", "phase", "dataloader", "timer_stats"):
+            setattr(self, name, getattr(outer, name))  # instance attributes: no cost per call
 
     def _at_exit(self) -> None:
         """Interpreter exit without ``stop()`` (an uncaught exception, ``sys.exit``): finish."""

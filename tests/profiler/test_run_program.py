@@ -121,7 +121,8 @@ with stepscope.Profiler(dir="own", schedule=None) as prof:
                 time.sleep(0.02)
             prof.step(num_samples=4)
         prof.epoch()
-    print("timer steps", prof.timer_stats().steps)
+    print("timer steps", prof.timer_stats().steps, "step_num", prof.step_num)
+print("summary", prof.summary().splitlines()[0])
 """
 
 
@@ -133,7 +134,8 @@ def test_a_program_with_its_own_profiler_records_its_steps_under_stepscope_run(t
     r = _run(tmp_path, "train.py", opts=("--run-id", "r", "--schedule", "none",
                                          "--no-host-metrics", "--no-report"))
     assert r.returncode == 0, r.stderr
-    assert "timer steps 6" in r.stdout
+    assert "timer steps 6 step_num 6" in r.stdout
+    assert "summary stepscope timer (6 steps)" in r.stdout
     assert NO_STEPS_HINT not in r.stderr
     d = decode(tmp_path / "out" / "r" / "rank0.summary.pftrace")
     steps = d.by_category(S.CAT_STEP)

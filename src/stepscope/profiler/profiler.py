@@ -424,6 +424,7 @@ class Profiler:
         self._thread = threading.get_ident()
         self._recording = False  # a session is on: summary events are written
         self._adopts_nested = False  # `stepscope run`'s: a Profiler the program starts joins it
+        self._joined: Profiler | None = None  # the `stepscope run` profiler this one joined
 
     # -- life cycle ---------------------------------------------------------------------------
     @property
@@ -438,12 +439,12 @@ class Profiler:
     @property
     def step_num(self) -> int:
         """Steps completed so far (the open step's number)."""
-        return self._step
+        return self._step if self._joined is None else self._joined._step
 
     @property
     def state(self) -> State:
         """Schedule state of the step in progress."""
-        return self._state
+        return self._state if self._joined is None else self._joined._state
 
     def start(self, *, open_step: bool = True) -> Profiler:
         """Start recording; the first step opens now, or, with ``open_step=False`` (what
@@ -490,7 +491,8 @@ class Profiler:
         self.timer_only = True
         self.options["report"] = False
         self.run_dir = outer.run_dir
-        for name in ("step", "epoch", "phase", "dataloader", "timer_stats"):
+        self._joined = outer
+        for name in ("step", "epoch", "phase", "dataloader", "timer_stats", "summary"):
             setattr(self, name, getattr(outer, name))  # instance attributes: no cost per call
 
     def _at_exit(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import sqlite3
 
 import pytest
@@ -101,3 +102,17 @@ def test_export_csv_query_errors_say_query_failed_once(trace, tmp_path, capsys, 
     assert run("export-csv", trace, "-o", str(tmp_path / "b"), "--tables", "slice") == 1
     err = capsys.readouterr().err
     assert err.count("query failed") == 1 and "no such table: slice" in err
+
+
+def test_export_csv_of_a_run_directory_writes_beside_it(trace, tmp_path, monkeypatch, capsys):
+    # "stepscope export-csv RUN/" (a shell's completion adds the slash) wrote RUN/_csv/ inside
+    # the run directory, "RUN" wrote RUN_csv/ beside it: both now write RUN_csv/
+    run_dir = tmp_path / "run1"
+    run_dir.mkdir()
+    os.replace(trace, run_dir / "rank0.summary.pftrace")
+    monkeypatch.chdir(tmp_path)
+    for arg in ("run1/", "run1"):
+        assert run("export-csv", arg, "--tables", "slice", "--engine", "embedded") == 0
+        assert capsys.readouterr().err == f"{os.path.join('run1_csv', 'slice.csv')}: 2 rows\n"
+    assert sorted(os.listdir(tmp_path)) == ["run1", "run1_csv"]
+    assert os.listdir(run_dir) == ["rank0.summary.pftrace"]

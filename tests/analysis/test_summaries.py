@@ -625,3 +625,22 @@ def test_device_mean_holds_the_last_sample_to_the_end_of_the_run():
     rows = by(S.table(db, "device", steps="1:").rows, "name")
     assert rows["host.process.rss"]["mean"] == pytest.approx(500000 / 3000)
     assert "host.cpu.user %" not in rows
+
+
+def test_device_mean_stops_every_sample_at_the_end_of_the_run():
+    """A sample before the run's end holds until the end, not until a next sample after it,
+    and samples after the end hold nothing (a PyTorch run's host.cpu.user %: 81.07 printed,
+    81.26 by hand over its steps).
+
+    Steps [0,4000). cpu 10 at 0 holds 2000 ns, 20 at 2000 holds 2000 (to 4000, not to the
+    next sample at 5000), 7 at 5000 and 9 at 6000 hold nothing: (10*2000 + 20*2000) / 4000."""
+    db = TraceDB()
+    up = db.process(100, "rank 0 (h)")
+    main = db.thread(up, 101, "main")
+    db.slice(main, 0, 4000, "step 0", "step", {"step": 0})
+    cpu = db.counter_track("host.cpu.user %", db.process_track(up))
+    for ts, v in ((0, 10.0), (2000, 20.0), (5000, 7.0), (6000, 9.0)):
+        db.counter(cpu, ts, v)
+    row = by(S.table(db, "device").rows, "name")["host.cpu.user %"]
+    assert row["mean"] == pytest.approx((10 * 2000 + 20 * 2000) / 4000)
+    assert (row["samples"], row["min"], row["max"]) == (4, 7.0, 20.0)

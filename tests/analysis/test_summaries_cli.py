@@ -154,3 +154,21 @@ def test_engine_arguments_reach_the_loader(monkeypatch, capsys, tmp_path):
     rc, _, err = run([*argv, "--table", "overview"], capsys)
     assert rc == 0 and err == ""
     assert seen == [("trace_processor", "/opt/tp", True)]
+
+
+def test_output_naming_an_input_trace_is_refused(trace, capsys, tmp_path):
+    # `-o RUN/rank0.summary.pftrace` wrote the text report over the trace it had just read
+    path, opened = trace
+    run_dir = tmp_path / "r1"
+    run_dir.mkdir()
+    rank0 = run_dir / "rank0.summary.pftrace"
+    rank0.write_bytes(b"trace bytes")
+    for argv, target in (([path], path), ([str(run_dir)], str(rank0)),
+                         ([path, str(run_dir)], os.path.join(str(tmp_path), "r1", ".",
+                                                             "rank0.summary.pftrace"))):
+        rc, out, err = run([*argv, "-o", target], capsys)
+        assert (rc, out) == (2, "")
+        assert err == (f"stepscope summary: error: -o {target}: is one of the inputs; name a "
+                       "new file\n")
+    assert open(path, "rb").read() == b"x" and rank0.read_bytes() == b"trace bytes"
+    assert opened == []  # refused before anything is loaded

@@ -7,6 +7,10 @@ computed by hand; the flushes are real ones, made while the loader waits.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
@@ -148,27 +152,135 @@ def test_a_started_profiler_counts_iter_in_the_first_batch(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("window", [False, True], ids=["summary", "detail-window"])
 def test_a_flush_between_step_and_the_exhausted_loader(tmp_path, monkeypatch, window):
-    """A flush right after each step(), before the next batch wait. Outside detail windows the
-    open step's begin stays unwritten (nothing but the profiler records on the thread), so the
-    step opened by the last step() is dropped when the loader runs dry: 2 steps. In a detail
-    window the flush writes it (ranges recorded next must nest in it); it cannot be taken back,
-    so it ends where the loader runs dry and the timer counts it too: 3 steps each."""
-    sched = stepscope.schedule(active=100) if window else None
+    """A flush right after each step(), before the next batch wait: the step opened by the
+    last step() gets no batch (the loader runs dry, 100 ms) and is no step, in a detail window
+    too: 2 steps of 240 and 40 ms in the timer, every file and the tables; the final wait is in
+    none. (The flush takes the begins' placeholders; the begins are written late, at their own
+    times, once their steps get a batch.)"""
+    sched = stepscope.schedule(warmup=0, active=100) if window else None
     clock = VirtualTime()
     monkeypatch.setattr(P, "time", clock)
     prof = Profiler(tmp_path, schedule=sched, run_id="r", host_metrics=False, report=False,
                     use_env=False)
     prof.start(open_step=False)
+    start = clock.now
     loader = Loader(clock, prof, n=2, stop_ms=100)
     for _ in prof.dataloader(loader):
         clock.now += 30 * MS
         prof.step()
         prof._sess.flush()  # noqa: SLF001 - the writer's periodic flush, right after step()
     prof.stop()
-    want = [240 * MS, 40 * MS, 100 * MS] if window else [240 * MS, 40 * MS]  # last: final wait
-    assert prof.timer_stats().steps == len(want)
-    steps = decode(tmp_path / "r" / "rank0.summary.pftrace").by_category(S.CAT_STEP)
-    assert [s.dur for s in steps] == want
+    st = prof.timer_stats()
+    assert st.steps == 2 and (st.batch_cost.max, st.batch_cost.min) == (0.240, 0.040)
+    files = prof.files
+    assert len(files) == (2 if window else 1)  # the window's detail file, the summary file
+    for path in files:
+        d = decode(path)
+        steps = d.by_category(S.CAT_STEP)
+        assert [(s.name, s.ts, s.dur) for s in steps] == [
+            ("step 0", start, 240 * MS), ("step 1", start + 240 * MS, 40 * MS)]
+        waits = d.by_category(S.CAT_DATALOADER)
+        assert [(w.ts, w.dur) for w in waits] == [(start, 210 * MS),
+                                                  (start + 240 * MS, 10 * MS)]
+    t = _tables(tmp_path / "r" / "rank0.summary.pftrace")
+    overview = {r["kind"]: (r["calls"], r["total_ns"]) for r in t["overview"]}
+    assert overview["Step"] == (2, pytest.approx(280 * MS, abs=MS))
+
+
+class LoggedTime(VirtualTime):
+    """The real clock, each reading the profiler makes logged: the hand measurement of what
+    the profiler saw, for runs that mix its times with the C recorder's (phases, ranges)."""
+
+    def __init__(self) -> None:
+        self.log: list[int] = []
+
+    def perf_counter_ns(self) -> int:
+        self.log.append(time.perf_counter_ns())
+        return self.log[-1]
+
+
+def _engine_slices(path, where):
+    """(name, dur, depth, parent's name) of the slices ``where`` selects, as the embedded
+    engine nests them (it sorts each track's events by time first, as trace processor does)."""
+    db = analysis.open(str(path), engine="embedded")
+    try:
+        rows = db.query("select s.name, s.dur, s.depth, p.name as parent from slice s left "
+                        f"join slice p on p.id = s.parent_id where {where} order by s.ts")
+        return [(r["name"], r["dur"], r["depth"], r["parent"]) for r in rows]
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("window", [False, True], ids=["summary", "detail-window"])
+def test_a_kept_phase_after_a_flush_stays_in_a_step_that_starts_on_time(tmp_path, monkeypatch,
+                                                                       window):
+    """A phase object kept across steps records without the profiler seeing it; a flush
+    between step() and the phase takes the step's placeholder. The step still begins at the
+    time step() read (not at the phase, after the flush), the phase nests in it, and detail
+    ranges recorded after the flush too. Steps, phases and ranges: 3 each; then a tail with a
+    range and flushes in it (no step() ends it): no step 3, the range at depth 0."""
+    sched = stepscope.schedule(warmup=0, active=100) if window else None
+    clock = LoggedTime()
+    monkeypatch.setattr(P, "time", clock)
+    prof = Profiler(tmp_path, schedule=sched, run_id="r", host_metrics=False, report=False,
+                    use_env=False)
+    prof.start()
+    bounds = [clock.log[-1]]  # the reading that opened step 0
+    ph = prof.phase("forward")
+    for i in range(3):
+        prof._sess.flush()  # noqa: SLF001 - the writer's flush, before the step's first event
+        with ph:
+            with stepscope.annotate(f"user {i}"):
+                time.sleep(0.002)
+        prof.step()
+        bounds.append(clock.log[-1])
+    with stepscope.annotate("tail"):  # the time after the last step: checkpointing, say
+        prof._sess.flush()  # noqa: SLF001
+    prof._sess.flush()  # noqa: SLF001
+    prof.stop()
+    st = prof.timer_stats()
+    want = [(f"step {i}", bounds[i], bounds[i + 1] - bounds[i]) for i in range(3)]
+    assert st.steps == 3
+    assert st.batch_cost.max == max(w[2] for w in want) / 1e9
+    summary = tmp_path / "r" / "rank0.summary.pftrace"
+    assert prof.files[-1] == summary and len(prof.files) == (2 if window else 1)
+    for path in prof.files:
+        d = decode(path)
+        assert [(s.name, s.ts, s.dur) for s in d.by_category(S.CAT_STEP)] == want
+        phases = d.by_category(S.CAT_PHASE)
+        assert len(phases) == 3
+        for (_, b, dur), p in zip(want, phases, strict=True):
+            assert b < p.ts and p.ts + p.dur < b + dur
+        # the embedded engine's nesting: each phase is a child of its step
+        assert _engine_slices(path, f"s.category = '{S.CAT_STEP}'") == [
+            (name, dur, 0, None) for name, _, dur in want]
+        assert [s[2:] for s in _engine_slices(path, f"s.category = '{S.CAT_PHASE}'")] == [
+            (1, f"step {i}") for i in range(3)]
+    users = decode(prof.files[0]).slices if window else []
+    assert [u.name for u in users if u.category == ""] == (
+        ["user 0", "user 1", "user 2", "tail"] if window else [])
+    if window:
+        users = _engine_slices(prof.files[0], "s.name like 'user %' or s.name = 'tail'")
+        assert [(n, dep, par) for n, _, dep, par in users] == [
+            ("user 0", 2, "forward"), ("user 1", 2, "forward"), ("user 2", 2, "forward"),
+            ("tail", 0, None)]
+    t = _tables(summary)
+    overview = {r["kind"]: (r["calls"], r["total_ns"]) for r in t["overview"]}
+    total = bounds[3] - bounds[0]
+    assert overview["Step"] == (3, pytest.approx(total, abs=MS))
+
+
+@pytest.mark.skipif(os.environ.get("STEPSCOPE_PURE_PYTHON", "") not in ("", "0")
+                    or P.rec.fast is None, reason="this run already is the pure one")
+def test_the_loop_accounting_holds_on_the_pure_python_recorder():
+    """The placeholders, their in-place writes and the late begins take another path there
+    (a Python list under the session's lock)."""
+    env = dict(os.environ, STEPSCOPE_PURE_PYTHON="1")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           __file__, "-k", "not pure_python"], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout
 
 
 def test_the_tail_after_the_last_step_is_no_step_even_across_flushes(tmp_path, monkeypatch):
@@ -232,3 +344,53 @@ def test_the_loader_wrapper_keeps_len_and_attributes(tmp_path):
     assert next(gen) == "a" and list(gen) == ["b"]  # next() on the wrapper, then go on
     assert len(stepscope.dataloader(WithLen([1, 2]))) == 2  # the running profiler's
     prof.stop()
+
+
+def test_a_session_stopped_from_elsewhere_ends_a_step_begun_late(tmp_path, monkeypatch):
+    """A flush between step() and a phase, then the session stops under the profiler (the
+    exit path, a signal): step 1, begun late, ends there, like the slices the session ends
+    itself; no slice is left open in the file."""
+    import perfetto_decode
+
+    clock = LoggedTime()
+    monkeypatch.setattr(P, "time", clock)
+    prof = Profiler(tmp_path, schedule=None, run_id="r", host_metrics=False, report=False,
+                    use_env=False)
+    prof.start()
+    prof.step()
+    t1 = clock.log[-1]
+    prof._sess.flush()  # noqa: SLF001
+    with prof.phase("forward"):
+        pass
+    before = time.perf_counter_ns()
+    prof._sess.stop()  # noqa: SLF001 - as the exit flush does
+    after = time.perf_counter_ns()
+    prof.stop()
+    path = tmp_path / "r" / "rank0.summary.pftrace"
+    d = perfetto_decode.decode(str(path))
+    track = next(u for u, t in d.tracks.items() if t.HasField("thread"))
+    steps = [s for s in d.slices(track) if s[0].startswith("step")]  # asserts none is open
+    assert [s[0] for s in steps] == ["step 0", "step 1"]
+    assert steps[1][2] == t1 and before <= steps[1][3] <= after
+
+
+def test_waits_on_another_thread_overtaken_by_a_flush_keep_their_times(tmp_path, monkeypatch):
+    """A loader iterated by another thread (a prefetcher), a flush inside every wait: each
+    wait is written late, on that thread's track, at its own time: 210, 10, 10 ms; no step
+    comes from that thread."""
+    prof, clock = _profiler(tmp_path, monkeypatch)
+    prof.start()
+    loader = Loader(clock, prof, n=3, stop_ms=5, flush_at=(0, 1, 2, 3))
+    start = clock.now
+    worker = threading.Thread(target=lambda: list(prof.dataloader(loader)), name="prefetch")
+    worker.start()
+    worker.join()
+    prof.step()
+    prof.stop()
+    d = decode(tmp_path / "r" / "rank0.summary.pftrace")
+    waits = d.by_category(S.CAT_DATALOADER)
+    assert {d.thread_name(w.track) for w in waits} == {"prefetch"}
+    assert [(w.ts - start, w.dur) for w in waits] == [
+        (0, 210 * MS), (210 * MS, 10 * MS), (220 * MS, 10 * MS)]
+    steps = d.by_category(S.CAT_STEP)
+    assert [(s.name, s.ts, s.dur) for s in steps] == [("step 0", start, 235 * MS)]

@@ -104,3 +104,44 @@ def test_a_step_range_that_names_no_range_says_so(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "no range named 'train-step' began" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+OWN_PROFILER = """
+import time
+import stepscope
+loader = [1, 2, 3]
+with stepscope.Profiler(dir="own", schedule=None) as prof:
+    for epoch in range(2):
+        wrapped = prof.dataloader(loader)
+        assert len(wrapped) == 3  # tqdm's total
+        for b in wrapped:
+            with prof.phase("forward"):
+                time.sleep(0.01)
+            with prof.phase("backward"):
+                time.sleep(0.02)
+            prof.step(num_samples=4)
+        prof.epoch()
+    print("timer steps", prof.timer_stats().steps, "step_num", prof.step_num)
+print("summary", prof.summary().splitlines()[0])
+"""
+
+
+def test_a_program_with_its_own_profiler_records_its_steps_under_stepscope_run(tmp_path):
+    # the program's Profiler is the one it calls step()/phase()/dataloader() on: under
+    # `stepscope run` those calls reach the run's profiler (2 epochs x 3 batches = 6 steps, each
+    # with one forward and one backward phase), not a timer nobody prints
+    (tmp_path / "train.py").write_text(OWN_PROFILER)
+    r = _run(tmp_path, "train.py", opts=("--run-id", "r", "--schedule", "none",
+                                         "--no-host-metrics", "--no-report"))
+    assert r.returncode == 0, r.stderr
+    assert "timer steps 6 step_num 6" in r.stdout
+    assert "summary stepscope timer (6 steps)" in r.stdout
+    assert NO_STEPS_HINT not in r.stderr
+    d = decode(tmp_path / "out" / "r" / "rank0.summary.pftrace")
+    steps = d.by_category(S.CAT_STEP)
+    assert [s.name for s in steps] == [f"step {i}" for i in range(6)]
+    phases = [s.name for s in d.slices if s.name in ("forward", "backward")]
+    assert phases == ["forward", "backward"] * 6
+    assert len([s for s in d.slices if s.name == "dataloader.next"]) == 6
+    assert all(0.03e9 <= s.dur < 0.5e9 for s in steps), [s.dur for s in steps]
+    assert not (tmp_path / "own").exists()  # one run, one directory: the run's

@@ -72,8 +72,9 @@ def decode(path) -> Decoded:
         raise AssertionError(f"no snapshot relates clock {clock} to MONOTONIC")
 
     slices, instants, counters, stacks = [], [], {}, {}
-    for e in d.events:
-        ts = to_mono(e.clock, e.ts)
+    # as trace processor: events sorted by time (file order at equal times), then nested per
+    # track, so a begin written late (another sequence, a later batch) nests where it belongs
+    for ts, e in sorted(((to_mono(e.clock, e.ts), e) for e in d.events), key=lambda p: p[0]):
         cat = ",".join(e.categories)
         if e.type == "B":
             s = Slice(e.name or "", cat, ts, None, e.track, dict(e.args), e.seq)

@@ -122,6 +122,7 @@ def _split_checked(buf: np.ndarray, n: int, name: str, stats: dict) -> tuple:
     if stop < n:
         if buf[stop] == 0x0A and _runs_past(buf, stop, n):
             stats["truncated_packets"] = stats.get("truncated_packets", 0) + 1
+            _add(stats, "truncated_bytes", n - stop)
         elif len(st) == 0:
             raise TraceError(f"{name}: not a Perfetto protobuf trace (no packet at offset 0)")
         else:
@@ -277,7 +278,8 @@ def gather_packets(datas: list[tuple[str, bytes]], stats: dict, progress: Progre
 
 def skipped_summary(stats: dict) -> str | None:
     """What the reader skipped, in words (None: nothing): damaged and over-limit compressed
-    batches with their bytes, and damaged bytes outside batches."""
+    batches with their bytes, a last packet the file ends inside, and damaged bytes outside
+    batches."""
     parts = []
     n, b = stats.get("corrupt_compressed_batches", 0), stats.get("corrupt_compressed_bytes", 0)
     if n:
@@ -287,6 +289,10 @@ def skipped_summary(stats: dict) -> str | None:
     if n:
         parts.append(f"{n} compressed batch{'es' if n > 1 else ''} ({b} bytes) over the "
                      "inflation limits (a decompression bomb?)")
+    n = stats.get("truncated_packets", 0)
+    if n:  # a writer killed mid-write: its last batch is lost, so say so
+        parts.append(f"{n} cut-short last packet{'s' if n > 1 else ''} "
+                     f"({stats.get('truncated_bytes', 0)} bytes: the file ends inside it)")
     if stats.get("corrupt_bytes"):
         parts.append(f"{stats['corrupt_bytes']} bytes of damaged packets")
     n = stats.get("corrupt_packets", 0)

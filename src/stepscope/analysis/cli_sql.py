@@ -160,7 +160,8 @@ def run_export_csv(args: argparse.Namespace) -> int:
         if bad:
             return _fail("export-csv", f"unknown table {bad[0]!r}: choose from "
                          + ", ".join(EXPORT_TABLES))
-    out_dir = args.output or os.path.splitext(args.paths[0])[0] + "_csv"
+    # beside the first path (a run directory given as "RUN/" too: not RUN/_csv inside it)
+    out_dir = args.output or os.path.splitext(os.path.normpath(args.paths[0]))[0] + "_csv"
     try:
         db = open_traces(list(args.paths), args)
     except (TraceError, EngineError, ValueError) as e:

@@ -7,6 +7,8 @@ The lead's ``stepscope/cli.py`` calls :func:`add_parsers` with its subparsers; t
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from typing import Any
 
@@ -135,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail("summary", str(e))
     except TraceError as e:  # a directory without rank files, or with several runs
         return _fail("summary", f"cannot read {e}")
+    if args.output and _is_input(args.output, inputs):
+        return _fail("summary", f"-o {args.output}: is one of the inputs; name a new file")
     if not args.quiet:
         for f in inputs.left_out:
             print(f"stepscope summary: left out {f} (it repeats the run's rank files)",
@@ -180,6 +184,17 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     return 0
 
+
+
+def _is_input(output: str, inputs: Any) -> bool:
+    """Whether ``-o`` names a trace being read (the report would overwrite it)."""
+    if not os.path.exists(output):  # a new file
+        return False
+    for f in (*inputs.whole, *inputs.detail, *inputs.left_out):
+        with contextlib.suppress(OSError):  # a missing input is reported when it is read
+            if os.path.samefile(output, f):
+                return True
+    return False
 
 
 def _add_detail_tables(tables: dict[str, Any], detail: list[str], args: argparse.Namespace,

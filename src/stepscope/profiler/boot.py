@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     # no step_range: steps from optimizer steps until the program calls stepscope.step()
     prof = Profiler(step_on=None if opts.get("step_range") else "auto")
+    prof._adopts_nested = True  # noqa: SLF001  (the program's own Profiler records into it)
     hook = None
     if opts.get("step_range"):
         hook = _StepHook(prof, opts["step_range"])

@@ -106,12 +106,19 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int, int, int, int]]:
         raise ValueError("truncated message")
 
 
-def iter_packets(f: BinaryIO) -> Iterator[bytes]:
+def iter_packets(f: BinaryIO, skipped: dict[str, int] | None = None) -> Iterator[bytes]:
     """Serialized TracePackets of a ``Trace`` stream, read in 1 MiB chunks.
 
-    A truncated last packet (a writer killed mid-write) ends the stream quietly, as it does in
-    trace processor.
+    A truncated last packet (a writer killed mid-write) ends the stream, as it does in trace
+    processor; it is counted in ``skipped`` (``truncated_packets``/``truncated_bytes``, what
+    the analysis reader counts) so the merge can say that the file's last batch is lost.
     """
+
+    def cut(nbytes: int) -> None:
+        if skipped is not None and nbytes > 0:
+            skipped["truncated_packets"] = skipped.get("truncated_packets", 0) + 1
+            skipped["truncated_bytes"] = skipped.get("truncated_bytes", 0) + nbytes
+
     buf = b""
     pos = 0
     eof = False
@@ -137,6 +144,7 @@ def iter_packets(f: BinaryIO) -> Iterator[bytes]:
             ln, p = _varint(buf, p)
         except IndexError:
             if eof:
+                cut(len(buf) - pos)
                 return
             more = f.read(_CHUNK)
             eof = not more
@@ -150,7 +158,8 @@ def iter_packets(f: BinaryIO) -> Iterator[bytes]:
             p -= pos
             pos = 0
         if len(buf) - p < ln:
-            return  # truncated
+            cut(len(buf) - pos)
+            return
         if key >> 3 == 1:
             yield bytes(buf[p:p + ln])
         pos = p + ln
@@ -639,7 +648,7 @@ def merge(
             for info in infos:
                 rw = _Rewriter(info, alloc, snapshots)
                 with open(info.path, "rb") as f:
-                    for pkt in iter_packets(f):
+                    for pkt in iter_packets(f, rw.skipped):
                         new = rw.rewrite(pkt)
                         if new is not None:
                             out.write(f_bytes(1, new))

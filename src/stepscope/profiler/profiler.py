@@ -23,7 +23,8 @@ processor merges both into the slice's args. The end's args repeat from step to 
 written once it holds work or is ended (see the note above ``Profiler.step``): when the
 ``prof.dataloader`` wrapper finds its loader exhausted, the step just opened and the final wait
 are never written, and the next step opens at the next batch wait, phase or ``step()``. So there
-is no empty trailing step per epoch, however long the exhausted loader takes.
+is no empty trailing step per epoch, however long the exhausted loader takes, and a begin a
+flush overtook is written later with its own time (readers sort by time before nesting).
 Phases (category ``phase``) and data-loader waits (category ``dataloader``, name
 ``dataloader.next``; the first of each pass from ``iter(loader)`` on) are summary-level slices
 inside the step.
@@ -211,8 +212,8 @@ def _step_end_code(epoch: int, num_samples: Any) -> int:
 
 _emit = rec._ext  # noqa: SLF001 - records (code, ts, ident) triples as one atomic extend
 _NULL = rec.NULL
-_WAIT_BEGIN = rec.code(rec.event_id(S.DATALOADER_WAIT_NAME, (S.CAT_DATALOADER,)),
-                       S.LEVEL_SUMMARY, rec.BEGIN)
+_WAIT_EID = rec.event_id(S.DATALOADER_WAIT_NAME, (S.CAT_DATALOADER,))
+_WAIT_BEGIN = rec.code(_WAIT_EID, S.LEVEL_SUMMARY, rec.BEGIN)
 
 
 _ALL = sys.maxsize // 8  # a lookback past any buffer's start
@@ -239,6 +240,11 @@ if rec.fast is not None:  # the same in C, called bare (callers pass the lookbac
 # (code: a parked _StepBegin blob's).
 _Tentative = tuple[int, int, int]
 
+
+# Threads other than the profiler's with an emitter of late begins (idents: reused by later
+# threads); past this many, they share the profiler's thread's (where a begin earlier than one
+# already written there is clamped forward)
+MAX_LATE_THREADS = 64
 
 _phases: dict[str, _FastPhase] = {}
 _sync_phases: dict[str, _Phase] = {}
@@ -409,11 +415,15 @@ class Profiler:
         self._pending = False  # no step is open: the next batch wait, phase or step() opens one
         self._active = False  # the open step had a batch or a phase
         self._quiet = False  # pending, or a step with no phase yet: phase() has work to do
-        self._waiting = False  # the profiler's thread waits in prof.dataloader for a batch
         self._tentative: _Tentative | None = None  # the open step's begin, not written yet
         self._step_begin: tuple[int, int, int] | None = None  # ... once written
-        # guards _tentative/_waiting between the program and the writer's flush hook (the
-        # session's own lock with the pure-Python buffer, whose drain is not one C call)
+        self._late_track: int | None = None  # the open step's begin was written late (see
+        # _write_late), on this track: its end is written with the track too
+        self._late: Any = None  # the emitter of late begins (see _write_late)
+        self._main_track = 0  # the profiler's thread's track
+        self._late_others: dict[int, Any] = {}  # thread ident -> its emitter of late begins
+        # guards _tentative and the placeholders in the buffer against a flush (the session's
+        # own lock with the pure-Python buffer, whose drain is not one C call)
         self._plock: Any = threading.Lock()
         self._summary_sink: Any = None
         self._summary_path: Path | None = None
@@ -425,6 +435,8 @@ class Profiler:
         # producer hooks (the torch integration): objects whose optional methods start(),
         # window_start(), window_end(), step_end() and stop() the profiler calls
         self.hooks: list[Any] = []
+        self._adopts_nested = False  # `stepscope run`'s: a Profiler the program starts joins it
+        self._joined: Profiler | None = None  # the `stepscope run` profiler this one joined
 
     # -- life cycle ---------------------------------------------------------------------------
     @property
@@ -439,12 +451,12 @@ class Profiler:
     @property
     def step_num(self) -> int:
         """Steps completed so far (the open step's number)."""
-        return self._step
+        return self._step if self._joined is None else self._joined._step
 
     @property
     def state(self) -> State:
         """Schedule state of the step in progress."""
-        return self._state
+        return self._state if self._joined is None else self._joined._state
 
     def start(self, *, open_step: bool = True) -> Profiler:
         """Start recording; the first step opens now, or, with ``open_step=False`` (what
@@ -460,7 +472,11 @@ class Profiler:
         self._started = True
         self._pid = os.getpid()
         self._thread = threading.get_ident()
-        if _current is not None and not _current._stopped:
+        outer = _current
+        if outer is not None and not outer._stopped:
+            if outer._adopts_nested:
+                self._join(outer)
+                return self
             _warn("another Profiler is running in this process; this one only times steps")
             self.timer_only = True
         _current = self
@@ -511,6 +527,19 @@ class Profiler:
                 except Exception as exc:  # a producer never breaks the user's program
                     _warn(f"{type(h).__name__}.{name} failed: {exc!r}")
 
+    def _join(self, outer: Profiler) -> None:
+        """Under ``stepscope run`` the program's own Profiler is the one it calls: its steps,
+        epochs, phases and loaders go to the run's profiler (which writes the files and prints
+        the report at the program's end), not to a second timer that nobody reads."""
+        _warn("`stepscope run` is profiling this program: this Profiler's steps, phases and "
+              "loaders are recorded by it (with the run's options)")
+        self.timer_only = True
+        self.options["report"] = False
+        self.run_dir = outer.run_dir
+        self._joined = outer
+        for name in ("step", "epoch", "phase", "dataloader", "timer_stats", "summary"):
+            setattr(self, name, getattr(outer, name))  # instance attributes: no cost per call
+
     def _at_exit(self) -> None:
         """Interpreter exit without ``stop()`` (an uncaught exception, ``sys.exit``): finish."""
         if self._started and not self._stopped and self._pid == os.getpid():
@@ -530,10 +559,11 @@ class Profiler:
         self._sess = sess
         # if the session is stopped from elsewhere (an unhandled exception, SIGTERM, exit), the
         # open window still gets its GPU activity and a complete file
-        sess.before_stop.append(self._leave_window)
+        sess.before_stop.append(self._session_stopping)
         if rec.fast is None:
             self._plock = sess._lock  # noqa: SLF001 - see __init__
-        sess.flush_hooks.append(self._flush_hook)
+        self._late = sess.emitter(clock="monotonic", level=S.LEVEL_SUMMARY)
+        self._main_track = sess.thread_track()  # (the profiler's thread: see _write_late)
         if "summary" in self.levels:
             path = self.run_dir / S.SUMMARY_FILE.format(rank=self.rank)
             self._summary_sink = sess.add_sink(path, levels=("summary",))
@@ -600,9 +630,6 @@ class Profiler:
                 else:
                     self._abandon_step()
             self._in_step = self._pending = self._quiet = False
-            if self._sess is not None:
-                with contextlib.suppress(ValueError):
-                    self._sess.flush_hooks.remove(self._flush_hook)
             if self._sampler is not None:
                 self.sampler_cost = self._sampler.stop()
             self._leave_window()
@@ -611,7 +638,7 @@ class Profiler:
             self._stopped = True
             if self._sess is not None:
                 with contextlib.suppress(ValueError):
-                    self._sess.before_stop.remove(self._leave_window)
+                    self._sess.before_stop.remove(self._session_stopping)
                 if self._own_session:
                     self._sess.stop()
                 elif self._summary_sink is not None:
@@ -656,19 +683,14 @@ class Profiler:
     # step) records a placeholder with the begin's time (_Tentative), which files skip, and the
     # placeholder becomes the begin, in place, when the step gets a batch or a phase or is
     # ended. A flush may take the placeholder first (it is then simply gone); the begin is then
-    # written when the step turns out to be one, with its own time. That keeps it in order
-    # because, outside detail windows, nothing but the profiler records summary events on the
-    # thread, and the profiler writes the begin before its own next event. So a step that never
-    # gets work (the tail after the last step(), however long; the wait for an exhausted loader,
-    # with the wait itself) is in no file, table or timer figure. Two exceptions: (1) while
-    # detail ranges are recorded (detail windows) and the thread does not wait for a batch, a
-    # flush writes the begin in place first (_flush_hook), since ranges recorded after it must
-    # nest in it; a step that then gets no work is ended where that is found out, and counted
-    # (timer and tables agree); (2) a phase object kept across steps (``ph = prof.phase(...)``
-    # once, ``with ph:`` every step) records without the profiler seeing it: in a program with
-    # no prof.dataloader, a flush inside such a step writes the step's begin at its first event
-    # after the flush (the writer keeps each thread's times in order). ``with
-    # prof.phase("Forward"):`` at each use has neither problem.
+    # written when the step turns out to be one, at its own time, through the profiler's
+    # emitter (_write_late): readers sort a track's events by time before they nest them, so it
+    # encloses what the thread recorded after it, whatever a flush wrote first (detail ranges,
+    # the phases of a phase object kept across steps, which record without the profiler seeing
+    # them). A batch wait's begin likewise. So a step that never gets work (the tail after the
+    # last step(), however long, in a detail window too; the wait for an exhausted loader, with
+    # the wait itself) is in no file, table or timer figure, and a step starts where step()
+    # read the clock.
     def step(self, num_samples: float | None = None, epoch: int | None = None) -> None:
         """End the step in progress (``num_samples`` in it, if known) and start the next.
 
@@ -710,11 +732,13 @@ class Profiler:
             with self._plock:
                 if end is not None:
                     self._write_begin_locked()
+                    if self._late_track is not None:
+                        end = self._late_end(num_samples)
                     _emit((end, t, ident, _NULL, t, ident))
                 else:
                     _emit((_NULL, t, ident))
                 self._tentative = (begin, t, ident)
-                self._step_begin = None
+                self._step_begin = self._late_track = None
             self.timer.start(t)
             self._in_step, self._pending, self._active, self._quiet = True, False, False, True
         else:
@@ -745,7 +769,7 @@ class Profiler:
         while recording)."""
         self.timer.start(t)
         self._in_step, self._pending, self._active, self._quiet = True, False, False, True
-        self._step_begin = None
+        self._step_begin = self._late_track = None
         if self._recording and rec.ON:
             ident = threading.get_ident()
             self._tentative = (-rec.register_blob(_StepBegin(self._step)), t, ident)
@@ -756,26 +780,68 @@ class Profiler:
 
     def _write_begin_locked(self) -> None:
         """Write the tentative begin: in place while its placeholder is in the buffer, else
-        with its own time now (``_plock`` held)."""
+        late, with its own time (``_plock`` held)."""
         t = self._tentative
         if t is None:
             return
         self._tentative = None
         if not _replace(_NULL, t[1], t[2], t[0], _ALL):
-            _emit(t)
+            b = rec.blobs.pop(-t[0], None)
+            n = b.number if b is not None else self._step
+            self._late_track = self._write_late(
+                t[1], t[2], _StepBegin.eid, S.STEP_NAME.format(step=n), {S.ARG_STEP: n})
         self._step_begin = t
 
-    def _flush_hook(self) -> None:
-        """Before every flush (writer thread, session lock held): while detail ranges are
-        recorded, a tentative begin outside a batch wait is written in place (see the note
-        above ``step``)."""
-        if not rec.DETAIL:
-            return
-        with self._plock:
-            t = self._tentative
-            if t is not None and not self._waiting and _replace(_NULL, t[1], t[2], t[0], _ALL):
-                self._tentative = None
-                self._step_begin = t
+    def _write_late(self, ts: int, ident: int, eid: int, name: str | None = None,
+                    args: dict | None = None) -> int:
+        """Write a begin whose placeholder a flush took, at its own time ``ts``, on the
+        thread's track: through the profiler's emitter, a sequence of its own, since the
+        thread's sequence may hold later events already (phases of a kept phase object, detail
+        ranges), and its clock only moves forward. Trace processor (and the embedded engine)
+        sort each track's events by time, file order at equal times, before they nest, so the
+        begin encloses what the thread recorded after it. Returns the track: the slice's end
+        is recorded in the thread's buffer, in order with its events, as an event with that
+        explicit track (the thread's sequence counts only its own begins as open, and would
+        drop an end it sees none for). An end at the begin's time (the previous step's) was
+        recorded with the placeholder, so it is written in an earlier flush, or the same: no
+        tie breaks wrongly. Each thread has an emitter of its own (a sequence's times only
+        move forward; a thread writes its late begins in time order: a step's before its
+        waits'). (``_plock`` held. The profiler's thread's track and emitter are known from the
+        start: no wait for the session's lock, which a flush holds while it encodes.)"""
+        if ident == self._thread:
+            track, em = self._main_track, self._late
+        else:  # batch waits on another thread: an emitter of its own, as a sequence's times
+            # only move forward and each thread writes its late begins in time order
+            track = self._sess.thread_track(ident)
+            em = self._late_others.get(ident)
+            if em is None:
+                em = self._late
+                if len(self._late_others) < MAX_LATE_THREADS:
+                    em = self._late_others[ident] = self._sess.emitter(
+                        clock="monotonic", level=S.LEVEL_SUMMARY)
+        em._add(ts, 1, 0, rec.Blob(rec.BEGIN, eid, S.LEVEL_SUMMARY, track,  # noqa: SLF001
+                                   args=args, name=name))
+        return track
+
+    def _late_end(self, num_samples: Any, track: int | None = None) -> int:
+        """The code of the end of a slice begun by ``_write_late`` on ``track`` (default: the
+        open step's, with the step end's args; else a batch wait's)."""
+        args = None
+        if track is None:
+            track = self._late_track
+            args = {S.ARG_EPOCH: self._epoch}
+            if num_samples is not None:
+                args[S.ARG_NUM_SAMPLES] = num_samples
+        return -rec.register_blob(rec.Blob(rec.END, 0, S.LEVEL_SUMMARY, track, args=args))
+
+    def _session_stopping(self) -> None:
+        """The session stops from elsewhere (an exception, a signal, exit): it ends the slices
+        open in the thread's sequence; a step begun late is ended here, likewise."""
+        if self._late_track is not None and self._in_step and rec.ON:  # (no _plock: this
+            # may run in a signal handler on a thread that holds it; one record is atomic)
+            _emit((self._late_end(None), time.perf_counter_ns(), threading.get_ident()))
+            self._late_track = None
+        self._leave_window()
 
     def _end_step(self, num_samples: float | None, t: int) -> None:
         """End the open step at ``t``: its begin is written if it was not, then its end, with
@@ -791,6 +857,9 @@ class Profiler:
             ident = threading.get_ident()
             with self._plock:
                 self._write_begin_locked()
+                if self._late_track is not None:
+                    end = self._late_end(num_samples)
+                    self._late_track = None
                 _emit((end, t, ident))
 
     def _discard_begin_locked(self) -> bool:
@@ -851,8 +920,6 @@ class Profiler:
                 _emit((_NULL, t0, ident, _NULL, t0, ident))
             else:
                 _emit((_NULL, t0, ident))
-            if live:
-                self._waiting = True
         return True
 
     def _wait_end(self, placed: bool, t0: int, t1: int, ident: int, main: bool) -> None:
@@ -860,22 +927,18 @@ class Profiler:
         if placed:
             with self._plock:
                 tent = self._tentative if main else None
-                if main:
-                    self._waiting = False
                 wait_in = _replace(_NULL, t0, ident, _WAIT_BEGIN, _ALL)  # the newest: the wait's
-                if tent is not None:
-                    self._tentative = None
-                    self._step_begin = tent
-                    if not _replace(_NULL, tent[1], tent[2], tent[0], _ALL):
-                        # a flush took both placeholders during the wait: both begins now,
-                        # in order, with their own times
-                        if wait_in:
-                            _replace(_WAIT_BEGIN, t0, ident, _NULL, _ALL)
-                        _emit((*tent, _WAIT_BEGIN, t0, ident))
-                        wait_in = True
-                if not wait_in:
-                    _emit((_WAIT_BEGIN, t0, ident))
-                _emit((rec.END_SUMMARY, t1, ident))
+                if tent is not None:  # the step's begin first (it may be at t0 too)
+                    self._write_begin_locked()
+                    if wait_in and self._late_track is not None and tent[1] == t0:
+                        # written late at t0, the step's begin would follow the wait's at the
+                        # same time: the wait's is written late too, after it
+                        _replace(_WAIT_BEGIN, t0, ident, _NULL, _ALL)
+                        wait_in = False
+                end = rec.END_SUMMARY
+                if not wait_in:  # a flush took the placeholder during the wait
+                    end = self._late_end(None, self._write_late(t0, ident, _WAIT_EID))
+                _emit((end, t1, ident))
         if main and self._in_step:
             self._active = True
             self._quiet = False
@@ -885,8 +948,6 @@ class Profiler:
         one), and the open step, if that wait was all it had, is no step."""
         if not (main and self._started and not self._stopped):
             return
-        with self._plock:
-            self._waiting = False
         if self._in_step and not self._active:
             self._abandon_step()
 
@@ -912,9 +973,6 @@ class Profiler:
         self._state, self._window_key = new, key
         if self._sess is None or not self._recording:
             return
-        if self._tentative is not None:  # (from epoch()) the open step's begin keeps its
-            with self._plock:  # place before what the window records
-                self._write_begin_locked()
         try:
             own = self._own_session  # a session the user started keeps its own detail setting
             if old is State.ACTIVE and (new is not State.ACTIVE or key != old_key):
@@ -1008,7 +1066,6 @@ class Profiler:
             if main and not self._pending and self._recording and rec.ON:
                 with self._plock:  # the common case of _wait_begin, inline
                     _emit((_NULL, t0, ident))
-                    self._waiting = True
                 placed = True
             else:
                 placed = wait_begin(t0, ident, main)

@@ -79,16 +79,18 @@ class _RangeIds:
         self.open: dict[int, Any] = {}
 
 
-def _step_gate(prof: Any) -> Any:
+def _step_gate(capture: RangeCapture) -> Any:
     """``gate()`` before a range begins: False inside a batch wait on the profiler's thread
-    (not recorded); else True, the step's begin written first if it was not (see above)."""
+    (``capture.waiting``, kept by the step driver's DataLoader patch: not recorded); else True,
+    the step's begin written first if it was not (see above)."""
+    prof = capture.prof
     if prof is None:
         return lambda: True
     main, get_ident = prof._thread, threading.get_ident  # noqa: SLF001
 
     def gate() -> bool:
-        if (prof._quiet or prof._waiting) and get_ident() == main:  # noqa: SLF001
-            if prof._waiting:  # noqa: SLF001
+        if (prof._quiet or capture.waiting) and get_ident() == main:  # noqa: SLF001
+            if capture.waiting:  # (the step's and the wait's begins are placeholders there)
                 return False
             prof._activity()  # noqa: SLF001
         return True
@@ -102,6 +104,7 @@ class RangeCapture:
 
     def __init__(self, prof: Any = None) -> None:
         self.prof = prof
+        self.waiting = False  # the profiler's thread is inside a DataLoader next() (steps.py)
         self._patched: list[tuple[Any, str, Any]] = []
         self._ids = _RangeIds()
         self.installed = False
@@ -119,7 +122,7 @@ class RangeCapture:
 
         by_name = _rf_chains
         recorder = rec
-        gate = _step_gate(self.prof)
+        gate = _step_gate(self)
 
         def __enter__(self: Any) -> Any:
             result = o_enter(self)
@@ -159,7 +162,7 @@ class RangeCapture:
         o_start, o_end, o_mark = nv.range_start, nv.range_end, nv.mark
         cat = S.CAT_NVTX
         ids = self._ids
-        gate = _step_gate(self.prof)
+        gate = _step_gate(self)
 
         def range_push(msg: Any) -> Any:
             result = o_push(msg)  # raises where torch has no NVTX: nothing recorded then

@@ -159,10 +159,16 @@ class StepDriver:
         cancel = self.mode in ("optimizer", "auto")
 
         def __next__(self: Any) -> Any:
-            if prof._stopped or sys._getframe(1).f_code is skip_code:  # noqa: SLF001
-                return original(self)
             ident = threading.get_ident()
             on_main = ident == main
+            if prof._stopped or sys._getframe(1).f_code is skip_code:  # noqa: SLF001
+                if not on_main or driver.ranges is None:
+                    return original(self)
+                driver.ranges.waiting = True  # (prof.dataloader's wait: see ranges.py)
+                try:
+                    return original(self)
+                finally:
+                    driver.ranges.waiting = False
             if on_main:
                 driver.loader_seen = True
                 driver.flush_boundary()
@@ -171,6 +177,8 @@ class StepDriver:
                     driver._new_epoch()
             t0 = clock()
             placed = wait_begin(t0, ident, on_main)  # a pending step opens here (main thread)
+            if on_main and driver.ranges is not None:
+                driver.ranges.waiting = True
             try:
                 batch = original(self)
             except StopIteration:
@@ -182,6 +190,9 @@ class StepDriver:
             except BaseException:
                 wait_end(placed, t0, clock(), ident, on_main)
                 raise
+            finally:
+                if on_main and driver.ranges is not None:
+                    driver.ranges.waiting = False
             t1 = clock()
             if on_main:
                 prof.timer.add_reader(t1 - t0)

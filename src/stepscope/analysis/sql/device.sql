@@ -3,10 +3,11 @@
 -- row per GPU device computed from its kernels.
 --
 --   counter rows    samples, min and max of the counter's values; mean is time-weighted: each
---                   sample holds until the next sample of the same track, and the last one
---                   until the end of the rank's run (the end of its frame, ss_frame: its last
---                   step, or last slice for a process without steps; with a step range set, the
---                   end of the selected steps), or nowhere if it comes later:
+--                   sample holds until the next sample of the same track or, at the latest
+--                   (the last one always), until the end of the rank's run (the end of its
+--                   frame, ss_frame: its last step, or last slice for a process without steps;
+--                   with a step range set, the end of the selected steps), or nowhere if it
+--                   comes later:
 --                   sum(value_i * hold_i) / sum(hold_i); with no hold at all (one sample at
 --                   the run's end, or all at one instant) the plain mean. With a step range
 --                   set, only samples inside the rank's window are used. A counter of no
@@ -33,7 +34,8 @@ dv_ctr AS (
 ),
 dv_hold AS (
   SELECT track_id, rank, name, value,
-         COALESCE(next_ts, CASE WHEN run_end > ts THEN run_end ELSE ts END) - ts AS hold
+         CASE WHEN ts >= run_end THEN 0
+              ELSE MIN(COALESCE(next_ts, run_end), run_end) - ts END AS hold
   FROM dv_ctr
 ),
 dv_counters AS (

@@ -346,6 +346,21 @@ def test_the_loader_wrapper_keeps_len_and_attributes(tmp_path):
     prof.stop()
 
 
+def test_next_on_the_wrapper_then_for_loops_each_get_a_full_epoch(tmp_path):
+    """Review 1: after one next() on the wrapper, the next ``for`` goes on from there, and
+    every later ``for`` starts a new pass (it used to get the spent generator: an empty epoch)."""
+    prof = Profiler(tmp_path, schedule=None, run_id="r", timer_only=True, report=False,
+                    use_env=False)
+    prof.start()
+    wrapped = prof.dataloader([1, 2, 3])
+    assert next(wrapped) == 1
+    assert list(wrapped) == [2, 3]  # the pass next() began
+    assert list(wrapped) == [1, 2, 3] and list(wrapped) == [1, 2, 3]  # then new passes
+    assert next(wrapped) == 1 and next(wrapped) == 2  # next() begins its own pass again
+    assert list(wrapped) == [3]
+    prof.stop()
+
+
 def test_a_session_stopped_from_elsewhere_ends_a_step_begun_late(tmp_path, monkeypatch):
     """A flush between step() and a phase, then the session stops under the profiler (the
     exit path, a signal): step 1, begun late, ends there, like the slices the session ends

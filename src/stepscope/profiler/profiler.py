@@ -1149,8 +1149,9 @@ class ProfiledLoader(Generic[T]):
         self._it: Iterator[T] | None = None
 
     def __iter__(self) -> Iterator[T]:
-        if self._it is not None:  # next() was called on the wrapper: go on from there
-            return self._it
+        if self._it is not None:  # next() was called on the wrapper: go on from there, once
+            it, self._it = self._it, None  # (a later iter() starts a new pass)
+            return it
         return self._prof._iterate(self.loader)  # noqa: SLF001
 
     def __next__(self) -> T:

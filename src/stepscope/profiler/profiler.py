@@ -362,8 +362,10 @@ class Profiler:
         if bad or not cfg["levels"]:
             raise ValueError(f"levels must be a non-empty subset of {_options.LEVELS}, got "
                              f"{cfg['levels']!r}")
-        if not cfg["sample_interval_s"] or cfg["sample_interval_s"] <= 0:
-            raise ValueError(f"sample_interval_s must be > 0, got {cfg['sample_interval_s']!r}")
+        si = cfg["sample_interval_s"]
+        if not _options.MIN_INTERVAL_S <= si <= _options.MAX_INTERVAL_S:  # NaN and inf too
+            raise ValueError(f"sample_interval_s must be from {_options.MIN_INTERVAL_S:g} to "
+                             f"{_options.MAX_INTERVAL_S:g} seconds, got {si!r}")
         b = cfg["gpu_bucket_ns"]
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
             raise ValueError(f"gpu_bucket_ns must be an integer >= 1 or None, got {b!r}")
@@ -471,7 +473,10 @@ class Profiler:
                 self._start_session()
             except Exception as exc:  # the user's run goes on, untraced
                 _warn(f"tracing could not start ({exc!r}); timing steps only")
-                self._sess = None
+                sess, self._sess = self._sess, None
+                if sess is not None and self._own_session:  # no writer, file left running
+                    with contextlib.suppress(Exception):
+                        sess.stop()
                 self._recording = False
         self._enter_batch()
         if open_step:

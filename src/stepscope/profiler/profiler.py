@@ -217,6 +217,10 @@ _WAIT_BEGIN = rec.code(_WAIT_EID, S.LEVEL_SUMMARY, rec.BEGIN)
 
 
 _ALL = sys.maxsize // 8  # a lookback past any buffer's start
+# How far back (events) a step's placeholder is looked for; past it the begin is written late,
+# as when a flush took it. Unbounded, a loop with only step() scanned each step's events under
+# the lock: 10-27 ms a step() with 100k events in pure Python (0.5 ms in C).
+_STEP_LOOKBACK = 4096
 
 
 def _replace(old: int, ts: int, ident: int, new: int, lookback: int = _ALL) -> bool:
@@ -742,7 +746,7 @@ class Profiler:
         if t is None:
             return
         self._tentative = None
-        if not _replace(_NULL, t[1], t[2], t[0], _ALL):
+        if not _replace(_NULL, t[1], t[2], t[0], _STEP_LOOKBACK):
             b = rec.blobs.pop(-t[0], None)
             n = b.number if b is not None else self._step
             self._late_track = self._write_late(

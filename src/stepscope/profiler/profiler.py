@@ -1053,8 +1053,10 @@ class Profiler:
         the summary trace (after ``stop()``, when the analysis package can open it);
         ``report_options`` go to ``stepscope.analysis.summaries.report`` (unit, fmt, names...).
 
-        A :class:`Report`: the text itself; printing it gives one line instead when ``stop()``
+        A :class:`Report`: the text itself, or one line (``.text``: the text) when ``stop()``
         has already printed that same report (``report=True``), so it is shown once."""
+        if self._printed is not None and not report_options:  # stop() printed it: as it was
+            return Report(self._printed, self._printed)
         return Report(self._summary_text(**report_options), self._printed)
 
     def _summary_text(self, **report_options: Any) -> str:
@@ -1078,30 +1080,28 @@ class Profiler:
 
 
 class Report(str):
-    """The profiler's report: a ``str`` holding the whole text (``.text`` too).
+    """The profiler's report, a ``str`` whose value is what printing it shows; ``.text`` holds
+    the whole report.
 
     ``print(prof.summary())`` after ``stop()`` printed the report (``Profiler(report=True)``,
-    the default) would show it twice; ``str()`` of such a report, what ``print`` shows, is one
-    line saying where it was printed. Any other report (``report=False``, other options, before
-    ``stop()``) prints in full."""
+    the default) would show it twice: such a report's value (``str()``, f-strings, ``len``,
+    ``write``, concatenation alike) is one line saying where it was printed, and its ``.text``
+    is the text stop() printed (kept, not recomputed). Any other report (``report=False``,
+    other options, before ``stop()``) is its whole text."""
 
+    text: str
     printed_at_stop: bool
 
     def __new__(cls, text: str, printed: str | None = None) -> Report:
-        self = super().__new__(cls, text)
-        self.printed_at_stop = printed is not None and printed == text
+        at_stop = printed is not None and printed == text
+        self = super().__new__(cls, _PRINTED_NOTE if at_stop else text)
+        self.text = text
+        self.printed_at_stop = at_stop
         return self
 
-    @property
-    def text(self) -> str:
-        """The whole report."""
-        return str.__str__(self)
 
-    def __str__(self) -> str:
-        if self.printed_at_stop:
-            return ("stepscope: the report was printed at stop() (on stderr); "
-                    "prof.summary().text holds it, Profiler(report=False) leaves it to you")
-        return self.text
+_PRINTED_NOTE = ("stepscope: the report was printed at stop() (on stderr); "
+                 "prof.summary().text holds it, Profiler(report=False) leaves it to you")
 
 
 def _analysis_report(path: Path, **options: Any) -> str:

@@ -284,6 +284,23 @@ def test_discard_detail_drops_warmup_events(path):
     assert [e.name for e in decode(path).events if e.type == "B"] == ["active"]
 
 
+def test_discarded_events_free_their_args(path):
+    """Review 8: the args of events a discarding flush drops were kept for ever (and counted
+    as a backlog of BLOB_BYTES each, which led to false drops)."""
+    from stepscope import _recorder
+
+    sess = Session(path)
+    sess.start()
+    before = len(_recorder.blobs)
+    for i in range(100):
+        with stepscope.annotate("warmup", i=i):
+            stepscope.mark("tick", i=i)
+    assert len(_recorder.blobs) >= before + 100  # held until a flush takes them
+    sess.flush(discard_detail=True)
+    assert len(_recorder.blobs) == before
+    sess.stop()
+    assert [e.name for e in decode(path).events if e.type in "BI"] == []
+
 def test_open_ranges_are_closed_when_the_file_closes(path):
     stepscope.start(path)
     stepscope.push_range("left open")

@@ -687,6 +687,8 @@ class Session:
                            for b in map(_recorder.blobs.get, (-codes[neg]).tolist())]
         if discard_detail:
             keep = (levels == LEVEL_SUMMARY) | marks
+            for k in (-codes[~keep & (codes < 0)]).tolist():  # no file takes them: freed
+                _recorder.blobs.pop(k, None)
             codes, ts, tids, levels = codes[keep], ts[keep], tids[keep], levels[keep]
         if len(tids) == 0:
             return []

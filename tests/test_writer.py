@@ -152,6 +152,27 @@ def test_async_range_ends_on_another_thread_and_counters(path):
     assert [e.value for e in d.by_track(loss)] == [0.25, 2]
 
 
+def test_counter_and_mark_make_no_extra_calls_per_sample(path, monkeypatch):
+    """Review 19: a str counter name and unit take no clean_text() call per sample, and
+    mark() names its event once; other names are still cleaned (and written)."""
+    from stepscope import _api, _recorder
+
+    calls = []
+    clean, name = _recorder.clean_text, _api._name
+    monkeypatch.setattr(_recorder, "clean_text", lambda v, w: calls.append(w) or clean(v, w))
+    monkeypatch.setattr(_api, "_name", lambda m: calls.append("name") or name(m))
+    with stepscope.trace(path):
+        stepscope.counter("loss", 0.25, unit="nats")
+        stepscope.counter("loss", 2, unit="nats")
+        assert calls == []
+        stepscope.mark("tick")
+        assert calls == ["name"]
+        stepscope.counter(7, 1.5)
+        assert calls == ["name", "counter name"]
+    d = decode(path)
+    assert [e.value for e in d.by_track(d.track_named("loss"))] == [0.25, 2]
+    assert [e.value for e in d.by_track(d.track_named("7"))] == [1.5]
+
 def test_emitter_exact_timestamps_any_order_and_flows(path):
     sess = Session(path)
     sess.start()

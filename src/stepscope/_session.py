@@ -44,6 +44,7 @@ from .profiler import ranks  # a leaf module: launcher variables -> rank
 # and int objects in the pure-Python one
 RAW_EVENT_BYTES = 24 if _recorder.fast is not None else 88
 BLOB_BYTES = 400  # a Blob with a small args dict
+MIN_BUFFER_BYTES = 1 << 16  # the smallest buffer_bytes (options and Profiler check it too)
 _MIN_WAKE_S = 0.002
 _FLUSH_SWITCH_S = 0.0002  # GIL switch interval while the writer flushes
 _WAKE_S = 0.1  # a wake costs ~100 us of CPU on small VMs: 20 ms wakes were 0.5% of a core
@@ -170,7 +171,7 @@ class Session:
                  buffer_bytes: int = 32 << 20, flush_interval_s: float = 1.0,
                  compress: bool = True, rank: int | None = None,
                  process_name: str | None = None):
-        if buffer_bytes < 1 << 16:
+        if buffer_bytes < MIN_BUFFER_BYTES:
             raise ValueError(f"buffer_bytes={buffer_bytes} is too small (minimum 64 KiB)")
         if not 0 < flush_interval_s <= 60:
             raise ValueError(f"flush_interval_s={flush_interval_s} must be in (0, 60]")

@@ -124,3 +124,17 @@ def test_a_start_failing_after_the_session_began_stops_it(tmp_path, monkeypatch,
     assert [t.name for t in threading.enumerate() if t.name.startswith("stepscope-")] == []
     prof.step()
     prof.stop()
+
+
+def test_the_buffer_minimum_has_one_owner(tmp_path, monkeypatch):
+    """Review 20: the session owns the buffer minimum; the options and Profiler() read it."""
+    from stepscope import _session
+    from stepscope.profiler import Profiler
+
+    monkeypatch.setattr(_session, "MIN_BUFFER_BYTES", 1 << 17)
+    with pytest.raises(ValueError, match="buffer_bytes"):
+        options.parse(json.dumps({"buffer_bytes": 1 << 16}))
+    with pytest.raises(ValueError, match="buffer_bytes must be an integer >= 131072"):
+        Profiler(tmp_path, buffer_bytes=1 << 16, use_env=False)
+    assert options.parse(json.dumps({"buffer_bytes": 1 << 17})) == {"buffer_bytes": 1 << 17}
+

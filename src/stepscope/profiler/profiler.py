@@ -373,8 +373,9 @@ class Profiler:
         b = cfg["gpu_bucket_ns"]
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
             raise ValueError(f"gpu_bucket_ns must be an integer >= 1 or None, got {b!r}")
-        if not isinstance(cfg["buffer_bytes"], int) or cfg["buffer_bytes"] < 1 << 16:
-            raise ValueError(f"buffer_bytes must be an integer >= 65536, got "
+        low = _options.min_buffer_bytes()
+        if not isinstance(cfg["buffer_bytes"], int) or cfg["buffer_bytes"] < low:
+            raise ValueError(f"buffer_bytes must be an integer >= {low}, got "
                              f"{cfg['buffer_bytes']!r}")
         self.options = cfg
         self.timer_only = bool(cfg["timer_only"])

@@ -152,6 +152,27 @@ def test_async_range_ends_on_another_thread_and_counters(path):
     assert [e.value for e in d.by_track(loss)] == [0.25, 2]
 
 
+def test_counter_and_mark_make_no_extra_calls_per_sample(path, monkeypatch):
+    """Review 19: a str counter name and unit take no clean_text() call per sample, and
+    mark() names its event once; other names are still cleaned (and written)."""
+    from stepscope import _api, _recorder
+
+    calls = []
+    clean, name = _recorder.clean_text, _api._name
+    monkeypatch.setattr(_recorder, "clean_text", lambda v, w: calls.append(w) or clean(v, w))
+    monkeypatch.setattr(_api, "_name", lambda m: calls.append("name") or name(m))
+    with stepscope.trace(path):
+        stepscope.counter("loss", 0.25, unit="nats")
+        stepscope.counter("loss", 2, unit="nats")
+        assert calls == []
+        stepscope.mark("tick")
+        assert calls == ["name"]
+        stepscope.counter(7, 1.5)
+        assert calls == ["name", "counter name"]
+    d = decode(path)
+    assert [e.value for e in d.by_track(d.track_named("loss"))] == [0.25, 2]
+    assert [e.value for e in d.by_track(d.track_named("7"))] == [1.5]
+
 def test_emitter_exact_timestamps_any_order_and_flows(path):
     sess = Session(path)
     sess.start()
@@ -283,6 +304,23 @@ def test_discard_detail_drops_warmup_events(path):
     sess.stop()
     assert [e.name for e in decode(path).events if e.type == "B"] == ["active"]
 
+
+def test_discarded_events_free_their_args(path):
+    """Review 8: the args of events a discarding flush drops were kept for ever (and counted
+    as a backlog of BLOB_BYTES each, which led to false drops)."""
+    from stepscope import _recorder
+
+    sess = Session(path)
+    sess.start()
+    before = len(_recorder.blobs)
+    for i in range(100):
+        with stepscope.annotate("warmup", i=i):
+            stepscope.mark("tick", i=i)
+    assert len(_recorder.blobs) >= before + 100  # held until a flush takes them
+    sess.flush(discard_detail=True)
+    assert len(_recorder.blobs) == before
+    sess.stop()
+    assert [e.name for e in decode(path).events if e.type in "BI"] == []
 
 def test_open_ranges_are_closed_when_the_file_closes(path):
     stepscope.start(path)

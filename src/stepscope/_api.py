@@ -520,10 +520,11 @@ def mark(message: Any = None, color: Any = None, domain: Any = None, category: A
     """An instant event on this thread's track."""
     if not _on:
         return
-    rec.record_named(INSTANT, _name(message), _categories(domain, category), LEVEL_DETAIL,
+    name = _name(message)
+    rec.record_named(INSTANT, name, _categories(domain, category), LEVEL_DETAIL,
                      _args_data(payload, _kwargs(args) if args else None))
     if _forward:
-        _nvtx.forward_mark(_name(message), color, domain, category)
+        _nvtx.forward_mark(name, color, domain, category)
 
 
 def counter(name: str, value: float, unit: str | None = None) -> None:
@@ -533,17 +534,20 @@ def counter(name: str, value: float, unit: str | None = None) -> None:
     sess = _session.current()
     if sess is None:
         return
-    name = rec.clean_text(name, "counter name")
-    if not isinstance(value, (int, float)):
+    if type(name) is not str:  # (per sample: no call for the common case)
+        name = rec.clean_text(name, "counter name")
+    if type(value) is not float and type(value) is not int and not isinstance(value, (int, float)):
         try:
             value = float(value)
         except Exception:  # not a number, or a __float__ that fails: never the user's problem
             warn_once("counter_value", f"counter {name!r}: a value of type "
                       f"{type(value).__name__} is not a number; ignored")
             return
-    if isinstance(unit, str):
+    if unit is None or type(unit) is str:
+        pass
+    elif isinstance(unit, str):
         unit = str.__str__(unit)
-    elif unit is not None:
+    else:
         warn_once("counter_unit", f"counter {name!r}: a unit of type {type(unit).__name__} is "
                   f"not a str; using '<{type(unit).__name__}>'")
         unit = f"<{type(unit).__name__}>"

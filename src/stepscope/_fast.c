@@ -62,7 +62,8 @@ static int grow(Py_ssize_t need) {
  * writer starts a new thread there. The check is one thread-local load per event. */
 #define THREAD_MARK 7 /* _recorder.THREAD: code(0, 1, 3), a code no event has */
 static int64_t generation = 1; /* bumped by clear(): every thread marks itself again */
-static __thread int64_t marked_generation = 0;
+/* initial-exec: a direct %fs access, not a __tls_get_addr call on every put() */
+static __thread __attribute__((tls_model("initial-exec"))) int64_t marked_generation = 0;
 
 static void mark_thread(void) {
     if (buf_len + 3 > buf_cap && grow(buf_len + 3) < 0) return; /* retried at the next event */

@@ -44,14 +44,16 @@ from .profiler import ranks  # a leaf module: launcher variables -> rank
 # and int objects in the pure-Python one
 RAW_EVENT_BYTES = 24 if _recorder.fast is not None else 88
 BLOB_BYTES = 400  # a Blob with a small args dict
+MIN_BUFFER_BYTES = 1 << 16  # the smallest buffer_bytes (options and Profiler check it too)
 _MIN_WAKE_S = 0.002
 _FLUSH_SWITCH_S = 0.0002  # GIL switch interval while the writer flushes
 _WAKE_S = 0.1  # a wake costs ~100 us of CPU on small VMs: 20 ms wakes were 0.5% of a core
-# While the program exits, the flushes that finish the files encode for at most this long;
-# what is left then is dropped and counted. Busy daemon threads keep taking the GIL at exit:
-# unbounded, the last flush took 3-16 s.
+# While the program exits with other threads still alive (daemon threads, busy ones keep
+# taking the GIL: unbounded, the last flush took 3-16 s), the flushes that finish the files
+# encode for at most this long; what is left then is dropped and counted. With no thread but
+# the exiting one (and stepscope's own), nothing competes: the flush writes everything.
 EXIT_FLUSH_S = 1.0
-_FLUSH_PIECE = 1 << 16  # events encoded between two looks at the exit deadline
+_FLUSH_PIECE = 1 << 13  # events encoded between two looks at the exit deadline (~20 ms)
 _current: Session | None = None
 
 
@@ -182,7 +184,7 @@ class Session:
                  buffer_bytes: int = 32 << 20, flush_interval_s: float = 1.0,
                  compress: bool = True, rank: int | None = None,
                  process_name: str | None = None):
-        if buffer_bytes < 1 << 16:
+        if buffer_bytes < MIN_BUFFER_BYTES:
             raise ValueError(f"buffer_bytes={buffer_bytes} is too small (minimum 64 KiB)")
         if not 0 < flush_interval_s <= 60:
             raise ValueError(f"flush_interval_s={flush_interval_s} must be in (0, 60]")
@@ -494,7 +496,8 @@ class Session:
     def exiting(self) -> None:
         """The program is exiting (atexit, an unhandled exception, SIGTERM): from now on the
         flushes that finish the files stop encoding ``EXIT_FLUSH_S`` seconds from here, and
-        drop (and count) what is left, so that busy daemon threads cannot hold the exit."""
+        drop (and count) what is left, so that busy daemon threads cannot hold the exit (only
+        while such threads are alive: see ``_out_of_time``)."""
         if self._deadline is None:
             self._deadline = time.monotonic() + EXIT_FLUSH_S
 
@@ -506,6 +509,18 @@ class Session:
             if threading.current_thread() is main and not main.is_alive():
                 self.exiting()
         return self._deadline
+
+    def _out_of_time(self) -> bool:
+        """Past the exit deadline while a thread other than the exiting main one (and
+        stepscope's own) is still alive: only then may the exit flush drop events. Such threads
+        take the GIL from the flush; a program exiting alone loses nothing, however long its
+        last flush takes."""
+        deadline = self._deadline
+        if deadline is None or time.monotonic() <= deadline:
+            return False
+        skip = (threading.current_thread(), threading.main_thread())
+        return any(t not in skip and t.is_alive() and not t.name.startswith("stepscope-")
+                   for t in threading.enumerate())
 
     def stop(self) -> None:
         """Stop recording, write everything, close all files. Safe to call twice."""
@@ -618,8 +633,8 @@ class Session:
             self.dropped += sink.recover()
         pending_raw = len(chunk) // 3 * RAW_EVENT_BYTES + len(_recorder.blobs) * BLOB_BYTES
         backlog = self._io_pending > self.buffer_bytes // 2 or pending_raw > self.buffer_bytes
-        deadline = self._exit_deadline()
-        late = deadline is not None and time.monotonic() > deadline  # exiting, out of time
+        self._exit_deadline()
+        late = self._out_of_time()  # exiting, out of time, other threads still busy
         if len(chunk) and (backlog or late):
             self._split(chunk, True, marks_only=True)  # who holds which ident, still
             self._drop(chunk)  # encoding or the disk cannot keep up: drop, count, move on
@@ -635,8 +650,7 @@ class Session:
         # in pieces, with a look at the exit deadline (which stop() may set meanwhile) between
         lo = 0
         while lo < len(chunk):
-            deadline = self._deadline
-            if deadline is not None and time.monotonic() > deadline:
+            if self._out_of_time():
                 rest = chunk[lo:]
                 self._split(rest, True, marks_only=True)
                 self._drop(rest)  # out of time: counted, not written
@@ -704,6 +718,8 @@ class Session:
                            for b in map(_recorder.blobs.get, (-codes[neg]).tolist())]
         if discard_detail:
             keep = (levels == LEVEL_SUMMARY) | marks
+            for k in (-codes[~keep & (codes < 0)]).tolist():  # no file takes them: freed
+                _recorder.blobs.pop(k, None)
             codes, ts, tids, levels = codes[keep], ts[keep], tids[keep], levels[keep]
         if len(tids) == 0:
             return []

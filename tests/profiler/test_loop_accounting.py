@@ -327,6 +327,43 @@ def test_cached_phases_and_ranges_stay_inside_their_step_across_flushes(tmp_path
             assert st.ts <= u.ts and u.ts + u.dur <= st.ts + st.dur
 
 
+def test_a_step_only_loop_does_not_scan_the_whole_step(tmp_path, monkeypatch):
+    """Review 4: with only step() (no phase, no loader), step() looked for the step's
+    placeholder back over every event of the step (10-27 ms a step with 100k events, under the
+    lock). The lookback is bounded; a step with more events has its begin written late, and
+    the steps still enclose their ranges."""
+    looked = []
+    withdraw = P._replace
+
+    def counting(old, ts, ident, new, lookback=P._ALL):
+        looked.append(lookback)
+        return withdraw(old, ts, ident, new, lookback)
+
+    monkeypatch.setattr(P, "_replace", counting)
+    prof = Profiler(tmp_path, schedule=stepscope.schedule(warmup=0, active=100), run_id="r",
+                    host_metrics=False, report=False, use_env=False)
+    prof.start()
+    prof.step()
+    for n in (10, 3 * P._STEP_LOOKBACK, 10):  # ranges in steps 1, 2, 3 (start() opened 0)
+        for _ in range(n):
+            with stepscope.annotate("user"):
+                pass
+        prof.step()
+    prof.stop()
+    assert looked and max(looked) == P._STEP_LOOKBACK == 4096
+    d = decode(tmp_path / "r" / "rank0.summary.pftrace")
+    assert [s.name for s in d.by_category(S.CAT_STEP)] == [f"step {i}" for i in range(4)]
+    (detail,) = [f for f in prof.files if "summary" not in str(f)]
+    d = decode(detail)
+    steps = d.by_category(S.CAT_STEP)
+    assert [s.name for s in steps] == [f"step {i}" for i in range(4)]
+    users = sorted((s for s in d.slices if s.category == ""), key=lambda s: s.ts)
+    assert len(users) == 10 + 3 * 4096 + 10
+    for st, lo, hi in zip(steps[1:], (0, 10, 10 + 3 * 4096), (10, 10 + 3 * 4096, len(users)),
+                          strict=True):
+        assert all(st.ts <= u.ts and u.ts + u.dur <= st.ts + st.dur for u in users[lo:hi])
+
+
 def test_the_loader_wrapper_keeps_len_and_attributes(tmp_path):
     prof = Profiler(tmp_path, schedule=None, run_id="r", timer_only=True, report=False,
                     use_env=False)
@@ -343,6 +380,21 @@ def test_the_loader_wrapper_keeps_len_and_attributes(tmp_path):
         len(gen)  # the loader has none: len() says so, as on the loader itself
     assert next(gen) == "a" and list(gen) == ["b"]  # next() on the wrapper, then go on
     assert len(stepscope.dataloader(WithLen([1, 2]))) == 2  # the running profiler's
+    prof.stop()
+
+
+def test_next_on_the_wrapper_then_for_loops_each_get_a_full_epoch(tmp_path):
+    """Review 1: after one next() on the wrapper, the next ``for`` goes on from there, and
+    every later ``for`` starts a new pass (it used to get the spent generator: an empty epoch)."""
+    prof = Profiler(tmp_path, schedule=None, run_id="r", timer_only=True, report=False,
+                    use_env=False)
+    prof.start()
+    wrapped = prof.dataloader([1, 2, 3])
+    assert next(wrapped) == 1
+    assert list(wrapped) == [2, 3]  # the pass next() began
+    assert list(wrapped) == [1, 2, 3] and list(wrapped) == [1, 2, 3]  # then new passes
+    assert next(wrapped) == 1 and next(wrapped) == 2  # next() begins its own pass again
+    assert list(wrapped) == [3]
     prof.stop()
 
 

@@ -91,3 +91,50 @@ def test_the_sampler_refuses_an_endless_interval():
     for bad in (float("inf"), float("nan"), 0, 1e-9):
         with pytest.raises(ValueError, match="sample_interval_s must be from 0.001 to 86400"):
             HostSampler(interval_s=bad)
+
+
+@pytest.mark.parametrize("bad", [0.0001, float("inf"), float("nan"), 0, -1.0])
+def test_the_profiler_refuses_a_bad_interval_to_the_caller(tmp_path, bad):
+    """Review 2: checked in ``Profiler()``, as other argument errors are (it used to turn
+    tracing off for the whole run with one warning, from inside ``start()``)."""
+    from stepscope.profiler import Profiler
+
+    with pytest.raises(ValueError, match="sample_interval_s must be from 0.001 to 86400"):
+        Profiler(tmp_path, sample_interval_s=bad, use_env=False)
+
+
+def test_a_start_failing_after_the_session_began_stops_it(tmp_path, monkeypatch, capsys):
+    """Review 2: the session ``start()`` began is stopped when a later step of the start fails:
+    no writer or I/O thread left running, the summary file finished (it was left open)."""
+    import threading
+
+    from stepscope import _session
+    from stepscope.profiler import Profiler
+    from stepscope.profiler import profiler as P
+
+    def no_sampler(*a, **k):
+        raise OSError("psutil: permission denied")
+
+    monkeypatch.setattr(P, "HostSampler", no_sampler)
+    prof = Profiler(tmp_path, schedule=None, run_id="r", report=False, use_env=False)
+    prof.start()
+    assert "tracing could not start (OSError('psutil: permission denied'))" in \
+        capsys.readouterr().err
+    assert _session.current() is None
+    assert [t.name for t in threading.enumerate() if t.name.startswith("stepscope-")] == []
+    prof.step()
+    prof.stop()
+
+
+def test_the_buffer_minimum_has_one_owner(tmp_path, monkeypatch):
+    """Review 20: the session owns the buffer minimum; the options and Profiler() read it."""
+    from stepscope import _session
+    from stepscope.profiler import Profiler
+
+    monkeypatch.setattr(_session, "MIN_BUFFER_BYTES", 1 << 17)
+    with pytest.raises(ValueError, match="buffer_bytes"):
+        options.parse(json.dumps({"buffer_bytes": 1 << 16}))
+    with pytest.raises(ValueError, match="buffer_bytes must be an integer >= 131072"):
+        Profiler(tmp_path, buffer_bytes=1 << 16, use_env=False)
+    assert options.parse(json.dumps({"buffer_bytes": 1 << 17})) == {"buffer_bytes": 1 << 17}
+

@@ -26,9 +26,9 @@ def run(tmp_path, report):
 
 def test_stop_prints_and_print_summary_does_not_repeat(tmp_path, capsys):
     prof = run(tmp_path, report=True)
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("Steps Summary") == 1
-    assert "stepscope timer (3 steps)" in err and "Note: 3 steps" in err
+    out, err_at_stop = capsys.readouterr()
+    assert out == "" and err_at_stop.count("Steps Summary") == 1
+    assert "stepscope timer (3 steps)" in err_at_stop and "Note: 3 steps" in err_at_stop
     report = prof.summary()
     print(report)
     out, err = capsys.readouterr()
@@ -36,9 +36,15 @@ def test_stop_prints_and_print_summary_does_not_repeat(tmp_path, capsys):
         "stepscope: the report was printed at stop() (on stderr); prof.summary().text holds "
         "it, Profiler(report=False) leaves it to you\n")
     assert report.printed_at_stop
-    # the value is the whole report: the text stop() printed (and str methods see it)
-    assert report.text + "\n" == prof.summary().text + "\n"
-    assert report == report.text and "Note: 3 steps" in report
+    # .text is the text stop() printed, kept; the value is what print shows, whichever way
+    # the report is used (review 13: str(), f-strings and % gave the note, len, + and write
+    # the whole text)
+    note = out[:-1]
+    assert report.text + "\n" in err_at_stop and "Note: 3 steps" in report.text
+    assert prof.summary().text is report.text  # not recomputed
+    assert str(report) == f"{report}" == "%s" % report == note  # noqa: UP031
+    assert report + "" == note
+    assert len(report) == len(note) and "Note: 3 steps" not in report
     # another report (other options) was never printed: print shows it in full
     print(prof.summary(unit="us"))
     out, _ = capsys.readouterr()

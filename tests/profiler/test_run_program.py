@@ -60,6 +60,16 @@ def test_a_failing_program_reports_its_own_frames_only(tmp_path):
     assert got.stderr.endswith(want.stderr)  # after the no-steps hint, Python's traceback
 
 
+
+def test_a_program_interrupted_by_sigint_exits_130(tmp_path):
+    """Review 22: a real SIGINT (KeyboardInterrupt in the program) exits 130, as a shell
+    reports Python's ^C exit, not 1; Python's traceback is shown."""
+    (tmp_path / "ki.py").write_text("import os, signal, time\n"
+                                    "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\n")
+    got = _run(tmp_path, "ki.py", opts=("--no-report", "--no-host-metrics"))
+    assert got.returncode == 130, got.stderr
+    assert got.stderr.rstrip().endswith("KeyboardInterrupt")
+
 START_UP = """
 import time
 time.sleep(0.5)  # a slow import (torch)

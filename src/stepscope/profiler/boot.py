@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
     except BaseException as exc:
-        code = 1
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1  # 130: as a shell reports ^C
         failed = exc.with_traceback(_program_traceback(exc.__traceback__))
     finally:
         if hook is None or hook.started:

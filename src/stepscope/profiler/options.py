@@ -29,6 +29,13 @@ from typing import Any
 
 from .schedule import Schedule, coerce
 
+
+def min_buffer_bytes() -> int:
+    """The session's minimum (imported late: the session imports this package)."""
+    from .._session import MIN_BUFFER_BYTES
+
+    return MIN_BUFFER_BYTES
+
 ENV_VAR = "STEPSCOPE_OPTIONS"
 # host sampling periods accepted: a shorter one keeps a core busy, inf kills the sampler thread
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.001, 86400.0
@@ -98,7 +105,7 @@ _KEYS = {
     "levels": _levels,
     "host_metrics": _bool,
     "sample_interval_s": lambda k, v: _number(k, v, MIN_INTERVAL_S, MAX_INTERVAL_S),
-    "buffer_bytes": lambda k, v: _int(k, v, 1 << 16, 1 << 40),  # the session's minimum
+    "buffer_bytes": lambda k, v: _int(k, v, min_buffer_bytes(), 1 << 40),
     "rank": lambda k, v: _int(k, v, 0, (1 << 31) - 1),
     "gpu": _bool,
     "sync_gpu": _bool,

@@ -9,8 +9,8 @@ import warnings
 
 # modules that define add_parsers(subparsers); each subcommand sets func=handler(args) -> int
 _COMMAND_MODULES = (
-    "stepscope.analysis.cli_summary",  # summary
-    "stepscope.analysis.cli_sql",  # sql, export-csv
+    "stepscope.analysis.cli.summary",  # summary
+    "stepscope.analysis.cli.sql",  # sql, export-csv
     "stepscope.profiler.cli_profiler",  # run, merge
 )
 

@@ -11,11 +11,12 @@ import time
 
 import pytest
 from test_importer import load, rows
-from test_importer_sqlimage import _mixed_indexes, _mixed_table
+from test_sqlimage import _mixed_indexes, _mixed_table
 
-from stepscope.analysis import _packets, _threads
-from stepscope.analysis import _sqlimage as si
-from stepscope.analysis import importer as im
+from stepscope.analysis import _threads
+from stepscope.analysis.sqlimage import image as si
+from stepscope.analysis.tp import importer as im
+from stepscope.analysis.tp import packets as _packets
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from .engines import (
     open,
     print_progress,
 )
-from .importer import load
+from .tp.importer import load
 
 __all__ = [
     "EmbeddedDB",

@@ -36,8 +36,8 @@ from typing import Any
 
 from . import _sqlfuncs
 from ._errors import EngineError, TraceError
-from ._sqlimage import file_of
-from .importer import Progress, _paths, load, remove_db_file
+from .sqlimage.image import file_of
+from .tp.importer import Progress, _paths, load, remove_db_file
 
 ENV_BIN = "STEPSCOPE_TRACE_PROCESSOR"
 ENV_TIMEOUT = "STEPSCOPE_DOWNLOAD_TIMEOUT"

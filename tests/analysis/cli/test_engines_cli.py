@@ -11,7 +11,7 @@ import sqlite3
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from stepscope.analysis import cli_sql
+from stepscope.analysis.cli import sql as cli_sql
 
 
 def run(*argv: str) -> int:

@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from test_summaries_db import scenario  # noqa: E402
 
 from stepscope import cli  # noqa: E402
-from stepscope.analysis import cli_summary  # noqa: E402
+from stepscope.analysis.cli import summary as cli_summary  # noqa: E402
 
 
 @pytest.fixture

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stepscope.analysis import _decode, _state
-from stepscope.analysis import _protoscan as ps
-from stepscope.analysis import _sqlimage as si
-from stepscope.analysis import importer as im
+from stepscope.analysis.sqlimage import image as si
+from stepscope.analysis.tp import decode as _decode
+from stepscope.analysis.tp import importer as im
+from stepscope.analysis.tp import protoscan as ps
+from stepscope.analysis.tp import state as _state
 
 
 def test_image_round_trip_many_pages():
@@ -292,7 +293,7 @@ def test_split_repeated_c_and_numpy_agree_on_random_runs(monkeypatch):
 def _random_events(rng, k: int, tracks: int):
     """Slice events in time order on a few tracks: begins, ends (some with nothing open),
     instants, and other events (counters) that make no slice."""
-    from stepscope.analysis import _packets as pk
+    from stepscope.analysis.tp import packets as pk
 
     typ = rng.choice([pk.T_BEGIN, pk.T_BEGIN, pk.T_END, pk.T_END, pk.T_INSTANT, pk.T_COUNTER],
                      k).astype(np.int8)
@@ -301,7 +302,7 @@ def _random_events(rng, k: int, tracks: int):
 
 @pytest.mark.skipif(_decode._loops is None, reason="the C extension _decodeloops is not built")
 def test_nesting_c_and_numpy_agree(monkeypatch):
-    from stepscope.analysis import _packets as pk
+    from stepscope.analysis.tp import packets as pk
 
     rng = np.random.default_rng(11)
     for trial in range(40):
@@ -389,7 +390,7 @@ def test_generations_c_and_numpy_agree(monkeypatch):
 
 
 def test_body_groups_of_hand_made_bodies():
-    from stepscope.analysis import _packets as pk
+    from stepscope.analysis.tp import packets as pk
 
     buf = ps.padded(b"abcXabcYabcdZab")
     # "abc" at 0, 4, 8; "abcd" at 8; "ab" at 13; "abc" at 4 again: groups by first appearance
@@ -401,7 +402,7 @@ def test_body_groups_of_hand_made_bodies():
 
 @pytest.mark.skipif(_state._loops is None, reason="the C extension _decodeloops is not built")
 def test_body_groups_c_and_numpy_agree(monkeypatch):
-    from stepscope.analysis import _packets as pk
+    from stepscope.analysis.tp import packets as pk
 
     rng = np.random.default_rng(17)
     for trial in range(100):
@@ -477,7 +478,7 @@ def test_stable_order_is_a_stable_argsort():
 def test_nesting_of_a_hand_made_track():
     """begin A, end (nothing else open: closes A), end with nothing open (ignored), begin B,
     instant I inside B, begin C, end C, (B never ends); another track: begin D, end D."""
-    from stepscope.analysis import _packets as pk
+    from stepscope.analysis.tp import packets as pk
 
     B, E, In = pk.T_BEGIN, pk.T_END, pk.T_INSTANT
     typ = np.array([B, E, E, B, In, B, B, E, E, E], np.int8)

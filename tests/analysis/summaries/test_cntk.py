@@ -13,8 +13,10 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from test_summaries_db import TraceDB, scenario  # noqa: E402
 
-from stepscope.analysis import cntk  # noqa: E402
-from stepscope.analysis.summaries import SummaryError  # noqa: E402
+from stepscope.analysis.summaries import (
+    SummaryError,  # noqa: E402
+    cntk,  # noqa: E402
+)
 
 STAMP = "2026-01-02_03-04-05"
 

@@ -15,9 +15,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from test_summaries_db import TraceDB, scenario  # noqa: E402
 
 from stepscope import cli  # noqa: E402
-from stepscope.analysis import cli_summary  # noqa: E402
-from stepscope.analysis import summaries as S  # noqa: E402
-from stepscope.analysis._format import MAX_WIDTH, cut_middle, format_bytes  # noqa: E402
+from stepscope.analysis.cli import summary as cli_summary  # noqa: E402
+from stepscope.analysis.summaries import tables as S  # noqa: E402
+from stepscope.analysis.summaries.format import MAX_WIDTH, cut_middle, format_bytes  # noqa: E402
 
 
 def widest(text: str) -> int:

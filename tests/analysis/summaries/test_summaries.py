@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from test_summaries_db import TraceDB, scenario  # noqa: E402
 
 from stepscope import _schema  # noqa: E402
-from stepscope.analysis import summaries as S  # noqa: E402
-from stepscope.analysis._format import Table  # noqa: E402
+from stepscope.analysis.summaries import tables as S  # noqa: E402
+from stepscope.analysis.summaries.format import Table  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -540,8 +540,8 @@ def test_parse_steps():
 
 
 # every SQL file the package ships (not a hand-kept list that could miss a new one)
-SQL_FILES = sorted(p.name[:-4] for p in resources.files("stepscope.analysis").joinpath("sql")
-                   .iterdir() if p.name.endswith(".sql"))
+SQL_FILES = sorted(p.name[:-4] for p in resources.files("stepscope.analysis.summaries")
+                   .joinpath("sql").iterdir() if p.name.endswith(".sql"))
 
 
 def test_sql_literals_are_schema_names():

@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from test_summaries_db import scenario  # noqa: E402
 
 from stepscope import _schema, _session  # noqa: E402
-from stepscope.analysis import cntk  # noqa: E402
-from stepscope.analysis import summaries as S  # noqa: E402
+from stepscope.analysis.summaries import cntk  # noqa: E402
+from stepscope.analysis.summaries import tables as S  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -211,7 +211,7 @@ def test_loaded_slice_base_is_the_cte_and_gives_the_same_tables(traces, expected
     _base.sql's ss_slice CTE; all_tables reads it (no filter) and gives every table as the CTEs
     do, and as the hand-checked database does."""
     from stepscope import analysis
-    from stepscope.analysis import _slicebase
+    from stepscope.analysis.summaries import slicebase as _slicebase
 
     with analysis.open(list(traces), engine="embedded") as db:
         ctes = [f"{n}{c} AS ({b})" for n, c, b in S._base_ctes(S.Filters())]
@@ -257,7 +257,7 @@ def test_loaded_slice_base_is_the_cte_and_gives_the_same_tables(traces, expected
 
 
 def test_slice_kinds_follow_the_base_sql_case():
-    from stepscope.analysis import _slicebase
+    from stepscope.analysis.summaries import slicebase as _slicebase
 
     strings = ["step", "phase", "Forward", "Custom", "stepscope", "nvtx", "Step", "kernel",
                "cuda_driver", "dataloader", "Dataloader", "memset", "gpu_range"]
@@ -270,7 +270,8 @@ def test_slice_kinds_follow_the_base_sql_case():
 def test_slice_kinds_are_those_of_the_base_sql_case_for_every_category():
     """Every category _slicebase knows (and 'phase' with every phase name, NULLs, others):
     kinds() gives what _base.sql's CASE gives on the same slices."""
-    from stepscope.analysis import _slicebase, importer
+    from stepscope.analysis.summaries import slicebase as _slicebase
+    from stepscope.analysis.tp import importer
 
     cats = [*_slicebase._KIND_OF_CATEGORY, "phase", "nvtx", None]
     names = [*_slicebase._KIND_OF_PHASE, "Custom", None]
@@ -296,7 +297,7 @@ def test_slice_kinds_are_those_of_the_base_sql_case_for_every_category():
 def test_a_failing_slice_base_leaves_the_summaries_to_the_ctes(traces, expected, monkeypatch,
                                                                caplog):
     from stepscope import analysis
-    from stepscope.analysis import _slicebase
+    from stepscope.analysis.summaries import slicebase as _slicebase
 
     def broken(conn):
         raise sqlite3.OperationalError("no such table: track")
@@ -388,7 +389,7 @@ def test_a_table_failing_on_another_thread_fails_the_call(traces, monkeypatch):
 
 
 def test_no_second_connection_without_a_file_or_with_pending_changes(traces, tmp_path):
-    from stepscope.analysis import importer
+    from stepscope.analysis.tp import importer
 
     mem, _ = importer.load(list(traces))  # in memory: nothing else can open it
     assert S._more_connections(mem, 3) == []

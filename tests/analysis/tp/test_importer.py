@@ -11,7 +11,7 @@ import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from stepscope.analysis import TraceError
-from stepscope.analysis.importer import load
+from stepscope.analysis.tp.importer import load
 
 TB, TE, TI, TC = (pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END,
                   pb.TrackEvent.TYPE_INSTANT, pb.TrackEvent.TYPE_COUNTER)
@@ -147,7 +147,7 @@ def test_slices_live_once_in_the_slice_base(tmp_path):
     """``slice`` is a view over the summaries' slice base, which holds every slice: the
     unfinished one (id 4) is there without base columns; loaded without the base, ``slice`` is
     a table of the same rows."""
-    from stepscope.analysis import _slicebase
+    from stepscope.analysis.summaries import slicebase as _slicebase
 
     path = write(tmp_path, nesting_trace())
     conn, _ = load(path)
@@ -580,7 +580,7 @@ def test_damaged_bytes_load_or_fail_cleanly(tmp_path):
 def test_repeated_packet_bodies_decode_like_the_general_path(tmp_path, monkeypatch):
     """Packets sharing a body are decoded once and copied: same tables as decoding each."""
     import stepscope
-    from stepscope.analysis import _packets
+    from stepscope.analysis.tp import packets as _packets
 
     path = str(tmp_path / "w.pftrace")
     with stepscope.trace(path):

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from stepscope import _wire as w
-from stepscope.analysis import _sqlimage as si
-from stepscope.analysis import engines, importer
+from stepscope.analysis import engines
+from stepscope.analysis.sqlimage import image as si
+from stepscope.analysis.tp import importer
 
 TRACK = 7
 

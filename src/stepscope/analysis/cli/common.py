@@ -11,8 +11,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import engines
-from ._errors import TraceError
+from .. import engines
+from .._errors import TraceError
 
 _PROGRESS_BYTES = 8 << 20  # show loading progress for inputs bigger than this (a few seconds)
 # The profiler's file names (_schema.SUMMARY_FILE, DETAIL_FILE) say each file's role.

@@ -15,10 +15,10 @@ import sqlite3
 import sys
 from typing import Any
 
-from . import engines
-from ._cli import add_engine_args, open_traces
-from ._cli import fail as _fail
-from ._errors import EngineError, TraceError
+from .. import engines
+from .._errors import EngineError, TraceError
+from .common import add_engine_args, open_traces
+from .common import fail as _fail
 
 _FORMATS = ("text", "csv", "json")
 EXPORT_TABLES = ("slice", "counter", "args", "flow", "track", "thread_track", "process_track",

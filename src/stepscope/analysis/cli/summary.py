@@ -12,12 +12,12 @@ import os
 import sys
 from typing import Any
 
-from . import summaries
-from ._cli import add_engine_args, classify
-from ._cli import fail as _fail
-from ._cli import open_traces as _open  # a module global: the tests replace it
-from ._errors import TraceError
-from ._format import UNITS
+from .. import summaries
+from .._errors import TraceError
+from ..summaries.format import UNITS
+from .common import add_engine_args, classify
+from .common import fail as _fail
+from .common import open_traces as _open  # a module global: the tests replace it
 
 _FORMATS = ("text", "csv", "json", "md")
 
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
             tables.values(), fmt=args.format, unit=args.unit, name_width=args.name_width
         )
         if args.cntk:
-            from .cntk import write_cntk
+            from ..summaries.cntk import write_cntk
 
             kw_f = {k: kw[k] for k in ("threads", "ranks", "steps")}
             for p in write_cntk(db, args.cntk, **kw_f):

@@ -35,9 +35,9 @@ from urllib.parse import quote
 
 import numpy as np
 
-from .. import _ext
-from . import _protoscan as ps
-from ._threads import in_parallel
+from ... import _ext
+from .._threads import in_parallel
+from ..tp import protoscan as ps
 
 PAGE = 65536
 # SQLite's largest payloads kept whole on a page (compared with whole cells: a few bytes on the
@@ -48,7 +48,7 @@ MAX_TEXT = 8192  # bytes of a text value kept (keeps every cell on its page, no 
 _LEAF_HDR, _INTERIOR_HDR = 8, 12
 
 
-_native = _ext.load("stepscope.analysis._sqlpages")
+_native = _ext.load("stepscope.analysis.sqlimage._sqlpages")
 
 
 @dataclass

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .summaries import Filters, SummaryError, _run, render
+from .tables import Filters, SummaryError, _run, render
 
 TIMESTAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"
 _NS_PER_MS = 1_000_000

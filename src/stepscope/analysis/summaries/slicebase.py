@@ -23,8 +23,8 @@ import sqlite3
 
 import numpy as np
 
-from .._schema import phase_of
-from . import _sqlimage as si
+from ..._schema import phase_of
+from ..sqlimage import image as si
 
 SS_TABLE = "ss_slice_base"
 # the columns of _base.sql's ss_slice, in its order, with their declared types
@@ -67,7 +67,7 @@ _USER, _OTHER_PHASE = 6, 5
 
 def track_owners(conn: sqlite3.Connection) -> dict[int, tuple[int, int | None]]:
     """track id -> (upid, utid) as _base.sql's ss_track_info gives them (every track)."""
-    from .summaries import Filters, _base_ctes
+    from .tables import Filters, _base_ctes
 
     ctes = []
     for name, cols, body in _base_ctes(Filters()):

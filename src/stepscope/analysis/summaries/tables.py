@@ -27,8 +27,10 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from .. import _schema as S
-from ._format import (
+from ... import _schema as S
+from .._threads import cpus
+from ..sqlimage.image import file_of, open_file
+from .format import (
     BOOL,
     BYTES,
     FLOAT,
@@ -41,9 +43,7 @@ from ._format import (
     Table,
     render_many,
 )
-from ._slicebase import SS_BASE_ROWS, SS_COLUMNS, SS_INDEX_KEYS, SS_NAME_INDEX_KEYS, SS_TABLE
-from ._sqlimage import file_of, open_file
-from ._threads import cpus
+from .slicebase import SS_BASE_ROWS, SS_COLUMNS, SS_INDEX_KEYS, SS_NAME_INDEX_KEYS, SS_TABLE
 
 __all__ = [
     "TABLES",

@@ -12,11 +12,11 @@ from collections import defaultdict
 
 import numpy as np
 
-from .. import _wire as w
-from . import _protoscan as ps
-from ._model import NONE, Strings
-from ._packets import _Acc, _as_i64, _last, _last_len
-from ._state import _pb, _State, _text
+from ... import _wire as w
+from . import protoscan as ps
+from .model import NONE, Strings
+from .packets import _Acc, _as_i64, _last, _last_len
+from .state import _pb, _State, _text
 
 # value types of args rows
 V_INT, V_UINT, V_BOOL, V_REAL, V_STRING, V_POINTER, V_JSON = range(7)

@@ -25,11 +25,12 @@ from functools import partial
 
 import numpy as np
 
-from .. import _ext
-from . import _protoscan as ps
-from ._args import _build_args
-from ._model import NONE, Strings, Tables, Track
-from ._packets import (
+from ... import _ext
+from .._threads import beside
+from . import protoscan as ps
+from .args import _build_args
+from .model import NONE, Strings, Tables, Track
+from .packets import (
     T_BEGIN,
     T_COUNTER,
     T_END,
@@ -41,7 +42,7 @@ from ._packets import (
     read_file,
     scan_packets,
 )
-from ._state import (
+from .state import (
     _generations,
     _lookup_last,
     _resolve_timestamps,
@@ -49,11 +50,10 @@ from ._state import (
     _State,
     _text,
 )
-from ._threads import beside
 
 _I64 = np.int64
 # C twins of the sequential loops (None: numpy)
-_loops = _ext.load("stepscope.analysis._decodeloops")
+_loops = _ext.load("stepscope.analysis.tp._decodeloops")
 
 __all__ = ["Strings", "Tables", "Track", "decode", "read_file"]
 

@@ -46,11 +46,11 @@ from os import PathLike, fspath
 
 import numpy as np
 
-from . import _slicebase
-from . import _sqlimage as si
-from ._decode import Tables, decode, read_file
-from ._errors import TraceDamageWarning, TraceError
-from ._packets import Progress, skipped_summary
+from .._errors import TraceDamageWarning, TraceError
+from ..sqlimage import image as si
+from ..summaries import slicebase as _slicebase
+from .decode import Tables, decode, read_file
+from .packets import Progress, skipped_summary
 
 log = logging.getLogger("stepscope.analysis")
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _ext, _inflate
-from .. import _wire as w
-from . import _protoscan as ps
-from ._errors import TraceError
-from ._threads import map_ordered
+from ... import _ext, _inflate
+from ... import _wire as w
+from .._errors import TraceError
+from .._threads import map_ordered
+from . import protoscan as ps
 
 Progress = Callable[[str, float], None]  # (stage, fraction done)
 
@@ -46,7 +46,7 @@ T_BEGIN, T_END = w.TYPE_SLICE_BEGIN, w.TYPE_SLICE_END
 T_INSTANT, T_COUNTER = w.TYPE_INSTANT, w.TYPE_COUNTER
 _CHUNK = 1 << 19  # packets scanned per numpy pass (bounds temporary memory)
 # groups: equal packet bodies in one pass (None: numpy)
-_loops = _ext.load("stepscope.analysis._decodeloops")
+_loops = _ext.load("stepscope.analysis.tp._decodeloops")
 _PIECE = 8 << 20  # bytes of inflated batches split into packets at a time
 
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _ext
-from .. import _wire as w
+from ... import _ext
+from ... import _wire as w
 
-_loops = _ext.load("stepscope.analysis._decodeloops")
+_loops = _ext.load("stepscope.analysis.tp._decodeloops")
 
 PAD = 32  # zero bytes appended to every buffer (>= the widest fixed-size read, _TPL_MAX + 8)
 

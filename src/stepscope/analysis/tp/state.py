@@ -16,11 +16,11 @@ from collections import defaultdict
 
 import numpy as np
 
-from .. import _ext
-from .. import _wire as w
-from .._clock import BOOTTIME
-from ._model import Strings, Track, to_str
-from ._packets import (
+from ... import _ext
+from ... import _wire as w
+from ..._clock import BOOTTIME
+from .model import Strings, Track, to_str
+from .packets import (
     P_CLOCK_SNAPSHOT,
     P_DEFAULTS,
     P_DESCRIPTOR,
@@ -29,7 +29,7 @@ from ._packets import (
 )
 
 # generations, last_owner, packet_clocks: one pass or two each (None: numpy)
-_loops = _ext.load("stepscope.analysis._decodeloops")
+_loops = _ext.load("stepscope.analysis.tp._decodeloops")
 
 # Sequence state: generations, defaults, interning
 # --------------------------------------------------------------------------------------------

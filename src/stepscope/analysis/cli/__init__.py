@@ -1,0 +1,1 @@
+"""The analysis' command-line subcommands: ``stepscope summary``, ``sql`` and ``export-csv``."""

@@ -1,0 +1,1 @@
+"""The SQLite image writer: numpy columns -> an SQLite database file image."""

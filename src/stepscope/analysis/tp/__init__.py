@@ -1,0 +1,1 @@
+"""The embedded trace-processor clone: Perfetto trace bytes -> trace processor's tables."""

@@ -20,10 +20,10 @@ from .engines import (
     Rows,
     TraceProcessorDB,
     find_trace_processor,
+    load,
     open,
     print_progress,
 )
-from .tp.importer import load
 
 __all__ = [
     "EmbeddedDB",

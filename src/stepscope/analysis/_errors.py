@@ -13,3 +13,7 @@ class TraceError(ValueError):
 
 class EngineError(RuntimeError):
     """The requested query engine is not available (e.g. no trace processor binary)."""
+
+
+class SummaryError(RuntimeError):
+    """A summary could not be computed (bad filter, unknown table, failing query)."""

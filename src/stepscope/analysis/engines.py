@@ -37,7 +37,9 @@ from typing import Any
 from . import _sqlfuncs
 from ._errors import EngineError, TraceError
 from .sqlimage.image import file_of
-from .tp.importer import Progress, _paths, load, remove_db_file
+from .summaries.slicebase import POST_LOAD
+from .tp import importer
+from .tp.importer import Progress, paths_of, remove_db_file
 
 ENV_BIN = "STEPSCOPE_TRACE_PROCESSOR"
 ENV_TIMEOUT = "STEPSCOPE_DOWNLOAD_TIMEOUT"
@@ -45,6 +47,14 @@ DOWNLOAD_TIMEOUT_S = 60.0
 ENGINES = ("auto", "trace_processor", "embedded")
 
 PathArg = str | PathLike | Iterable[str | PathLike]
+
+
+def load(path_or_paths: PathArg, db: str | None = ":memory:", progress: Progress | None = None,
+         indexes: bool = True, slice_base: bool = True) -> tuple[sqlite3.Connection, dict]:
+    """The embedded engine's load: trace processor's tables (``tp.importer.load``) and, with
+    ``slice_base``, the summaries' slice base laid into the same database image."""
+    return importer.load(path_or_paths, db, progress, indexes,
+                         post=(POST_LOAD,) if slice_base else ())
 
 
 class Row:
@@ -457,7 +467,7 @@ def open(  # noqa: A001 - mirrors the builtin on purpose: stepscope.analysis.ope
     """
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
-    paths = _paths(path_or_paths)
+    paths = paths_of(path_or_paths)
     _check_files(paths)
     if progress is True:
         progress = print_progress()

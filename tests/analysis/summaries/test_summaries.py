@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from test_summaries_db import TraceDB, scenario  # noqa: E402
 
 from stepscope import _schema  # noqa: E402
+from stepscope.analysis import summaries  # noqa: E402
 from stepscope.analysis.summaries import tables as S  # noqa: E402
 from stepscope.analysis.summaries.format import Table  # noqa: E402
 
@@ -465,13 +466,13 @@ def test_shared_base_gives_the_same_tables_and_cleans_up():
         shared = S.all_tables(db, **kw)
         for name, t in shared.items():
             assert t.rows == S.table(db, name, **kw).rows, (name, kw)
-    with S.shared_base(db, S.Filters()) as base:
+    with S.shared_base(db, summaries.Filters()) as base:
         assert base is not None
         # rank 0: 26 slices; rank 1: 2 steps, 2 device, 1 bookkeeping (the unfinished one: out)
         assert db.query("SELECT COUNT(*) AS n FROM temp.ss_slice") == [{"n": 31}]
     assert db.query("SELECT name FROM sqlite_temp_master") == []
     db.conn.execute("CREATE TEMP TABLE ss_frame(x)")  # a taken name: the CTEs are used
-    with S.shared_base(db, S.Filters()) as base:
+    with S.shared_base(db, summaries.Filters()) as base:
         assert base is None
     assert db.query("SELECT name FROM sqlite_temp_master") == [{"name": "ss_frame"}]
     assert S.all_tables(db)["model"].rows == S.table(db, "model").rows
@@ -479,10 +480,10 @@ def test_shared_base_gives_the_same_tables_and_cleans_up():
 
 def test_shared_base_keys_slices_by_id_and_orders_the_overview_window():
     db = scenario()
-    with S.shared_base(db, S.Filters()) as base:
+    with S.shared_base(db, summaries.Filters()) as base:
         plan = db.query("EXPLAIN QUERY PLAN SELECT ts FROM ss_slice WHERE id = 3")
         assert ["INTEGER PRIMARY KEY" in r["detail"] for r in plan] == [True]
-        sql = "EXPLAIN QUERY PLAN " + S.render("overview", base=base)
+        sql = "EXPLAIN QUERY PLAN " + summaries.render("overview", base=base)
         plan = [r["detail"] for r in db.query(sql)]
         # the union window reads (kind_id, upid, ts, end_ts) in index order: the one sort left
         # is the final ORDER BY of the kinds
@@ -491,7 +492,7 @@ def test_shared_base_keys_slices_by_id_and_orders_the_overview_window():
         assert not any("GROUP BY" in d for d in plan)  # kinds are counted in index order
         # threads merged, the operators read no process or thread row per range
         for by_thread in (False, True):
-            sql = S.render("operators", base=base, **S.operator_values(by_thread))
+            sql = summaries.render("operators", base=base, **S.operator_values(by_thread))
             plan = [r["detail"].split() for r in db.query("EXPLAIN QUERY PLAN " + sql)]
             joined = {d[1] for d in plan if d[0] in ("SCAN", "SEARCH")} & {"p", "th"}
             assert joined == ({"p", "th"} if by_thread else set())
@@ -503,13 +504,13 @@ def test_shared_base_keys_slices_by_id_and_orders_the_overview_window():
 
 
 def test_bad_input_is_explained(db):
-    with pytest.raises(S.SummaryError, match="unknown table 'nope'"):
+    with pytest.raises(summaries.SummaryError, match="unknown table 'nope'"):
         S.table(db, "nope")
-    with pytest.raises(S.SummaryError, match="bad step range"):
+    with pytest.raises(summaries.SummaryError, match="bad step range"):
         S.table(db, "overview", steps="a:b")
     broken = TraceDB()
     broken.conn.execute("DROP TABLE flow")
-    with pytest.raises(S.SummaryError, match="summary 'model' failed"):
+    with pytest.raises(summaries.SummaryError, match="summary 'model' failed"):
         S.table(broken, "model")
 
 
@@ -533,10 +534,10 @@ def test_query_rows_accepts_engine_results():
 
 
 def test_parse_steps():
-    assert S.parse_steps("3:7") == (3, 7)
-    assert S.parse_steps("3:") == (3, None)
-    assert S.parse_steps(":7") == (None, 7)
-    assert S.parse_steps("4") == (4, 5)
+    assert summaries.parse_steps("3:7") == (3, 7)
+    assert summaries.parse_steps("3:") == (3, None)
+    assert summaries.parse_steps(":7") == (None, 7)
+    assert summaries.parse_steps("4") == (4, 5)
 
 
 # every SQL file the package ships (not a hand-kept list that could miss a new one)
@@ -557,7 +558,7 @@ def test_sql_literals_are_schema_names():
     phases = set(_schema.PHASES)
     used = set()
     for name in SQL_FILES:
-        used |= set(re.findall(r"'([^']*)'", S.sql_text(name)))
+        used |= set(re.findall(r"'([^']*)'", summaries.sql_text(name)))
     assert {
         "step",
         "phase",
@@ -578,7 +579,7 @@ def test_sql_literals_are_schema_names():
     # every category literal compared in SQL is a schema category
     cat_literals = set()
     for name in SQL_FILES:
-        text = S.sql_text(name)
+        text = summaries.sql_text(name)
         cat_literals |= set(re.findall(r"category\s*(?:=|<>)\s*'([^']*)'", text))
         for m in re.finditer(r"category\s+IN\s*\(([^)]*)\)", text):
             cat_literals |= set(re.findall(r"'([^']*)'", m.group(1)))
@@ -587,9 +588,9 @@ def test_sql_literals_are_schema_names():
 
 
 def test_rendered_sql_has_no_placeholders():
-    f = S.Filters.make(threads=[1, "x'y"], ranks=[0], steps="1:3")
-    sqls = [S.render(n, f) for n in SQL_FILES if n not in ("_base", "operators")]
-    sqls += [S.render("operators", f, **S.operator_values(b)) for b in (False, True)]
+    f = summaries.Filters.make(threads=[1, "x'y"], ranks=[0], steps="1:3")
+    sqls = [summaries.render(n, f) for n in SQL_FILES if n not in ("_base", "operators")]
+    sqls += [summaries.render("operators", f, **S.operator_values(b)) for b in (False, True)]
     for sql in sqls:
         code = [ln for ln in sql.splitlines() if ln.strip() and not ln.lstrip().startswith("--")]
         assert "{{" not in sql and code[0] == "WITH RECURSIVE"

@@ -24,7 +24,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 from test_summaries_db import scenario  # noqa: E402
 
 from stepscope import _schema, _session  # noqa: E402
-from stepscope.analysis.summaries import cntk  # noqa: E402
+from stepscope.analysis import summaries  # noqa: E402
+from stepscope.analysis.summaries import (
+    cntk,  # noqa: E402
+    sqlfiles,  # noqa: E402
+)
 from stepscope.analysis.summaries import tables as S  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -214,7 +218,7 @@ def test_loaded_slice_base_is_the_cte_and_gives_the_same_tables(traces, expected
     from stepscope.analysis.summaries import slicebase as _slicebase
 
     with analysis.open(list(traces), engine="embedded") as db:
-        ctes = [f"{n}{c} AS ({b})" for n, c, b in S._base_ctes(S.Filters())]
+        ctes = [f"{n}{c} AS ({b})" for n, c, b in sqlfiles.base_ctes(summaries.Filters())]
         cte = db.conn.execute(f"WITH RECURSIVE {', '.join(ctes)} "
                               "SELECT * FROM ss_slice ORDER BY id").fetchall()
         loaded = db.conn.execute(f"SELECT {', '.join(_slicebase.SS_COLUMNS)} "
@@ -226,12 +230,13 @@ def test_loaded_slice_base_is_the_cte_and_gives_the_same_tables(traces, expected
         kinds = dict(db.conn.execute(f"SELECT name, kind_id FROM {_slicebase.SS_TABLE} "
                                      "WHERE name IN ('step 1', 'Forward', 'matmul', 'gemm')"))
         assert kinds == {"step 1": 0, "Forward": 2, "matmul": 6, "gemm": 9}
-        with S.shared_base(db, S.Filters()) as base:
+        with S.shared_base(db, summaries.Filters()) as base:
             assert base is not None
             assert db.query("SELECT type FROM sqlite_temp_master WHERE name = 'ss_slice'") == \
                 [{"type": "view"}]
             # the step rows come from the base's kind index, and are those of the CTE
-            body = dict((n, b) for n, _, b in S._base_ctes(S.Filters(), True))["ss_step_all"]
+            on_base = sqlfiles.base_ctes(summaries.Filters(), _slicebase.PLACEHOLDERS)
+            body = dict((n, b) for n, _, b in on_base)["ss_step_all"]
             assert f"FROM main.{_slicebase.SS_TABLE} s" in body and "s.kind_id = 0" in body
             steps = db.conn.execute("SELECT * FROM temp.ss_step_all ORDER BY id").fetchall()
             assert len(steps) == 4 and steps == db.conn.execute(
@@ -240,11 +245,11 @@ def test_loaded_slice_base_is_the_cte_and_gives_the_same_tables(traces, expected
             # the overview's windows read the loaded index in order: no sort but the final
             # ORDER BY
             plan = [r["detail"] for r in
-                    db.query("EXPLAIN QUERY PLAN " + S.render("overview", base=base))]
+                    db.query("EXPLAIN QUERY PLAN " + summaries.render("overview", base=base))]
             assert any("COVERING INDEX ss_slice_base_kind" in d for d in plan)
             assert [d for d in plan if "TEMP B-TREE" in d] == ["USE TEMP B-TREE FOR ORDER BY"]
             # the operators' per-name statistics read the name index: no sort for that GROUP BY
-            ops = S.render("operators", base=base, **S.operator_values(False))
+            ops = summaries.render("operators", base=base, **S.operator_values(False))
             plan = [r["detail"] for r in db.query("EXPLAIN QUERY PLAN " + ops)]
             assert any("COVERING INDEX ss_slice_base_name (kind_id=?)" in d for d in plan)
         for kw in ({}, {"by_thread": True}, {"steps": "2"}):  # the last: the CTE path
@@ -273,8 +278,8 @@ def test_slice_kinds_are_those_of_the_base_sql_case_for_every_category():
     from stepscope.analysis.summaries import slicebase as _slicebase
     from stepscope.analysis.tp import importer
 
-    cats = [*_slicebase._KIND_OF_CATEGORY, "phase", "nvtx", None]
-    names = [*_slicebase._KIND_OF_PHASE, "Custom", None]
+    cats = [*_slicebase.KIND_OF_CATEGORY, "phase", "nvtx", None]
+    names = [*_slicebase.KIND_OF_PHASE, "Custom", None]
     pairs = [(c, n) for c in cats for n in names]
     conn = sqlite3.connect(":memory:")
     conn.executescript(importer.SMALL_SCHEMA + ";" + importer.BIG_SCHEMA["slice"])
@@ -284,7 +289,7 @@ def test_slice_kinds_are_those_of_the_base_sql_case_for_every_category():
                        "INSERT INTO thread_track(id, utid) VALUES (0, 0);")
     conn.executemany("INSERT INTO slice(id, ts, dur, track_id, category, name) "
                      "VALUES (?, 0, 1, 0, ?, ?)", [(i, c, n) for i, (c, n) in enumerate(pairs)])
-    ctes = [f"{n}{c} AS ({b})" for n, c, b in S._base_ctes(S.Filters())]
+    ctes = [f"{n}{c} AS ({b})" for n, c, b in sqlfiles.base_ctes(summaries.Filters())]
     want = [k for (k,) in conn.execute(f"WITH RECURSIVE {', '.join(ctes)} "
                                        "SELECT kind_id FROM ss_slice ORDER BY id")]
     strings = sorted({x for p in pairs for x in p if x is not None})
@@ -372,14 +377,14 @@ def test_a_table_failing_on_another_thread_fails_the_call(traces, monkeypatch):
     def failing(db_, name, *args):
         if isinstance(db_, sqlite3.Connection):  # the second thread's connection
             other_took_one.set()
-            raise S.SummaryError(f"summary {name!r} failed: boom")
+            raise summaries.SummaryError(f"summary {name!r} failed: boom")
         other_took_one.wait(10)  # or this thread could take every table before the other
         return inner(db_, name, *args)
 
     monkeypatch.setattr(S, "_more_connections", spy_more)
     monkeypatch.setattr(S, "_table", failing)
     with analysis.open(list(traces), engine="embedded") as db:
-        with pytest.raises(S.SummaryError, match="failed: boom"):
+        with pytest.raises(summaries.SummaryError, match="failed: boom"):
             S.all_tables(db, workers=2)
         assert len(opened) == 1
         with pytest.raises(sqlite3.ProgrammingError):
@@ -389,13 +394,13 @@ def test_a_table_failing_on_another_thread_fails_the_call(traces, monkeypatch):
 
 
 def test_no_second_connection_without_a_file_or_with_pending_changes(traces, tmp_path):
-    from stepscope.analysis.tp import importer
+    from stepscope import analysis
 
-    mem, _ = importer.load(list(traces))  # in memory: nothing else can open it
+    mem, _ = analysis.load(list(traces))  # in memory: nothing else can open it
     assert S._more_connections(mem, 3) == []
     mem.close()
     path = str(tmp_path / "kept.db")
-    conn, _ = importer.load(list(traces), db=path)
+    conn, _ = analysis.load(list(traces), db=path)
     others = S._more_connections(conn, 2)
     assert len(others) == 2
     assert [c.execute("SELECT COUNT(*) FROM slice").fetchone() for c in others] == \

@@ -10,8 +10,7 @@ import zlib
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from stepscope.analysis import TraceError
-from stepscope.analysis.tp.importer import load
+from stepscope.analysis import TraceError, load
 
 TB, TE, TI, TC = (pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END,
                   pb.TrackEvent.TYPE_INSTANT, pb.TrackEvent.TYPE_COUNTER)

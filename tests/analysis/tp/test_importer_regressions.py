@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from stepscope import _wire as w
+from stepscope import analysis
 from stepscope.analysis import engines
 from stepscope.analysis.sqlimage import image as si
-from stepscope.analysis.tp import importer
 
 TRACK = 7
 
@@ -34,7 +34,7 @@ DESC = packet(w.f_bytes(w.PKT_TRACK_DESCRIPTOR,
 
 
 def slices(path) -> list:
-    conn, _ = importer.load(str(path))
+    conn, _ = analysis.load(str(path))
     return conn.execute("select ts, dur, name from slice order by id").fetchall()
 
 
@@ -58,7 +58,7 @@ def test_a_corrupt_source_location_loses_only_itself(tmp_path):
     path = tmp_path / "t.pftrace"
     path.write_bytes(DESC + packet(event(100, 1, broken, "a")) + packet(event(200, 2)))
     assert slices(path) == [(100, 100, "a")]
-    conn, stats = importer.load(str(path))
+    conn, stats = analysis.load(str(path))
     assert stats["corrupt_source_locations"] == 1  # counted, as other corrupt input is
     assert conn.execute("select value from stats where name = 'corrupt_source_locations'"
                         ).fetchall() == [(1,)]
@@ -154,7 +154,7 @@ def test_a_compressed_batch_of_garbage_loses_only_itself(tmp_path):
     path.write_bytes(DESC + batch(packet(event(100, 1, name="a")) + packet(event(200, 2)))
                      + batch(b"\xff" * 40)  # inflates fine, but to no packets at all
                      + batch(packet(event(300, 1, name="b")) + packet(event(350, 2))))
-    conn, stats = importer.load(str(path))
+    conn, stats = analysis.load(str(path))
     assert conn.execute("select ts, dur, name from slice order by ts").fetchall() == [
         (100, 100, "a"), (300, 50, "b")]
     assert stats["corrupt_compressed_batches"] == 1

@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import summaries
 from .._errors import TraceError
+from ..summaries.cntk import write_cntk
 from ..summaries.format import UNITS
 from .common import add_engine_args, classify
 from .common import fail as _fail
@@ -159,8 +160,6 @@ def run(args: argparse.Namespace) -> int:
             tables.values(), fmt=args.format, unit=args.unit, name_width=args.name_width
         )
         if args.cntk:
-            from ..summaries.cntk import write_cntk
-
             kw_f = {k: kw[k] for k in ("threads", "ranks", "steps")}
             for p in write_cntk(db, args.cntk, **kw_f):
                 print(f"wrote {p}", file=sys.stderr)

@@ -29,6 +29,7 @@ import mmap
 import os
 import sqlite3
 import struct
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -802,8 +803,6 @@ def connect(image) -> sqlite3.Connection:
     if hasattr(conn, "deserialize"):
         conn.deserialize(image)
         return conn
-    import tempfile
-
     fd, tmp = tempfile.mkstemp(suffix=".db")  # Python < 3.11: go through a file
     try:
         with os.fdopen(fd, "wb") as f:

@@ -1,4 +1,62 @@
-"""The summary tables: portable SQL files, the shared slice base, rendering, CNTK output."""
+"""The summary tables of a trace: portable SQL files plus the little Python SQL cannot share.
 
-from .tables import *  # noqa: F403
-from .tables import DEFAULT_TABLES, DETAIL_TABLES, __all__  # noqa: F401
+What the files share: every table is one SQL file under ``sql/`` (its comments state its
+algorithm) reading the CTEs of ``sql/_base.sql``, over trace processor's tables, so it runs on
+trace processor and on the embedded engine alike.
+
+* ``sqlfiles``  -- :class:`Filters`, the SQL files' text and placeholders, ``render``,
+  ``base_ctes``.
+* ``slicebase`` -- the shared slice base (table ``ss_slice_base``) built from the clone's decoded
+  columns at load time, through the importer's post-load hook (``POST_LOAD``).
+* ``tables``    -- the table specs, running them (shared base CTEs, several connections),
+  post-processing in Python, ``report``.
+* ``format``    -- rendering: text, CSV, JSON, markdown, units.
+* ``cntk``      -- CNTK-style per-rank output files.
+
+Exports the public API below (``stepscope.analysis.summaries.report`` and friends).
+"""
+
+from __future__ import annotations
+
+from .._errors import SummaryError
+from .sqlfiles import Filters, parse_steps, render, sql_text
+from .tables import (
+    DEFAULT_TABLES,
+    DETAIL_TABLES,
+    TABLES,
+    all_tables,
+    check_name,
+    counter_unit,
+    has_column,
+    operator_values,
+    percentile,
+    query_rows,
+    render_report,
+    report,
+    run_sql,
+    shared_base,
+    table,
+)
+
+__all__ = [
+    "DEFAULT_TABLES",
+    "DETAIL_TABLES",
+    "TABLES",
+    "Filters",
+    "SummaryError",
+    "all_tables",
+    "check_name",
+    "counter_unit",
+    "has_column",
+    "operator_values",
+    "parse_steps",
+    "percentile",
+    "query_rows",
+    "render",
+    "render_report",
+    "report",
+    "run_sql",
+    "shared_base",
+    "sql_text",
+    "table",
+]

@@ -20,7 +20,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .tables import Filters, SummaryError, _run, render
+from .._errors import SummaryError
+from .sqlfiles import Filters, render
+from .tables import run_sql
 
 TIMESTAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"
 _NS_PER_MS = 1_000_000
@@ -51,7 +53,7 @@ def write_cntk(
         raise SummaryError(f"bad timestamp for file names: {stamp!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = _run(db, "cntk", render("cntk_detail", Filters.make(threads, ranks, steps)))
+    rows = run_sql(db, "cntk", render("cntk_detail", Filters.make(threads, ranks, steps)))
     if not rows:
         return []
     origin = min(r["ts"] for r in rows)

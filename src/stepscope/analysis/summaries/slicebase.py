@@ -1,5 +1,9 @@
 """The summaries' slice base, laid into the embedded engine's database at load time.
 
+It is built by ``POST_LOAD``, a post-load table builder the embedded engine hands the importer
+(``tp.importer.PostLoad``): the importer runs it on the decoded columns and lays its table out
+in the same database image, without knowing what it is for.
+
 Every summary reads ``ss_slice`` (``sql/_base.sql``): the finished slices with their process
 (upid), thread (utid), end and event kind (kind_id). Computed as a CTE and then indexed by
 SQLite, it costs two passes over every slice (about 9 s at 5M slices). The importer holds the
@@ -10,11 +14,12 @@ database image as table ``SS_TABLE``.
 That table holds every slice once: trace processor's ``slice`` is a view over it (its columns,
 in its order), and the rows of ``ss_slice`` are those with an upid (``SS_BASE_ROWS``; the others,
 unfinished or on a track no process owns, have NULL base columns).
-``summaries.shared_base`` reads that table instead of computing the CTE when no filter is set.
+``tables.shared_base`` reads that table instead of computing the CTE when no filter is set.
 
 The rules are _base.sql's; the owner of each track comes from running _base.sql's own
 ``ss_track_info`` on the track tables, and the kind of each slice from its category and name
-strings as the CASE there reads them. Tests check the table against the CTE on written traces.
+strings (``_schema``'s) as the CASE there reads them. Tests check the table against the CTE on
+written traces.
 """
 
 from __future__ import annotations
@@ -23,8 +28,19 @@ import sqlite3
 
 import numpy as np
 
+from ... import _schema as sc
 from ..._schema import phase_of
 from ..sqlimage import image as si
+from ..tp.importer import (
+    SLICE_COLUMNS,
+    SLICE_TRACK_INDEX,
+    SLICE_TRACK_INDEX_KEYS,
+    Laid,
+    PostLoad,
+    track_tables,
+)
+from ..tp.model import Tables
+from .sqlfiles import Filters, base_ctes
 
 SS_TABLE = "ss_slice_base"
 # the columns of _base.sql's ss_slice, in its order, with their declared types
@@ -33,12 +49,8 @@ _COLUMNS = (("id", "INTEGER PRIMARY KEY"), ("ts", "INTEGER"), ("dur", "INTEGER")
             ("name", "TEXT"), ("parent_id", "INTEGER"), ("arg_set_id", "INTEGER"),
             ("upid", "INTEGER"), ("utid", "INTEGER"), ("kind_id", "INTEGER"))
 SS_COLUMNS = tuple(n for n, _ in _COLUMNS)
-# trace processor's slice columns, in its order: the importer's slice table, or (the slice base
-# made) a view over SS_TABLE, which has them after its own (depth, thread_ts, thread_dur)
-SLICE_COLUMNS = (("id", "INTEGER PRIMARY KEY"), ("ts", "INTEGER"), ("dur", "INTEGER"),
-                 ("track_id", "INTEGER"), ("category", "TEXT"), ("name", "TEXT"),
-                 ("depth", "INTEGER"), ("parent_id", "INTEGER"), ("arg_set_id", "INTEGER"),
-                 ("thread_ts", "INTEGER"), ("thread_dur", "INTEGER"))
+# with the slice base made, trace processor's slice (SLICE_COLUMNS) is a view over SS_TABLE,
+# which has its columns after its own (depth, thread_ts, thread_dur)
 SS_SCHEMA = si.table_sql(SS_TABLE, _COLUMNS + tuple(c for c in SLICE_COLUMNS
                                                     if c[0] not in SS_COLUMNS))
 SLICE_VIEW = (f"CREATE VIEW slice AS SELECT {', '.join(n for n, _ in SLICE_COLUMNS)} "
@@ -46,8 +58,6 @@ SLICE_VIEW = (f"CREATE VIEW slice AS SELECT {', '.join(n for n, _ in SLICE_COLUM
 # the rows of ss_slice: those with an upid, tested on kind_id first (set only on such rows), so
 # that a kind index answers it without reading the row
 SS_BASE_ROWS = "kind_id IS NOT NULL OR upid IS NOT NULL"
-# the importer's index on the slices' (track, ts), on the table that holds them
-SS_TRACK_INDEX, SS_TRACK_INDEX_KEYS = "slice_track_ts", ("track_id", "ts")
 # the order the overview's union window reads ss_slice in (summaries indexes its own copy alike)
 SS_INDEX_KEYS = ("kind_id", "upid", "ts", "end_ts")
 SS_INDEX = f"{SS_TABLE}_kind"
@@ -57,20 +67,23 @@ SS_NAME_INDEX_KEYS = ("kind_id", "name", "dur", "upid")
 SS_NAME_INDEX = f"{SS_TABLE}_name"
 
 # kind_id by category (_base.sql's CASE); 'phase' goes by name, None = NULL, others: 6
-_KIND_OF_CATEGORY = {"step": 0, "dataloader": 1, "cuda_runtime": 7, "cuda_driver": 7, "sync": 8,
-                     "kernel": 9, "communication": 10, "memcpy": 11, "memset": 12,
-                     "gpu_range": 13, "stepscope": None}
-_KIND_OF_PHASE = {"Dataloader": 1, "Forward": 2, "Backward": 3, "Optimization": 4}  # by
-# _schema.phase_of(name): the spellings _base.sql's placeholder phase_kind recognizes
+KIND_OF_CATEGORY = {sc.CAT_STEP: 0, sc.CAT_DATALOADER: 1, sc.CAT_RUNTIME: 7, sc.CAT_DRIVER: 7,
+                    sc.CAT_SYNC: 8, sc.CAT_KERNEL: 9, sc.CAT_COMMUNICATION: 10,
+                    sc.CAT_MEMCPY: 11, sc.CAT_MEMSET: 12, sc.CAT_GPU_RANGE: 13,
+                    sc.CAT_STEPSCOPE: None}
+KIND_OF_PHASE = {sc.PHASE_DATALOADER: 1, sc.PHASE_FORWARD: 2, sc.PHASE_BACKWARD: 3,
+                 sc.PHASE_OPTIMIZATION: 4}  # by _schema.phase_of(name): the spellings
+# _base.sql's placeholder phase_kind recognizes
 _USER, _OTHER_PHASE = 6, 5
+# _base.sql's placeholders that read the slices from the slice base instead of ``slice``
+PLACEHOLDERS = {"slices": f"main.{SS_TABLE}",
+                "step_rows": f"s.kind_id = {KIND_OF_CATEGORY[sc.CAT_STEP]}"}
 
 
 def track_owners(conn: sqlite3.Connection) -> dict[int, tuple[int, int | None]]:
     """track id -> (upid, utid) as _base.sql's ss_track_info gives them (every track)."""
-    from .tables import Filters, _base_ctes
-
     ctes = []
-    for name, cols, body in _base_ctes(Filters()):
+    for name, cols, body in base_ctes(Filters()):
         ctes.append(f"{name}{cols} AS ({body})")
         if name == "ss_track_info":
             break
@@ -87,13 +100,13 @@ def kinds(strings: list[str], category: np.ndarray, name: np.ndarray) -> tuple:
     by_name = np.full(n + 1, _OTHER_PHASE, np.int64)
     phase = -1
     for i, s in enumerate(strings):
-        if s in _KIND_OF_CATEGORY:
-            k = _KIND_OF_CATEGORY[s]
+        if s in KIND_OF_CATEGORY:
+            k = KIND_OF_CATEGORY[s]
             by_cat[i] = -1 if k is None else k
             null_cat[i] = k is None
-        elif s == "phase":
+        elif s == sc.CAT_PHASE:
             phase = i
-        by_name[i] = _KIND_OF_PHASE.get(phase_of(s), _OTHER_PHASE)
+        by_name[i] = KIND_OF_PHASE.get(phase_of(s), _OTHER_PHASE)
     cat = np.where(category < 0, n, category)
     kind = by_cat[cat]
     if phase >= 0:
@@ -134,4 +147,19 @@ def image_parts(slices: dict, strings: list[str],
     return table, [si.Index(ix, si.index_sql(ix, SS_TABLE, keys), SS_TABLE,
                             [by_name[k] for k in keys], table.rowid)
                    for ix, keys in ((SS_INDEX, SS_INDEX_KEYS), (SS_NAME_INDEX, SS_NAME_INDEX_KEYS),
-                                    (SS_TRACK_INDEX, SS_TRACK_INDEX_KEYS))]
+                                    (SLICE_TRACK_INDEX, SLICE_TRACK_INDEX_KEYS))]
+
+
+def build(t: Tables) -> Laid:
+    """The slice base of the decoded tables ``t``, as the importer lays it (PostLoad)."""
+    conn = track_tables(t)
+    try:
+        owners = track_owners(conn)
+    finally:
+        conn.close()
+    table, indexes = image_parts(t.slice, t.strings.list, owners)
+    return Laid([table], indexes, holds=("slice",), views=SLICE_VIEW + ";")
+
+
+# The builder the embedded engine passes to the importer (see engines.load)
+POST_LOAD = PostLoad("summaries' slice base", build)

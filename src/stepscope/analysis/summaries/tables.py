@@ -1,10 +1,11 @@
-"""The summary tables of a trace: portable SQL files + the little Python that SQL cannot share.
+"""The summary tables: which SQL file each runs, its columns, running them, post-processing.
 
-Every table is one file under ``analysis/sql`` whose comments define its metrics; the SQL runs
-unchanged on Perfetto's trace processor and on the embedded SQLite engine. Python only fills in
-the filters, computes what needs math functions (stddev, percentiles, straggler flags) and
-formats. Any object with ``.query(sql)`` returning rows (dicts, row objects, or a DataFrame)
-works as ``db``; so does a ``sqlite3.Connection``.
+Every table is one file under ``sql/`` whose comments define its metrics; the SQL runs
+unchanged on Perfetto's trace processor and on the embedded SQLite engine (``sqlfiles`` fills
+it in). Python only computes what needs math functions (stddev, percentiles, straggler flags),
+shares the base CTEs between tables (``shared_base``), runs tables on several connections and
+hands the rows to ``format``. Any object with ``.query(sql)`` returning rows (dicts, row
+objects, or a DataFrame) works as ``db``; so does a ``sqlite3.Connection``.
 
 Usage::
 
@@ -23,11 +24,9 @@ import statistics
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from typing import Any
 
-from ... import _schema as S
+from .._errors import SummaryError
 from .._threads import cpus
 from ..sqlimage.image import file_of, open_file
 from .format import (
@@ -43,181 +42,33 @@ from .format import (
     Table,
     render_many,
 )
-from .slicebase import SS_BASE_ROWS, SS_COLUMNS, SS_INDEX_KEYS, SS_NAME_INDEX_KEYS, SS_TABLE
+from .slicebase import (
+    PLACEHOLDERS,
+    SS_BASE_ROWS,
+    SS_COLUMNS,
+    SS_INDEX_KEYS,
+    SS_NAME_INDEX_KEYS,
+    SS_TABLE,
+)
+from .sqlfiles import Filters, base_ctes, render
 
 __all__ = [
+    "DEFAULT_TABLES",
+    "DETAIL_TABLES",
     "TABLES",
-    "Filters",
-    "SummaryError",
     "all_tables",
     "check_name",
+    "counter_unit",
     "has_column",
-    "parse_steps",
+    "operator_values",
     "percentile",
     "query_rows",
-    "render",
     "render_report",
     "report",
+    "run_sql",
     "shared_base",
-    "sql_text",
     "table",
 ]
-
-
-class SummaryError(RuntimeError):
-    """A summary could not be computed (bad filter, unknown table, failing query)."""
-
-
-# --- filters ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Filters:
-    """Which part of the trace a table covers (see ``sql/_base.sql`` for exact semantics).
-
-    ``threads``: tids (int) or thread names (str); host slices of other threads are dropped.
-    ``ranks``: rank numbers (from process names ``rank <N> (<host>)``, else pids).
-    ``steps``: ``(first, stop)`` step numbers, half-open like a Python slice; either may be None.
-    """
-
-    threads: tuple[int | str, ...] | None = None
-    ranks: tuple[int, ...] | None = None
-    steps: tuple[int | None, int | None] | None = None
-
-    @classmethod
-    def make(
-        cls,
-        threads: Iterable[int | str] | int | str | None = None,
-        ranks: Iterable[int] | int | None = None,
-        steps: str | tuple[int | None, int | None] | None = None,
-    ) -> Filters:
-        """Filters from loose arguments (one value or a list; steps as ``"A:B"`` or a tuple)."""
-        if isinstance(steps, str):
-            steps = parse_steps(steps)
-        if isinstance(threads, (str, int)):
-            threads = [threads]
-        if isinstance(ranks, int):
-            ranks = [ranks]
-        return cls(
-            tuple(threads) if threads else None,
-            tuple(int(r) for r in ranks) if ranks else None,
-            tuple(steps) if steps else None,
-        )
-
-
-def parse_steps(spec: str) -> tuple[int | None, int | None]:
-    """``"A:B"`` → steps A..B-1 (half-open, like a slice); ``"A:"``, ``":B"``; ``"N"`` → step N."""
-    s = (spec or "").strip()
-    try:
-        if ":" not in s:
-            n = int(s)
-            return n, n + 1
-        a, b = s.split(":", 1)
-        return (int(a) if a.strip() else None), (int(b) if b.strip() else None)
-    except ValueError:
-        raise SummaryError(f"bad step range {spec!r}: use A:B, A:, :B or N") from None
-
-
-def _sql_str(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
-
-
-def _phase_sql() -> tuple[str, str]:
-    """The kind of a 'phase' slice ``s`` by its name, and the test that a 'phase' slice ``p``
-    is a Dataloader phase: the spellings of ``_schema.PHASE_ALIASES`` in any (ASCII) case."""
-    kinds = {S.PHASE_DATALOADER: 1, S.PHASE_FORWARD: 2, S.PHASE_BACKWARD: 3,
-             S.PHASE_OPTIMIZATION: 4}
-    whens = " ".join(f"WHEN {_sql_str(a)} THEN {kinds[ph]}"
-                     for ph, names in S.PHASE_ALIASES.items() for a in names)
-    loaders = ", ".join(_sql_str(a) for a in S.PHASE_ALIASES[S.PHASE_DATALOADER])
-    return f"CASE lower(s.name) {whens} ELSE 5 END", f"lower(p.name) IN ({loaders})"
-
-
-PHASE_KIND_SQL, DATALOADER_PHASE_SQL = _phase_sql()
-
-
-def _placeholders(f: Filters, slice_base: bool = False) -> dict[str, str]:
-    """The base SQL's placeholders; ``slice_base``: read the importer's slice base (see
-    _base.sql) instead of ``slice``."""
-    p = {"rank_filter": "1", "thread_filter": "1", "step_filter": "1", "window_filter": "1",
-         "phase_kind": PHASE_KIND_SQL, "dataloader_phase": DATALOADER_PHASE_SQL,
-         "slices": f"main.{SS_TABLE}" if slice_base else "slice",
-         "step_rows": "s.kind_id = 0" if slice_base else "s.category = 'step'"}
-    if f.ranks is not None:
-        ranks = ", ".join(str(int(r)) for r in f.ranks)
-        p["rank_filter"] = f"COALESCE(p.rank, ti.upid) IN ({ranks})"
-    if f.threads is not None:
-        is_tid = [isinstance(t, int) or str(t).isdigit() for t in f.threads]
-        tids = [str(int(t)) for t, i in zip(f.threads, is_tid, strict=True) if i]
-        names = [_sql_str(str(t)) for t, i in zip(f.threads, is_tid, strict=True) if not i]
-        conds = []
-        if tids:
-            conds.append(f"tid IN ({', '.join(tids)})")
-        if names:
-            conds.append(f"name IN ({', '.join(names)})")
-        p["thread_filter"] = (
-            f"ti.utid IS NULL OR ti.utid IN (SELECT utid FROM thread WHERE {' OR '.join(conds)})"
-        )
-    if f.steps is not None:
-        first, stop = f.steps
-        conds = []
-        if first is not None:
-            conds.append(f"step >= {int(first)}")
-        if stop is not None:
-            conds.append(f"step < {int(stop)}")
-        p["step_filter"] = " AND ".join(conds) or "1"
-        p["window_filter"] = (
-            "EXISTS (SELECT 1 FROM ss_window w WHERE w.upid = ti.upid "
-            "AND s.ts >= w.w_start AND s.ts < w.w_end)"
-        )
-    return p
-
-
-# --- SQL files --------------------------------------------------------------------------------
-
-
-@cache
-def sql_text(name: str) -> str:
-    """The raw text of ``sql/<name>.sql`` (with its ``{{...}}`` placeholders)."""
-    try:
-        path = resources.files(__package__).joinpath("sql").joinpath(f"{name}.sql")
-        return path.read_text("utf-8")
-    except FileNotFoundError:
-        raise SummaryError(f"no SQL file for {name!r}") from None
-
-
-def render(
-    name: str, filters: Filters | None = None, *, base: str | None = None, **extra: str
-) -> str:
-    """The runnable SQL of one table: ``_base.sql`` and the filters filled in.
-
-    The result can be pasted into trace processor's shell or UI as-is. ``base`` replaces the
-    base CTEs (used when they were materialized as temporary tables, see shared_base()).
-    """
-    values = _placeholders(filters or Filters())
-    if base is None:
-        base = _fill(_strip_comments(sql_text("_base")), values)
-    values = {**values, **extra, "base": base.strip()}
-    return _fill(sql_text(name), values)
-
-
-# The base CTEs of _base.sql start at column 0 as "name AS (" or "name(cols) AS (".
-_CTE_HEAD = re.compile(r"^(\w+)(\([^)]*\))? AS \($", re.M)
-_SHARED_BASE = "WITH RECURSIVE ss_shared AS (SELECT 1)"
-
-
-def _base_ctes(filters: Filters, slice_base: bool = False) -> list[tuple[str, str, str]]:
-    """(name, column list, body) of each base CTE, filters filled in, in definition order."""
-    text = _fill(_strip_comments(sql_text("_base")), _placeholders(filters, slice_base))
-    heads = list(_CTE_HEAD.finditer(text))
-    out = []
-    for i, m in enumerate(heads):
-        end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
-        body = text[m.end() : end].rstrip().rstrip(",").rstrip()
-        if not body.endswith(")"):
-            raise SummaryError(f"cannot split _base.sql at {m.group(1)}")
-        out.append((m.group(1), m.group(2) or "", body[:-1]))
-    return out
 
 
 def _sqlite_conn(db: Any) -> sqlite3.Connection | None:
@@ -225,6 +76,9 @@ def _sqlite_conn(db: Any) -> sqlite3.Connection | None:
         return db
     conn = getattr(db, "conn", None)
     return conn if isinstance(conn, sqlite3.Connection) else None
+
+
+_SHARED_BASE = "WITH RECURSIVE ss_shared AS (SELECT 1)"
 
 
 @contextlib.contextmanager
@@ -246,7 +100,7 @@ def shared_base(db: Any, filters: Filters):
         try:
             has_base = _has_slice_base(conn)
             views = has_base and filters == Filters()
-            for name, cols, body in _base_ctes(filters, slice_base=has_base):
+            for name, cols, body in base_ctes(filters, PLACEHOLDERS if has_base else None):
                 if views and name in _BASE_VIEWS:
                     # unfiltered, ss_slice is the slice base itself and ss_device its device
                     # rows (read through its kind index): no copy on any connection
@@ -317,7 +171,7 @@ def _trace_processor_base(db: Any, filters: Filters, made: list[tuple[str, str]]
     statements too), keyed and indexed as on the embedded engine; None (and nothing left
     behind) when a statement is refused."""
     try:
-        for name, cols, body in _base_ctes(filters):
+        for name, cols, body in base_ctes(filters):
             if re.search(rf"\b{name}\b", body):  # recursive
                 sql = f"WITH RECURSIVE {name}{cols} AS ({body}) SELECT * FROM {name}"
             else:
@@ -358,20 +212,6 @@ def _drop(conn: Any, made: list[tuple[str, str]]) -> None:
             pass
 
 
-def _fill(text: str, values: dict[str, str]) -> str:
-    def sub(m: re.Match) -> str:
-        key = m.group(1)
-        if key not in values:
-            raise SummaryError(f"SQL placeholder {{{{{key}}}}} has no value")
-        return values[key]
-
-    return re.sub(r"\{\{(\w+)\}\}", sub, text)
-
-
-def _strip_comments(text: str) -> str:
-    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
-
-
 # --- running queries --------------------------------------------------------------------------
 
 
@@ -408,7 +248,9 @@ def _py(v: Any) -> Any:
     return v.item() if hasattr(v, "item") else v
 
 
-def _run(db: Any, name: str, sql: str) -> list[dict[str, Any]]:
+def run_sql(db: Any, name: str, sql: str) -> list[dict[str, Any]]:
+    """The rows of table ``name``'s ``sql``; engine errors become SummaryError (which names
+    the table and keeps the cause)."""
     try:
         return query_rows(db, sql)
     except SummaryError:
@@ -638,7 +480,7 @@ def _table(
             columns[1:1] = _OPERATOR_THREAD_COLS
     sql = render(spec.sql, filters, base=base, **extra)
     if sql not in cache:  # steps and step_times share one query; their post-processors copy
-        cache[sql] = _run(db, name, sql)
+        cache[sql] = run_sql(db, name, sql)
     rows = cache[sql]
     notes: list[str] = []
     post = _POST.get(name)

@@ -28,9 +28,10 @@ processor's clock / interning / nesting semantics) and writes the tables into an
 ``stats``          name, idx, severity, source, value (decoder counters: unknown packets, ...)
 =================  ===========================================================================
 
-Not a trace processor table: ``ss_slice_base``, the summaries' unfiltered slice base
-(``_slicebase``), which the summaries read instead of computing it. It holds the slices:
-``slice`` is then a view over it (a table when the base is not made).
+More tables can be laid into the same image: ``load(..., post=[PostLoad(...)])`` runs each
+builder on the decoded tables before the image is written (the summaries' slice base is one:
+it holds the slices, and ``slice`` is then a view over it). The importer knows nothing of what
+they are for.
 """
 
 from __future__ import annotations
@@ -41,23 +42,31 @@ import os
 import sqlite3
 import tempfile
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from os import PathLike, fspath
 
 import numpy as np
 
 from .._errors import TraceDamageWarning, TraceError
 from ..sqlimage import image as si
-from ..summaries import slicebase as _slicebase
 from .decode import Tables, decode, read_file
 from .packets import Progress, skipped_summary
 
 log = logging.getLogger("stepscope.analysis")
 
+# trace processor's slice columns, in its order
+SLICE_COLUMNS = (("id", "INTEGER PRIMARY KEY"), ("ts", "INTEGER"), ("dur", "INTEGER"),
+                 ("track_id", "INTEGER"), ("category", "TEXT"), ("name", "TEXT"),
+                 ("depth", "INTEGER"), ("parent_id", "INTEGER"), ("arg_set_id", "INTEGER"),
+                 ("thread_ts", "INTEGER"), ("thread_dur", "INTEGER"))
+# the index on the slices' (track, ts), on the table that holds them
+SLICE_TRACK_INDEX, SLICE_TRACK_INDEX_KEYS = "slice_track_ts", ("track_id", "ts")
+
 # Big tables: written as an SQLite file image (see _sqlimage), no per-row Python work.
 # Column names and types, kept once: the CREATE TABLE text and index key positions come from here.
 BIG_COLUMNS = {
-    "slice": _slicebase.SLICE_COLUMNS,
+    "slice": SLICE_COLUMNS,
     "counter": (("id", "INTEGER PRIMARY KEY"), ("ts", "INTEGER"), ("track_id", "INTEGER"),
                 ("value", "REAL"), ("arg_set_id", "INTEGER")),
     "args": (("id", "INTEGER PRIMARY KEY"), ("arg_set_id", "INTEGER"), ("flat_key", "TEXT"),
@@ -99,7 +108,7 @@ CREATE TABLE stats(name TEXT, idx INTEGER, severity TEXT, source TEXT, value INT
 # Indexes: (name, table, key columns). Built inside the file image (see _sqlimage), as
 # ``CREATE INDEX name ON table(keys)`` would build them.
 INDEXES = (
-    (_slicebase.SS_TRACK_INDEX, "slice", _slicebase.SS_TRACK_INDEX_KEYS),  # or on the base
+    (SLICE_TRACK_INDEX, "slice", SLICE_TRACK_INDEX_KEYS),  # or on a table holding the slices
     ("counter_track_ts", "counter", ("track_id", "ts")),
     ("args_set", "args", ("arg_set_id",)),
     ("flow_out", "flow", ("slice_out",)),
@@ -107,11 +116,37 @@ INDEXES = (
 )
 
 
+@dataclass
+class Laid:
+    """Tables a post-load builder lays into the database image beside the importer's.
+
+    ``holds``: the importer's tables whose rows its tables hold instead (the importer then
+    leaves them out of the image); ``views``: SQL run once the database is open (the views
+    that stand in for them)."""
+
+    tables: list[si.Table]
+    indexes: list[si.Index]
+    holds: tuple[str, ...] = ()
+    views: str = ""
+
+
+@dataclass(frozen=True)
+class PostLoad:
+    """A builder of more tables from the decoded ones, run before the image is written, so
+    that the image writer lays them out with the rest (no row goes through SQL).
+
+    ``what`` names them in the warning logged when ``build`` fails (sqlite3.Error, ValueError,
+    KeyError, IndexError): they are an optional shortcut, and the load goes on without them."""
+
+    what: str
+    build: Callable[[Tables], Laid]
+
+
 def _noop(stage: str, frac: float) -> None:
     pass
 
 
-def _paths(path_or_paths: str | PathLike | Iterable[str | PathLike]) -> list[str]:
+def paths_of(path_or_paths: str | PathLike | Iterable[str | PathLike]) -> list[str]:
     if isinstance(path_or_paths, (str, bytes, PathLike)):
         return [fspath(path_or_paths)]
     out = [fspath(p) for p in path_or_paths]
@@ -123,7 +158,7 @@ def _paths(path_or_paths: str | PathLike | Iterable[str | PathLike]) -> list[str
 def decode_files(path_or_paths, progress: Progress | None = None) -> Tables:
     """Decode one or several trace files (concatenable traces) into one set of tables."""
     progress = progress or _noop
-    paths = _paths(path_or_paths)
+    paths = paths_of(path_or_paths)
     datas = [(p, read_file(p)) for p in paths]
     try:
         tables = decode(datas, progress)
@@ -147,14 +182,15 @@ def load(
     db: str | None = ":memory:",
     progress: Progress | None = None,
     indexes: bool = True,
-    slice_base: bool = True,
+    post: Sequence[PostLoad] = (),
 ) -> tuple[sqlite3.Connection, dict[str, int]]:
     """Load trace file(s) into a new SQLite database; returns (connection, decoder stats).
 
-    ``db``: ":memory:", a file path, or None for a new temporary file (see write_tables)."""
+    ``db``: ":memory:", a file path, or None for a new temporary file (see write_tables).
+    ``post``: builders of more tables laid into the same image (see PostLoad)."""
     progress = progress or _noop
     tables = decode_files(path_or_paths, progress)
-    conn = write_tables(tables, db, progress, indexes=indexes, slice_base=slice_base)
+    conn = write_tables(tables, db, progress, indexes=indexes, post=post)
     return conn, tables.stats
 
 
@@ -196,7 +232,7 @@ def _image_indexes(tables: list[si.Table]) -> list[si.Index]:
     by_name = {t.name: t for t in tables}
     out = []
     for name, table, keys in INDEXES:
-        if table not in by_name:  # the slices are in the slice base (see _image_parts)
+        if table not in by_name:  # held by a post-load table (see _image_parts)
             continue
         t = by_name[table]
         names = [n for n, _ in BIG_COLUMNS[table]]
@@ -213,19 +249,18 @@ def _image_indexes(tables: list[si.Table]) -> list[si.Index]:
 
 
 def write_tables(t: Tables, db: str | None = ":memory:", progress: Progress = _noop,
-                 indexes: bool = True, slice_base: bool = True) -> sqlite3.Connection:
+                 indexes: bool = True, post: Sequence[PostLoad] = ()) -> sqlite3.Connection:
     """A database holding the decoded tables: in memory, in the file ``db``, or (``db=None``) in
     a new temporary file, which the caller deletes (``remove_db_file(si.file_of(conn))``, as
     EmbeddedDB does; in memory when it cannot be written).
 
     A file is laid out in place and read mapped (see _sqlimage.build_file); other connections
-    can open it, which lets the summaries run on several cores. ``slice_base``: with the
-    summaries' slice base (``_slicebase``, which the summaries compute themselves when it is
-    missing). The big columns of ``t`` (slice, counter, args) are released once written.
+    can open it, which lets the summaries run on several cores. ``post``: builders of more
+    tables laid into the image (see PostLoad). The big columns of ``t`` (slice, counter, args)
+    are released once written.
     """
     progress("load", 0.0)
-    tables, ixs = _image_parts(t, indexes, slice_base)
-    slice_view = any(tb.name == _slicebase.SS_TABLE for tb in tables)
+    tables, ixs, views = _image_parts(t, indexes, post)
     strings = t.strings.list
     conn = None
     if db is None:
@@ -244,7 +279,7 @@ def write_tables(t: Tables, db: str | None = ":memory:", progress: Progress = _n
     try:
         conn.execute("PRAGMA synchronous=OFF")
         conn.execute("PRAGMA temp_store=MEMORY")
-        conn.executescript(SMALL_SCHEMA + (_slicebase.SLICE_VIEW + ";" if slice_view else ""))
+        conn.executescript(SMALL_SCHEMA + views)
         with conn:
             _write_tracks(conn, t)
             conn.executemany(
@@ -290,33 +325,39 @@ def remove_db_file(path: str) -> None:
 
 
 def _image_parts(t: Tables, indexes: bool,
-                 slice_base: bool) -> tuple[list[si.Table], list[si.Index]]:
-    """The image's tables and indexes: the big tables, the slices in the summaries' slice base
-    when wanted (``slice`` is then a view over it, see _slicebase), else in table ``slice``."""
-    base = None
-    if slice_base:
+                 post: Sequence[PostLoad]) -> tuple[list[si.Table], list[si.Index], str]:
+    """The image's tables and indexes and the views run after: the post-load tables first,
+    then the big tables they do not hold. ``indexes`` False leaves out the importer's indexes
+    (INDEXES), wherever they are, not the post-load tables' own."""
+    laid = []
+    for p in post:
         try:
-            base, base_ixs = _slicebase.image_parts(t.slice, t.strings.list, _track_owners(t))
+            laid.append(p.build(t))
         except (sqlite3.Error, ValueError, KeyError, IndexError) as e:
-            # an optional shortcut (the summaries compute ss_slice themselves), but said
-            log.warning("stepscope: no summaries' slice base (%s: %s)", type(e).__name__, e)
-    tables = _image_tables(t, slices=base is None)
+            # an optional shortcut (what they hold can be computed from the tables), but said
+            log.warning("stepscope: no %s (%s: %s)", p.what, type(e).__name__, e)
+    held = {h for part in laid for h in part.holds}
+    tables = _image_tables(t, slices="slice" not in held)
     ixs = _image_indexes(tables) if indexes else []
-    if base is not None:
-        tables.insert(0, base)
-        ixs.extend(ix for ix in base_ixs if indexes or ix.name != _slicebase.SS_TRACK_INDEX)
-    return tables, ixs
+    own = {name for name, _, _ in INDEXES}
+    for part in reversed(laid):
+        tables[:0] = part.tables
+    for part in laid:
+        ixs.extend(ix for ix in part.indexes if indexes or ix.name not in own)
+    return tables, ixs, "".join(part.views for part in laid)
 
 
-def _track_owners(t: Tables) -> dict[int, tuple[int, int | None]]:
-    """The owner of each track, read by _base.sql's SQL from the track tables alone."""
+def track_tables(t: Tables) -> sqlite3.Connection:
+    """A new in-memory database holding the small tables (tracks, threads, processes, stats'
+    schema) of ``t``: what a post-load builder reads with SQL. The caller closes it."""
     conn = sqlite3.connect(":memory:")
     try:
         conn.executescript(SMALL_SCHEMA)
         _write_tracks(conn, t)
-        return _slicebase.track_owners(conn)
-    finally:
+    except BaseException:
         conn.close()
+        raise
+    return conn
 
 
 def _counter_owner(tr, by_uuid: dict):

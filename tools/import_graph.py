@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     # analysis: shared leaves, the image writer, the trace-processor clone, the summaries,
     # the engines, the CLI, the facade
     "stepscope.analysis._errors": 1,
+    "stepscope.analysis._arrays": 1,
     "stepscope.analysis._threads": 1,
     "stepscope.analysis.sqlimage": 2,
     "stepscope.analysis.tp": 3,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from stepscope.analysis import _arrays as ar
 from stepscope.analysis.sqlimage import image as si
 from stepscope.analysis.tp import decode as _decode
 from stepscope.analysis.tp import importer as im
@@ -97,13 +98,13 @@ def test_image_index_keys_must_be_int_or_text_columns_in_the_image(monkeypatch):
 
 def test_small_sort_keys_keep_the_order():
     a = np.array([70_000, 3, 70_000, 0, 3], np.int64)
-    assert ps.small_key(a).dtype == np.uint32
-    assert ps.small_key(a % 7).dtype == np.uint16
-    assert ps.small_key(a - 1).dtype == np.int64  # a -1 among them: kept as it is
+    assert ar.small_key(a).dtype == np.uint32
+    assert ar.small_key(a % 7).dtype == np.uint16
+    assert ar.small_key(a - 1).dtype == np.int64  # a -1 among them: kept as it is
     for k in (a, a % 7, a - 1, a << 33):
-        assert np.argsort(ps.small_key(k), kind="stable").tolist() == \
+        assert np.argsort(ar.small_key(k), kind="stable").tolist() == \
             np.argsort(k, kind="stable").tolist()
-    got = _state._segmented_cumsum(np.array([1, 2, 3, 4, 5]), np.array([0, 0, 1, 1, 1]),
+    got = _state.segmented_cumsum(np.array([1, 2, 3, 4, 5]), np.array([0, 0, 1, 1, 1]),
                                    dtype=np.int32)
     assert got.dtype == np.int32 and got.tolist() == [1, 3, 3, 7, 12]
     # runs from given starts (one empty) plus a base each: 100 + [1, 3], 200 + [], 300 + [3, 7, 12]
@@ -344,9 +345,9 @@ def test_last_owner_of_a_hand_made_sequence():
     og, op = np.array([1, 2, 1]), np.array([2, 5, 7])
     gen = np.array([1, 1, 2, 2, 1, 1, -1, 3])
     pkt = np.array([1, 2, 4, 5, 6, 7, 8, 9])
-    assert _state._lookup_last(og, op, gen, pkt, 10).tolist() == [-1, 0, -1, 1, 0, 2, -1, -1]
+    assert _state.lookup_last(og, op, gen, pkt, 10).tolist() == [-1, 0, -1, 1, 0, 2, -1, -1]
     back = slice(None, None, -1)  # queries out of packet order: the same answers
-    assert _state._lookup_last(og, op, gen[back], pkt[back], 10).tolist() == \
+    assert _state.lookup_last(og, op, gen[back], pkt[back], 10).tolist() == \
         [-1, 0, -1, 1, 0, 2, -1, -1][::-1]
 
 
@@ -357,7 +358,7 @@ def test_last_owner_c_and_numpy_agree(monkeypatch):
         n, ng, op, og = _random_owners(rng)
         pkt = np.sort(rng.integers(0, n, int(rng.integers(0, 40))))
         gen = rng.integers(-1, ng + 2, len(pkt))  # also generations without an owner
-        got, want = _c_and_numpy(monkeypatch, _state._lookup_last, og, op, gen, pkt, n)
+        got, want = _c_and_numpy(monkeypatch, _state.lookup_last, og, op, gen, pkt, n)
         assert got.tolist() == want.tolist(), trial
     with pytest.raises(ValueError, match="packet order"):  # the C walk checks its inputs
         _state._loops.last_owner(*(np.array(a, np.int64) for a in ([0], [1], [0], [0, 0], [3, 2])),
@@ -370,7 +371,7 @@ def test_generations_of_a_hand_made_trace():
     # has base 0 + (1 + 1) = 2, its clears -> 3, then 4. Flag 2 (needs state) is not a clear.
     seq = np.array([7, 7, 3, 3, 7, 7, 3])
     flags = np.array([2, 1, 0, 3, 1, 2, 2])
-    srank, gen = _state._generations(seq, flags)
+    srank, gen = _state.generations(seq, flags)
     assert srank.tolist() == [1, 1, 0, 0, 1, 1, 0]
     assert gen.tolist() == [-1, 3, -1, 1, 4, 4, 1]
 
@@ -382,7 +383,7 @@ def test_generations_c_and_numpy_agree(monkeypatch):
         n = int(rng.integers(1, 80))
         seq = np.repeat(rng.integers(0, 5, n), rng.integers(1, 4, n))  # runs of one sequence
         flags = rng.choice([0, 0, 0, 1, 2, 3], len(seq)).astype(np.int8)
-        got, want = _c_and_numpy(monkeypatch, _state._generations, seq, flags)
+        got, want = _c_and_numpy(monkeypatch, _state.generations, seq, flags)
         assert [a.tolist() for a in got] == [a.tolist() for a in want], trial
     with pytest.raises(ValueError, match="srank"):  # the C loop checks its sequence ranks
         _state._loops.generations(np.array([0, 2], np.int64), np.zeros(2, np.int8),
@@ -426,7 +427,7 @@ def test_body_groups_c_and_numpy_agree(monkeypatch):
         pk._loops.groups(ps.padded(b"ab"), np.array([30]), np.array([8]), np.zeros(1, np.int64))
 
 
-class _Defaults:  # the part of _state._State that _packet_clocks reads
+class _Defaults:  # the part of _state.State that _packet_clocks reads
     def __init__(self, pkt, clock):
         self.def_pkt, self.def_clock = np.array(pkt, np.int64), np.array(clock, np.int64)
 
@@ -472,7 +473,7 @@ def test_stable_order_is_a_stable_argsort():
               (rng.integers(0, 5, 1 << 17) << 40) | rng.integers(0, 3, 1 << 17),  # shuffled
               np.array([5, -(1 << 63), (1 << 62) + 7, 3, (1 << 62) + 1, -(1 << 62)]),  # 2**63+
               np.array([4]), np.zeros(0, np.int64)):
-        assert ps.stable_order(a).tolist() == np.argsort(a, kind="stable").tolist()
+        assert ar.stable_order(a).tolist() == np.argsort(a, kind="stable").tolist()
 
 
 def test_nesting_of_a_hand_made_track():

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     """Handler of ``stepscope summary``: the whole-run files of all PATHs are loaded into one
     database (one rank per file, typically), so the distributed table compares them.
 
-    Files by role (see ``_cli.classify``): the profiler's ``rank<N>.summary.pftrace`` (and any
+    Files by role (see ``common.classify``): the profiler's ``rank<N>.summary.pftrace`` (and any
     trace not named as a detail window) cover the whole run and give every table. Its
     ``rank<N>.detail.<k>.pftrace`` windows repeat the steps and phases of their window, so when
     whole-run files are given too they are loaded apart and only fill the tables the whole-run

@@ -1,6 +1,6 @@
-/* stepscope.analysis._sqlpages: the per-row loops of _sqlimage.py in C (optional).
+/* stepscope.analysis.sqlimage._sqlpages: the per-row loops of sqlimage/image.py in C (optional).
  *
- * _sqlimage lays out an SQLite database file image from numpy columns. Its numpy twin costs about
+ * sqlimage.image lays out an SQLite database file image from numpy columns. Its numpy twin costs about
  * 0.75 us per row (a dozen array passes per column); these two loops do the same in one pass
  * each: the size of every cell (to plan the pages) and the leaf pages themselves. Page planning,
  * interior pages and the schema stay in Python (a handful of rows per page).
@@ -428,7 +428,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sqlpages",
-                                    "SQLite leaf pages from columns (see _sqlimage.py).", -1,
+                                    "SQLite leaf pages from columns (see sqlimage/pages.py).", -1,
                                     methods};
 
 PyMODINIT_FUNC PyInit__sqlpages(void) { return PyModule_Create(&module); }

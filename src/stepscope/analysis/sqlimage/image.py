@@ -37,8 +37,8 @@ from urllib.parse import quote
 import numpy as np
 
 from ... import _ext
+from .. import _arrays as ar
 from .._threads import in_parallel
-from ..tp import protoscan as ps
 
 PAGE = 65536
 # SQLite's largest payloads kept whole on a page (compared with whole cells: a few bytes on the
@@ -409,7 +409,7 @@ def _index_order(keys: list[np.ndarray], rowid: np.ndarray) -> np.ndarray:
     if not inc:
         words.append(rowid.astype(np.int64, copy=False))
     if len(words) == 1:
-        return ps.stable_order(words[0])
+        return ar.stable_order(words[0])
     return np.lexsort(words[::-1])
 
 
@@ -445,7 +445,7 @@ def _scattered(order: np.ndarray) -> bool:
     Row-by-row reads in such an order wait on memory at every row (about 200 ns); a numpy
     gather of each column first costs about 25 ns per value. Orders close to row order (an
     index on (track, ts), on (kind, upid, ts)) are read as they are. Judged on a sample."""
-    pairs = ps.neighbours(order)
+    pairs = ar.neighbours(order)
     return pairs is not None and bool((np.abs(pairs[1] - pairs[0]) > 64).mean() > 0.25)
 
 

@@ -196,7 +196,7 @@ def _trace_processor_base(db: Any, filters: Filters, made: list[tuple[str, str]]
 
 
 def _has_slice_base(conn: sqlite3.Connection) -> bool:
-    """Whether the importer wrote the unfiltered ss_slice (see _slicebase) into ``conn``."""
+    """Whether the importer wrote the unfiltered ss_slice (see slicebase) into ``conn``."""
     return conn.execute("SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?",
                         (SS_TABLE,)).fetchone() is not None
 

@@ -1,8 +1,8 @@
 /* stepscope.analysis._decodeloops: the decoder's sequential loops, which numpy can only do in
- * many passes (optional; _protoscan.py and _decode.py have the numpy twins, same results).
+ * many passes (optional; protoscan.py, state.py, packets.py and decode.py have the numpy twins, same results).
  *
  * split_repeated(buf, start, end, tag) -> (starts, ends, stop): the items of a run of one
- * repeated length-delimited field (Trace.packet) in buf[start:end], as _protoscan.split_repeated
+ * repeated length-delimited field (Trace.packet) in buf[start:end], as protoscan.split_repeated
  * defines them: starts/ends are the payload bounds (native int64 bytes), stop is where the walk
  * stopped (end for a clean run; a byte that is not `tag`, or an item running past end, stops it
  * and such an item is dropped). A length varint longer than 10 bytes or above 2**40 counts as
@@ -10,7 +10,7 @@
  *
  * nest(typ, track, ts, begin, end, instant, out_slice, dur, depth, parent) -> unmatched ends:
  * slices from begin / end / instant events in time order (typ, track, ts: one per event), as
- * _decode._build_slices defines them: each begin or instant opens the next slice id, one level
+ * decode._build_slices defines them: each begin or instant opens the next slice id, one level
  * below the slice open on its track (parent), and an end closes the innermost open one; an end
  * with nothing open is ignored (as trace processor). out_slice gets each event's slice (-1: an
  * ignored end); dur (-1: never closed; instants 0), depth and parent (-1: none) one per slice.
@@ -231,7 +231,7 @@ static inline int64_t owner_at(owners_t *o, int64_t upto, int64_t g) {
 
 /* last_owner(owner_gen, owner_pkt, last, gen, pkt, out): for each query packet pkt[i] (of
  * generation gen[i]), the index of the last owner of the same generation at or before it, or -1
- * (_state._lookup_last's numpy twin). Queries are in packet order. All int64. */
+ * (state.lookup_last's numpy twin). Queries are in packet order. All int64. */
 static PyObject *f_last_owner(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "last_owner(owner_gen, owner_pkt, last, gen, pkt, out)");
@@ -262,7 +262,7 @@ done:
 }
 
 /* packet_clocks(owner_gen, owner_pkt, last, owner_clock, gen, srank, clock): each packet's clock
- * id, in place (_state._packet_clocks's numpy twin). A packet with no clock of its own (0) takes
+ * id, in place (state._packet_clocks's numpy twin). A packet with no clock of its own (0) takes
  * that of the last defaults packet (owner) of its generation at or before it, or keeps 0; then
  * sequence-scoped clocks (64..127) become ((srank + 1) << 8) | clock. All int64. */
 static PyObject *f_packet_clocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -296,7 +296,7 @@ done:
     return release(v, 7, res);
 }
 
-/* generations(srank, flags, scratch, gen): each packet's generation id (_state._generations'
+/* generations(srank, flags, scratch, gen): each packet's generation id (state.generations'
  * numpy twin): -1 before the first clear (flags bit 0) of its sequence (srank: 0..nseq-1, int64),
  * else base[s] + the clears of its sequence so far, where base[s] = sum over the sequences
  * before s of (their clears + 1). flags int8; scratch int64 of 2 * nseq; gen int64, out. */
@@ -348,7 +348,7 @@ done:
 }
 
 /* groups(buf, start, length, inv) -> rep: groups the byte strings buf[start[i]:start[i] +
- * length[i]] by equal content (_packets._body_groups' numpy twin): inv[i] = the group of
+ * length[i]] by equal content (packets._body_groups' numpy twin): inv[i] = the group of
  * string i, groups numbered by first appearance; rep (bytes of native int64) = the first string
  * of each group. start, length, inv: int64; each string lies inside buf. */
 static inline uint64_t mix(uint64_t x) {
@@ -484,7 +484,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_decodeloops",
-                                    "The decoder's sequential loops (see _decode.py).", -1,
+                                    "The decoder's sequential loops (see tp/loops.py).", -1,
                                     methods};
 
 PyMODINIT_FUNC PyInit__decodeloops(void) { return PyModule_Create(&module); }

@@ -13,10 +13,11 @@ from collections import defaultdict
 import numpy as np
 
 from ... import _wire as w
+from .. import _arrays as ar
 from . import protoscan as ps
 from .model import NONE, Strings
-from .packets import _Acc, _as_i64, _last, _last_len
-from .state import _pb, _State, _text
+from .packets import Acc, as_i64, last_len_of, last_of
+from .state import State, trace_pb2, utf8_at
 
 # value types of args rows
 V_INT, V_UINT, V_BOOL, V_REAL, V_STRING, V_POINTER, V_JSON = range(7)
@@ -57,7 +58,7 @@ def _flatten(pb_ann, key: str, flat: str, rows: list, strings: Strings, argname)
         rows.append((k, fk, V_STRING, 0, strings.id(str(getattr(pb_ann, which))), 0.0))
 
 
-def _build_args(buf, E: _Acc, st: _State, egen, ev_slice, sl: dict, stats) -> dict:
+def build_args(buf, E: Acc, st: State, egen, ev_slice, sl: dict, stats) -> dict:
     """Debug annotations and source locations -> args rows, identical arg sets shared."""
     strings = st.strings
     cols: dict[str, list] = defaultdict(list)
@@ -79,12 +80,12 @@ def _build_args(buf, E: _Acc, st: _State, egen, ev_slice, sl: dict, stats) -> di
         aoff, alen = E.get("ann_off")[keep], E.get("ann_len")[keep]
         f = ps.scan(buf, aoff, aoff + alen)
         na = len(aev)
-        name_iid, _ = _last(f, w.DA_NAME_IID, na, dtype=np.int64)
+        name_iid, _ = last_of(f, w.DA_NAME_IID, na, dtype=np.int64)
         nidx = st.interned.lookup("arg", egen[aev], name_iid)
         names = np.array(st.interned.vals.get("arg", []) + [NONE], np.int64)[nidx]
-        noff, nlen = _last_len(f, w.DA_NAME, na)
+        noff, nlen = last_len_of(f, w.DA_NAME, na)
         for i in np.flatnonzero(noff >= 0).tolist():
-            names[i] = strings.id(_text(buf, int(noff[i]), int(nlen[i])))
+            names[i] = strings.id(utf8_at(buf, int(noff[i]), int(nlen[i])))
         # "debug.<name>" keys
         uniq = np.unique(names[names >= 0])
         keymap = np.full(len(strings.list) + 1, NONE, np.int64)
@@ -99,7 +100,7 @@ def _build_args(buf, E: _Acc, st: _State, egen, ev_slice, sl: dict, stats) -> di
                         (w.DA_POINTER, V_POINTER)):
             rows = f.select(fid)
             vtype[f.msg[rows]] = vt
-            ival[f.msg[rows]] = _as_i64(f.val[rows])
+            ival[f.msg[rows]] = as_i64(f.val[rows])
         rows = f.select(w.DA_DOUBLE)
         vtype[f.msg[rows]] = V_REAL
         rval[f.msg[rows]] = f.val[rows].view(np.float64)
@@ -107,12 +108,12 @@ def _build_args(buf, E: _Acc, st: _State, egen, ev_slice, sl: dict, stats) -> di
         rows = rows[f.wt[rows] == ps.WT_LEN]
         vtype[f.msg[rows]] = V_STRING
         for r in rows.tolist():
-            sval[f.msg[r]] = strings.id(_text(buf, int(f.off[r]), int(f.ln[r])))
+            sval[f.msg[r]] = strings.id(utf8_at(buf, int(f.off[r]), int(f.ln[r])))
         rows = f.select(w.DA_STRING_IID)
         if len(rows):
             vals = np.array(st.interned.vals.get("argstr", []) + [NONE], np.int64)
             idx = st.interned.lookup("argstr", egen[aev[f.msg[rows]]],
-                                     _as_i64(f.val[rows]))
+                                     as_i64(f.val[rows]))
             vtype[f.msg[rows]] = V_STRING
             sval[f.msg[rows]] = vals[idx]
         cx = np.zeros(na, bool)
@@ -122,7 +123,7 @@ def _build_args(buf, E: _Acc, st: _State, egen, ev_slice, sl: dict, stats) -> di
         add(slices[simple], np.flatnonzero(simple), keys[simple], keys[simple], vtype[simple],
             ival[simple], sval[simple], rval[simple])
         if cx.any():
-            pb = _pb()
+            pb = trace_pb2()
 
             crow = []
             for i in np.flatnonzero(cx & (names >= 0)).tolist():
@@ -158,7 +159,7 @@ def _build_args(buf, E: _Acc, st: _State, egen, ev_slice, sl: dict, stats) -> di
                                                                  strict=True) if j >= 0)
     lev = E.get("sl_ev")
     if len(lev):
-        pb = _pb()
+        pb = trace_pb2()
         for e, o, ln in zip(lev.tolist(), E.get("sl_off").tolist(), E.get("sl_len").tolist(),
                             strict=True):
             if ev_slice[e] >= 0:
@@ -197,13 +198,13 @@ def _build_args(buf, E: _Acc, st: _State, egen, ev_slice, sl: dict, stats) -> di
     s = c["slice"]
     starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
     pos = np.arange(len(s)) - np.repeat(starts, np.diff(np.r_[starts, len(s)]))
-    m = ps.mix64
+    m = ar.mix64
     h = m(c["key"].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
           ^ m(c["type"] + (c["flat"] << 8)) ^ m(c["ival"]) * np.uint64(3)
           ^ m(c["sval"]) * np.uint64(5) ^ m(c["rval"].view(np.int64)) * np.uint64(7)
           ^ m(pos) * np.uint64(11))
     set_hash = np.add.reduceat(h, starts) if len(starts) else h
-    set_hash = ps.mix64(set_hash ^ ps.mix64(np.diff(np.r_[starts, len(s)])))
+    set_hash = ar.mix64(set_hash ^ ar.mix64(np.diff(np.r_[starts, len(s)])))
     uh, first, inv = np.unique(set_hash, return_index=True, return_inverse=True)
     rank = np.empty(len(uh), np.int64)
     rank[np.argsort(first)] = np.arange(len(uh))  # arg set ids in slice order, from 1

@@ -26,29 +26,29 @@ from functools import partial
 import numpy as np
 
 from ... import _ext
+from .. import _arrays as ar
 from .._threads import beside
-from . import protoscan as ps
-from .args import _build_args
+from .args import build_args
 from .model import NONE, Strings, Tables, Track
 from .packets import (
     T_BEGIN,
     T_COUNTER,
     T_END,
     T_INSTANT,
+    Acc,
     Progress,
-    _Acc,
-    _as_i64,
+    as_i64,
     gather_packets,
     read_file,
     scan_packets,
 )
 from .state import (
-    _generations,
-    _lookup_last,
-    _resolve_timestamps,
-    _segmented_cumsum,
-    _State,
-    _text,
+    State,
+    generations,
+    lookup_last,
+    resolve_timestamps,
+    segmented_cumsum,
+    utf8_at,
 )
 
 _I64 = np.int64
@@ -86,13 +86,13 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
     pk.start = pk.end = pk.file = None  # only the bytes are needed from here on
     stats["packets"] = n
     seq, flags, bad = P.pop("seq"), P.pop("flags", np.int8), P.pop("bad", bool)
-    srank, gen = _generations(seq, flags) if n else (np.zeros(0, _I64), np.zeros(0, _I64))
+    srank, gen = generations(seq, flags) if n else (np.zeros(0, _I64), np.zeros(0, _I64))
     skip = bad | (((flags & 2) != 0) & (gen < 0))
     if skip.any():
         stats["packets_skipped_no_incremental_state"] = int((skip & ~bad).sum())
     del seq, flags, bad
     progress("state", 0.0)
-    st = _State(buf, rare, srank, gen, stats)
+    st = State(buf, rare, srank, gen, stats)
     strings = st.strings
     epkt, etyp = E.pop("pkt"), E.pop("typ")
     m = len(epkt)
@@ -101,7 +101,7 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
     # nothing from each other: computed side by side
     (egen, eskip, etid, ename, ecat), pts = beside(
         partial(_event_tracks_names, E, st, tracks, buf, epkt, gen, skip, n),
-        partial(_resolve_timestamps, P, st, srank, gen, skip, stats) if n
+        partial(resolve_timestamps, P, st, srank, gen, skip, stats) if n
         else partial(np.zeros, 0, _I64))
     del P, gen, skip, srank
     progress("events", 0.0)
@@ -142,7 +142,7 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
     del cval, has_cval, ets, etid, etyp, is_counter_ev
     progress("args", 0.0)
     flows = _build_flows(E, ev_slice, order)
-    args = _build_args(buf, E, st, egen, ev_slice, tables_slice, stats)
+    args = build_args(buf, E, st, egen, ev_slice, tables_slice, stats)
     procs, threads, track_utid, track_upid = _build_processes(tracks)
     progress("events", 1.0)
     return Tables(strings=strings, slice=tables_slice, counter=tables_counter, args=args,
@@ -150,7 +150,7 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
                   track_utid=track_utid, track_upid=track_upid, stats=stats)
 
 
-def _event_tracks_names(E: _Acc, st: _State, tracks: list[Track], buf, epkt: np.ndarray,
+def _event_tracks_names(E: Acc, st: State, tracks: list[Track], buf, epkt: np.ndarray,
                         gen: np.ndarray, skip: np.ndarray, n: int) -> tuple:
     """Per event: its generation, whether its packet is skipped, its track's index in
     ``tracks`` (-1: unknown), its name and category string ids."""
@@ -169,7 +169,7 @@ def _event_tracks_names(E: _Acc, st: _State, tracks: list[Track], buf, epkt: np.
         return np.where(su[pos] == u, uorder[pos], -1).astype(np.int32)
 
     if len(st.def_pkt) and m:  # the defaults' track (mapped once per default), unless the
-        d = _lookup_last(gen[st.def_pkt], st.def_pkt, egen, epkt, n)  # event names its own
+        d = lookup_last(gen[st.def_pkt], st.def_pkt, egen, epkt, n)  # event names its own
         def_tid = np.where(st.def_track == -1, -1, track_index(st.def_track)).astype(np.int32)
         etid = np.r_[def_tid, np.int32(-1)][d]  # d = -1 (no defaults yet): the -1 at the end
         del d
@@ -178,7 +178,7 @@ def _event_tracks_names(E: _Acc, st: _State, tracks: list[Track], buf, epkt: np.
     tr_ev = E.pop("tr_ev")
     etid[tr_ev] = track_index(E.pop("tr_uuid"))
     del tr_ev
-    # generation ids < clears + sequences <= 2 * packets (see _generations), not < packets
+    # generation ids < clears + sequences <= 2 * packets (see generations), not < packets
     egen = egen.astype(np.int32) if 2 * n < (1 << 31) - 1 else egen
 
     # ---- names and categories -----------------------------------------------------------
@@ -188,7 +188,7 @@ def _event_tracks_names(E: _Acc, st: _State, tracks: list[Track], buf, epkt: np.
     del name_idx
     for i, o, ln in zip(E.get("nm_ev").tolist(), E.get("nm_off").tolist(),
                         E.get("nm_len").tolist(), strict=True):
-        ename[i] = strings.id(_text(buf, o, ln))
+        ename[i] = strings.id(utf8_at(buf, o, ln))
     cat_vals = np.array(st.interned.vals.get("cat", []) + [NONE], np.int64)
     cev = E.get("cat_ev")
     csid = cat_vals[st.interned.lookup("cat", egen[cev], E.get("cat_iid"))] if len(cev) else cev
@@ -197,7 +197,7 @@ def _event_tracks_names(E: _Acc, st: _State, tracks: list[Track], buf, epkt: np.
     lev = E.get("catl_ev")
     if len(lev):  # literal categories, for events that have no interned ones
         loff, llen = E.get("catl_off"), E.get("catl_len")
-        lit = np.array([strings.id(_text(buf, int(o), int(ln)))
+        lit = np.array([strings.id(utf8_at(buf, int(o), int(ln)))
                         for o, ln in zip(loff.tolist(), llen.tolist(), strict=True)], np.int64)
         use = ~np.isin(lev, cev)
         cev, csid = np.r_[cev, lev[use]], np.r_[csid, lit[use]]
@@ -233,13 +233,13 @@ def _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats):
     ev_slice[ev[is_open]] = sid[is_open]
     # per track, in time order
     trk = etid[ev]
-    o = np.argsort(ps.small_key(trk), kind="stable")
+    o = np.argsort(ar.small_key(trk), kind="stable")
     t_o, typ_o, sid_o, ev_o = trk[o], typ[o], sid[o], ev[o]
     del trk, sid, o
     newseg = np.r_[True, t_o[1:] != t_o[:-1]] if k else np.zeros(0, bool)
     delta = (typ_o == T_BEGIN).astype(ix)
     delta -= typ_o == T_END
-    raw = _segmented_cumsum(delta, t_o, dtype=ix)  # open slices after each event, per track
+    raw = segmented_cumsum(delta, t_o, dtype=ix)  # open slices after each event, per track
     del delta
     if k and int(raw.min()) < 0:
         # ends with nothing open are ignored (as trace processor): running minimum per track
@@ -264,7 +264,7 @@ def _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats):
     dmax = int(depth_o.max()) + 2 if k else 2
     key = t_o.astype(np.int64) * dmax + depth_o
     del t_o
-    po = np.argsort(ps.small_key(key), kind="stable")
+    po = np.argsort(ar.small_key(key), kind="stable")
     # pair each begin with the next end at the same level on the same track
     is_begin = typ_o == T_BEGIN
     pair = is_begin | (typ_o == T_END)
@@ -359,12 +359,12 @@ def _build_counters(order, ets, etid, cval, has_cval, is_counter_ev, tracks):
     if incr[trk].any():  # incremental counters accumulate per track, in time order
         sel = np.flatnonzero(incr[trk])
         o = sel[np.argsort(trk[sel], kind="stable")]
-        val[o] = _segmented_cumsum(val[o], trk[o])
+        val[o] = segmented_cumsum(val[o], trk[o])
     return {"id": np.arange(len(ev), dtype=np.int64), "ts": ets[ev], "track_id": trk,
             "value": val}
 
 
-def _build_flows(E: _Acc, ev_slice: np.ndarray, order: np.ndarray) -> list[tuple[int, int]]:
+def _build_flows(E: Acc, ev_slice: np.ndarray, order: np.ndarray) -> list[tuple[int, int]]:
     """flow_ids / terminating_flow_ids -> (slice_out, slice_in), as trace processor's v2 flows.
 
     An id seen for the first time starts a flow at its slice; seen again, it links the previous
@@ -373,7 +373,7 @@ def _build_flows(E: _Acc, ev_slice: np.ndarray, order: np.ndarray) -> list[tuple
     fev = E.get("flow_ev")
     if not len(fev):
         return []
-    fid = _as_i64(E.get("flow_id", np.uint64))
+    fid = as_i64(E.get("flow_id", np.uint64))
     term = E.get("flow_term")
     rank = np.empty(len(ev_slice), np.int64)
     rank[order] = np.arange(len(order))

@@ -1,6 +1,6 @@
 """The embedded engine's importer: Perfetto trace files -> SQLite tables named as trace processor's.
 
-``load(paths)`` decodes the files (see ``_decode``: vectorised protobuf scanning, trace
+``load(paths)`` decodes the files (see ``decode``: vectorised protobuf scanning, trace
 processor's clock / interning / nesting semantics) and writes the tables into an SQLite database
 (in memory by default). Table and column names follow trace processor's
 (``docs/analysis/sql-tables``), so the same SQL runs on both engines:
@@ -63,7 +63,7 @@ SLICE_COLUMNS = (("id", "INTEGER PRIMARY KEY"), ("ts", "INTEGER"), ("dur", "INTE
 # the index on the slices' (track, ts), on the table that holds them
 SLICE_TRACK_INDEX, SLICE_TRACK_INDEX_KEYS = "slice_track_ts", ("track_id", "ts")
 
-# Big tables: written as an SQLite file image (see _sqlimage), no per-row Python work.
+# Big tables: written as an SQLite file image (see sqlimage.image), no per-row Python work.
 # Column names and types, kept once: the CREATE TABLE text and index key positions come from here.
 BIG_COLUMNS = {
     "slice": SLICE_COLUMNS,
@@ -105,7 +105,7 @@ CREATE TABLE thread(utid INTEGER PRIMARY KEY, id INTEGER, tid INTEGER, name TEXT
 CREATE TABLE stats(name TEXT, idx INTEGER, severity TEXT, source TEXT, value INTEGER);
 """
 
-# Indexes: (name, table, key columns). Built inside the file image (see _sqlimage), as
+# Indexes: (name, table, key columns). Built inside the file image (see sqlimage.image), as
 # ``CREATE INDEX name ON table(keys)`` would build them.
 INDEXES = (
     (SLICE_TRACK_INDEX, "slice", SLICE_TRACK_INDEX_KEYS),  # or on a table holding the slices
@@ -254,7 +254,7 @@ def write_tables(t: Tables, db: str | None = ":memory:", progress: Progress = _n
     a new temporary file, which the caller deletes (``remove_db_file(si.file_of(conn))``, as
     EmbeddedDB does; in memory when it cannot be written).
 
-    A file is laid out in place and read mapped (see _sqlimage.build_file); other connections
+    A file is laid out in place and read mapped (see sqlimage.image.build_file); other connections
     can open it, which lets the summaries run on several cores. ``post``: builders of more
     tables laid into the image (see PostLoad). The big columns of ``t`` (slice, counter, args)
     are released once written.

@@ -17,6 +17,7 @@ import numpy as np
 
 from ... import _ext, _inflate
 from ... import _wire as w
+from .. import _arrays as ar
 from .._errors import TraceError
 from .._threads import map_ordered
 from . import protoscan as ps
@@ -50,7 +51,7 @@ _loops = _ext.load("stepscope.analysis.tp._decodeloops")
 _PIECE = 8 << 20  # bytes of inflated batches split into packets at a time
 
 
-def _as_i64(u: np.ndarray) -> np.ndarray:
+def as_i64(u: np.ndarray) -> np.ndarray:
     return u.astype(np.uint64, copy=False).view(np.int64)
 
 
@@ -318,7 +319,7 @@ def _split_at(out: bytearray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray,
 # --------------------------------------------------------------------------------------------
 
 
-def _last(f: ps.Fields, fid: int, n: int, default=0, dtype=np.uint64) -> tuple:
+def last_of(f: ps.Fields, fid: int, n: int, default=0, dtype=np.uint64) -> tuple:
     """Per message: the last value of field ``fid`` and whether it is present."""
     rows = f.select(fid)
     out = np.full(n, default, dtype)
@@ -328,7 +329,7 @@ def _last(f: ps.Fields, fid: int, n: int, default=0, dtype=np.uint64) -> tuple:
     return out, has
 
 
-def _last_len(f: ps.Fields, fid: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+def last_len_of(f: ps.Fields, fid: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     rows = f.select(fid)
     rows = rows[f.wt[rows] == ps.WT_LEN]
     off = np.full(n, -1, np.int64)
@@ -367,7 +368,7 @@ def _repeated_fixed64(buf, f: ps.Fields, fid: int, base: int) -> tuple[np.ndarra
     return np.concatenate(msgs), np.concatenate(vals)
 
 
-class _Acc:
+class Acc:
     """Column lists appended chunk by chunk, concatenated at the end."""
 
     def __init__(self) -> None:
@@ -399,7 +400,7 @@ _MULTI = {"cat": ("cat_ev", "cat_iid"), "catl": ("catl_ev", "catl_off", "catl_le
           "sl": ("sl_ev", "sl_off", "sl_len"), "nm": ("nm_ev", "nm_off", "nm_len"),
           "tr": ("tr_ev", "tr_uuid"), "cv": ("cv_ev", "cv_val"), "sli": ("sli_ev", "sli_iid")}
 # packets whose body after the timestamp is at most this long are deduplicated; the reads are
-# fixed-width, so _protoscan.PAD must exceed it
+# fixed-width, so protoscan.PAD must exceed it
 _TPL_MAX = 24
 _MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], np.uint64)  # low k bytes of a word
 
@@ -432,14 +433,14 @@ def _scan_set(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> dict:
     """
     m = len(starts)
     f = ps.scan(buf, starts, ends)
-    ts, has_ts = _last(f, P_TIMESTAMP, m)
-    seq, _ = _last(f, P_SEQ_ID, m)
-    flags, _ = _last(f, P_FLAGS, m)
-    cleared, _ = _last(f, P_STATE_CLEARED, m)
-    clk, _ = _last(f, P_CLOCK_ID, m)
-    te_off, te_len = _last_len(f, P_TRACK_EVENT, m)
+    ts, has_ts = last_of(f, P_TIMESTAMP, m)
+    seq, _ = last_of(f, P_SEQ_ID, m)
+    flags, _ = last_of(f, P_FLAGS, m)
+    cleared, _ = last_of(f, P_STATE_CLEARED, m)
+    clk, _ = last_of(f, P_CLOCK_ID, m)
+    te_off, te_len = last_len_of(f, P_TRACK_EVENT, m)
     out: dict = {
-        "ts": _as_i64(ts), "has_ts": has_ts, "seq": seq.astype(np.int64),
+        "ts": as_i64(ts), "has_ts": has_ts, "seq": seq.astype(np.int64),
         "flags": flags.astype(np.int64) | np.where(cleared != 0, 1, 0),
         "clk": clk.astype(np.int64), "bad": f.bad,
     }
@@ -457,8 +458,8 @@ def _scan_set(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> dict:
     ev = np.flatnonzero(te_off >= 0)
     k = len(ev)
     g = ps.scan(buf, te_off[ev], te_off[ev] + te_len[ev])
-    typ, _ = _last(g, TE_TYPE, k, dtype=np.int8)
-    name_iid, _ = _last(g, TE_NAME_IID, k, dtype=np.int32)
+    typ, _ = last_of(g, TE_TYPE, k, dtype=np.int8)
+    name_iid, _ = last_of(g, TE_NAME_IID, k, dtype=np.int32)
     out.update(pkt=ev, typ=typ, name_iid=name_iid)
 
     def sparse(fid: int, wt: int) -> np.ndarray:
@@ -468,10 +469,10 @@ def _scan_set(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> dict:
     r = sparse(TE_NAME, ps.WT_LEN)
     out.update(nm_ev=g.msg[r], nm_off=g.off[r], nm_len=g.ln[r])
     r = sparse(TE_TRACK, ps.WT_VARINT)
-    out.update(tr_ev=g.msg[r], tr_uuid=_as_i64(g.val[r]))
+    out.update(tr_ev=g.msg[r], tr_uuid=as_i64(g.val[r]))
     ri, rd = sparse(TE_COUNTER, ps.WT_VARINT), sparse(TE_DCOUNTER, ps.WT_I64)
     out.update(cv_ev=np.r_[g.msg[ri], g.msg[rd]],
-               cv_val=np.r_[_as_i64(g.val[ri]).astype(np.float64), g.val[rd].view(np.float64)])
+               cv_val=np.r_[as_i64(g.val[ri]).astype(np.float64), g.val[rd].view(np.float64)])
     r = sparse(TE_SRCLOC_IID, ps.WT_VARINT)
     out.update(sli_ev=g.msg[r], sli_iid=g.val[r].astype(np.int64))
     cm, cv = _repeated_varints(buf, g, TE_CAT_IIDS, 0)
@@ -505,7 +506,7 @@ def _expand(t: dict, inv: np.ndarray, ts: np.ndarray) -> dict:
     for c in _EV_COLS:
         out[c] = t[c][r]
     # multi-row arrays: each template row is copied once per packet using its event
-    order = np.argsort(ps.small_key(r), kind="stable")
+    order = np.argsort(ar.small_key(r), kind="stable")
     cnt = np.bincount(r, minlength=len(t["pkt"]))
     first = np.zeros(len(cnt), np.int64)
     np.cumsum(cnt[:-1], out=first[1:])
@@ -576,9 +577,9 @@ def _body_groups(buf: np.ndarray, start: np.ndarray, length: np.ndarray) -> tupl
             words[:, j] &= _MASKS[np.clip(length - 8 * j, 0, 8)]
     else:
         rows *= (np.arange(w, dtype=np.uint8)[None, :] < length[:, None])
-    h = ps.mix64(length.astype(np.uint64))
+    h = ar.mix64(length.astype(np.uint64))
     for j in range(w // 8):
-        h = ps.mix64(h ^ words[:, j])
+        h = ar.mix64(h ^ words[:, j])
     rep, inv = _factorize(h)
     r = rep[inv]
     same = length == length[r]  # bodies equal to their group's first (hashes may collide)
@@ -606,7 +607,7 @@ def _scan_chunk(pk: _Packets, c0: int, c1: int) -> dict:
             fi, inv = fi[same], inv[same]
             fast[:] = False
             fast[fi] = True
-        parts.append((fi, _expand(tpl, inv, _as_i64(tsv[fi]))))
+        parts.append((fi, _expand(tpl, inv, as_i64(tsv[fi]))))
     slow = np.flatnonzero(~fast)
     if len(slow):
         parts.append((slow, _scan_set(buf, st[slow], en[slow])))
@@ -620,7 +621,7 @@ def scan_packets(pk: _Packets, stats: dict, progress: Progress):
     event kind); those bodies are decoded once per distinct body and copied.
     """
     n = len(pk.start)
-    P, E = _Acc(), _Acc()
+    P, E = Acc(), Acc()
     rare: list[tuple[int, int, int, int]] = []
     unknown = np.zeros(0, np.int64)
     nev = 0

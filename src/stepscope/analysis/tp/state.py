@@ -25,7 +25,7 @@ from .packets import (
     P_DEFAULTS,
     P_DESCRIPTOR,
     P_INTERNED,
-    _Acc,
+    Acc,
 )
 
 # generations, last_owner, packet_clocks: one pass or two each (None: numpy)
@@ -35,13 +35,13 @@ _loops = _ext.load("stepscope.analysis.tp._decodeloops")
 # --------------------------------------------------------------------------------------------
 
 
-def _pb():
+def trace_pb2():
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2
 
     return perfetto_trace_pb2
 
 
-def _segmented_cumsum(values: np.ndarray, seg: np.ndarray, dtype=None) -> np.ndarray:
+def segmented_cumsum(values: np.ndarray, seg: np.ndarray, dtype=None) -> np.ndarray:
     """Cumulative sum restarting where ``seg`` (sorted group labels) changes; ``dtype``: of
     the sums (as np.cumsum's; a narrow one keeps peak memory down)."""
     if not len(values):
@@ -67,7 +67,7 @@ def _cumsum_runs(values: np.ndarray, starts: np.ndarray, base: np.ndarray | None
     return cs
 
 
-def _generations(seq: np.ndarray, flags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def generations(seq: np.ndarray, flags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per packet: its sequence rank and its generation id (-1 before the first clear).
 
     Generation ids are unique per (sequence, number of clears so far); not dense.
@@ -117,7 +117,7 @@ def _owner_walk(walk, owner_gen: np.ndarray, owner_pkt: np.ndarray, inputs: tupl
     return True
 
 
-def _lookup_last(owner_gen: np.ndarray, owner_pkt: np.ndarray, gen: np.ndarray,
+def lookup_last(owner_gen: np.ndarray, owner_pkt: np.ndarray, gen: np.ndarray,
                  pkt: np.ndarray, n: int) -> np.ndarray:
     """Index into owners of the last owner in the same generation at or before each packet."""
     if not len(owner_pkt):
@@ -297,15 +297,15 @@ def _clock_key(clock_id: int, srank: int) -> int:
 _UNITS = {v: k for k, v in w.COUNTER_UNITS.items()}  # CounterDescriptor.Unit -> name
 
 
-def _text(buf: np.ndarray, off: int, ln: int) -> str:
+def utf8_at(buf: np.ndarray, off: int, ln: int) -> str:
     return buf[off : off + ln].tobytes().decode("utf-8", "replace")
 
 
-class _State:
+class State:
     """Rare packets decoded in file order: descriptors, defaults, interning, snapshots."""
 
     def __init__(self, buf, rare, srank, gen, stats):
-        pb = _pb()
+        pb = trace_pb2()
         self.interned = _Interned()
         self.clocks = _Clocks()
         self.tracks: dict[int, Track] = {}
@@ -386,7 +386,7 @@ class _State:
             self.interned.add("srcloc", g, e.iid, (e.file_name, e.function_name, e.line_number))
 
 
-def _packet_clocks(clk: np.ndarray, gen: np.ndarray, srank: np.ndarray, st: _State) -> np.ndarray:
+def _packet_clocks(clk: np.ndarray, gen: np.ndarray, srank: np.ndarray, st: State) -> np.ndarray:
     """Each packet's clock key (int64): its own clock id, else (0) the clock of the last
     defaults packet of its generation at or before it, else 0; sequence-scoped clocks (64..127)
     made distinct per sequence as _clock_key does."""
@@ -397,7 +397,7 @@ def _packet_clocks(clk: np.ndarray, gen: np.ndarray, srank: np.ndarray, st: _Sta
         return clock  # one pass (else, defaults out of packet order: numpy, clock untouched)
     if len(st.def_pkt):
         need = np.flatnonzero(clock == 0)
-        d = _lookup_last(def_gen, st.def_pkt, gen[need], need, len(clock))
+        d = lookup_last(def_gen, st.def_pkt, gen[need], need, len(clock))
         clock[need] = np.where(d >= 0, st.def_clock[np.maximum(d, 0)], 0)
         del need, d
     seqclk = (clock >= 64) & (clock <= 127)
@@ -406,7 +406,7 @@ def _packet_clocks(clk: np.ndarray, gen: np.ndarray, srank: np.ndarray, st: _Sta
     return clock
 
 
-def _resolve_timestamps(P: _Acc, st: _State, srank, gen, skip, stats) -> np.ndarray:
+def resolve_timestamps(P: Acc, st: State, srank, gen, skip, stats) -> np.ndarray:
     """Trace-clock timestamp of every packet (INT64_MIN where it cannot be resolved).
 
     The packet columns ts / has_ts / clk are taken out of ``P`` (the result reuses ts).

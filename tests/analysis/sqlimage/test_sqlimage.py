@@ -7,8 +7,10 @@ import pytest
 
 from stepscope.analysis import _arrays as ar
 from stepscope.analysis.sqlimage import image as si
+from stepscope.analysis.sqlimage import pages
 from stepscope.analysis.tp import decode as _decode
 from stepscope.analysis.tp import importer as im
+from stepscope.analysis.tp import loops
 from stepscope.analysis.tp import protoscan as ps
 from stepscope.analysis.tp import state as _state
 
@@ -138,11 +140,11 @@ def _mixed_indexes(t: si.Table) -> list[si.Index]:
             si.Index("t_s_a", "CREATE INDEX t_s_a ON t(s, a)", "t", [s, a], t.rowid)]
 
 
-@pytest.mark.skipif(si._native is None, reason="the C extension _sqlpages is not built")
+@pytest.mark.skipif(pages.native is None, reason="the C extension _sqlpages is not built")
 def test_c_and_numpy_writers_lay_out_the_same_bytes(monkeypatch):
     t, strings = _mixed_table(30_000)  # several pages per B-tree, interior levels
     c_image = si.build([t], strings, _mixed_indexes(t))
-    monkeypatch.setattr(si, "_native", None)
+    monkeypatch.setattr(pages, "native", None)
     np_image = si.build([t], strings, _mixed_indexes(t))
     assert len(c_image) == len(np_image)
     assert np.flatnonzero(c_image != np_image)[:5].tolist() == []
@@ -153,8 +155,8 @@ def test_image_indexes_on_nullable_and_text_keys_read_as_sqlite_built_them(monke
     """An index with NULL integer keys and text keys (BINARY order) passes SQLite's own
     integrity check and walks in the order of an index SQLite builds on the same rows."""
     if writer == "numpy":
-        monkeypatch.setattr(si, "_native", None)
-    elif si._native is None:
+        monkeypatch.setattr(pages, "native", None)
+    elif pages.native is None:
         pytest.skip("the C extension _sqlpages is not built")
     t, strings = _mixed_table(5_000)
     conn = si.connect(si.build([t], strings, _mixed_indexes(t)))
@@ -180,8 +182,8 @@ def test_rows_over_half_a_page_and_entries_over_an_index_page(monkeypatch, write
     """Rows of five MAX_TEXT strings (40 KB: one a page, no page left empty) load; an index
     entry SQLite would spill to an overflow page is refused with a clear error."""
     if writer == "numpy":
-        monkeypatch.setattr(si, "_native", None)
-    elif si._native is None:
+        monkeypatch.setattr(pages, "native", None)
+    elif pages.native is None:
         pytest.skip("the C extension _sqlpages is not built")
     strings = [c * si.MAX_TEXT for c in "abcde"]
     n = 6
@@ -211,7 +213,7 @@ def test_a_table_of_63_nullable_columns():
     assert conn.execute("SELECT c0, c1, c62 FROM w WHERE id = 4").fetchone() == (3, None, 189)
 
 
-@pytest.mark.skipif(si._native is None, reason="the C extension _sqlpages is not built")
+@pytest.mark.skipif(pages.native is None, reason="the C extension _sqlpages is not built")
 def test_c_writer_refuses_inconsistent_input():
     t, strings = _mixed_table(10)
     st = si._Strings(strings)
@@ -219,15 +221,15 @@ def test_c_writer_refuses_inconsistent_input():
     out = np.zeros(si.PAGE, np.uint8)
     bad_rows = si._native_args(t.columns, st, np.array([0, 10]), t.rowid)
     with pytest.raises(IndexError, match="rows: index out of range"):
-        si._native.cell_sizes(*bad_rows, np.zeros(2, np.int32))
+        pages.native.cell_sizes(*bad_rows, np.zeros(2, np.int32))
     bad_text = list(args)
     bad_text[0] = [(3, np.array([len(st.len)] * 10, np.int64), None)]
     with pytest.raises(IndexError, match="text id out of range"):
-        si._native.cell_sizes(*bad_text, np.zeros(10, np.int32))
+        pages.native.cell_sizes(*bad_text, np.zeros(10, np.int32))
     with pytest.raises(ValueError, match="pages do not fit the image"):
-        si._native.write_leaves(*args, out, si.PAGE, si.PAGE, 13, np.zeros(1, np.int64))
+        pages.native.write_leaves(*args, out, si.PAGE, si.PAGE, 13, np.zeros(1, np.int64))
     with pytest.raises(ValueError, match="page_first: not increasing"):
-        si._native.write_leaves(*args, out, 0, si.PAGE, 13, np.array([5], np.int64))
+        pages.native.write_leaves(*args, out, 0, si.PAGE, 13, np.array([5], np.int64))
     assert not out.any()  # nothing written on a refused call
 
 
@@ -253,8 +255,8 @@ def ps_varint(v: int) -> bytes:
 @pytest.mark.parametrize("walker", ["c", "numpy"])
 def test_split_repeated_finds_the_items_and_where_the_run_stops(monkeypatch, walker):
     if walker == "numpy":
-        monkeypatch.setattr(ps, "_loops", None)
-    elif ps._loops is None:
+        monkeypatch.setattr(loops, "native", None)
+    elif loops.native is None:
         pytest.skip("the C extension _decodeloops is not built")
     run = b"\x0a\x02\x0a\x0a" + b"\x0a\x00" + b"\x0a\x81\x01" + b"x" * 129  # 3 items
     cases = {
@@ -273,7 +275,7 @@ def test_split_repeated_finds_the_items_and_where_the_run_stops(monkeypatch, wal
     assert (st.tolist(), stop) == ([len(run) + 2, len(run) + 6, len(run) + 9], 2 * len(run))
 
 
-@pytest.mark.skipif(ps._loops is None, reason="the C extension _decodeloops is not built")
+@pytest.mark.skipif(loops.native is None, reason="the C extension _decodeloops is not built")
 def test_split_repeated_c_and_numpy_agree_on_random_runs(monkeypatch):
     rng = np.random.default_rng(3)
     for trial in range(60):
@@ -285,7 +287,7 @@ def test_split_repeated_c_and_numpy_agree_on_random_runs(monkeypatch):
         buf = ps.padded(bytes(data))
         got = ps.split_repeated(buf, 0, len(data))
         with monkeypatch.context() as m:
-            m.setattr(ps, "_loops", None)
+            m.setattr(loops, "native", None)
             want = ps.split_repeated(buf, 0, len(data))
         assert (got[0].tolist(), got[1].tolist(), got[2]) == \
             (want[0].tolist(), want[1].tolist(), want[2]), trial
@@ -301,7 +303,7 @@ def _random_events(rng, k: int, tracks: int):
     return typ, rng.integers(0, tracks, k).astype(np.int64), np.sort(rng.integers(0, 10**6, k))
 
 
-@pytest.mark.skipif(_decode._loops is None, reason="the C extension _decodeloops is not built")
+@pytest.mark.skipif(loops.native is None, reason="the C extension _decodeloops is not built")
 def test_nesting_c_and_numpy_agree(monkeypatch):
     from stepscope.analysis.tp import packets as pk
 
@@ -316,7 +318,7 @@ def test_nesting_c_and_numpy_agree(monkeypatch):
         got_stats, want_stats = {}, {}
         got, got_ev = _decode._build_slices(*args, got_stats)
         with monkeypatch.context() as m:
-            m.setattr(_decode, "_loops", None)
+            m.setattr(loops, "native", None)
             want, want_ev = _decode._build_slices(*args, want_stats)
         assert got_ev.tolist() == want_ev.tolist(), trial
         assert {c: v.tolist() for c, v in got.items()} == \
@@ -335,7 +337,7 @@ def _c_and_numpy(monkeypatch, fn, *args):
     """fn(*args) with the _state C loops, and with its numpy paths."""
     got = fn(*args)
     with monkeypatch.context() as m:
-        m.setattr(_state, "_loops", None)
+        m.setattr(loops, "native", None)
         return got, fn(*args)
 
 
@@ -351,7 +353,7 @@ def test_last_owner_of_a_hand_made_sequence():
         [-1, 0, -1, 1, 0, 2, -1, -1][::-1]
 
 
-@pytest.mark.skipif(_state._loops is None, reason="the C extension _decodeloops is not built")
+@pytest.mark.skipif(loops.native is None, reason="the C extension _decodeloops is not built")
 def test_last_owner_c_and_numpy_agree(monkeypatch):
     rng = np.random.default_rng(5)
     for trial in range(200):
@@ -361,7 +363,7 @@ def test_last_owner_c_and_numpy_agree(monkeypatch):
         got, want = _c_and_numpy(monkeypatch, _state.lookup_last, og, op, gen, pkt, n)
         assert got.tolist() == want.tolist(), trial
     with pytest.raises(ValueError, match="packet order"):  # the C walk checks its inputs
-        _state._loops.last_owner(*(np.array(a, np.int64) for a in ([0], [1], [0], [0, 0], [3, 2])),
+        loops.native.last_owner(*(np.array(a, np.int64) for a in ([0], [1], [0], [0, 0], [3, 2])),
                                  np.zeros(2, np.int64))
 
 
@@ -376,7 +378,7 @@ def test_generations_of_a_hand_made_trace():
     assert gen.tolist() == [-1, 3, -1, 1, 4, 4, 1]
 
 
-@pytest.mark.skipif(_state._loops is None, reason="the C extension _decodeloops is not built")
+@pytest.mark.skipif(loops.native is None, reason="the C extension _decodeloops is not built")
 def test_generations_c_and_numpy_agree(monkeypatch):
     rng = np.random.default_rng(13)
     for trial in range(200):
@@ -386,7 +388,7 @@ def test_generations_c_and_numpy_agree(monkeypatch):
         got, want = _c_and_numpy(monkeypatch, _state.generations, seq, flags)
         assert [a.tolist() for a in got] == [a.tolist() for a in want], trial
     with pytest.raises(ValueError, match="srank"):  # the C loop checks its sequence ranks
-        _state._loops.generations(np.array([0, 2], np.int64), np.zeros(2, np.int8),
+        loops.native.generations(np.array([0, 2], np.int64), np.zeros(2, np.int8),
                                   np.zeros(4, np.int64), np.zeros(2, np.int64))
 
 
@@ -401,7 +403,7 @@ def test_body_groups_of_hand_made_bodies():
     assert same is None or same.all()
 
 
-@pytest.mark.skipif(_state._loops is None, reason="the C extension _decodeloops is not built")
+@pytest.mark.skipif(loops.native is None, reason="the C extension _decodeloops is not built")
 def test_body_groups_c_and_numpy_agree(monkeypatch):
     from stepscope.analysis.tp import packets as pk
 
@@ -418,13 +420,13 @@ def test_body_groups_c_and_numpy_agree(monkeypatch):
         length = np.array([len(b) for b in bodies])
         got = pk._body_groups(buf, start, length)
         with monkeypatch.context() as m:
-            m.setattr(pk, "_loops", None)
+            m.setattr(loops, "native", None)
             want = pk._body_groups(buf, start, length)
         assert got[2] is None and want[2].all(), trial
         assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist(), trial
         assert [bodies[i] for i in got[0][got[1]]] == bodies, trial
     with pytest.raises(ValueError, match="outside buf"):
-        pk._loops.groups(ps.padded(b"ab"), np.array([30]), np.array([8]), np.zeros(1, np.int64))
+        loops.native.groups(ps.padded(b"ab"), np.array([30]), np.array([8]), np.zeros(1, np.int64))
 
 
 class _Defaults:  # the part of _state.State that _packet_clocks reads
@@ -445,7 +447,7 @@ def test_packet_clocks_of_a_hand_made_sequence():
     assert _state._packet_clocks(clk, gen, srank, st).tolist() == want
 
 
-@pytest.mark.skipif(_state._loops is None, reason="the C extension _decodeloops is not built")
+@pytest.mark.skipif(loops.native is None, reason="the C extension _decodeloops is not built")
 def test_packet_clocks_c_and_numpy_agree(monkeypatch):
     rng = np.random.default_rng(11)
     for trial in range(200):
@@ -458,7 +460,7 @@ def test_packet_clocks_c_and_numpy_agree(monkeypatch):
         got, want = _c_and_numpy(monkeypatch, _state._packet_clocks, clk, gen, srank, st)
         assert got.tolist() == want.tolist(), trial
     with pytest.raises(ValueError, match="packet order"):  # the C walk checks its owners
-        _state._loops.packet_clocks(*(np.array(a, np.int64) for a in (
+        loops.native.packet_clocks(*(np.array(a, np.int64) for a in (
             [0, 0], [3, 1], [0], [64, 64], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0])))
 
 

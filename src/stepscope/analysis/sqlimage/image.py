@@ -20,7 +20,8 @@ Rows are laid out a block at a time, so temporary arrays stay small next to the 
 
 The per-row loops (cell sizes, leaf pages) run in the optional C extension ``_sqlpages`` when it
 is built (one pass per B-tree instead of a dozen array passes per column), else in numpy
-(``STEPSCOPE_PURE_PYTHON=1`` forces numpy); both write the same bytes.
+(``STEPSCOPE_PURE_PYTHON=1`` forces numpy); both write the same bytes. ``pages.native`` holds
+the choice.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ from urllib.parse import quote
 
 import numpy as np
 
-from ... import _ext
 from .. import _arrays as ar
 from .._threads import in_parallel
+from . import pages as page_loops
 
 PAGE = 65536
 # SQLite's largest payloads kept whole on a page (compared with whole cells: a few bytes on the
@@ -47,9 +48,6 @@ _TABLE_MAX_CELL = PAGE - 35
 _INDEX_MAX_CELL = (PAGE - 12) * 64 // 255 - 23
 MAX_TEXT = 8192  # bytes of a text value kept (keeps every cell on its page, no overflow pages)
 _LEAF_HDR, _INTERIOR_HDR = 8, 12
-
-
-_native = _ext.load("stepscope.analysis.sqlimage._sqlpages")
 
 
 @dataclass
@@ -301,9 +299,9 @@ class _Layout:
 def _cell_sizes(cols: list[Column], st: _Strings, n: int, rows, rowid) -> tuple:
     """Cell size of each row and the serial types of the int columns (kept for the numpy
     writer; none with the C extension, which recomputes them as it writes)."""
-    if _native is not None:
+    if page_loops.native is not None:
         cell = np.empty(n, np.int32)
-        _native.cell_sizes(*_native_args(cols, st, rows, rowid), cell)
+        page_loops.native.cell_sizes(*_native_args(cols, st, rows, rowid), cell)
         return cell, {}
     cell = np.zeros(n, np.int32)
     serials = {i: np.zeros(n, np.int8) for i, c in enumerate(cols) if c.kind == "int"}
@@ -376,7 +374,7 @@ def _table_layout(t: Table, st: _Strings) -> _Layout:
 
 def _finish(lay: _Layout, cell: np.ndarray) -> _Layout:
     """Where each page's cells start (and for the numpy writer, each cell's offset)."""
-    if _native is not None:
+    if page_loops.native is not None:
         # an empty B-tree: one page, starting at cell 0
         lay.pfirst = _page_firsts(lay.page) if len(lay.page) else np.zeros(1, np.int64)
         if len(lay.pfirst) != lay.n_pages:  # every page holds a cell (empty B-tree: one page)
@@ -452,7 +450,7 @@ def _scattered(order: np.ndarray) -> bool:
 def _narrow(v: np.ndarray) -> np.ndarray:
     """Integers as int32 when they fit and the C writer reads them (it takes 4-byte items):
     gathered copies are kept until their leaves are written."""
-    if _native is None or v.dtype != np.int64 or not len(v):
+    if page_loops.native is None or v.dtype != np.int64 or not len(v):
         return v
     lo, hi = int(v.min()), int(v.max())
     return v.astype(np.int32) if -(1 << 31) <= lo and hi < (1 << 31) else v
@@ -504,9 +502,10 @@ def _value(c: Column, r: int, st: _Strings):
 
 def _write_leaves(out: np.ndarray, base: int, lay: _Layout, kind: int, st: _Strings) -> None:
     """Write the leaf pages of ``lay`` into ``out`` starting at byte ``base``."""
-    if _native is not None:
-        _native.write_leaves(*_native_args(lay.cols, st, lay.rows, lay.rowid), out, base, PAGE,
-                             kind, np.ascontiguousarray(lay.pfirst, np.int64))
+    if page_loops.native is not None:
+        page_loops.native.write_leaves(*_native_args(lay.cols, st, lay.rows, lay.rowid), out,
+                                       base, PAGE, kind,
+                                       np.ascontiguousarray(lay.pfirst, np.int64))
         return
     n = len(lay.page)
     hb = base + np.arange(lay.n_pages, dtype=np.int64) * PAGE

@@ -25,9 +25,9 @@ from functools import partial
 
 import numpy as np
 
-from ... import _ext
 from .. import _arrays as ar
 from .._threads import beside
+from . import loops
 from .args import build_args
 from .model import NONE, Strings, Tables, Track
 from .packets import (
@@ -52,8 +52,6 @@ from .state import (
 )
 
 _I64 = np.int64
-# C twins of the sequential loops (None: numpy)
-_loops = _ext.load("stepscope.analysis.tp._decodeloops")
 
 __all__ = ["Strings", "Tables", "Track", "decode", "read_file"]
 
@@ -224,7 +222,7 @@ def _build_slices(order, etyp, ets, etid, ename, ecat, is_slice_ev, stats):
     is_open = (typ == T_BEGIN) | (typ == T_INSTANT)
     n_sl = int(is_open.sum())
     ix = np.int32 if k < (1 << 31) - 1 else np.int64
-    if _loops is not None and ix is np.int32:  # (track indexes: the C loop checks them)
+    if loops.native is not None and ix is np.int32:  # (track indexes: the C loop checks them)
         return _slice_columns(ev, typ, is_open, ets, etid, ename, ecat, stats,
                               *_nest_c(ev, typ, etid[ev], ets, m, n_sl))
     ev_slice = np.full(m, -1, ix)
@@ -316,9 +314,10 @@ def _nest_c(ev, typ, trk, ets, m: int, n_sl: int) -> tuple:
     depth = np.empty(n_sl, np.int32)
     parent = np.empty(n_sl, np.int32)
     top = np.empty(int(trk.max()) + 1 if len(trk) else 1, np.int32)
-    unmatched = _loops.nest(np.ascontiguousarray(typ, np.int8), np.ascontiguousarray(trk, np.int32),
-                            ets[ev].astype(np.int64, copy=False), T_BEGIN, T_END, T_INSTANT,
-                            out, dur, depth, parent, top)
+    unmatched = loops.native.nest(np.ascontiguousarray(typ, np.int8),
+                                  np.ascontiguousarray(trk, np.int32),
+                                  ets[ev].astype(np.int64, copy=False), T_BEGIN, T_END,
+                                  T_INSTANT, out, dur, depth, parent, top)
     ev_slice = np.full(m, -1, np.int32)
     ev_slice[ev] = out
     return ev_slice, dur, depth, parent, unmatched

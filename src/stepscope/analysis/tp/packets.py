@@ -15,11 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ... import _ext, _inflate
+from ... import _inflate
 from ... import _wire as w
 from .. import _arrays as ar
 from .._errors import TraceError
 from .._threads import map_ordered
+from . import loops
 from . import protoscan as ps
 
 Progress = Callable[[str, float], None]  # (stage, fraction done)
@@ -46,8 +47,6 @@ TE_TFLOW = w.TE_TERMINATING_FLOW_IDS
 T_BEGIN, T_END = w.TYPE_SLICE_BEGIN, w.TYPE_SLICE_END
 T_INSTANT, T_COUNTER = w.TYPE_INSTANT, w.TYPE_COUNTER
 _CHUNK = 1 << 19  # packets scanned per numpy pass (bounds temporary memory)
-# groups: equal packet bodies in one pass (None: numpy)
-_loops = _ext.load("stepscope.analysis.tp._decodeloops")
 _PIECE = 8 << 20  # bytes of inflated batches split into packets at a time
 
 
@@ -563,9 +562,9 @@ def _body_groups(buf: np.ndarray, start: np.ndarray, length: np.ndarray) -> tupl
 
     The C loop compares the bytes; numpy hashes the bodies (zero-padded 8-byte words) and drops
     the rare body whose hash collides with a different one (it is then decoded on its own)."""
-    if _loops is not None:
+    if loops.native is not None:
         inv = np.empty(len(start), np.int64)
-        rep = np.frombuffer(_loops.groups(buf, start.astype(np.int64, copy=False),
+        rep = np.frombuffer(loops.native.groups(buf, start.astype(np.int64, copy=False),
                                           length.astype(np.int64, copy=False), inv), np.int64)
         return rep, inv, None
     w = _TPL_MAX

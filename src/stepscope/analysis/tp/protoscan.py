@@ -15,10 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ... import _ext
 from ... import _wire as w
-
-_loops = _ext.load("stepscope.analysis.tp._decodeloops")
+from . import loops
 
 PAD = 32  # zero bytes appended to every buffer (>= the widest fixed-size read, _TPL_MAX + 8)
 
@@ -165,8 +163,8 @@ def split_repeated(
     byte that does not start an item leaves ``stop`` < ``end``.
     The C extension ``_decodeloops`` walks the chain item by item instead, with the same result.
     """
-    if _loops is not None:
-        st, en, stop = _loops.split_repeated(buf, start, end, tag)
+    if loops.native is not None:
+        st, en, stop = loops.native.split_repeated(buf, start, end, tag)
         return np.frombuffer(st, np.int64), np.frombuffer(en, np.int64), stop
     cand = np.flatnonzero(buf[start:end] == tag).astype(np.int64) + start
     if cand.size == 0 or cand[0] != start:

@@ -16,9 +16,9 @@ from collections import defaultdict
 
 import numpy as np
 
-from ... import _ext
 from ... import _wire as w
 from ..._clock import BOOTTIME
+from . import loops
 from .model import Strings, Track, to_str
 from .packets import (
     P_CLOCK_SNAPSHOT,
@@ -27,9 +27,6 @@ from .packets import (
     P_INTERNED,
     Acc,
 )
-
-# generations, last_owner, packet_clocks: one pass or two each (None: numpy)
-_loops = _ext.load("stepscope.analysis.tp._decodeloops")
 
 # Sequence state: generations, defaults, interning
 # --------------------------------------------------------------------------------------------
@@ -77,9 +74,9 @@ def generations(seq: np.ndarray, flags: np.ndarray) -> tuple[np.ndarray, np.ndar
     heads = np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]])
     useq, hrank = np.unique(seq[heads], return_inverse=True)
     srank = np.repeat(hrank, np.diff(np.r_[heads, n])).astype(np.int64)
-    if _loops is not None:  # one pass to count the clears per sequence, one to number them
+    if loops.native is not None:  # one pass to count the clears per sequence, one to number them
         gen = np.empty(n, np.int64)
-        _loops.generations(srank, np.ascontiguousarray(flags, np.int8),
+        loops.native.generations(srank, np.ascontiguousarray(flags, np.int8),
                            np.empty(2 * len(useq), np.int64), gen)
         return srank, gen
     clear = (flags & 1) != 0
@@ -122,9 +119,9 @@ def lookup_last(owner_gen: np.ndarray, owner_pkt: np.ndarray, gen: np.ndarray,
     """Index into owners of the last owner in the same generation at or before each packet."""
     if not len(owner_pkt):
         return np.full(len(pkt), -1, np.int64)
-    if _loops is not None:  # one merged walk, when owners and queries are in packet order
+    if loops.native is not None:  # one merged walk, when owners and queries are in packet order
         out = np.empty(len(pkt), np.int64)
-        if _owner_walk(_loops.last_owner, owner_gen, owner_pkt, (gen, pkt), out):
+        if _owner_walk(loops.native.last_owner, owner_gen, owner_pkt, (gen, pkt), out):
             return out
     comb = owner_gen.astype(np.int64) * (n + 1) + owner_pkt
     order = np.argsort(comb, kind="stable")
@@ -392,7 +389,7 @@ def _packet_clocks(clk: np.ndarray, gen: np.ndarray, srank: np.ndarray, st: Stat
     made distinct per sequence as _clock_key does."""
     clock = clk.astype(np.int64)
     def_gen = gen[st.def_pkt]
-    if _loops is not None and _owner_walk(_loops.packet_clocks, def_gen, st.def_pkt,
+    if loops.native is not None and _owner_walk(loops.native.packet_clocks, def_gen, st.def_pkt,
                                           (st.def_clock, gen, srank), clock):
         return clock  # one pass (else, defaults out of packet order: numpy, clock untouched)
     if len(st.def_pkt):

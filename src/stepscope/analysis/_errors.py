@@ -1,4 +1,4 @@
-"""Errors raised by the analysis engines."""
+"""Errors of the analysis: unreadable traces, missing engines, failing summaries."""
 
 from __future__ import annotations
 

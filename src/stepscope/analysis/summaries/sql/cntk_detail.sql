@@ -3,7 +3,7 @@
 --   thread   the thread id (tid) of a host slice; for slices on other tracks (GPU streams,
 --            async ranges) the track's name.
 --   stat_name  the name the summary groups by: 'step' for every step slice ("step <n>"),
---            else the slice's name. Statistics are computed in Python (analysis/cntk.py).
+--            else the slice's name. Statistics are computed in Python (summaries/cntk.py).
 {{base}}
 SELECT COALESCE(p.rank, s.upid) AS rank, s.name,
        CASE WHEN s.category = 'step' THEN 'step' ELSE s.name END AS stat_name,

@@ -14,7 +14,7 @@ from test_importer import load, rows
 from test_sqlimage import _mixed_indexes, _mixed_table
 
 from stepscope.analysis import _threads
-from stepscope.analysis.sqlimage import image as si
+from stepscope.analysis import sqlimage as si
 from stepscope.analysis.tp import importer as im
 from stepscope.analysis.tp import packets as _packets
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from . import _sqlfuncs
 from ._errors import EngineError, TraceError
-from .sqlimage.image import file_of
+from .sqlimage import file_of
 from .summaries.slicebase import POST_LOAD
 from .tp import importer
 from .tp.importer import Progress, paths_of, remove_db_file

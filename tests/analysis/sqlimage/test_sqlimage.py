@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from stepscope.analysis import _arrays as ar
-from stepscope.analysis.sqlimage import image as si
-from stepscope.analysis.sqlimage import pages
+from stepscope.analysis import sqlimage as si
+from stepscope.analysis.sqlimage import leaves, pages, records
 from stepscope.analysis.tp import decode as _decode
 from stepscope.analysis.tp import importer as im
 from stepscope.analysis.tp import loops
@@ -60,11 +60,11 @@ def test_an_index_in_scattered_row_order_is_laid_out_from_gathered_columns(monke
                   [t.columns[1], t.columns[2]], t.rowid)
     strings = ["b", "a", "ab"]
     gathered = []
-    monkeypatch.setattr(si, "_scattered", lambda o, f=si._scattered: gathered.append(f(o))
+    monkeypatch.setattr(leaves, "_scattered", lambda o, f=leaves._scattered: gathered.append(f(o))
                         or gathered[-1])
     image = si.build([t], strings, [ix])
     assert gathered == [True]
-    monkeypatch.setattr(si, "_scattered", lambda o: False)
+    monkeypatch.setattr(leaves, "_scattered", lambda o: False)
     assert (si.build([t], strings, [ix]) == image).all()
     conn = si.connect(image)
     assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
@@ -216,10 +216,10 @@ def test_a_table_of_63_nullable_columns():
 @pytest.mark.skipif(pages.native is None, reason="the C extension _sqlpages is not built")
 def test_c_writer_refuses_inconsistent_input():
     t, strings = _mixed_table(10)
-    st = si._Strings(strings)
-    args = si._native_args(t.columns, st, None, t.rowid)
+    st = records.Strings(strings)
+    args = records.native_args(t.columns, st, None, t.rowid)
     out = np.zeros(si.PAGE, np.uint8)
-    bad_rows = si._native_args(t.columns, st, np.array([0, 10]), t.rowid)
+    bad_rows = records.native_args(t.columns, st, np.array([0, 10]), t.rowid)
     with pytest.raises(IndexError, match="rows: index out of range"):
         pages.native.cell_sizes(*bad_rows, np.zeros(2, np.int32))
     bad_text = list(args)

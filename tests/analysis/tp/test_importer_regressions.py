@@ -12,7 +12,8 @@ import pytest
 from stepscope import _wire as w
 from stepscope import analysis
 from stepscope.analysis import engines
-from stepscope.analysis.sqlimage import image as si
+from stepscope.analysis import sqlimage as si
+from stepscope.analysis.sqlimage import leaves, records, schema
 
 TRACK = 7
 
@@ -73,12 +74,12 @@ def test_a_table_whose_last_interior_page_would_hold_one_child_is_well_formed():
                         np.arange(n, dtype=np.int64),
                         [si.Column("rowid"), si.Column("text", np.zeros(n, np.int64))])
 
-    st = si._Strings(strings)
-    per = (si.PAGE - si._INTERIOR_HDR) // (2 + 4 + 9)
+    st = records.Strings(strings)
+    per = (si.PAGE - schema.INTERIOR_HDR) // (2 + 4 + 9)
     lo, hi = 1, 400_000  # the row count that needs per + 1 leaf pages
     while lo < hi:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if si._table_layout(table(mid), st).n_pages >= per + 1 else (mid + 1,
+        lo, hi = (lo, mid) if leaves.table_layout(table(mid), st).n_pages >= per + 1 else (mid + 1,
                                                                                          hi)
     conn = si.connect(si.build([table(lo)], strings))
     assert conn.execute("pragma integrity_check").fetchall() == [("ok",)]

@@ -30,7 +30,7 @@ import numpy as np
 
 from ... import _schema as sc
 from ..._schema import phase_of
-from ..sqlimage import image as si
+from .. import sqlimage as si
 from ..tp.importer import (
     SLICE_COLUMNS,
     SLICE_TRACK_INDEX,

@@ -28,7 +28,7 @@ from typing import Any
 
 from .._errors import SummaryError
 from .._threads import cpus
-from ..sqlimage.image import file_of, open_file
+from ..sqlimage import file_of, open_file
 from .format import (
     BOOL,
     BYTES,

@@ -48,8 +48,8 @@ from os import PathLike, fspath
 
 import numpy as np
 
+from .. import sqlimage as si
 from .._errors import TraceDamageWarning, TraceError
-from ..sqlimage import image as si
 from .decode import Tables, decode, read_file
 from .packets import Progress, skipped_summary
 

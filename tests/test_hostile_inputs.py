@@ -16,10 +16,10 @@ import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import bombs
-from stepscope import _inflate
+from stepscope import _inflate, analysis
 from stepscope import _wire as w
-from stepscope.analysis import TraceDamageWarning, TraceError, importer
-from stepscope.analysis import _packets as packets
+from stepscope.analysis import TraceDamageWarning, TraceError
+from stepscope.analysis.tp import packets
 from stepscope.profiler import merge as M
 
 SRC = os.path.join(os.path.dirname(__file__), "..", "src")
@@ -131,7 +131,7 @@ def test_a_gzip_bomb_is_refused_with_bounded_memory(bomb_dir, base):
 def test_a_gzipped_trace_still_loads(bomb_dir, tmp_path):
     path = tmp_path / "t.pftrace.gz"
     path.write_bytes(gzip.compress((bomb_dir / "good.pftrace").read_bytes()))
-    conn, _ = importer.load(str(path))
+    conn, _ = analysis.load(str(path))
     assert conn.execute("select count(*) from slice").fetchone() == (150,)
 
 
@@ -150,7 +150,7 @@ def test_merge_skips_a_bomb_quickly(bomb_dir, tmp_path):
         f"; 1 compressed batch ({tiny} bytes) over the inflation limits (a decompression "
         "bomb?); the rest is merged"]
     assert res.skipped["corrupt_compressed_batches"] == 4
-    conn, _ = importer.load(str(out))
+    conn, _ = analysis.load(str(out))
     assert conn.execute("select count(*) from slice").fetchone() == (150 * 3,)
 
 
@@ -181,7 +181,7 @@ def test_a_flipped_byte_is_reported_by_summary_sql_and_open(bomb_dir, tmp_path):
     assert r.returncode == 0 and line in r.stderr.splitlines()
     assert r.stdout.split() == ["n", "---", "100", "(1", "row)"]
     with pytest.warns(TraceDamageWarning, match=f"skipped 1 damaged compressed batch .{n} "):
-        conn, _ = importer.load(str(path))
+        conn, _ = analysis.load(str(path))
     assert conn.execute("select count(*) from slice").fetchone() == (100,)
 
 
@@ -195,7 +195,7 @@ def test_a_file_with_nothing_readable_is_an_error(bomb_dir, tmp_path):
         f"compressed batch ({n} bytes)"]
     assert "No events" not in r.stdout
     with pytest.raises(TraceError, match="nothing readable"):
-        importer.load(str(path))
+        analysis.load(str(path))
 
 
 # -- bounded reads ------------------------------------------------------------------------------
@@ -268,7 +268,7 @@ def test_merge_skips_a_damaged_batch_and_merges_the_rest(run_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stderr.splitlines() == [f"stepscope: {run / 'rank1.summary.pftrace'}: skipped 1 "
                                      f"damaged compressed batch ({n} bytes); the rest is merged"]
-    conn, _ = importer.load(str(out))
+    conn, _ = analysis.load(str(out))
     assert conn.execute("select count(*) from slice").fetchone() == (150 + 100,)
     assert sorted(os.listdir(tmp_path)) == ["m.pftrace", "run"]
 

@@ -470,7 +470,7 @@ class _Rewriter:
 
     def _batch(self, deflated: bytes) -> bytes:
         """Rewrite one compressed batch (inflate, rewrite each packet, deflate)."""
-        from ..analysis import _protoscan as ps
+        from ..analysis.tp import protoscan as ps
 
         data, status = _inflate.inflate(deflated, self.budget.batch_limit(len(deflated)),
                                         first=0x0A)
@@ -685,7 +685,7 @@ def _umask() -> int:
 
 
 def _inflate_summary(skipped: dict[str, int]) -> str | None:
-    from ..analysis._packets import skipped_summary
+    from ..analysis.tp.packets import skipped_summary
 
     return skipped_summary(skipped)
 

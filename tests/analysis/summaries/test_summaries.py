@@ -15,6 +15,7 @@ rank 1 [1100,2000) = 900 -> 1550.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -645,3 +646,17 @@ def test_device_mean_stops_every_sample_at_the_end_of_the_run():
     row = by(S.table(db, "device").rows, "name")["host.cpu.user %"]
     assert row["mean"] == pytest.approx((10 * 2000 + 20 * 2000) / 4000)
     assert (row["samples"], row["min"], row["max"]) == (4, 7.0, 20.0)
+
+
+def test_every_sql_file_states_its_algorithm_in_a_header():
+    """As Perfetto's stdlib documents each table: every SQL file opens with a comment block
+    (at least three lines) saying what it computes, and each summary table's file opens with
+    the table's title."""
+    for name in SQL_FILES:
+        lines = summaries.sql_text(name).splitlines()
+        header = list(itertools.takewhile(lambda line: line.startswith("--"), lines))
+        assert len(header) >= 3, name
+    for name in summaries.TABLES:
+        spec = S._SPECS[name]
+        first = summaries.sql_text(spec.sql).splitlines()[0]
+        assert first.lower().startswith(f"-- {spec.title.split()[0].lower()}"), (name, first)

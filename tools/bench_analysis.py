@@ -114,7 +114,7 @@ def measure(path: str, summaries_too: bool = True, engine: str = "embedded") -> 
 def _time_summaries(db, tables: dict) -> None:
     """Run all summary tables at once (the shared base computed once, as a user's report does),
     recording each table's seconds in ``tables``."""
-    from stepscope.analysis import summaries
+    from stepscope.analysis.summaries import tables as summaries
 
     inner = summaries._table
 

@@ -34,11 +34,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from os import PathLike
 from typing import Any
 
-from . import _sqlfuncs
 from ._errors import EngineError, TraceError
 from .sqlimage import file_of
 from .summaries.slicebase import POST_LOAD
-from .tp import importer
+from .tp import importer, sqlfuncs
 from .tp.importer import Progress, paths_of, remove_db_file
 
 ENV_BIN = "STEPSCOPE_TRACE_PROCESSOR"
@@ -195,11 +194,11 @@ class EmbeddedDB(_Base):
             _close(conn, file_of(conn) if db is None else None)
             raise
         self.conn = conn
-        _sqlfuncs.install(conn)
+        sqlfuncs.install(conn)
         conn.set_authorizer(_authorize)
 
     def query(self, sql: str) -> Rows:
-        why = _sqlfuncs.unsupported(sql)
+        why = sqlfuncs.unsupported(sql)
         if why:
             raise QueryError(f"query failed: {why}")
         conn = self.conn
@@ -219,7 +218,7 @@ class EmbeddedDB(_Base):
                 if _term_signal:
                     raise SystemExit(128 + _term_signal) from None
                 raise KeyboardInterrupt from None
-            raise QueryError(f"query failed: {_sqlfuncs.explain(e)}") from None
+            raise QueryError(f"query failed: {sqlfuncs.explain(e)}") from None
         finally:
             conn.set_progress_handler(None, 0)
 

@@ -19,7 +19,14 @@ Exports the public API below (``stepscope.analysis.summaries.report`` and friend
 from __future__ import annotations
 
 from .._errors import SummaryError
-from .sqlfiles import Filters, parse_steps, render, sql_text
+from .sqlfiles import (
+    DATALOADER_PHASE_SQL,
+    PHASE_KIND_SQL,
+    Filters,
+    parse_steps,
+    render,
+    sql_text,
+)
 from .tables import (
     DEFAULT_TABLES,
     DETAIL_TABLES,
@@ -39,8 +46,10 @@ from .tables import (
 )
 
 __all__ = [
+    "DATALOADER_PHASE_SQL",
     "DEFAULT_TABLES",
     "DETAIL_TABLES",
+    "PHASE_KIND_SQL",
     "TABLES",
     "Filters",
     "SummaryError",

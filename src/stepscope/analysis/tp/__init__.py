@@ -17,6 +17,8 @@ id (``model.Strings``), and the C-or-numpy choice in ``loops``.
 * ``model``     -- the decoded trace (``Tables``, ``Track``, ``Strings``).
 * ``importer``  -- the decoded tables written as an SQLite database (via ``sqlimage``),
   with post-load builders (``PostLoad``, ``Laid``).
+* ``sqlfuncs``  -- trace processor's SQL functions (EXTRACT_ARG, STR_SPLIT, REGEXP) on the
+  embedded engine's connections, and clear words for PerfettoSQL it lacks.
 * ``loops``     -- ``native``: the C module ``_decodeloops`` (``_decodeloops.pyi``) or None.
 
 Exports: ``load``, ``decode_files``, ``write_tables``, ``PostLoad``, ``Laid``, ``Tables``.

@@ -9,8 +9,9 @@ import sys
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from stepscope.analysis import QueryError, cli_sql
+from stepscope.analysis import QueryError
 from stepscope.analysis import engines as eng
+from stepscope.analysis.cli import sql as cli_sql
 
 FAKE_TP = os.path.join(os.path.dirname(__file__), "fake_tp", "trace_processor_shell")
 SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")

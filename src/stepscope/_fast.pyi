@@ -7,6 +7,10 @@ are (code, ts, thread ident) triples of int64 in one process-wide buffer.
 from collections.abc import Callable, Iterable
 from typing import Any
 
+# the code of a thread mark (THREAD_MARK, native thread id, ident), written before each OS
+# thread's first event of a recording (``_recorder.THREAD``; a build without it is stale)
+THREAD_MARK: int
+
 class Emit:
     """``Emit(code)(*ignored)``: record (code, now, thread ident); returns None."""
 

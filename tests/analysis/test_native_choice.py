@@ -36,19 +36,3 @@ def test_the_c_modules_are_found_where_setup_py_builds_them():
     assert _choices(None) == want
     assert _choices("0") == want
 
-
-def test_each_c_module_has_a_stub_beside_it():
-    """The .pyi stubs name every function the C modules export."""
-    import ast
-    from pathlib import Path
-
-    root = Path(loops.__file__).parent.parent
-    for stub, c_file in (("tp/_decodeloops.pyi", "tp/_decodeloops.c"),
-                         ("sqlimage/_sqlpages.pyi", "sqlimage/_sqlpages.c")):
-        tree = ast.parse((root / stub).read_text())
-        stubbed = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-        c_text = (root / c_file).read_text()
-        table = c_text[c_text.index("static PyMethodDef methods[]"):]
-        exported = {line.split('"')[1] for line in table.splitlines()
-                    if line.strip().startswith('{"')}
-        assert stubbed == exported, stub

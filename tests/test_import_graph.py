@@ -42,7 +42,7 @@ def test_the_tool_finds_loops_hidden_imports_and_private_names(tmp_path):
         "pkg/c.py": "def f():\n    from . import a\n    import json\n_secret = 1\n",
         "pkg/d/__init__.py": "from .e import x\n",
         "pkg/d/e.py": "from ..a import b\nx = 1\n",
-        "pkg/f.py": "from .d import e\n",
+        "pkg/f.py": "from .d import e\ne._hidden = 2\n",
     })
     text, clean = ig.report(pkg)
     assert not clean
@@ -50,6 +50,7 @@ def test_the_tool_finds_loops_hidden_imports_and_private_names(tmp_path):
     assert "  pkg.a <-> pkg.b <-> pkg.c\n" in text
     assert "  pkg.c:2 pkg.a\n" in text and "  pkg.c:3 json\n" in text
     assert "  pkg.b:1 _secret from pkg.c\n" in text
+    assert "  pkg.f:2 _hidden of pkg.d.e\n" in text  # set through the imported module
     # importing pkg.d.e runs pkg.d's __init__ first; pkg.d's own modules do not run it again
     g = ig.graph(_read(pkg))
     assert g["pkg.f"] == {"pkg.d", "pkg.d.e"}

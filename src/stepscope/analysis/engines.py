@@ -229,7 +229,14 @@ class EmbeddedDB(_Base):
 
 
 _TICK_OPS = 100_000  # SQLite VM steps between callbacks: about a millisecond
-_term_signal = 0  # set by the CLI's SIGTERM handler (see _cli), so an aborted query exits so
+_term_signal = 0  # see note_termination: an aborted query then exits as the signal would
+
+
+def note_termination(signum: int) -> None:
+    """Called by a termination-signal handler (the CLI's SIGTERM one, cli.common): a query the
+    signal interrupts then ends in ``SystemExit(128 + signum)`` instead of KeyboardInterrupt."""
+    global _term_signal
+    _term_signal = signum
 
 
 def _tick() -> int:

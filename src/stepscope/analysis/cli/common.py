@@ -142,7 +142,7 @@ def exit_on_sigterm() -> None:
         return  # someone else's handler (or ignored): theirs
 
     def on_term(signum: int, frame: Any) -> None:
-        engines._term_signal = signum
+        engines.note_termination(signum)
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)

@@ -21,7 +21,7 @@ import zlib
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from stepscope.analysis import TraceError
-from stepscope.analysis.importer import decode_files
+from stepscope.analysis.tp.importer import decode_files
 
 # stats of the embedded importer that name what trace processor rejects
 REJECTED_STATS = ("track_event_invalid_timestamp", "invalid_clock_snapshots")

@@ -208,7 +208,7 @@ def test_replay_is_rebased_onto_this_sessions_clocks(tmp_path, fixture):
     """The fixture was recorded on another machine: as recorded, its REALTIME stamps lie days
     before this machine's boot (negative BOOTTIME), which trace processor drops (4671 events:
     every slice and counter). Rebased, its first event is 'now' and the spacing is kept."""
-    from stepscope.analysis.importer import load
+    from stepscope.analysis import load
 
     path = tmp_path / "replay.pftrace"
     sess = _session.Session(path).start()

@@ -114,7 +114,7 @@ def test_snapshots_stay_monotonic_across_ranks(tmp_path):
     concatenated, the trace clock goes back at rank 1's first snapshot, which trace processor
     refuses (invalid_clock_snapshots). Merged, that snapshot is left out and rank 1 converts
     through rank 0's (readings of the same clocks)."""
-    from stepscope.analysis.importer import load
+    from stepscope.analysis import load
 
     _trace(tmp_path / "rank0.summary.pftrace", 0, "h", 100, 50 * S, 9000 * S,
            [(51 * S, "B", ""), (52 * S, "E", "")], mono_end=60 * S)

@@ -1,4 +1,4 @@
-/* stepscope.analysis._decodeloops: the decoder's sequential loops, which numpy can only do in
+/* stepscope.analysis.tp._decodeloops: the decoder's sequential loops, which numpy can only do in
  * many passes (optional; protoscan.py, state.py, packets.py and decode.py have the numpy twins, same results).
  *
  * split_repeated(buf, start, end, tag) -> (starts, ends, stop): the items of a run of one

@@ -18,7 +18,7 @@ from stepscope import _session, analysis
 from stepscope.analysis import summaries as S
 from stepscope.analysis.engines import ENV_BIN
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TP = os.environ.get(ENV_BIN)
 pytestmark = pytest.mark.skipif(not TP, reason=f"{ENV_BIN} names no trace_processor_shell")
 FILTERS = ({}, {"steps": "3:9"}, {"ranks": [1]}, {"threads": ["MainThread"]},

@@ -100,7 +100,7 @@ def test_summary_cli_reports_unwritable_outputs_in_one_line(tmp_path):
     path.write_bytes(DESC + packet(event(100, 1, name="a")) + packet(event(200, 2)))
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "..", "src")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     for extra in (["--cntk", str(blocker)], ["-o", str(tmp_path / "missing" / "x.txt")]):
         out = subprocess.run([sys.executable, "-m", "stepscope.cli", "summary", str(path),

@@ -16,6 +16,7 @@ from test_summaries_db import TraceDB, scenario  # noqa: E402
 
 from stepscope import cli  # noqa: E402
 from stepscope.analysis.cli import summary as cli_summary  # noqa: E402
+from stepscope.analysis.summaries import post  # noqa: E402
 from stepscope.analysis.summaries import tables as S  # noqa: E402
 from stepscope.analysis.summaries.format import MAX_WIDTH, cut_middle, format_bytes  # noqa: E402
 
@@ -81,7 +82,7 @@ def test_memcpy_bytes_in_binary_units(capsys):
 def test_no_gpu_data_shows_no_gpu_columns():
     db = cpu_only_trace()
     model = S.table(db, "model")
-    assert all(r[k] is None for r in model.rows for k in S._GPU_KEYS)
+    assert all(r[k] is None for r in model.rows for k in post._GPU_KEYS)
     text = model.to_text("ns")
     assert "GPU" not in text
     # Forward: 400 + 600 of 3000; Others: the steps less their phases, 600 and 1400

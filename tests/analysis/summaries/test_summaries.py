@@ -30,6 +30,7 @@ from test_summaries_db import TraceDB, scenario  # noqa: E402
 
 from stepscope import _schema  # noqa: E402
 from stepscope.analysis import summaries  # noqa: E402
+from stepscope.analysis.summaries import sharedbase  # noqa: E402
 from stepscope.analysis.summaries import tables as S  # noqa: E402
 from stepscope.analysis.summaries.format import Table  # noqa: E402
 
@@ -499,7 +500,8 @@ def test_shared_base_keys_slices_by_id_and_orders_the_overview_window():
             assert joined == ({"p", "th"} if by_thread else set())
     conn = db.conn  # a repeated id: the keyed table is refused and removed
     with pytest.raises(sqlite3.IntegrityError):
-        S._create_temp(conn, "dup", "SELECT 1 AS id, 2 AS x UNION ALL SELECT 1, 3", keyed=True)
+        sharedbase._create_temp(conn, "dup", "SELECT 1 AS id, 2 AS x UNION ALL SELECT 1, 3",
+                                keyed=True)
     assert db.query("SELECT name FROM sqlite_temp_master") == []
     assert not conn.in_transaction  # other connections can still be opened on it
 

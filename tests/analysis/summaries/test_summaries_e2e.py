@@ -27,6 +27,7 @@ from stepscope import _schema, _session  # noqa: E402
 from stepscope.analysis import summaries  # noqa: E402
 from stepscope.analysis.summaries import (
     cntk,  # noqa: E402
+    sharedbase,  # noqa: E402
     sqlfiles,  # noqa: E402
 )
 from stepscope.analysis.summaries import tables as S  # noqa: E402
@@ -309,7 +310,7 @@ def test_a_failing_slice_base_leaves_the_summaries_to_the_ctes(traces, expected,
 
     monkeypatch.setattr(_slicebase, "track_owners", broken)
     with analysis.open(list(traces), engine="embedded") as db:
-        assert not S._has_slice_base(db.conn)
+        assert not sharedbase.has_slice_base(db.conn)
         assert "no summaries' slice base (OperationalError: no such table: track)" in caplog.text
         got = S.all_tables(db, names=["overview"])["overview"].rows
         assert _strip(got) == _strip(S.table(expected, "overview").rows)

@@ -8,8 +8,10 @@ trace processor and on the embedded engine alike.
   ``base_ctes``.
 * ``slicebase`` -- the shared slice base (table ``ss_slice_base``) built from the clone's decoded
   columns at load time, through the importer's post-load hook (``POST_LOAD``).
-* ``tables``    -- the table specs, running them (shared base CTEs, several connections),
-  post-processing in Python, ``report``.
+* ``sharedbase`` -- the base CTEs computed once for several tables (temporary tables, views
+  over the slice base).
+* ``post``      -- what the tables compute in Python after their SQL (stddev, percentiles, ...).
+* ``tables``    -- the table specs, running them (several connections), ``report``.
 * ``format``    -- rendering: text, CSV, JSON, markdown, units.
 * ``cntk``      -- CNTK-style per-rank output files.
 
@@ -19,6 +21,8 @@ Exports the public API below (``stepscope.analysis.summaries.report`` and friend
 from __future__ import annotations
 
 from .._errors import SummaryError
+from .post import counter_unit, percentile
+from .sharedbase import shared_base
 from .sqlfiles import (
     DATALOADER_PHASE_SQL,
     PHASE_KIND_SQL,
@@ -33,15 +37,12 @@ from .tables import (
     TABLES,
     all_tables,
     check_name,
-    counter_unit,
     has_column,
     operator_values,
-    percentile,
     query_rows,
     render_report,
     report,
     run_sql,
-    shared_base,
     table,
 )
 

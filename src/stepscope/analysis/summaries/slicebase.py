@@ -14,7 +14,7 @@ database image as table ``SS_TABLE``.
 That table holds every slice once: trace processor's ``slice`` is a view over it (its columns,
 in its order), and the rows of ``ss_slice`` are those with an upid (``SS_BASE_ROWS``; the others,
 unfinished or on a track no process owns, have NULL base columns).
-``tables.shared_base`` reads that table instead of computing the CTE when no filter is set.
+``sharedbase.shared_base`` reads that table instead of computing the CTE when no filter is set.
 
 The rules are _base.sql's; the owner of each track comes from running _base.sql's own
 ``ss_track_info`` on the track tables, and the kind of each slice from its category and name

@@ -1,11 +1,11 @@
-"""The summary tables: which SQL file each runs, its columns, running them, post-processing.
+"""The summary tables: which SQL file each runs, its columns, running them, the report.
 
 Every table is one file under ``sql/`` whose comments define its metrics; the SQL runs
 unchanged on Perfetto's trace processor and on the embedded SQLite engine (``sqlfiles`` fills
-it in). Python only computes what needs math functions (stddev, percentiles, straggler flags),
-shares the base CTEs between tables (``shared_base``), runs tables on several connections and
-hands the rows to ``format``. Any object with ``.query(sql)`` returning rows (dicts, row
-objects, or a DataFrame) works as ``db``; so does a ``sqlite3.Connection``.
+it in). Here: each table's spec (SQL file, title, columns), running the tables (the base CTEs
+shared through ``sharedbase``, several tables at once on their own connections), the Python
+step of ``post`` and the rendering of ``format``. Any object with ``.query(sql)`` returning
+rows (dicts, row objects, or a DataFrame) works as ``db``; so does a ``sqlite3.Connection``.
 
 Usage::
 
@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 import sqlite3
-import statistics
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -42,15 +40,9 @@ from .format import (
     Table,
     render_many,
 )
-from .slicebase import (
-    PLACEHOLDERS,
-    SS_BASE_ROWS,
-    SS_COLUMNS,
-    SS_INDEX_KEYS,
-    SS_NAME_INDEX_KEYS,
-    SS_TABLE,
-)
-from .sqlfiles import Filters, base_ctes, render
+from .post import POST
+from .sharedbase import shared_base, sqlite_conn
+from .sqlfiles import Filters, render
 
 __all__ = [
     "DEFAULT_TABLES",
@@ -58,158 +50,14 @@ __all__ = [
     "TABLES",
     "all_tables",
     "check_name",
-    "counter_unit",
     "has_column",
     "operator_values",
-    "percentile",
     "query_rows",
     "render_report",
     "report",
     "run_sql",
-    "shared_base",
     "table",
 ]
-
-
-def _sqlite_conn(db: Any) -> sqlite3.Connection | None:
-    if isinstance(db, sqlite3.Connection):
-        return db
-    conn = getattr(db, "conn", None)
-    return conn if isinstance(conn, sqlite3.Connection) else None
-
-
-_SHARED_BASE = "WITH RECURSIVE ss_shared AS (SELECT 1)"
-
-
-@contextlib.contextmanager
-def shared_base(db: Any, filters: Filters):
-    """On an SQLite engine, compute the base CTEs once as TEMP tables for several tables.
-
-    Yields the ``base`` to pass to render() (the table SQL then reads the temporary tables of
-    the same names), or None where this does not apply (a name already taken, an engine that
-    refuses): the tables are then computed from the CTEs, with the same results. On trace
-    processor the same tables are made as SQLite tables through its queries (see
-    _trace_processor_base): each table would otherwise compute the base again.
-    """
-    conn = _sqlite_conn(db)
-    made: list[tuple[str, str]] = []  # (VIEW or TABLE, name)
-    base = None
-    if conn is None and getattr(db, "engine", None) == "trace_processor":
-        base = _trace_processor_base(db, filters, made)
-    elif conn is not None:
-        try:
-            has_base = _has_slice_base(conn)
-            views = has_base and filters == Filters()
-            for name, cols, body in base_ctes(filters, PLACEHOLDERS if has_base else None):
-                if views and name in _BASE_VIEWS:
-                    # unfiltered, ss_slice is the slice base itself and ss_device its device
-                    # rows (read through its kind index): no copy on any connection
-                    sql = (f"SELECT {', '.join(SS_COLUMNS)} FROM main.{SS_TABLE} "
-                           f"WHERE {SS_BASE_ROWS}") if name == "ss_slice" else body
-                    conn.execute(f"CREATE TEMP VIEW {name} AS {sql}")
-                    made.append(("VIEW", name))
-                    continue
-                if re.search(rf"\b{name}\b", body):  # recursive
-                    sql = f"WITH RECURSIVE {name}{cols} AS ({body}) SELECT * FROM {name}"
-                else:
-                    sql = body
-                _create_temp(conn, name, sql, keyed=name in _KEYED_BASE)
-                made.append(("TABLE", name))
-                for i, cols in enumerate(_BASE_INDEXES.get(name, ())):
-                    conn.execute(f"CREATE INDEX temp.{name}_ix{i} ON {name}({cols})")
-            base = _SHARED_BASE
-        except sqlite3.Error:
-            _drop(conn, made)
-            made, base = [], None
-    try:
-        yield base
-    finally:
-        if made:
-            _drop(conn if conn is not None else db, made)
-
-
-# Base CTEs that are views over the slice base when it exists and no filter is set
-_BASE_VIEWS = frozenset({"ss_slice", "ss_device"})
-# Base tables looked up by their ``id`` (slice.id: unique, never NULL) in the table queries:
-# stored with ``id`` as the rowid, so those lookups need no index built per query.
-_KEYED_BASE = frozenset({"ss_slice", "ss_device"})
-# Indexes on base tables: the union window of the overview reads its rows in this order
-# (no sort), and the tables that want a few kinds of slices read just those; the operators'
-# statistics per name read theirs in (name, dur) order, as from the slice base: their REAL
-# sums then add in the same order on every engine and filter (the same bits).
-_BASE_INDEXES = {"ss_slice": (", ".join(SS_INDEX_KEYS), ", ".join(SS_NAME_INDEX_KEYS[:3]))}
-
-
-def _create_temp(conn: sqlite3.Connection, name: str, sql: str, keyed: bool) -> None:
-    """``CREATE TEMP TABLE name AS sql``; ``keyed``: the same columns and declared types, with
-    ``id`` as INTEGER PRIMARY KEY (a repeated id fails: shared_base then falls back)."""
-    if not keyed:
-        conn.execute(f"CREATE TEMP TABLE {name} AS {sql}")
-        return
-    conn.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM ({sql}) LIMIT 0")
-    info = conn.execute(f"PRAGMA temp.table_info({name})").fetchall()
-    conn.execute(f"DROP TABLE temp.{name}")
-    if "id" not in [c[1] for c in info]:
-        raise sqlite3.OperationalError(f"{name} has no id column")
-    cols = ", ".join(f'"{c[1]}" INTEGER PRIMARY KEY' if c[1] == "id" else f'"{c[1]}" {c[2]}'
-                     for c in info)
-    conn.execute(f"CREATE TEMP TABLE {name}({cols})")
-    began = not conn.in_transaction
-    try:
-        conn.execute(f"INSERT INTO temp.{name} SELECT * FROM ({sql})")
-        if began:  # the INSERT opened a transaction (sqlite3's default): end it, or the
-            conn.commit()  # connection looks busy (_more_connections would not share it)
-    except sqlite3.Error:
-        if began:  # nor left open by a failed INSERT
-            conn.rollback()
-        _drop(conn, [("TABLE", name)])
-        raise
-
-
-def _trace_processor_base(db: Any, filters: Filters, made: list[tuple[str, str]]) -> str | None:
-    """The base CTEs as temporary SQLite tables in trace processor (it runs plain SQLite
-    statements too), keyed and indexed as on the embedded engine; None (and nothing left
-    behind) when a statement is refused."""
-    try:
-        for name, cols, body in base_ctes(filters):
-            if re.search(rf"\b{name}\b", body):  # recursive
-                sql = f"WITH RECURSIVE {name}{cols} AS ({body}) SELECT * FROM {name}"
-            else:
-                sql = body
-            if name in _KEYED_BASE:  # id as the rowid: the table queries look rows up by id
-                names = db.query(f"SELECT * FROM ({sql}) LIMIT 0").columns
-                decl = ", ".join('"id" INTEGER PRIMARY KEY' if c == "id" else f'"{c}"'
-                                 for c in names)
-                db.query(f"CREATE TEMP TABLE {name}({decl})")
-                made.append(("TABLE", name))
-                db.query(f"INSERT INTO temp.{name} SELECT * FROM ({sql})")
-            else:
-                db.query(f"CREATE TEMP TABLE {name} AS {sql}")
-                made.append(("TABLE", name))
-            for i, keys in enumerate(_BASE_INDEXES.get(name, ())):
-                db.query(f"CREATE INDEX temp.{name}_ix{i} ON {name}({keys})")
-        return _SHARED_BASE
-    except Exception:  # an engine that refuses: the tables compute their CTEs
-        _drop(db, made)
-        made.clear()
-        return None
-
-
-def _has_slice_base(conn: sqlite3.Connection) -> bool:
-    """Whether the importer wrote the unfiltered ss_slice (see slicebase) into ``conn``."""
-    return conn.execute("SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?",
-                        (SS_TABLE,)).fetchone() is not None
-
-
-def _drop(conn: Any, made: list[tuple[str, str]]) -> None:
-    """Drop the (VIEW or TABLE, name) temporary objects, the last made first (``conn``: a
-    sqlite3 connection, or an engine with ``query``)."""
-    run = conn.execute if isinstance(conn, sqlite3.Connection) else conn.query
-    for kind, name in reversed(made):
-        try:
-            run(f"DROP {kind} IF EXISTS temp.{name}")
-        except Exception:  # pragma: no cover - a closed connection
-            pass
 
 
 # --- running queries --------------------------------------------------------------------------
@@ -483,7 +331,7 @@ def _table(
         cache[sql] = run_sql(db, name, sql)
     rows = cache[sql]
     notes: list[str] = []
-    post = _POST.get(name)
+    post = POST.get(name)
     if post is not None:
         rows, notes = post(rows, straggler_margin=straggler_margin)
     t = Table(name, spec.title, columns, rows, notes)
@@ -564,7 +412,7 @@ def _run_jobs(db: Any, jobs: list[list[str]], n_workers: int,
     lock = threading.Lock()
     errors: list[BaseException] = []
     others = _more_connections(db, n_workers - 1)
-    running = [c for c in (_sqlite_conn(db), *others) if c is not None] if others else []
+    running = [c for c in (sqlite_conn(db), *others) if c is not None] if others else []
 
     def take() -> list[str] | None:
         with lock:
@@ -596,7 +444,7 @@ def _run_jobs(db: Any, jobs: list[list[str]], n_workers: int,
 def _more_connections(db: Any, n: int) -> list[sqlite3.Connection]:
     """Up to ``n`` new read-only connections to the file database of ``db`` (none for other
     engines, an in-memory database, or one with uncommitted changes they would not see)."""
-    conn = _sqlite_conn(db)
+    conn = sqlite_conn(db)
     if n < 1 or conn is None or conn.in_transaction:
         return []
     path = file_of(conn)
@@ -636,172 +484,3 @@ def render_report(
     if not shown:
         return "No events to summarize.\n" if fmt == "text" else render_many([], fmt, unit)
     return render_many(shown, fmt, unit, name_width)
-
-
-# --- post-processing in Python ----------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default): x[(n-1)·q]."""
-    xs = sorted(values)
-    if not xs:
-        return None
-    pos = (len(xs) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def _per_step(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
-    """Adds reader_ratio = reader/batch, ips = 1 / batch (s), samples_per_s = samples / batch."""
-    out = []
-    for r in rows:
-        b = r["batch_cost_ns"]
-        r = dict(r)
-        r["reader_ratio"] = r["reader_cost_ns"] / b if b else None
-        r["ips"] = 1e9 / b if b else None
-        n = r.get("num_samples")
-        r["samples_per_s"] = n * 1e9 / b if (b and n is not None) else None
-        out.append(r)
-    return out, []
-
-
-def _step_stats(rows: list[dict], **kw: Any) -> tuple[list[dict], list[str]]:
-    """avg/min/max/p50/p90 over steps.
-
-    avg of batch and reader cost = arithmetic mean; avg reader ratio = Σ reader / Σ batch;
-    avg steps/s = steps / Σ batch seconds; avg samples/s = Σ samples / Σ batch seconds (steps
-    with a known batch size). min/max/p50/p90: over the per-step values.
-    """
-    steps, _ = _per_step(rows)
-    if not steps:
-        return [], []
-    batch = [s["batch_cost_ns"] for s in steps]
-    total_b = sum(batch)
-    sampled = [s for s in steps if s["num_samples"] is not None and s["batch_cost_ns"]]
-    avg = {
-        "batch_cost_ns": total_b / len(steps),
-        "reader_cost_ns": sum(s["reader_cost_ns"] for s in steps) / len(steps),
-        "reader_ratio": (sum(s["reader_cost_ns"] for s in steps) / total_b) if total_b else None,
-        "ips": len(steps) * 1e9 / total_b if total_b else None,
-        "samples_per_s": (
-            sum(s["num_samples"] for s in sampled) * 1e9 / sum(s["batch_cost_ns"] for s in sampled)
-            if sampled
-            else None
-        ),
-    }
-    keys = list(avg)
-    table_rows = [{"stat": "avg", **avg}]
-    for stat, fn in (
-        ("min", min),
-        ("max", max),
-        ("p50", lambda v: percentile(v, 0.5)),
-        ("p90", lambda v: percentile(v, 0.9)),
-    ):
-        row: dict[str, Any] = {"stat": stat}
-        for k in keys:
-            vals = [s[k] for s in steps if s[k] is not None]
-            row[k] = fn(vals) if vals else None
-        table_rows.append(row)
-    ranks = {s["rank"] for s in steps}
-    note = f"{len(steps)} steps" + (f" on {len(ranks)} ranks" if len(ranks) > 1 else "")
-    return table_rows, [note]
-
-
-_GPU_KEYS = tuple(f"gpu_{s}" for s in ("total_ns", "avg_ns", "max_ns", "min_ns", "ratio"))
-
-
-def _no_gpu(rows: list[dict], keys: Sequence[str] = _GPU_KEYS) -> list[dict]:
-    """GPU values become None (shown "-", the columns left out of text) when the trace has no
-    device time at all: gpu_ratio's denominator, the device slices' union, is then 0 (NULL)."""
-    if any(r.get("gpu_ratio") is not None for r in rows):
-        return rows
-    return [{**r, **dict.fromkeys(keys)} for r in rows]
-
-
-def _model(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
-    return _no_gpu(rows), []
-
-
-def _device(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
-    """Each row gets the ``unit`` of its values (bytes, bytes/s: shown in binary units)."""
-    out = [{**r, "unit": counter_unit(r.get("name") or "")} for r in rows]
-    note = ("Mean (time-weighted): each sample holds until the next one of its counter, the "
-            "last until the end of its rank's run (its last step's end; its last slice's without "
-            "steps); a sample after that end holds nothing")
-    return out, [note] if any(r.get("samples") is not None for r in rows) else []
-
-
-_BYTE_COUNTERS = re.compile(
-    r"^(host\.process\.rss|host\.memory\.used|nvml\.gpu\d+\.memory\.used"
-    r"|cupy\.gpu\d+\.pool\.(used|total))$|(^|[ .])bytes$"
-)
-
-
-def counter_unit(name: str) -> str | None:
-    """The unit of a counter written by stepscope, from its name (see ``_schema``): "bytes",
-    "bytes/s", or None (the number as it is, e.g. "%" or "1/s", which the names say)."""
-    if name.endswith("bytes/s"):
-        return "bytes/s"
-    return "bytes" if _BYTE_COUNTERS.search(name) else None
-
-
-_SQ_PARTS = ("sq_hh", "sq_hl", "sq_aa", "sq_ab", "sq_bb")  # see operators.sql
-
-
-def _operators(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
-    """stddev = sqrt(calls * sum(d^2) - sum(d)^2) / calls, the population standard deviation,
-    with the difference computed exactly in integers from the SQL's sum of durations and the
-    integer parts of the sum of their squares (sq_hh..sq_bb, see operators.sql): no cancellation,
-    and the same value whatever engine summed the rows, in whatever order."""
-    out = []
-    for r in rows:
-        r = dict(r)
-        parts = [r.pop(k, None) for k in _SQ_PARTS]
-        n, total = r.get("calls") or 0, r.get("total_ns")
-        if n and total is not None and None not in parts:
-            hh, hl, aa, ab, bb = (int(p) for p in parts)
-            sumsq = (hh << 64) + (hl << 33) + (aa << 32) + (ab << 17) + bb
-            var_n2 = max(n * sumsq - int(total) ** 2, 0)  # variance * n^2, exact
-            r["stddev_ns"] = math.sqrt(var_n2) / n
-        else:
-            r["stddev_ns"] = None
-        out.append(r)
-    return _no_gpu(out), []
-
-
-def _distributed(rows: list[dict], straggler_margin: float = 0.10, **_: Any):
-    """vs_median = mean step / median of the ranks' mean steps - 1; straggler when > margin.
-
-    Without any device time (no kernel, copy or set on any rank) computation, communication,
-    overlap and other are None: the split needs GPU data."""
-    keys = ("computation_ns", "communication_ns", "overlap_ns", "other_ns")
-    if not any(r.get(k) for r in rows for k in keys[:3]):
-        rows = [{**r, **dict.fromkeys(keys)} for r in rows]
-    means = [r["avg_step_ns"] for r in rows if r.get("avg_step_ns") is not None]
-    med = statistics.median(means) if means else None
-    out = []
-    for r in rows:
-        r = dict(r)
-        a = r.get("avg_step_ns")
-        r["vs_median"] = (a / med - 1.0) if (a is not None and med) else None
-        r["straggler"] = bool(r["vs_median"] is not None and r["vs_median"] > straggler_margin)
-        out.append(r)
-    notes = []
-    if med is not None:
-        slow = [str(r["rank"]) for r in out if r["straggler"]]
-        notes.append(
-            f"stragglers (mean step > median by more than {straggler_margin:.0%}): "
-            + (", ".join(slow) if slow else "none")
-        )
-    return out, notes
-
-
-_POST = {
-    "steps": _step_stats,
-    "step_times": _per_step,
-    "model": _model,
-    "operators": _operators,
-    "device": _device,
-    "distributed": _distributed,
-}

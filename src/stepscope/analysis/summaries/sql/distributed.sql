@@ -1,5 +1,5 @@
 -- Distributed: one row per rank (= per process), over the rank's frame (its selected steps;
--- without steps, its whole span). Stragglers are flagged in Python (summaries/tables.py).
+-- without steps, its whole span). Stragglers are flagged in Python (summaries/post.py).
 --
 --   steps            number of selected steps; avg_step_ns = mean step duration.
 --   frame_ns         length of the union of the rank's frame intervals.

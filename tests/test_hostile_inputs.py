@@ -353,7 +353,7 @@ def test_a_file_cut_inside_its_last_packet_says_so(bomb_dir, tmp_path):
     assert r.returncode == 0 and line in r.stderr.splitlines()
     assert r.stdout.split() == ["n", "---", "100", "(1", "row)"]  # the 50 "after" ranges lost
     with pytest.warns(TraceDamageWarning, match="skipped 1 cut-short last packet .40 bytes"):
-        importer.load(str(path))
+        analysis.load(str(path))
 
 
 def test_merge_says_when_a_rank_file_ends_inside_a_packet(bomb_dir, tmp_path):
@@ -367,5 +367,5 @@ def test_merge_says_when_a_rank_file_ends_inside_a_packet(bomb_dir, tmp_path):
     assert r.stderr.splitlines() == [
         f"stepscope: {run / 'rank1.summary.pftrace'}: skipped 1 cut-short last packet (40 "
         "bytes: the file ends inside it); the rest is merged"]
-    conn, _ = importer.load(str(out))
+    conn, _ = analysis.load(str(out))
     assert conn.execute("select count(*) from slice").fetchone() == (150 + 100,)

@@ -134,7 +134,7 @@ class Rows(list):
 
     def df(self):
         """A pandas DataFrame; duplicate column names are kept, as pandas keeps them."""
-        import pandas as pd
+        import pandas as pd  # lazy: an optional dependency, heavy to import
 
         return pd.DataFrame([r.values() for r in self], columns=self.columns)
 
@@ -152,7 +152,7 @@ class _Base:
     def query_df(self, sql: str):
         """The rows of ``sql`` as a pandas DataFrame (needs pandas)."""
         try:
-            import pandas  # noqa: F401
+            import pandas  # noqa: F401  # lazy: optional, only to say it is missing
         except ImportError:
             raise EngineError("query_df needs pandas: pip install pandas") from None
         return self.query(sql).df()
@@ -274,6 +274,7 @@ class TraceProcessorDB(_Base):
     engine = "trace_processor"
 
     def __init__(self, paths: list[str], bin_path: str) -> None:
+        # lazy: the perfetto package is only needed for this engine
         from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
 
         self.paths = paths
@@ -343,6 +344,7 @@ def _concatenated(paths: list[str]):
 def _prebuilt_entry() -> dict | None:
     """The perfetto package's pinned trace_processor_shell for this machine (None: none)."""
     try:
+        # lazy: optional perfetto package, read only when a binary is looked for
         from perfetto.prebuilts.manifests.trace_processor_shell import (
             TRACE_PROCESSOR_SHELL_MANIFEST as manifest,
         )

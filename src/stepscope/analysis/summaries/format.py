@@ -138,7 +138,7 @@ class Table:
     def to_dataframe(self, unit: str = "ms"):
         """A pandas DataFrame (columns as in CSV). Needs pandas."""
         try:
-            import pandas as pd
+            import pandas as pd  # lazy: an optional dependency, heavy to import
         except ImportError as e:  # pragma: no cover - pandas is a test dependency
             raise ImportError("to_dataframe() needs pandas: pip install pandas") from e
         return pd.DataFrame(self.records(unit), columns=[c.out_key(unit) for c in self.columns])

@@ -33,6 +33,9 @@ from .packets import (
 
 
 def trace_pb2():
+    """The official schema's module, for the rare messages decoded one by one (descriptors,
+    interned data, nested annotations); lazy: protobuf's import costs, and most loads never
+    need it."""
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2
 
     return perfetto_trace_pb2

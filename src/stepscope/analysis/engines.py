@@ -164,9 +164,10 @@ class _Base:
 class EmbeddedDB(_Base):
     """Trace loaded by stepscope's own importer into SQLite (no binary, no network).
 
-    Queries run read-only towards the rest of the machine: ATTACH, DETACH (and so VACUUM INTO)
-    and PRAGMAs that set something are refused, so SQL writes no file but the engine's own
-    database. Ctrl-C interrupts a running query (KeyboardInterrupt)."""
+    Queries are read-only: statements that write (INSERT, UPDATE, DELETE, CREATE, DROP, ALTER),
+    ATTACH, DETACH (and so VACUUM INTO) and PRAGMAs that set something are refused, so a query
+    changes neither the engine's tables nor any file. Ctrl-C interrupts a running query
+    (KeyboardInterrupt)."""
 
     engine = "embedded"
 
@@ -198,6 +199,7 @@ class EmbeddedDB(_Base):
         # a Python callback now and then lets a pending Ctrl-C run (SQLite itself never
         # returns to the interpreter during a statement); it aborts the statement
         conn.set_progress_handler(_tick, _TICK_OPS)
+        conn.set_authorizer(_authorize_query)  # only the user's own statements: read-only
         try:  # rows are fetched inside: SQLite reports some errors only while stepping
             cur = conn.execute(sql)
             if cur.description is None:
@@ -212,6 +214,7 @@ class EmbeddedDB(_Base):
             raise QueryError(f"query failed: {_sqlfuncs.explain(e)}") from None
         finally:
             conn.set_progress_handler(None, 0)
+            conn.set_authorizer(_authorize)  # the summaries' temporary tables may be written
 
     def close(self) -> None:
         if self.conn is not None:
@@ -243,6 +246,23 @@ def _authorize(action: int, arg1: str | None, arg2: str | None, db: str | None,
             (arg1 or "").lower() not in _READ_PRAGMAS:
         return sqlite3.SQLITE_DENY
     return sqlite3.SQLITE_OK
+
+
+# what writes: a user query may not (the engine's own ss_* tables stay as loaded)
+_WRITES = frozenset(getattr(sqlite3, name) for name in dir(sqlite3) if name.startswith(
+    ("SQLITE_CREATE_", "SQLITE_DROP_")) or name in (
+    "SQLITE_INSERT", "SQLITE_UPDATE", "SQLITE_DELETE", "SQLITE_ALTER_TABLE", "SQLITE_REINDEX",
+    "SQLITE_ANALYZE"))
+
+
+def _authorize_query(action: int, arg1: str | None, arg2: str | None, db: str | None,
+                     source: str | None) -> int:
+    """SQLite authorizer while a user query runs: _authorize, and nothing written. (SQLite
+    itself asks to update the schema table when it reads it, e.g. for pragma_table_info: a
+    user cannot write that table anyway, and CREATE/DROP/ALTER are denied by their action.)"""
+    if action in _WRITES and arg1 not in ("sqlite_master", "sqlite_temp_master"):
+        return sqlite3.SQLITE_DENY
+    return _authorize(action, arg1, arg2, db, source)
 
 
 def _close(conn: sqlite3.Connection, tmp: str | None) -> None:

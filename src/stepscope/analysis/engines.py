@@ -431,9 +431,17 @@ def download_trace_processor(timeout: float | None = None) -> str:
         digest = hashlib.sha256()
         with urllib.request.urlopen(url, timeout=timeout) as resp, \
                 builtins.open(tmp, "wb") as f:
-            while chunk := resp.read(1 << 20):
-                if time.monotonic() > deadline:
+            # read1: at most one recv a round, each bounded by the time left (a server that
+            # trickles bytes would otherwise hold read() for a full timeout per recv)
+            sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise TimeoutError("timed out")
+                if sock is not None:
+                    sock.settimeout(max(0.1, left))
+                if not (chunk := resp.read1(1 << 16)):
+                    break
                 digest.update(chunk)
                 f.write(chunk)
         if digest.hexdigest() != entry["sha256"]:

@@ -195,7 +195,7 @@ def test_ctrl_c_stops_an_endless_query(small, tmp_path, sig, code):
         p.kill()
     print(f"exited {took:.3f} s after {signal.Signals(sig).name}")
     assert p.returncode == code and "Traceback" not in err, err
-    assert took < 2.0
+    assert took < 8.0  # interpreter teardown included, on a loaded machine (hangs took > 10 s)
     assert os.listdir(tmpdir) == []
 
 

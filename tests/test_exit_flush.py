@@ -59,7 +59,8 @@ def test_exit_with_busy_daemon_threads_is_bounded(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     took = end - float(proc.stdout.split()[1])
     # the budget, one piece of 64k events in progress (about 1 s here), interpreter teardown
-    assert took < EXIT_FLUSH_S + 2.5, took
+    # on a loaded machine
+    assert took < EXIT_FLUSH_S + 5, took  # unbounded, it takes 8 s or more
     d = decode(path)  # the official schema reads the whole file
     busy = [u for u, t in d.tracks.items() if t.HasField("thread")]
     slices = [s for u in busy for s in d.slices(u)]  # every begin has its end

@@ -238,3 +238,14 @@ def test_trace_processor_on_several_files(tmp_path, fake_tp):
         assert [tuple(r) for r in got] == [("outer", 11), ("inner", 11), ("x", 21)]
         assert [tuple(r) for r in db.query(PAIRS)] == [("outer", "inner")]
         assert db.query("SELECT COUNT(*) AS n FROM process WHERE pid IN (10, 20)") == [{"n": 2}]
+
+
+def test_several_statements_run_and_the_last_ones_rows_come_back(trace):
+    """As trace processor: every statement runs, the rows are the last one's; a semicolon
+    in a string, identifier or comment does not end a statement."""
+    with eng.open(trace, engine="embedded") as db:
+        assert db.query("SELECT 1 AS a; SELECT name, ';' AS s FROM slice WHERE name = 'outer';"
+                        " -- done; really") == [{"name": "outer", "s": ";"}]
+        assert db.query('SELECT 2 AS "x;y"; /* ; */ SELECT 3 AS b') == [{"b": 3}]
+        with pytest.raises(QueryError, match="no such table: nope"):
+            db.query("SELECT * FROM nope; SELECT 1")

@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import os
 import platform
+import re
 import shutil
 import sqlite3
 import sys
@@ -201,7 +202,10 @@ class EmbeddedDB(_Base):
         conn.set_progress_handler(_tick, _TICK_OPS)
         conn.set_authorizer(_authorize_query)  # only the user's own statements: read-only
         try:  # rows are fetched inside: SQLite reports some errors only while stepping
-            cur = conn.execute(sql)
+            *first, last = _statements(sql)  # several: all run, the last one's rows (as TP)
+            for stmt in first:
+                conn.execute(stmt).fetchall()
+            cur = conn.execute(last)
             if cur.description is None:
                 return Rows()
             cols = [d[0] for d in cur.description]
@@ -220,6 +224,22 @@ class EmbeddedDB(_Base):
         if self.conn is not None:
             self._cleanup()
         self.conn = None
+
+
+def _statements(sql: str) -> list[str]:
+    """``sql`` cut into its statements (at the semicolons that end one, not those in strings,
+    identifiers or comments); trailing comments stay with the last one."""
+    out, start = [], 0
+    for i, ch in enumerate(sql):
+        if ch == ";" and sqlite3.complete_statement(sql[start:i + 1]):
+            out.append(sql[start:i + 1])
+            start = i + 1
+    rest = sql[start:]
+    if out and not re.sub(r"--[^\n]*|/\*.*?(?:\*/|$)|\s+", "", rest, flags=re.S):
+        out[-1] += rest
+    else:
+        out.append(rest)
+    return out
 
 
 _TICK_OPS = 100_000  # SQLite VM steps between callbacks: about a millisecond

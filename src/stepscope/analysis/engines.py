@@ -499,13 +499,19 @@ def open(  # noqa: A001 - mirrors the builtin on purpose: stepscope.analysis.ope
     (Perfetto's trace processor, downloaded when no binary is found; raises
     :class:`EngineError` if it cannot start) or ``"auto"`` (trace processor when a binary is
     found, see :func:`find_trace_processor`, else the embedded engine; no network; one line on
-    stderr when a binary found fails). Several paths are loaded into one database.
+    stderr when a binary found fails). Several paths are loaded into one database. A run
+    directory stands for its rank files, as on the command line (whole-run files, else the
+    detail windows; see ``_cli.classify``).
     ``progress``: a ``callback(stage, fraction)`` or True to print progress to stderr (the
     embedded engine only).
     """
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
     paths = _paths(path_or_paths)
+    if any(os.path.isdir(p) for p in paths):
+        from ._cli import classify  # here: _cli imports this module
+
+        paths = classify(paths).main()
     _check_files(paths)
     if progress is True:
         progress = print_progress()

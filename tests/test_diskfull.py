@@ -92,6 +92,51 @@ def test_failed_writes_are_cut_back_dropped_counted_and_recording_goes_on(
     assert len(after) == 50 and all(s[1] == 0 for s in after)
 
 
+def test_a_failed_cut_is_retried_so_no_partial_packet_stays(tmp_path, monkeypatch):
+    """A write fails after half a chunk and the cut back fails too (EIO, while the disk is
+    full): the next, shorter, chunk must not leave the old half packet's tail after it."""
+    path = str(tmp_path / "t.pftrace")
+    sess = _session.Session(path, flush_interval_s=60, compress=False)
+    sess.start()
+    sink = sess.sinks[0]
+    real_write, real_truncate = os.write, os.ftruncate
+    state = {"full": False, "calls": 0}
+
+    def write(fd, data):
+        if fd != sink.fd or not state["full"]:
+            return real_write(fd, data)
+        state["calls"] += 1
+        if state["calls"] == 1:
+            return real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def ftruncate(fd, size):
+        if fd == sink.fd and state["full"]:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_truncate(fd, size)
+
+    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "ftruncate", ftruncate)
+    try:
+        ranges("before", 100)
+        sess.flush()
+        kept = os.path.getsize(path)
+        state["full"] = True
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            ranges("during", 5000)
+            sess.flush()
+            assert os.path.getsize(path) > kept  # the half chunk is still there
+            state["full"] = False
+            ranges("after", 50)
+            sess.flush()
+            sess.stop()
+    finally:
+        sess.stop()
+    assert os.path.getsize(path) == sink.offset
+    assert begins(path) == {"before": 100, "after": 50}
+
+
 def test_slices_open_across_the_loss_stay_well_nested(tmp_path, monkeypatch):
     """A range begun before the disk filled and ended after: its end has no begin in the
     restarted sequence and is left out (no warning, no broken nesting)."""

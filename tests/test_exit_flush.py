@@ -65,8 +65,9 @@ def test_exit_with_busy_daemon_threads_is_bounded(tmp_path):
     end = time.monotonic()
     assert proc.returncode == 0, proc.stderr[-2000:]
     took = end - float(proc.stdout.split()[1])
-    # the budget, one piece of 8k events in progress (16 ms here), interpreter teardown
-    assert took < EXIT_FLUSH_S + 2.5, took
+    # the budget, one piece of 8k events in progress (16 ms here), interpreter teardown on a
+    # loaded machine
+    assert took < EXIT_FLUSH_S + 5, took  # unbounded, it takes 8 s or more
     d = decode(path)  # the official schema reads the whole file
     busy = [u for u, t in d.tracks.items() if t.HasField("thread")]
     slices = [s for u in busy for s in d.slices(u)]  # every begin has its end

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import zlib
 
 import pytest
@@ -136,22 +137,27 @@ def test_a_gzipped_trace_still_loads(bomb_dir, tmp_path):
 
 
 def test_merge_skips_a_bomb_quickly(bomb_dir, tmp_path):
+    """Zeros (refused by their first byte) and a 1 GiB packet that starts like one (0x0A: given
+    up at the inflation limit, 257 MiB) and 128M tiny packets: skipped in seconds."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "rank0.summary.pftrace").write_bytes((bomb_dir / "good.pftrace").read_bytes())
-    (run / "rank1.summary.pftrace").write_bytes((bomb_dir / "zeros4.pftrace").read_bytes()
-                                                + (bomb_dir / "tiny.pftrace").read_bytes())
+    (run / "rank1.summary.pftrace").write_bytes(b"".join(
+        (bomb_dir / f"{n}.pftrace").read_bytes() for n in ("zeros4", "packet", "tiny")))
     out = tmp_path / "m.pftrace"
+    t0 = time.monotonic()
     with pytest.warns(TraceDamageWarning) as caught:
         res = M.merge([run], out)
-    zeros, tiny = BOMB_BYTES["zeros4"], BOMB_BYTES["tiny"]
+    took = time.monotonic() - t0
+    zeros, over = BOMB_BYTES["zeros4"], BOMB_BYTES["packet"] + BOMB_BYTES["tiny"]
     assert [str(c.message) for c in caught] == [
         f"{run / 'rank1.summary.pftrace'}: skipped 4 damaged compressed batches ({zeros} bytes)"
-        f"; 1 compressed batch ({tiny} bytes) over the inflation limits (a decompression "
+        f"; 2 compressed batches ({over} bytes) over the inflation limits (a decompression "
         "bomb?); the rest is merged"]
     assert res.skipped["corrupt_compressed_batches"] == 4
+    assert took < 15.0, took  # inflating the bombs whole: 1.5 GiB, and the memory with it
     conn, _ = analysis.load(str(out))
-    assert conn.execute("select count(*) from slice").fetchone() == (150 * 3,)
+    assert conn.execute("select count(*) from slice").fetchone() == (150 * 4,)
 
 
 # -- damaged batches: reported ------------------------------------------------------------------

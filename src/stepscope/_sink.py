@@ -128,6 +128,7 @@ class Sink:
         self._chunk_info: dict[int, tuple[int, int]] = {}  # id(chunk) -> (gen, events)
         self._part_events: dict[int, int] = {}  # index in pending -> events of that part
         self.offset = 0  # bytes on disk, all whole packets
+        self._cut = False  # a failed write's tail is still beyond offset (its cut failed)
         self.lost_events = 0  # events dropped because a write failed (I/O thread)
         self.lost_bytes = 0  # raw packet bytes dropped with them
         self._lost_reported = 0
@@ -288,6 +289,8 @@ class Sink:
             self.lost_bytes += len(raw)
             return
         data = self.compress_chunk(raw) if self.compress else raw
+        if self._cut:  # a shorter chunk must not leave the old partial packet's tail after it
+            self._cut_back()
         try:
             self.write_now(data)
         except OSError as e:
@@ -296,8 +299,8 @@ class Sink:
             self.lost_bytes += len(raw)
             # a partial packet would make the rest of the file unreadable: cut it off, and
             # write the next chunk over it even if the cut failed
-            with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, self.offset)
+            self._cut = True
+            self._cut_back()
             with contextlib.suppress(OSError):
                 os.lseek(self.fd, self.offset, os.SEEK_SET)
             raise OSError(e.errno, f"{e.strerror or e}: the file keeps its first {self.offset} "
@@ -317,8 +320,16 @@ class Sink:
             n = os.write(self.fd, view)
             view = view[n:]
 
+    def _cut_back(self) -> None:
+        """Cut the file back to its whole packets (retried until it succeeds)."""
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.fd, self.offset)
+            self._cut = False
+
     def close_file(self) -> None:
         if not self.closed:
             self.closed = True
+            if self._cut:
+                self._cut_back()
             os.close(self.fd)
 

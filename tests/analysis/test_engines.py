@@ -102,7 +102,9 @@ def test_bad_arguments(written, tmp_path):
     with pytest.raises(TraceError, match="no such file"):
         analysis.open(str(tmp_path / "nope.pftrace"), engine="embedded")
     for engine in ("auto", "trace_processor", "embedded"):  # refused before any engine starts
-        with pytest.raises(TraceError, match=r": is a directory, not a trace file$"):
+        with pytest.raises(TraceError, match=r": is a directory without rank<N>.summary.pftrace "
+                                             r"or rank<N>.detail.<k>.pftrace files; give trace "
+                                             r"files by name$"):
             analysis.open(str(tmp_path), engine=engine)
     bad = tmp_path / "bad.pftrace"
     bad.write_bytes(b"\x00\x01garbage" * 50)

@@ -195,7 +195,7 @@ def test_ctrl_c_stops_an_endless_query(small, tmp_path, sig, code):
         p.kill()
     print(f"exited {took:.3f} s after {signal.Signals(sig).name}")
     assert p.returncode == code and "Traceback" not in err, err
-    assert took < 2.0
+    assert took < 8.0  # interpreter teardown included, on a loaded machine (hangs took > 10 s)
     assert os.listdir(tmpdir) == []
 
 
@@ -249,3 +249,48 @@ def test_an_asked_download_lands_in_the_cache_that_auto_reads(small, tmp_path, m
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_trickling_download_gives_up_at_the_timeout(tmp_path, monkeypatch):
+    """A server that sends a byte every 0.1 s never lets one recv time out: the download
+    still gives up after its timeout (1 s) in total, leaving no file."""
+    import http.server
+
+    stop = threading.Event()
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(1 << 20))
+            self.end_headers()
+            while not stop.wait(0.1):
+                try:
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                except OSError:
+                    return
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    for k in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    url = f"http://127.0.0.1:{srv.server_address[1]}/tp"
+    entry = {"file_name": "trace_processor_shell", "url": url, "sha256": "0" * 64}
+    monkeypatch.setattr(eng, "_prebuilt_entry", lambda: entry)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(eng.EngineError, match=r"timed out after 1 s"):
+            eng.download_trace_processor(timeout=1)
+    finally:
+        took = time.monotonic() - t0
+        stop.set()
+        srv.shutdown()
+        srv.server_close()
+    assert 1.0 <= took < 4.0
+    cache = tmp_path / ".local" / "share" / "perfetto" / "prebuilts"
+    assert not cache.exists() or os.listdir(cache) == []

@@ -9,7 +9,7 @@ import sys
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from stepscope.analysis import QueryError
+from stepscope.analysis import QueryError, summaries
 from stepscope.analysis import engines as eng
 from stepscope.analysis.cli import sql as cli_sql
 
@@ -183,10 +183,29 @@ def test_queries_write_no_file(trace, tmp_path):
             with pytest.raises(QueryError, match="not authorized: queries are read-only"):
                 db.query(sql)
         assert db.query("PRAGMA journal_mode") != [{"journal_mode": "wal"}]
-        db.query("CREATE TEMP TABLE mine AS SELECT name FROM slice")  # its own database: yes
-        assert len(db.query("SELECT * FROM mine")) == 2
         assert db.query("SELECT COUNT(*) AS n FROM pragma_table_info('slice')")[0]["n"] > 0
     assert os.listdir(target) == []
+
+
+def test_queries_write_nothing_and_the_summaries_still_work(trace):
+    """A user query changes no table: the engine's own ss_* tables and a later report stay."""
+    with eng.open(trace, engine="embedded") as db:
+        before = summaries.report(db)
+        ss = db.query("SELECT name FROM sqlite_master WHERE name LIKE 'ss_%' AND type = 'table'")
+        assert len(ss) > 0
+        victim = ss[0]["name"]
+        rows = db.query(f"SELECT rowid AS r FROM {victim}")
+        for sql in ("CREATE TABLE foo(x)", "CREATE TEMP TABLE mine AS SELECT name FROM slice",
+                    f"INSERT INTO {victim} DEFAULT VALUES", f"UPDATE {victim} SET rowid = -rowid",
+                    f"DELETE FROM {victim}", f"DROP TABLE {victim}",
+                    f"ALTER TABLE {victim} RENAME TO gone", f"CREATE INDEX ix ON {victim}(rowid)",
+                    "CREATE VIEW v AS SELECT 1", "CREATE TEMP VIEW v AS SELECT 1"):
+            with pytest.raises(QueryError, match="not authorized: queries are read-only"):
+                db.query(sql)
+        assert sorted(r["name"] for r in db.query("SELECT name FROM slice")) == ["inner", "outer"]
+        assert db.query(f"SELECT rowid AS r FROM {victim}") == rows
+        assert db.query("SELECT count(*) AS n FROM sqlite_temp_master") == [{"n": 0}]
+        assert summaries.report(db) == before
 
 
 def test_sql_command_refuses_attach(trace, tmp_path, capsys):
@@ -220,3 +239,14 @@ def test_trace_processor_on_several_files(tmp_path, fake_tp):
         assert [tuple(r) for r in got] == [("outer", 11), ("inner", 11), ("x", 21)]
         assert [tuple(r) for r in db.query(PAIRS)] == [("outer", "inner")]
         assert db.query("SELECT COUNT(*) AS n FROM process WHERE pid IN (10, 20)") == [{"n": 2}]
+
+
+def test_several_statements_run_and_the_last_ones_rows_come_back(trace):
+    """As trace processor: every statement runs, the rows are the last one's; a semicolon
+    in a string, identifier or comment does not end a statement."""
+    with eng.open(trace, engine="embedded") as db:
+        assert db.query("SELECT 1 AS a; SELECT name, ';' AS s FROM slice WHERE name = 'outer';"
+                        " -- done; really") == [{"name": "outer", "s": ";"}]
+        assert db.query('SELECT 2 AS "x;y"; /* ; */ SELECT 3 AS b') == [{"b": 3}]
+        with pytest.raises(QueryError, match="no such table: nope"):
+            db.query("SELECT * FROM nope; SELECT 1")

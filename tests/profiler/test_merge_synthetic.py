@@ -1,5 +1,7 @@
 """Merge on hand-built traces (no writer needed): sequence ids, compressed batches, clocks."""
 
+import os
+import stat
 import zlib
 
 import pytest
@@ -187,3 +189,21 @@ def test_pids_are_renumbered_only_between_different_processes():
     _dedupe_pids([window0, window1, other])
     assert window0.pid_map == {} and window1.pid_map == {}
     assert other.pid_map == {100: 100 + (1 << 22)}
+
+
+def test_merge_leaves_the_process_umask_alone(tmp_path, monkeypatch):
+    """Merge may run inside a training process: it never sets the umask (for a moment 0, any
+    thread's new file would be world-writable); its output still follows the umask."""
+    _trace(tmp_path / "rank0.summary.pftrace", 0, "h", 100, 50 * S, 9000 * S,
+           [(51 * S, "B", "step 0"), (52 * S, "E", "")])
+    calls = []
+    real = os.umask
+    monkeypatch.setattr(os, "umask", lambda m: calls.append(m) or real(m))
+    old = real(0o027)
+    try:
+        M.merge([tmp_path], tmp_path / "out.pftrace")
+    finally:
+        real(old)
+    assert calls == []
+    assert stat.S_IMODE(os.stat(tmp_path / "out.pftrace").st_mode) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.pftrace", "rank0.summary.pftrace"]

@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import os
 import platform
+import re
 import shutil
 import sqlite3
 import sys
@@ -35,6 +36,7 @@ from os import PathLike
 from typing import Any
 
 from ._errors import EngineError, TraceError
+from .rundir import classify
 from .sqlimage import file_of
 from .summaries.slicebase import POST_LOAD
 from .tp import importer, sqlfuncs
@@ -173,9 +175,10 @@ class _Base:
 class EmbeddedDB(_Base):
     """Trace loaded by stepscope's own importer into SQLite (no binary, no network).
 
-    Queries run read-only towards the rest of the machine: ATTACH, DETACH (and so VACUUM INTO)
-    and PRAGMAs that set something are refused, so SQL writes no file but the engine's own
-    database. Ctrl-C interrupts a running query (KeyboardInterrupt)."""
+    Queries are read-only: statements that write (INSERT, UPDATE, DELETE, CREATE, DROP, ALTER),
+    ATTACH, DETACH (and so VACUUM INTO) and PRAGMAs that set something are refused, so a query
+    changes neither the engine's tables nor any file. Ctrl-C interrupts a running query
+    (KeyboardInterrupt)."""
 
     engine = "embedded"
 
@@ -207,8 +210,12 @@ class EmbeddedDB(_Base):
         # a Python callback now and then lets a pending Ctrl-C run (SQLite itself never
         # returns to the interpreter during a statement); it aborts the statement
         conn.set_progress_handler(_tick, _TICK_OPS)
+        conn.set_authorizer(_authorize_query)  # only the user's own statements: read-only
         try:  # rows are fetched inside: SQLite reports some errors only while stepping
-            cur = conn.execute(sql)
+            *first, last = _statements(sql)  # several: all run, the last one's rows (as TP)
+            for stmt in first:
+                conn.execute(stmt).fetchall()
+            cur = conn.execute(last)
             if cur.description is None:
                 return Rows()
             cols = [d[0] for d in cur.description]
@@ -221,11 +228,28 @@ class EmbeddedDB(_Base):
             raise QueryError(f"query failed: {sqlfuncs.explain(e)}") from None
         finally:
             conn.set_progress_handler(None, 0)
+            conn.set_authorizer(_authorize)  # the summaries' temporary tables may be written
 
     def close(self) -> None:
         if self.conn is not None:
             self._cleanup()
         self.conn = None
+
+
+def _statements(sql: str) -> list[str]:
+    """``sql`` cut into its statements (at the semicolons that end one, not those in strings,
+    identifiers or comments); trailing comments stay with the last one."""
+    out, start = [], 0
+    for i, ch in enumerate(sql):
+        if ch == ";" and sqlite3.complete_statement(sql[start:i + 1]):
+            out.append(sql[start:i + 1])
+            start = i + 1
+    rest = sql[start:]
+    if out and not re.sub(r"--[^\n]*|/\*.*?(?:\*/|$)|\s+", "", rest, flags=re.S):
+        out[-1] += rest
+    else:
+        out.append(rest)
+    return out
 
 
 _TICK_OPS = 100_000  # SQLite VM steps between callbacks: about a millisecond
@@ -259,6 +283,23 @@ def _authorize(action: int, arg1: str | None, arg2: str | None, db: str | None,
             (arg1 or "").lower() not in _READ_PRAGMAS:
         return sqlite3.SQLITE_DENY
     return sqlite3.SQLITE_OK
+
+
+# what writes: a user query may not (the engine's own ss_* tables stay as loaded)
+_WRITES = frozenset(getattr(sqlite3, name) for name in dir(sqlite3) if name.startswith(
+    ("SQLITE_CREATE_", "SQLITE_DROP_")) or name in (
+    "SQLITE_INSERT", "SQLITE_UPDATE", "SQLITE_DELETE", "SQLITE_ALTER_TABLE", "SQLITE_REINDEX",
+    "SQLITE_ANALYZE"))
+
+
+def _authorize_query(action: int, arg1: str | None, arg2: str | None, db: str | None,
+                     source: str | None) -> int:
+    """SQLite authorizer while a user query runs: _authorize, and nothing written. (SQLite
+    itself asks to update the schema table when it reads it, e.g. for pragma_table_info: a
+    user cannot write that table anyway, and CREATE/DROP/ALTER are denied by their action.)"""
+    if action in _WRITES and arg1 not in ("sqlite_master", "sqlite_temp_master"):
+        return sqlite3.SQLITE_DENY
+    return _authorize(action, arg1, arg2, db, source)
 
 
 def _close(conn: sqlite3.Connection, tmp: str | None) -> None:
@@ -429,9 +470,17 @@ def download_trace_processor(timeout: float | None = None) -> str:
         digest = hashlib.sha256()
         with urllib.request.urlopen(url, timeout=timeout) as resp, \
                 builtins.open(tmp, "wb") as f:
-            while chunk := resp.read(1 << 20):
-                if time.monotonic() > deadline:
+            # read1: at most one recv a round, each bounded by the time left (a server that
+            # trickles bytes would otherwise hold read() for a full timeout per recv)
+            sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise TimeoutError("timed out")
+                if sock is not None:
+                    sock.settimeout(max(0.1, left))
+                if not (chunk := resp.read1(1 << 16)):
+                    break
                 digest.update(chunk)
                 f.write(chunk)
         if digest.hexdigest() != entry["sha256"]:
@@ -469,13 +518,17 @@ def open(  # noqa: A001 - mirrors the builtin on purpose: stepscope.analysis.ope
     (Perfetto's trace processor, downloaded when no binary is found; raises
     :class:`EngineError` if it cannot start) or ``"auto"`` (trace processor when a binary is
     found, see :func:`find_trace_processor`, else the embedded engine; no network; one line on
-    stderr when a binary found fails). Several paths are loaded into one database.
+    stderr when a binary found fails). Several paths are loaded into one database. A run
+    directory stands for its rank files, as on the command line (whole-run files, else the
+    detail windows; see ``rundir.classify``).
     ``progress``: a ``callback(stage, fraction)`` or True to print progress to stderr (the
     embedded engine only).
     """
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
     paths = paths_of(path_or_paths)
+    if any(os.path.isdir(p) for p in paths):
+        paths = classify(paths).main()
     _check_files(paths)
     if progress is True:
         progress = print_progress()

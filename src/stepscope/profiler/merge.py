@@ -37,7 +37,6 @@ import contextlib
 import dataclasses
 import os
 import re
-import tempfile
 import warnings
 import zlib
 from collections.abc import Iterable, Iterator
@@ -641,8 +640,7 @@ def merge(
     skipped: dict[str, int] = {}
     # a temporary file beside the output (same file system: the rename is atomic), removed
     # whatever goes wrong, Ctrl-C included
-    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".tmp",
-                               dir=out_path.parent if str(out_path.parent) else ".")
+    fd, tmp = _create_temp(out_path)
     try:
         with os.fdopen(fd, "wb") as out:
             for info in infos:
@@ -662,7 +660,6 @@ def merge(
         if total == 0 and skipped:
             raise ValueError(f"nothing readable in {', '.join(str(i.path) for i in infos)}: "
                              f"{_inflate_summary(skipped)}")
-        os.chmod(tmp, 0o666 & ~_umask())  # as open() would have made it
         os.replace(tmp, out_path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -678,10 +675,17 @@ def _decode_error() -> type[Exception]:
     return DecodeError
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def _create_temp(out_path: Path) -> tuple[int, str]:
+    """A new file beside ``out_path`` with the mode open() would give it (0666 less the
+    umask), made without touching the process umask (other threads may create files)."""
+    parent = out_path.parent if str(out_path.parent) else Path(".")
+    for _ in range(100):
+        tmp = os.fspath(parent / f".{out_path.name}.{os.urandom(6).hex()}.tmp")
+        try:
+            return os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {out_path}")
 
 
 def _inflate_summary(skipped: dict[str, int]) -> str | None:

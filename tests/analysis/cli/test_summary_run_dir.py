@@ -101,3 +101,14 @@ def test_directories_without_one_run(tmp_path, capsys):
     assert rc == 2 and err == (
         f"stepscope summary: error: cannot read {tmp_path}: holds several runs "
         f"({tmp_path / 'a'}, {tmp_path / 'b'}); give run directories by name\n")
+
+
+def test_analysis_open_takes_a_run_directory_as_the_cli_does(run_dir):
+    """``stepscope.analysis.open(RUN_DIR)`` loads the run's rank files as ``summary RUN_DIR``
+    does (the summary file: merged.pftrace and the detail windows would count steps twice)."""
+    from stepscope import analysis
+
+    sql = "SELECT COUNT(*) AS n FROM slice WHERE name GLOB 'step *' OR name = 'Forward'"
+    with analysis.open(str(run_dir), engine="embedded") as db:
+        assert db.paths == [str(run_dir / "rank0.summary.pftrace")]
+        assert db.query(sql) == [{"n": 20}]  # 10 steps, 10 Forward phases: each once

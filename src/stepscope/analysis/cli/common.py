@@ -4,107 +4,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 from .. import engines
-from .._errors import TraceError
+from ..rundir import classify  # noqa: F401 - the subcommands' name for it
 
 _PROGRESS_BYTES = 8 << 20  # show loading progress for inputs bigger than this (a few seconds)
 # The profiler's file names (_schema.SUMMARY_FILE, DETAIL_FILE) say each file's role.
-_SUMMARY_FILE = re.compile(r"^rank\d+\.summary\.pftrace$")
-_DETAIL_FILE = re.compile(r"^rank\d+\.detail\.\d+\.pftrace$")
-
-
-@dataclass
-class Inputs:
-    """Trace files by role. ``whole``: files that cover the whole run (the profiler's
-    ``rank<N>.summary.pftrace``, or any trace not named as a detail window); ``detail``: the
-    profiler's ``rank<N>.detail.<k>.pftrace`` windows, which repeat the summary-level events
-    (steps, phases) of their window; ``left_out``: files found in a run directory that repeat
-    its rank files (``merged.pftrace``, other traces)."""
-
-    whole: list[str] = field(default_factory=list)
-    detail: list[str] = field(default_factory=list)
-    left_out: list[str] = field(default_factory=list)
-
-    def main(self) -> list[str]:
-        """The files that give every table without counting anything twice: the whole-run
-        files, or the detail windows when there is none (windows never overlap)."""
-        return self.whole or self.detail
-
-
-def classify(paths: list[str]) -> Inputs:
-    """Sort PATHs (files and run directories) by role; a file named twice counts once.
-
-    A directory stands for its ``rank<N>.summary.pftrace`` and ``rank<N>.detail.<k>.pftrace``
-    files, or, when it has none, for those of the one run directory inside it (the profiler's
-    ``<dir>``); other traces in it (``merged.pftrace``) are left out, as are other traces given
-    beside rank files of their directory (``RUN_DIR/*.pftrace``). Raises TraceError for a
-    directory without such files or with several runs."""
-    out = Inputs()
-    seen: set[str] = set()
-
-    def add(path: str) -> None:
-        key = os.path.realpath(path)
-        if key in seen:
-            return
-        seen.add(key)
-        (out.detail if _DETAIL_FILE.match(os.path.basename(path)) else out.whole).append(path)
-
-    for p in paths:
-        if not os.path.isdir(p):
-            add(p)  # missing files fail when loaded, with the engine's message
-            continue
-        runs = [p] if _rank_files(p) else sorted(
-            d for d in (os.path.join(p, n) for n in _listdir(p))
-            if os.path.isdir(d) and _rank_files(d))
-        if not runs:
-            raise TraceError(f"{p}: is a directory without rank<N>.summary.pftrace or "
-                             "rank<N>.detail.<k>.pftrace files; give trace files by name")
-        if len(runs) > 1:
-            raise TraceError(f"{p}: holds several runs ({', '.join(runs)}); give run "
-                             "directories by name")
-        for name in sorted(_listdir(runs[0])):
-            f = os.path.join(runs[0], name)
-            if _rank_files(runs[0], name):
-                add(f)
-            elif name.endswith(".pftrace") and os.path.isfile(f):
-                out.left_out.append(f)
-    # RUN_DIR/*.pftrace as RUN_DIR: a trace beside rank files that are given too is a merge
-    # of them (stepscope merge writes into the run directory), so it would count them twice
-    run_dirs = {os.path.dirname(os.path.realpath(f)) for f in out.whole + out.detail
-                if _is_rank_file(f)}
-    for f in [f for f in out.whole if not _is_rank_file(f)]:
-        if os.path.dirname(os.path.realpath(f)) in run_dirs:
-            out.whole.remove(f)
-            out.left_out.append(f)
-    return out
-
-
-def _is_rank_file(path: str) -> bool:
-    name = os.path.basename(path)
-    return bool(_SUMMARY_FILE.match(name) or _DETAIL_FILE.match(name))
-
-
-def _listdir(d: str) -> list[str]:
-    try:
-        return os.listdir(d)
-    except OSError as e:
-        raise TraceError(f"{d}: {e.strerror or e}") from None
-
-
-def _rank_files(d: str, name: str | None = None) -> bool:
-    """Whether ``name`` (else any entry of ``d``) is a profiler rank file."""
-    names = [name] if name is not None else _listdir(d)
-    return any((_SUMMARY_FILE.match(n) or _DETAIL_FILE.match(n))
-               and os.path.isfile(os.path.join(d, n)) for n in names)
-
-
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """``--engine``, ``--trace-processor-bin`` and ``-q``: how the traces are loaded."""
     p.add_argument("--engine", choices=engines.ENGINES, default="auto")

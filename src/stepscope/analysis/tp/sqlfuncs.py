@@ -48,8 +48,8 @@ def explain(e: sqlite3.Error) -> str:
     if msg.startswith("no such function:"):
         return f"{msg} (not provided by the embedded engine; {_TP_HINT})"
     if msg in ("not authorized", "authorization denied"):
-        return ("not authorized: queries are read-only (ATTACH, DETACH, VACUUM INTO and "
-                "PRAGMAs that set a value are refused)")
+        return ("not authorized: queries are read-only (INSERT, UPDATE, DELETE, CREATE, DROP, "
+                "ALTER, ATTACH, DETACH, VACUUM INTO and PRAGMAs that set a value are refused)")
     return msg
 
 

@@ -41,6 +41,7 @@ LAYERS: dict[str, int] = {
     "stepscope.analysis._errors": 1,
     "stepscope.analysis._arrays": 1,
     "stepscope.analysis._threads": 1,
+    "stepscope.analysis.rundir": 1,
     "stepscope.analysis.sqlimage": 2,
     "stepscope.analysis.tp": 3,
     "stepscope.analysis.summaries": 4,

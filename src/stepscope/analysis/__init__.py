@@ -10,7 +10,8 @@ The embedded engine loads the trace into SQLite tables that carry trace processo
 columns and semantics, so the same SQL runs on both. The parts, lowest first (each imports only
 from those before it; ``tools/import_graph.py`` checks):
 
-* ``_errors``, ``_threads``, ``_arrays`` -- shared leaves: errors, worker threads, array helpers.
+* ``_errors``, ``_threads``, ``_arrays``, ``rundir`` -- shared leaves: errors, worker threads, array
+  helpers, the roles of the files in a run directory.
 * ``sqlimage/``  -- the generic SQLite image writer (numpy columns -> database file bytes).
 * ``tp/``        -- the embedded trace-processor clone (Perfetto bytes -> trace processor's
   tables); knows nothing of the summaries.

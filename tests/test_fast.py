@@ -24,9 +24,10 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import stepscope
 from perfetto_decode import decode
-from stepscope import _encoder, _recorder
-from stepscope._recorder import BEGIN, END_DETAIL, code
 from stepscope._schema import LEVEL_DETAIL
+from stepscope.record import recorder as _recorder
+from stepscope.record.recorder import BEGIN, END_DETAIL, code
+from stepscope.write import encoder as _encoder
 
 FORCED_PURE = os.environ.get("STEPSCOPE_PURE_PYTHON", "") not in ("", "0")
 fast = _recorder.fast

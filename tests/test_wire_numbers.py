@@ -1,11 +1,11 @@
-"""Every field number in stepscope._wire (used by the writer and the importer) is Perfetto's."""
+"""Every field number in stepscope.format.wire (used by writer, merge and importer) is Perfetto's."""
 
 from __future__ import annotations
 
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from stepscope import _wire as w
+from stepscope.format import wire as w
 
 FIELDS = [
     (pb.TracePacket, {"PKT_TIMESTAMP": "timestamp", "PKT_CLOCK_SNAPSHOT": "clock_snapshot",

@@ -14,9 +14,11 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import stepscope
 from perfetto_decode import decode, packets_of
-from stepscope import _encoder, _recorder, _sink
 from stepscope._schema import LEVEL_DETAIL, LEVEL_SUMMARY
-from stepscope._session import Session
+from stepscope.core.session import Session
+from stepscope.record import recorder as _recorder
+from stepscope.write import encoder as _encoder
+from stepscope.write import sink as _sink
 
 
 @pytest.fixture
@@ -334,7 +336,7 @@ def test_open_ranges_are_closed_when_the_file_closes(path):
 
 
 def test_flushes_shorten_gil_turns_only_while_they_run():
-    from stepscope import _session
+    from stepscope.core import session as _session
 
     old = sys.getswitchinterval()
     try:
@@ -350,7 +352,7 @@ def test_flushes_shorten_gil_turns_only_while_they_run():
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
 def test_a_child_forked_during_a_flush_gets_the_gil_interval_back():
-    from stepscope import _session
+    from stepscope.core import session as _session
 
     old = sys.getswitchinterval()
     try:
@@ -367,7 +369,7 @@ def test_a_child_forked_during_a_flush_gets_the_gil_interval_back():
 
 def test_the_writer_wakes_at_least_every_flush_interval(tmp_path):
     """A flush interval below the quiet wake (0.1 s) bounds the writer's waits."""
-    from stepscope import _session
+    from stepscope.core import session as _session
 
     waits: list[float] = []
 

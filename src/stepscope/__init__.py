@@ -21,7 +21,7 @@ from ._api import (
     stop,
     trace,
 )
-from ._session import Session, current
+from .core.session import Session, current
 from .profiler import (
     ALWAYS,
     Profiler,

@@ -19,10 +19,11 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import _nvtx, _session
-from . import _recorder as rec
-from ._recorder import BEGIN, END, INSTANT, Blob, code, event_id, warn_once
+from . import _nvtx
 from ._schema import LEVEL_DETAIL
+from .core import session as _session
+from .record import recorder as rec
+from .record.recorder import BEGIN, END, INSTANT, Blob, code, event_id, warn_once
 
 MAX_CACHED_RANGES = 4096
 

@@ -33,7 +33,8 @@ import warnings
 from types import ModuleType
 from typing import Any
 
-from stepscope import _recorder, _schema
+from stepscope import _schema
+from stepscope.record import recorder as _recorder
 
 _NAMES = ("annotate", "push_range", "pop_range", "start_range", "end_range", "mark")
 

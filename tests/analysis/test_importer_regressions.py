@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from stepscope import _wire as w
 from stepscope.analysis import _sqlimage as si
 from stepscope.analysis import engines, importer
+from stepscope.format import wire as w
 
 TRACK = 7
 

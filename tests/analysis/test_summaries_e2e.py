@@ -23,9 +23,10 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from test_summaries_db import scenario  # noqa: E402
 
-from stepscope import _schema, _session  # noqa: E402
+from stepscope import _schema  # noqa: E402
 from stepscope.analysis import cntk  # noqa: E402
 from stepscope.analysis import summaries as S  # noqa: E402
+from stepscope.core import session as _session
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

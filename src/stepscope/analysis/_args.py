@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from .. import _wire as w
+from ..format import wire as w
 from . import _protoscan as ps
 from ._model import NONE, Strings
 from ._packets import _Acc, _as_i64, _last, _last_len

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _ext, _inflate
-from .. import _wire as w
+from ..format import wire as w
 from . import _protoscan as ps
 from ._errors import TraceError
 from ._threads import map_ordered

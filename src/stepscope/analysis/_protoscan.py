@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _ext
-from .. import _wire as w
+from ..format import wire as w
 
 _loops = _ext.load("stepscope.analysis._decodeloops")
 

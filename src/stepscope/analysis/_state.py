@@ -17,8 +17,8 @@ from collections import defaultdict
 import numpy as np
 
 from .. import _ext
-from .. import _wire as w
 from .._clock import BOOTTIME
+from ..format import wire as w
 from ._model import Strings, Track, to_str
 from ._packets import (
     P_CLOCK_SNAPSHOT,

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any
 
-from .. import _session
+from ..core import session as _session
 from .convert import ConvertStats, GpuTraceConverter
 from .cupti_live import CuptiTracer, device_limits_from_cupy
 from .driver import initialized_count, loaded_libcuda

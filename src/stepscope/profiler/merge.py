@@ -44,11 +44,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .. import _inflate
-from .. import _wire as w
 from .._clock import BOOTTIME as CLOCK_BOOTTIME
 from .._clock import MONOTONIC as CLOCK_MONOTONIC
 from .._clock import REALTIME as CLOCK_REALTIME
-from .._wire import f_bytes, f_varint
+from ..format import wire as w
+from ..format.wire import f_bytes, f_varint
 
 # TracePacket field numbers (the writer's own constants)
 F_TIMESTAMP = w.PKT_TIMESTAMP

@@ -43,10 +43,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from .. import _recorder as rec
 from .. import _schema as S
+from .. import ranks as _ranks
+from ..record import recorder as rec
 from . import options as _options
-from . import ranks as _ranks
 from .host_metrics import UNITS, HostSampler, SamplerCost
 from .schedule import NEVER, Schedule, State, coerce
 from .timer import StepTimer, TimerStats
@@ -556,7 +556,7 @@ class Profiler:
             self._stop(keep_open_step=True)
 
     def _start_session(self) -> None:
-        from .. import _session
+        from ..core import session as _session
 
         self.run_dir = Path(self.options["dir"]) / self.run_id
         self.run_dir.mkdir(parents=True, exist_ok=True)

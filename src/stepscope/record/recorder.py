@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from ._ext import load as load_extension
-from ._schema import LEVEL_DETAIL, LEVEL_SUMMARY
+from .._ext import load as load_extension
+from .._schema import LEVEL_DETAIL, LEVEL_SUMMARY
 
 BEGIN, END, INSTANT = 0, 1, 2
 # Kinds that only exist as blobs:

@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from . import _clock, _lifecycle, _recorder
-from . import _wire as w
-from ._recorder import BEGIN, COUNTER, END, INSTANT, Blob
-from ._schema import (
+from .. import (
+    _clock,
+    ranks,  # a leaf module: launcher variables -> rank
+)
+from .._schema import (
     ARG_DROPPED,
     ASYNC_TRACK_NAME,
     CAT_STEPSCOPE,
@@ -37,8 +38,11 @@ from ._schema import (
     LEVEL_SUMMARY,
     PROCESS_NAME,
 )
-from ._sink import Sink
-from .profiler import ranks  # a leaf module: launcher variables -> rank
+from ..format import wire as w
+from ..record import recorder as _recorder
+from ..record.recorder import BEGIN, COUNTER, END, INSTANT, Blob
+from ..write.sink import Sink
+from . import lifecycle as _lifecycle
 
 # bytes a recorded event holds (for the buffer cap): 3 int64 words in the C buffer; list slots
 # and int objects in the pure-Python one
@@ -446,7 +450,7 @@ class Session:
     def gpu_timer(self):
         """The session's CUDA-event timer for ``annotate(..., gpu=True)`` (None without CuPy)."""
         if self._gpu_timer is None:
-            from .gpu.cupy_timing import CupyEventTimer, cupy_module
+            from ..gpu.cupy_timing import CupyEventTimer, cupy_module
 
             if cupy_module() is None:
                 return None

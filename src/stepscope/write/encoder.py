@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import _wire as w
-from ._recorder import (
+from ..format import wire as w
+from ..record.recorder import (
     BEGIN,
     COUNTER,
     END,

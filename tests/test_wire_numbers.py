@@ -1,4 +1,4 @@
-"""Every field number in stepscope.format.wire (used by writer, merge and importer) is Perfetto's."""
+"""Every field number in stepscope.format.wire (writer, merge, importer) is Perfetto's."""
 
 from __future__ import annotations
 

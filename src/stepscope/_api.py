@@ -21,6 +21,7 @@ from typing import Any
 
 from . import _nvtx
 from ._schema import LEVEL_DETAIL
+from .core import hooks
 from .core import session as _session
 from .record import recorder as rec
 from .record.recorder import BEGIN, END, INSTANT, Blob, code, event_id, warn_once
@@ -271,9 +272,7 @@ class _SyncRange(_Wrapping):
 
     def __exit__(self, exc_type, exc, tb):
         if _on:
-            from .gpu.cupy_timing import sync_current_stream
-
-            sync_current_stream()
+            hooks.sync_gpu()  # registered by stepscope.gpu
         return self.host.__exit__(exc_type, exc, tb)
 
 

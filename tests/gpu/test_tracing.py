@@ -16,8 +16,8 @@ from gpu_fakes import FakeCupti
 from gpu_trace_decode import TYPE_COUNTER, TYPE_INSTANT, decode
 
 import stepscope
-import stepscope.gpu as gpu
 from stepscope.core import session as _session
+from stepscope.gpu import tracing as gpu
 from stepscope.gpu.cupti_live import CuptiTracer
 from stepscope.gpu.cupy_timing import CupyEventTimer, memory_pool_counters, sync_current_stream
 from stepscope.gpu.fixture import replay_fixture

@@ -25,10 +25,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from .. import (
-    _clock,
-    ranks,  # a leaf module: launcher variables -> rank
-)
+from .. import _clock, ranks
 from .._schema import (
     ARG_DROPPED,
     ASYNC_TRACK_NAME,
@@ -42,6 +39,7 @@ from ..format import wire as w
 from ..record import recorder as _recorder
 from ..record.recorder import BEGIN, COUNTER, END, INSTANT, Blob
 from ..write.sink import Sink
+from . import hooks
 from . import lifecycle as _lifecycle
 
 # bytes a recorded event holds (for the buffer cap): 3 int64 words in the C buffer; list slots
@@ -450,14 +448,13 @@ class Session:
     def gpu_timer(self):
         """The session's CUDA-event timer for ``annotate(..., gpu=True)`` (None without CuPy)."""
         if self._gpu_timer is None:
-            from ..gpu.cupy_timing import CupyEventTimer, cupy_module
-
-            if cupy_module() is None:
-                return None
             with self._lock:
                 if self._gpu_timer is None:
-                    self._gpu_timer = CupyEventTimer(self)
-                    self.flush_hooks.append(self._gpu_timer.poll)
+                    timer = hooks.gpu_timer_factory(self)  # registered by stepscope.gpu
+                    if timer is None:
+                        return None
+                    self._gpu_timer = timer
+                    self.flush_hooks.append(timer.poll)
         return self._gpu_timer
 
     def emitter(self, clock: str = "monotonic", level: int = LEVEL_DETAIL) -> Emitter:

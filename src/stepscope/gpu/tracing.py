@@ -1,18 +1,5 @@
-"""GPU tracing: CUPTI activity, stream tracks, launch→kernel flows, utilization counters.
-
-Everything here is optional (extra ``gpu``: ``cupy-cuda13x``, ``cupti-python``,
-``nvidia-ml-py``; ``gpu-cuda12`` for CUDA 12); importing this package needs none of them.
-Without a GPU or CUPTI each part switches itself off with one log line and never raises into the
-user's program.
-
-Parts: :mod:`.occupancy` (CUDA occupancy calculator), :mod:`.metrics` (utilization, est. SM
-efficiency, est. achieved occupancy per bucket), :mod:`.records` (columnar records and kernel
-classes), :mod:`.convert` (records → trace), :mod:`.cupti_live` (live CUPTI collection, through
-:mod:`.cupti_buffers`' raw buffers decoded in bulk where possible),
-:mod:`.fixture` (the recorded fixture through the same path), :mod:`.nvml` (NVML/GPM counters),
-:mod:`.cupy_timing` (CUDA-event ranges and ``sync_gpu``), and :class:`GpuTracing`, which ties them
-to a session for the profiler.
-"""
+"""GpuTracing: ties CUPTI activity, NVML counters and the converter to a session for the profiler
+(see the package docstring for the parts)."""
 
 from __future__ import annotations
 

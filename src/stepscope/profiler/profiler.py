@@ -45,6 +45,7 @@ from typing import Any, Generic, TypeVar
 
 from .. import _schema as S
 from .. import ranks as _ranks
+from ..core import hooks
 from ..record import recorder as rec
 from . import options as _options
 from .host_metrics import UNITS, HostSampler, SamplerCost
@@ -158,11 +159,7 @@ class _SyncPhase(_Phase):
 
 
 def _sync_gpu() -> None:
-    try:
-        from ..gpu.cupy_timing import sync_current_stream
-    except Exception:
-        return
-    sync_current_stream()
+    hooks.sync_gpu()  # registered by stepscope.gpu (a no-op without CuPy)
 
 
 _end_summary = rec.end_summary

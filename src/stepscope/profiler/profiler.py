@@ -44,8 +44,10 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from .. import _schema as S
+from .. import gpu as _gpu  # light: GpuTracing loads on first use
 from .. import ranks as _ranks
 from ..core import hooks
+from ..core import session as _session
 from ..record import recorder as rec
 from . import options as _options
 from .host_metrics import UNITS, HostSampler, SamplerCost
@@ -553,8 +555,6 @@ class Profiler:
             self._stop(keep_open_step=True)
 
     def _start_session(self) -> None:
-        from ..core import session as _session
-
         self.run_dir = Path(self.options["dir"]) / self.run_id
         self.run_dir.mkdir(parents=True, exist_ok=True)
         sess = _session.current()
@@ -593,8 +593,6 @@ class Profiler:
         import logging
 
         try:
-            from .. import gpu as _gpu
-
             level = logging.WARNING if self.gpu else logging.INFO
             self._gpu = _gpu.GpuTracing(sess, log_level=level, init_cuda=bool(self.gpu),
                                         bucket_ns=self.gpu_bucket_ns)  # fmt: skip

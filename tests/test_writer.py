@@ -336,14 +336,14 @@ def test_open_ranges_are_closed_when_the_file_closes(path):
 
 
 def test_flushes_shorten_gil_turns_only_while_they_run():
-    from stepscope.core import session as _session
+    from stepscope.write import pipeline as _pipeline
 
     old = sys.getswitchinterval()
     try:
-        with _session._short_gil_turns():
-            assert sys.getswitchinterval() == pytest.approx(min(old, _session._FLUSH_SWITCH_S))
+        with _pipeline._short_gil_turns():
+            assert sys.getswitchinterval() == pytest.approx(min(old, _pipeline._FLUSH_SWITCH_S))
         assert sys.getswitchinterval() == old
-        with _session._short_gil_turns():
+        with _pipeline._short_gil_turns():
             sys.setswitchinterval(0.01)  # the program changed it meanwhile: its value stays
         assert sys.getswitchinterval() == 0.01
     finally:
@@ -352,24 +352,24 @@ def test_flushes_shorten_gil_turns_only_while_they_run():
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
 def test_a_child_forked_during_a_flush_gets_the_gil_interval_back():
-    from stepscope.core import session as _session
+    from stepscope.write import pipeline as _pipeline
 
     old = sys.getswitchinterval()
     try:
-        with _session._short_gil_turns():
+        with _pipeline._short_gil_turns():
             pid = os.fork()
             if pid == 0:  # the child: the fork hook gave the interval back
                 os._exit(0 if sys.getswitchinterval() == old else 1)
             assert os.waitpid(pid, 0)[1] == 0
             assert sys.getswitchinterval() < old  # the parent's flush still has it short
-        assert _session._switch_to_restore is None and sys.getswitchinterval() == old
+        assert _pipeline._switch_to_restore is None and sys.getswitchinterval() == old
     finally:
         sys.setswitchinterval(old)
 
 
 def test_the_writer_wakes_at_least_every_flush_interval(tmp_path):
     """A flush interval below the quiet wake (0.1 s) bounds the writer's waits."""
-    from stepscope.core import session as _session
+    from stepscope.write import pipeline as _pipeline
 
     waits: list[float] = []
 
@@ -378,11 +378,11 @@ def test_the_writer_wakes_at_least_every_flush_interval(tmp_path):
             waits.append(timeout)
             return super().wait(min(timeout, 0.001))
 
-    for interval, top in ((0.03, 0.03), (5.0, _session._WAKE_S)):
+    for interval, top in ((0.03, 0.03), (5.0, _pipeline._WAKE_S)):
         waits.clear()
         sess = stepscope.start(str(tmp_path / f"w{interval}.pftrace"), flush_interval_s=interval)
         try:
-            sess._flush_requested = Wake()  # the loop reads it at each wait
+            sess._pipeline._flush_requested = Wake()  # the loop reads it at each wait
             deadline = time.monotonic() + 30
             while len(waits) < 20 and time.monotonic() < deadline:
                 time.sleep(0.001)

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from ..core import session as _session
+from ..core import tracks as _tracks
 from .convert import ConvertStats, GpuTraceConverter
 from .cupti_live import CuptiTracer, device_limits_from_cupy
 from .driver import initialized_count, loaded_libcuda
@@ -192,7 +192,7 @@ class GpuTracing:
         that ended during the window are found among those the session saw start."""
         make = self.sess.thread_track
         alive = [(t.ident, t.native_id) for t in threading.enumerate() if t.ident is not None]
-        ended = [(i, native) for i, (native, _) in list(_session._started_threads.items())]  # noqa: SLF001
+        ended = [(i, native) for i, (native, _) in list(_tracks._started_threads.items())]  # noqa: SLF001
         out: dict[int, int] = {}
         for ident, native in alive + ended:  # a live thread wins over an ended one
             for key in (ident & 0xFFFFFFFF, native):

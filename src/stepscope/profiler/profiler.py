@@ -49,6 +49,7 @@ from .. import ranks as _ranks
 from ..core import hooks
 from ..core import session as _session
 from ..record import recorder as rec
+from ..record.rebind import Rebound
 from . import options as _options
 from .host_metrics import UNITS, HostSampler, SamplerCost
 from .schedule import NEVER, Schedule, State, coerce
@@ -119,7 +120,6 @@ class _FastPhase(_Phase):
         _end = staticmethod(rec.end_summary)  # type: ignore[assignment]
 
 
-_phase_lock = threading.RLock()  # phase creation vs rebinding when recording turns on or off
 
 
 def _bind_phase(cls: type, begin: Callable[[], Any], on: bool) -> None:
@@ -137,17 +137,10 @@ def _fast_phase(name: str) -> _FastPhase:
     return ph
 
 
-def _rebind_phases(on: bool, detail: bool) -> None:
-    locked = _phase_lock.acquire(timeout=1.0)
-    try:
-        for ph in list(_phases.values()):
-            _bind_phase(type(ph), ph.begin, on)
-    finally:
-        if locked:
-            _phase_lock.release()
-
-
-rec._state_listeners.append(_rebind_phases)  # noqa: SLF001
+# the cached phases by name, rebound when recording turns on or off
+_fast_phases = Rebound(lambda ph, on, detail: _bind_phase(type(ph), ph.begin, on))
+_phase_lock = _fast_phases.lock  # phase creation vs rebinding
+rec.on_state_change(_fast_phases.rebind)
 
 
 class _SyncPhase(_Phase):
@@ -249,7 +242,7 @@ _Tentative = tuple[int, int, int]
 # already written there is clamped forward)
 MAX_LATE_THREADS = 64
 
-_phases: dict[str, _FastPhase] = {}
+_phases: dict[str, _FastPhase] = _fast_phases.objects
 _sync_phases: dict[str, _Phase] = {}
 
 

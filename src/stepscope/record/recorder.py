@@ -359,8 +359,13 @@ def counter_value(value) -> int | float:
 _state_listeners: list = []
 
 
+def on_state_change(listener) -> None:
+    """Call ``listener(on, detail)`` whenever recording turns on or off (after the change)."""
+    _state_listeners.append(listener)
+
+
 def set_state(on: bool, detail: bool) -> None:
-    """Turn recording on/off; listeners (the public API) rebind their fast paths."""
+    """Turn recording on/off; listeners (the public API, the phases) rebind their fast paths."""
     global ON, DETAIL
     ON, DETAIL = bool(on), bool(on and detail)
     for listener in _state_listeners:

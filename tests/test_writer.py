@@ -340,10 +340,10 @@ def test_flushes_shorten_gil_turns_only_while_they_run():
 
     old = sys.getswitchinterval()
     try:
-        with _pipeline._short_gil_turns():
+        with _pipeline.short_gil_turns():
             assert sys.getswitchinterval() == pytest.approx(min(old, _pipeline._FLUSH_SWITCH_S))
         assert sys.getswitchinterval() == old
-        with _pipeline._short_gil_turns():
+        with _pipeline.short_gil_turns():
             sys.setswitchinterval(0.01)  # the program changed it meanwhile: its value stays
         assert sys.getswitchinterval() == 0.01
     finally:
@@ -356,7 +356,7 @@ def test_a_child_forked_during_a_flush_gets_the_gil_interval_back():
 
     old = sys.getswitchinterval()
     try:
-        with _pipeline._short_gil_turns():
+        with _pipeline.short_gil_turns():
             pid = os.fork()
             if pid == 0:  # the child: the fork hook gave the interval back
                 os._exit(0 if sys.getswitchinterval() == old else 1)

@@ -26,8 +26,8 @@ from ..write.pipeline import (
     BLOB_BYTES,
     RAW_EVENT_BYTES,
     WritePipeline,
-    _restore_switch,
-    _short_gil_turns,
+    restore_switch,
+    short_gil_turns,
 )
 from ..write.sink import Sink
 from . import hooks
@@ -161,7 +161,7 @@ class Session:
         with self._lock:
             if sink not in self.sinks:
                 return
-            with _short_gil_turns():  # as the writer's: busy threads return the GIL sooner
+            with short_gil_turns():  # as the writer's: busy threads return the GIL sooner
                 self._flush_locked(False)
             now = _clock.now()
             for seq in sink.sequences.values():
@@ -422,7 +422,7 @@ def _forget_in_child() -> None:
     """A forked child never writes into its parent's files: it starts with no session (and
     with the GIL switch interval a flush in the parent had shortened)."""
     global _current
-    _restore_switch()
+    restore_switch()
     sess, _current = _current, None
     if sess is not None:
         sess.stopped = True

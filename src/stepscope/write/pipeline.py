@@ -38,7 +38,7 @@ def recorded_bytes() -> int:
 
 
 @contextlib.contextmanager
-def _short_gil_turns():
+def short_gil_turns():
     """Shorten the GIL switch interval while the writer flushes.
 
     numpy releases the GIL inside most operations; with a program thread busy in Python, each
@@ -55,14 +55,14 @@ def _short_gil_turns():
     try:
         yield
     finally:
-        _restore_switch()
+        restore_switch()
 
 
 # (value before, value set) of a flush in progress that shortened the interval
 _switch_to_restore: tuple[float, float] | None = None
 
 
-def _restore_switch() -> None:
+def restore_switch() -> None:
     """The interval back as it was before the flush, unless the program changed it meanwhile.
     Also run in a child forked during a flush (no writer there to end it)."""
     global _switch_to_restore
@@ -150,7 +150,7 @@ class WritePipeline:
             self._flush_requested.clear()
             if due:
                 try:
-                    with self._lock, _short_gil_turns():
+                    with self._lock, short_gil_turns():
                         self._flush()
                 except Exception as exc:  # never let the writer die silently
                     self._error(f"flush failed: {exc!r}")

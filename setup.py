@@ -3,7 +3,7 @@
 ``stepscope._fast`` is the hot recording path. ``stepscope.analysis._sqlpages`` (the row loops of
 the embedded engine's database image) and ``_decodeloops`` (the decoder's sequential loops)
 speed up loading a trace. All are optional: where they cannot be compiled (no compiler, another
-platform) the install goes on with their pure-Python / numpy twins (``_recorder.py``,
+platform) the install goes on with their pure-Python / numpy twins (``record/recorder.py``,
 ``analysis/_sqlimage.py``, ``analysis/_protoscan.py``, ``analysis/_decode.py``).
 """
 

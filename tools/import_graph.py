@@ -75,6 +75,8 @@ LAZY_OK: dict[tuple[str, str], str] = {
         "the reader (SQLite image, summaries) loads only when a run's summary is asked for",
     ("stepscope.profiler.merge", "stepscope.analysis"):
         "merge reads batches with the importer's scanner only when it rewrites one",
+    ("stepscope.profiler.profiler", "stepscope.pytorch"):
+        "the torch integration imports torch (seconds): only for programs that use torch",
 }
 
 

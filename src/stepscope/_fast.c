@@ -1,4 +1,4 @@
-/* stepscope._fast: the hot recording path in C (optional; _recorder.py has a pure-Python twin).
+/* stepscope._fast: the hot recording path in C (optional; record/recorder.py has a pure-Python twin).
  *
  * Events are (code, timestamp, thread ident) triples of int64 in one growable process-wide
  * buffer, as in viztracer: no Python object is made per event, and the writer thread takes the
@@ -617,7 +617,7 @@ static int get_int64_buffer(PyObject *obj, Py_buffer *view, const char *what) {
 
 /* assemble(deltas, tidx, templates) -> bytes: for each i, one `Trace.packet` entry holding the
  * TracePacket `{timestamp: deltas[i]} + templates[tidx[i]]` (no timestamp where deltas[i] < 0).
- * The same bytes as the numpy version in _encoder.py, in one pass. */
+ * The same bytes as the numpy version in write/encoder.py, in one pass. */
 static PyObject *f_assemble(PyObject *self, PyObject *args) {
     PyObject *dobj, *tobj, *templates;
     if (!PyArg_ParseTuple(args, "OOO!", &dobj, &tobj, &PyList_Type, &templates)) return NULL;

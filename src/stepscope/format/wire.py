@@ -1,6 +1,8 @@
-"""Protobuf wire-format helpers for the parts of a trace that are not encoded in numpy batches.
+"""The trace format: Perfetto's field numbers and tags, and the protobuf wire helpers.
 
-Only what stepscope writes: varints, length-delimited fields, fixed64 and doubles; and a field
+The one owner of field numbers: the writer, ``stepscope merge``, the importer and the C recorder
+(``_wire_tags.h``) take them from here. The helpers serve the parts of a trace that are not
+encoded in numpy batches: varints, length-delimited fields, fixed64 and doubles, and a field
 reader (``fields``) for what reads packets one by one (``stepscope merge``). Field numbers
 are Perfetto's (see ``protos/``; a test proves them against the official descriptors).
 """

@@ -1,0 +1,82 @@
+"""Stub of ``stepscope._fast`` (``_fast.c``): the hot recording path in C.
+
+The pure-Python twin is ``_recorder.py``; ``_ext.load("stepscope._fast")`` picks one. Events
+are (code, ts, thread ident) triples of int64 in one process-wide buffer.
+"""
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+# the code of a thread mark (THREAD_MARK, native thread id, ident), written before each OS
+# thread's first event of a recording (``_recorder.THREAD``; a build without it is stale)
+THREAD_MARK: int
+
+class Emit:
+    """``Emit(code)(*ignored)``: record (code, now, thread ident); returns None."""
+
+    def __init__(self, code: int) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> None: ...
+    @property
+    def code(self) -> int: ...
+
+class Range:
+    """``Range(code)``: a context manager recording a begin and an end on this thread."""
+
+    code: int
+    def __init__(self, code: int) -> None: ...
+    def __enter__(self) -> Range: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+class Decorated:
+    """``Decorated(func, slow, code)``: ``func`` wrapped in a range (``slow`` is called instead
+    while recording is delegated to Python)."""
+
+    def __init__(self, func: Callable[..., Any], slow: Callable[..., Any], code: int) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+    def __get__(self, obj: object, objtype: type | None = None) -> Any: ...
+    @property
+    def func(self) -> Callable[..., Any]: ...
+
+def extend(triples: Iterable[int]) -> None:
+    """Append whole (code, ts, ident) triples."""
+
+def drain() -> bytes:
+    """Take all recorded events as native int64 bytes."""
+
+def size() -> int:
+    """int64 words recorded and not yet drained (3 per event)."""
+
+def lost() -> int:
+    """Events not stored for lack of memory."""
+
+def clear() -> None:
+    """Forget everything recorded."""
+
+def withdraw(code: int, ts: int, ident: int, null_code: int, lookback: int, /) -> bool:
+    """Turn the recorded event (code, ts, ident) into ``null_code``, searching the last
+    ``lookback`` events; True if found."""
+
+def set_mode(mode: int, /) -> None:
+    """0 off, 1 record, 2 delegate (to the Python callables given to ``configure``)."""
+
+def configure(end_code: int, by_message: dict[Any, Range], push_codes: dict[Any, int],
+              annotate_slow: Callable[..., Any], push_slow: Callable[..., Any],
+              pop_slow: Callable[..., Any], /) -> None: ...
+def assemble(deltas: Any, tidx: Any, templates: list[bytes], /) -> bytes:
+    """Trace.packet entries (see ``_encoder.assemble``); deltas and tidx: int64 buffers."""
+
+def numbered_event(te_tag: bytes, head: bytes, name_tag: bytes, prefix: str, suffix: str,
+                   da_tag: bytes, da_head: bytes, n: int, /) -> bytes: ...
+def annotate(message: Any = None, color: Any = None, domain: Any = None,
+             category: Any = None, payload: Any = None, **args: Any) -> Any:
+    """A range, as ``with annotate("x"):`` or ``@annotate("x")`` / ``@annotate``."""
+
+def push_range(message: Any = None, color: Any = None, domain: Any = None,
+               category: Any = None, payload: Any = None) -> None:
+    """Open a range on this thread; close it with ``pop_range``."""
+
+def pop_range(domain: Any = None) -> None:
+    """Close the innermost range opened by ``push_range``."""
+
+def noop(*args: Any, **kwargs: Any) -> None:
+    """Does nothing, as cheaply as a C call can."""

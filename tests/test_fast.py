@@ -310,7 +310,7 @@ def test_the_thread_local_is_initial_exec():
     """Review 18: the per-thread mark check is a direct TLS load (initial-exec); the default
     global-dynamic model made every put() call __tls_get_addr (tools/bench_overhead.py, one run
     each on a shared machine: with annotate 401 -> 190 ns while a bare call went 82 -> 57)."""
-    from stepscope import _recorder
+    from stepscope.record import recorder as _recorder
 
     if _recorder.fast is None or not sys.platform.startswith("linux"):
         pytest.skip("the C extension's ELF build only")

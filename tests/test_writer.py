@@ -157,7 +157,8 @@ def test_async_range_ends_on_another_thread_and_counters(path):
 def test_counter_and_mark_make_no_extra_calls_per_sample(path, monkeypatch):
     """Review 19: a str counter name and unit take no clean_text() call per sample, and
     mark() names its event once; other names are still cleaned (and written)."""
-    from stepscope import _api, _recorder
+    from stepscope import _api
+    from stepscope.record import recorder as _recorder
 
     calls = []
     clean, name = _recorder.clean_text, _api._name
@@ -310,7 +311,7 @@ def test_discard_detail_drops_warmup_events(path):
 def test_discarded_events_free_their_args(path):
     """Review 8: the args of events a discarding flush drops were kept for ever (and counted
     as a backlog of BLOB_BYTES each, which led to false drops)."""
-    from stepscope import _recorder
+    from stepscope.record import recorder as _recorder
 
     sess = Session(path)
     sess.start()

@@ -77,6 +77,11 @@ LAZY_OK: dict[tuple[str, str], str] = {
         "merge reads batches with the importer's scanner only when it rewrites one",
     ("stepscope.profiler.profiler", "stepscope.pytorch"):
         "the torch integration imports torch (seconds): only for programs that use torch",
+    ("stepscope.pytorch", "stepscope.pytorch"):
+        "the integration's parts import torch: loaded when it is attached",
+    ("stepscope.pytorch.ranges", "stepscope"):
+        "torch's record_function ranges go to the public API's start_range/end_range (above "
+        "the producers), looked up when a range starts",
 }
 
 

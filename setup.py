@@ -14,7 +14,8 @@ from setuptools import Extension, setup
 
 ext_modules = []
 if sys.platform.startswith("linux"):  # CLOCK_MONOTONIC is what perf_counter_ns reads there
-    ext_modules.append(Extension("stepscope._fast", ["src/stepscope/_fast.c"], optional=True))
+    ext_modules.append(Extension("stepscope._fast", ["src/stepscope/_fast.c"], optional=True,
+                                 depends=["src/stepscope/_wire_tags.h"]))
 
 for name in ("sqlimage._sqlpages", "tp._decodeloops"):
     ext_modules.append(Extension(f"stepscope.analysis.{name}",

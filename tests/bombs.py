@@ -8,8 +8,8 @@ import struct
 import zlib
 
 import stepscope
-from stepscope import _session
-from stepscope import _wire as w
+from stepscope.core import session as _session
+from stepscope.format import wire as w
 
 MiB = 1 << 20
 

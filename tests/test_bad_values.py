@@ -12,7 +12,8 @@ import pytest
 
 import stepscope
 from perfetto_decode import decode
-from stepscope import _nvtx, _recorder
+from stepscope import _nvtx
+from stepscope.record import recorder as _recorder
 
 
 class Broken:

@@ -14,7 +14,8 @@ import pytest
 
 import stepscope
 from perfetto_decode import decode
-from stepscope import _recorder, _session
+from stepscope.core import session as _session
+from stepscope.record import recorder as _recorder
 
 
 @pytest.fixture(autouse=True)

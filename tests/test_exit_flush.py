@@ -15,12 +15,13 @@ import textwrap
 import time
 
 from perfetto_decode import decode
-from stepscope._session import EXIT_FLUSH_S
+from stepscope.core.session import EXIT_FLUSH_S
 
 SCRIPT = textwrap.dedent("""
     import sys, threading, time
     import stepscope
-    from stepscope import _recorder, _sink
+    from stepscope.record import recorder as _recorder
+    from stepscope.write import sink as _sink
 
     PENDING = 500_000  # events waiting at exit
     slow = {"per_event": 0.0}

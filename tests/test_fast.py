@@ -24,9 +24,10 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import stepscope
 from perfetto_decode import decode
-from stepscope import _encoder, _recorder
-from stepscope._recorder import BEGIN, END_DETAIL, code
 from stepscope._schema import LEVEL_DETAIL
+from stepscope.record import recorder as _recorder
+from stepscope.record.recorder import BEGIN, END_DETAIL, code
+from stepscope.write import encoder as _encoder
 
 FORCED_PURE = os.environ.get("STEPSCOPE_PURE_PYTHON", "") not in ("", "0")
 fast = _recorder.fast
@@ -309,7 +310,7 @@ def test_the_thread_local_is_initial_exec():
     """Review 18: the per-thread mark check is a direct TLS load (initial-exec); the default
     global-dynamic model made every put() call __tls_get_addr (tools/bench_overhead.py, one run
     each on a shared machine: with annotate 401 -> 190 ns while a bare call went 82 -> 57)."""
-    from stepscope import _recorder
+    from stepscope.record import recorder as _recorder
 
     if _recorder.fast is None or not sys.platform.startswith("linux"):
         pytest.skip("the C extension's ELF build only")

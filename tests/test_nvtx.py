@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 import stepscope
-from stepscope import _nvtx, _recorder, _schema
+from stepscope import _nvtx, _schema
+from stepscope.record import recorder as _recorder
 
 nvtx = pytest.importorskip("nvtx")
 nvtx_inner = importlib.import_module("nvtx.nvtx")  # capture patches this submodule too

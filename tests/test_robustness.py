@@ -15,8 +15,8 @@ import pytest
 
 import stepscope
 from perfetto_decode import decode
-from stepscope import _recorder
-from stepscope._sink import Sink
+from stepscope.record import recorder as _recorder
+from stepscope.write.sink import Sink
 
 SRC = os.path.join(os.path.dirname(__file__), "..", "src")
 

@@ -16,7 +16,7 @@ import pytest
 
 import stepscope
 from perfetto_decode import decode
-from stepscope import _session
+from stepscope.core import tracks as _tracks
 
 
 @pytest.fixture
@@ -176,9 +176,9 @@ def test_thread_names_of_ended_threads_are_not_kept_forever(path):
         _run_threads(30, lambda key: None)
         sess.flush()
         sess.flush()
-        assert len(_session._thread_names) == 0
+        assert len(_tracks._thread_names) == 0
         _run_threads(2, _record)
-        assert len(_session._thread_names) == 2  # not flushed yet: still needed
+        assert len(_tracks._thread_names) == 2  # not flushed yet: still needed
     assert "1-mark" in {e.name for e in decode(path).events}
 
 
@@ -209,11 +209,12 @@ def test_a_dropped_batch_still_tells_who_holds_an_ident(path):
         while "B" not in truth:
             threading.Event().wait(0.001)
         with sess._lock:  # noqa: SLF001 - drop this batch as a backlog would
-            sess._wait_io()  # noqa: SLF001 - nothing queued: the count is ours to set
-            pending = sess._io_pending  # noqa: SLF001
-            sess._io_pending = sess.buffer_bytes  # noqa: SLF001
+            io = sess._pipeline  # noqa: SLF001
+            io.wait()  # nothing queued: the count is ours to set
+            pending = io._io_pending  # noqa: SLF001
+            io._io_pending = sess.buffer_bytes  # noqa: SLF001
             sess._flush_locked(False)  # noqa: SLF001
-            sess._io_pending = pending  # noqa: SLF001
+            io._io_pending = pending  # noqa: SLF001
         hold.set()
         tb.join()
     d = decode(path)

@@ -1,11 +1,11 @@
-"""Every field number in stepscope._wire (used by the writer and the importer) is Perfetto's."""
+"""Every field number in stepscope.format.wire (writer, merge, importer) is Perfetto's."""
 
 from __future__ import annotations
 
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from stepscope import _wire as w
+from stepscope.format import wire as w
 
 FIELDS = [
     (pb.TracePacket, {"PKT_TIMESTAMP": "timestamp", "PKT_CLOCK_SNAPSHOT": "clock_snapshot",
@@ -17,7 +17,8 @@ FIELDS = [
                       "PKT_DEFAULTS": "trace_packet_defaults",
                       "PKT_TRACK_DESCRIPTOR": "track_descriptor",
                       "PKT_FIRST_ON_SEQUENCE": "first_packet_on_sequence",
-                      "PKT_INCREMENTAL_STATE_CLEARED": "incremental_state_cleared"}),
+                      "PKT_INCREMENTAL_STATE_CLEARED": "incremental_state_cleared",
+                      "PKT_SYNCHRONIZATION_MARKER": "synchronization_marker"}),
     (pb.Trace, {"TRACE_PACKET": "packet"}),
     (pb.TrackEvent, {"TE_CATEGORY_IIDS": "category_iids", "TE_CATEGORIES": "categories",
                      "TE_DEBUG_ANNOTATIONS": "debug_annotations", "TE_TYPE": "type",

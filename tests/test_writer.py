@@ -14,9 +14,11 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import stepscope
 from perfetto_decode import decode, packets_of
-from stepscope import _encoder, _recorder, _sink
 from stepscope._schema import LEVEL_DETAIL, LEVEL_SUMMARY
-from stepscope._session import Session
+from stepscope.core.session import Session
+from stepscope.record import recorder as _recorder
+from stepscope.write import encoder as _encoder
+from stepscope.write import sink as _sink
 
 
 @pytest.fixture
@@ -155,7 +157,8 @@ def test_async_range_ends_on_another_thread_and_counters(path):
 def test_counter_and_mark_make_no_extra_calls_per_sample(path, monkeypatch):
     """Review 19: a str counter name and unit take no clean_text() call per sample, and
     mark() names its event once; other names are still cleaned (and written)."""
-    from stepscope import _api, _recorder
+    from stepscope import _api
+    from stepscope.record import recorder as _recorder
 
     calls = []
     clean, name = _recorder.clean_text, _api._name
@@ -308,7 +311,7 @@ def test_discard_detail_drops_warmup_events(path):
 def test_discarded_events_free_their_args(path):
     """Review 8: the args of events a discarding flush drops were kept for ever (and counted
     as a backlog of BLOB_BYTES each, which led to false drops)."""
-    from stepscope import _recorder
+    from stepscope.record import recorder as _recorder
 
     sess = Session(path)
     sess.start()
@@ -334,14 +337,14 @@ def test_open_ranges_are_closed_when_the_file_closes(path):
 
 
 def test_flushes_shorten_gil_turns_only_while_they_run():
-    from stepscope import _session
+    from stepscope.write import pipeline as _pipeline
 
     old = sys.getswitchinterval()
     try:
-        with _session._short_gil_turns():
-            assert sys.getswitchinterval() == pytest.approx(min(old, _session._FLUSH_SWITCH_S))
+        with _pipeline.short_gil_turns():
+            assert sys.getswitchinterval() == pytest.approx(min(old, _pipeline._FLUSH_SWITCH_S))
         assert sys.getswitchinterval() == old
-        with _session._short_gil_turns():
+        with _pipeline.short_gil_turns():
             sys.setswitchinterval(0.01)  # the program changed it meanwhile: its value stays
         assert sys.getswitchinterval() == 0.01
     finally:
@@ -350,24 +353,24 @@ def test_flushes_shorten_gil_turns_only_while_they_run():
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
 def test_a_child_forked_during_a_flush_gets_the_gil_interval_back():
-    from stepscope import _session
+    from stepscope.write import pipeline as _pipeline
 
     old = sys.getswitchinterval()
     try:
-        with _session._short_gil_turns():
+        with _pipeline.short_gil_turns():
             pid = os.fork()
             if pid == 0:  # the child: the fork hook gave the interval back
                 os._exit(0 if sys.getswitchinterval() == old else 1)
             assert os.waitpid(pid, 0)[1] == 0
             assert sys.getswitchinterval() < old  # the parent's flush still has it short
-        assert _session._switch_to_restore is None and sys.getswitchinterval() == old
+        assert _pipeline._switch_to_restore is None and sys.getswitchinterval() == old
     finally:
         sys.setswitchinterval(old)
 
 
 def test_the_writer_wakes_at_least_every_flush_interval(tmp_path):
     """A flush interval below the quiet wake (0.1 s) bounds the writer's waits."""
-    from stepscope import _session
+    from stepscope.write import pipeline as _pipeline
 
     waits: list[float] = []
 
@@ -376,11 +379,11 @@ def test_the_writer_wakes_at_least_every_flush_interval(tmp_path):
             waits.append(timeout)
             return super().wait(min(timeout, 0.001))
 
-    for interval, top in ((0.03, 0.03), (5.0, _session._WAKE_S)):
+    for interval, top in ((0.03, 0.03), (5.0, _pipeline._WAKE_S)):
         waits.clear()
         sess = stepscope.start(str(tmp_path / f"w{interval}.pftrace"), flush_interval_s=interval)
         try:
-            sess._flush_requested = Wake()  # the loop reads it at each wait
+            sess._pipeline._flush_requested = Wake()  # the loop reads it at each wait
             deadline = time.monotonic() + 30
             while len(waits) < 20 and time.monotonic() < deadline:
                 time.sleep(0.001)

@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from stepscope import _session  # noqa: E402
+from stepscope.core import session as _session  # noqa: E402
 from stepscope.gpu.convert import GpuTraceConverter  # noqa: E402
 from stepscope.gpu.fixture import load_fixture  # noqa: E402
 

@@ -22,7 +22,7 @@ import timeit
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 import stepscope  # noqa: E402
-from stepscope import _recorder  # noqa: E402
+from stepscope.record import recorder as _recorder  # noqa: E402
 
 try:
     import nvtx
@@ -119,7 +119,7 @@ def all_in(n: int, compress: bool, rounds: int) -> tuple[float, int]:
 
 def encode_throughput(n: int) -> float:
     """Events per second through drain + split + encode (no disk)."""
-    from stepscope._session import Session
+    from stepscope.core.session import Session
 
     path = os.path.join(tempfile.mkdtemp(), "enc.pftrace")
     sess = Session(path, compress=False)

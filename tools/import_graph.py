@@ -11,9 +11,8 @@ Prints, for the modules under the given folder (a package, or a part of one):
   (``own``: usually hiding a loop) and of other modules (``other``: lazy optional
   dependencies, e.g. pandas).
 * ``upward``: module-level imports from a lower layer to a higher one, by ``LAYERS``.
-* ``private``: underscore-prefixed names taken from another module (``from .x import _y``, or
-  ``x._y`` through an imported module) and underscore-prefixed modules imported from outside
-  the package that holds them.
+* ``private``: underscore-prefixed names imported from another module (``from .x import _y``)
+  and underscore-prefixed modules imported from outside the package that holds them.
 
 Exit status 1 when there is a cycle, an upward import or a function-level import of the
 package's own modules (``--check``), else 0. ``tests/test_import_graph.py`` runs it.
@@ -29,26 +28,66 @@ from pathlib import Path
 
 # Layers, lowest first: a module may import from its own layer (no cycle) and the ones below.
 # Keys are module names or prefixes (the longest matching prefix decides); modules matching
-# no key are not judged.
+# no key are not judged. docs/internals.md draws them.
 LAYERS: dict[str, int] = {
-    # stepscope's leaves
+    # leaves: clocks, schema strings, launcher ranks, extension loading, bounded inflation
     "stepscope._ext": 0,
-    "stepscope._wire": 0,
     "stepscope._clock": 0,
     "stepscope._schema": 0,
-    # analysis: shared leaves, the image writer, the trace-processor clone, the summaries,
-    # the engines, the CLI, the facade
-    "stepscope.analysis._errors": 1,
-    "stepscope.analysis._arrays": 1,
-    "stepscope.analysis._threads": 1,
-    "stepscope.analysis.rundir": 1,
-    "stepscope.analysis.sqlimage": 2,
-    "stepscope.analysis.tp": 3,
-    "stepscope.analysis.summaries": 4,
-    "stepscope.analysis.engines": 5,
-    "stepscope.analysis.cli": 6,
-    "stepscope.analysis": 7,
+    "stepscope.ranks": 0,
+    "stepscope._inflate": 0,
+    # the trace format: field numbers and wire encoding
+    "stepscope.format": 10,
+    # analysis (reads traces; knows the format and the leaves, nothing of the writer): shared
+    # leaves, the image writer, the trace-processor clone, the summaries, the engines, the CLI,
+    # the facade
+    "stepscope.analysis._errors": 11,
+    "stepscope.analysis._arrays": 11,
+    "stepscope.analysis._threads": 11,
+    "stepscope.analysis.rundir": 11,
+    "stepscope.analysis.sqlimage": 12,
+    "stepscope.analysis.tp": 13,
+    "stepscope.analysis.summaries": 14,
+    "stepscope.analysis.engines": 15,
+    "stepscope.analysis.cli": 16,
+    "stepscope.analysis": 17,
+    # the hot path, then the write pipeline, then the session facade and its parts
+    "stepscope.record": 20,
+    "stepscope.write": 30,
+    "stepscope.core": 40,
+    # producers: they register with the core through core.hooks; the core never imports them
+    "stepscope.profiler": 50,
+    "stepscope.gpu": 50,
+    "stepscope.pytorch": 50,
+    # the public API and the commands
+    "stepscope._nvtx": 60,
+    "stepscope._api": 60,
+    "stepscope.profiler.boot": 70,
+    "stepscope.profiler.runner": 70,
+    "stepscope.profiler.cli_profiler": 70,
+    "stepscope.cli": 70,
+    "stepscope": 70,
 }
+
+# Function-level imports of the package's own modules that are allowed: loading a heavy part
+# only when it is used (never to dodge a loop). (importer prefix, imported prefix) -> why.
+LAZY_OK: dict[tuple[str, str], str] = {
+    ("stepscope.profiler.profiler", "stepscope.analysis"):
+        "the reader (SQLite image, summaries) loads only when a run's summary is asked for",
+    ("stepscope.profiler.merge", "stepscope.analysis"):
+        "merge reads batches with the importer's scanner only when it rewrites one",
+    ("stepscope.profiler.profiler", "stepscope.pytorch"):
+        "the torch integration imports torch (seconds): only for programs that use torch",
+    ("stepscope.pytorch", "stepscope.pytorch"):
+        "the integration's parts import torch: loaded when it is attached",
+    ("stepscope.pytorch.ranges", "stepscope"):
+        "torch's record_function ranges go to the public API's start_range/end_range (above "
+        "the producers), looked up when a range starts",
+}
+
+
+def lazy_ok(importer: str, target: str) -> bool:
+    return any(_within(importer, a) and _within(target, b) for a, b in LAZY_OK)
 
 
 @dataclass
@@ -110,7 +149,6 @@ def read_imports(mod: Module, known: set[str], top_dir: Path) -> None:
     """Fill ``mod.imports`` and ``mod.private`` from its source."""
     tree = ast.parse(mod.path.read_text("utf-8"), str(mod.path))
     parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
-    aliases: dict[str, str] = {}  # local name -> the package's own module it is bound to
     for node in ast.walk(tree):
         in_fn = _inside_function(node, parents)
         if isinstance(node, ast.Import):
@@ -122,18 +160,12 @@ def read_imports(mod: Module, known: set[str], top_dir: Path) -> None:
                 full = f"{base}.{a.name}"
                 if full in known or _is_module_file(full, top_dir):
                     mod.imports.append((full, node.lineno, in_fn))
-                    aliases[a.asname or a.name] = full
                     if a.name.startswith("_") and not _within(mod.name, base):
                         mod.private.append((f"module {full}", node.lineno))
                 else:
                     mod.imports.append((base, node.lineno, in_fn))
-                    if a.name.startswith("_") and not a.name.startswith("__"):
+                    if a.name.startswith("_") and not a.name.endswith("__"):  # not dunders
                         mod.private.append((f"{a.name} from {base}", node.lineno))
-    for node in ast.walk(tree):  # ``module._name`` read or set through an imported module
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                and node.value.id in aliases and node.attr.startswith("_")
-                and not node.attr.startswith("__")):
-            mod.private.append((f"{node.attr} of {aliases[node.value.id]}", node.lineno))
 
 
 def _is_module_file(name: str, top_dir: Path) -> bool:
@@ -236,7 +268,7 @@ def function_imports(mods: dict[str, Module], top: str) -> tuple[list[str], list
     own, other = [], []
     for m in mods.values():
         for target, line, in_fn in m.imports:
-            if in_fn:
+            if in_fn and not lazy_ok(m.name, target):
                 (own if _within(target, top) else other).append(f"{m.name}:{line} {target}")
     return sorted(set(own)), sorted(set(other))
 

@@ -7,6 +7,10 @@ Instrument like ``nvtx`` (``annotate``, ``push_range``/``pop_range``, ``start_ra
 
 from __future__ import annotations
 
+import sys
+
+from . import _nvtx
+from . import gpu as _gpu  # noqa: F401 - registers the GPU hooks with the core (light)
 from ._api import (
     RangeHandle,
     annotate,
@@ -21,7 +25,7 @@ from ._api import (
     stop,
     trace,
 )
-from ._session import Session, current
+from .core.session import Session, current
 from .profiler import (
     ALWAYS,
     Profiler,
@@ -36,17 +40,16 @@ from .profiler import (
 __version__ = "0.1.0"
 
 
+_nvtx.set_api(sys.modules[__name__])  # captured nvtx calls go through the public names
+
+
 def capture_nvtx():
     """Record the ``nvtx`` calls user code and libraries already make (see ``_nvtx``)."""
-    from ._nvtx import capture_nvtx as _capture
-
-    return _capture()
+    return _nvtx.capture_nvtx()
 
 
 def release_nvtx() -> None:
-    from ._nvtx import release_nvtx as _release
-
-    _release()
+    _nvtx.release_nvtx()
 
 
 __all__ = [

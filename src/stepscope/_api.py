@@ -15,14 +15,16 @@ import functools
 import inspect
 import os
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import _nvtx, _session
-from . import _recorder as rec
-from ._recorder import BEGIN, END, INSTANT, Blob, code, event_id, warn_once
+from . import _nvtx
 from ._schema import LEVEL_DETAIL
+from .core import hooks
+from .core import session as _session
+from .record import recorder as rec
+from .record.rebind import Rebound
+from .record.recorder import BEGIN, END, INSTANT, Blob, code, event_id, warn_once
 
 MAX_CACHED_RANGES = 4096
 
@@ -71,9 +73,12 @@ if rec.fast is not None:
             _Range._exit_forwarding(self, None, None, None)
 
 
-_ranges: dict = {}  # (message, domain, category) -> cached range (_CRange, or _Range subclass)
+# cached ranges, rebound when recording turns on or off (pure-Python recorder only: the C
+# objects read one mode); (message, domain, category) -> _CRange, or a _Range subclass
+_cached = Rebound(lambda r, on, detail: type(r) is _SlowRange or _bind_class(type(r), r.begin))
+_ranges: dict = _cached.objects
 _by_message: dict = {}  # message -> _Range with no domain/category (the fast lookup)
-_lock = threading.RLock()  # reentrant: a signal handler may stop the session meanwhile
+_lock = _cached.lock
 
 
 def _categories(domain, category) -> tuple[str, ...]:
@@ -178,19 +183,10 @@ def _on_state(on: bool, detail: bool) -> None:
     if rec.fast is not None:  # the C objects read one mode; nothing to rebind
         rec.fast.set_mode(0 if not detail else 2 if _forward else 1)
         return
-    # a timeout, not a plain acquire: in a forked child the lock may belong to a thread that no
-    # longer exists (the child is single-threaded then, so going on without it is safe)
-    locked = _lock.acquire(timeout=1.0)
-    try:
-        for r in list(_ranges.values()):
-            if type(r) is not _SlowRange:
-                _bind_class(type(r), r.begin)
-    finally:
-        if locked:
-            _lock.release()
+    _cached.rebind(on, detail)
 
 
-rec._state_listeners.append(_on_state)
+rec.on_state_change(_on_state)
 
 
 def annotate(message: Any = None, color: Any = None, domain: Any = None, category: Any = None,
@@ -270,9 +266,7 @@ class _SyncRange(_Wrapping):
 
     def __exit__(self, exc_type, exc, tb):
         if _on:
-            from .gpu.cupy_timing import sync_current_stream
-
-            sync_current_stream()
+            hooks.sync_gpu()  # registered by stepscope.gpu
         return self.host.__exit__(exc_type, exc, tb)
 
 

@@ -1,4 +1,4 @@
-/* stepscope._fast: the hot recording path in C (optional; _recorder.py has a pure-Python twin).
+/* stepscope._fast: the hot recording path in C (optional; record/recorder.py has a pure-Python twin).
  *
  * Events are (code, timestamp, thread ident) triples of int64 in one growable process-wide
  * buffer, as in viztracer: no Python object is made per event, and the writer thread takes the
@@ -21,6 +21,8 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+
+#include "_wire_tags.h" /* the tags written here, generated from stepscope/format/wire.py */
 
 enum { MODE_OFF = 0, MODE_RECORD = 1, MODE_DELEGATE = 2 };
 
@@ -615,7 +617,7 @@ static int get_int64_buffer(PyObject *obj, Py_buffer *view, const char *what) {
 
 /* assemble(deltas, tidx, templates) -> bytes: for each i, one `Trace.packet` entry holding the
  * TracePacket `{timestamp: deltas[i]} + templates[tidx[i]]` (no timestamp where deltas[i] < 0).
- * The same bytes as the numpy version in _encoder.py, in one pass. */
+ * The same bytes as the numpy version in write/encoder.py, in one pass. */
 static PyObject *f_assemble(PyObject *self, PyObject *args) {
     PyObject *dobj, *tobj, *templates;
     if (!PyArg_ParseTuple(args, "OOO!", &dobj, &tobj, &PyList_Type, &templates)) return NULL;
@@ -655,10 +657,10 @@ static PyObject *f_assemble(PyObject *self, PyObject *args) {
         PyObject *t = PyList_GET_ITEM(templates, ti[i]);
         Py_ssize_t tl = PyBytes_GET_SIZE(t), body = tl;
         if (d[i] >= 0) body += 1 + varint_size((uint64_t)d[i]);
-        *p++ = (char)0x0a; /* Trace.packet = 1, length-delimited */
+        *p++ = (char)STEPSCOPE_TAG_TRACE_PACKET;
         p = put_varint(p, (uint64_t)body);
         if (d[i] >= 0) {
-            *p++ = (char)0x40; /* TracePacket.timestamp = 8, varint */
+            *p++ = (char)STEPSCOPE_TAG_PACKET_TIMESTAMP;
             p = put_varint(p, (uint64_t)d[i]);
         }
         memcpy(p, PyBytes_AS_STRING(t), (size_t)tl);
@@ -773,7 +775,9 @@ PyMODINIT_FUNC PyInit__fast(void) {
     if (str_enter_slow == NULL || str_exit_slow == NULL) return NULL;
     PyObject *m = PyModule_Create(&fast_module);
     if (m == NULL) return NULL;
-    if (PyModule_AddObjectRef(m, "Emit", (PyObject *)&EmitType) < 0
+    if (PyModule_AddIntConstant(m, "TAG_TRACE_PACKET", STEPSCOPE_TAG_TRACE_PACKET) < 0
+        || PyModule_AddIntConstant(m, "TAG_PACKET_TIMESTAMP", STEPSCOPE_TAG_PACKET_TIMESTAMP) < 0
+        || PyModule_AddObjectRef(m, "Emit", (PyObject *)&EmitType) < 0
         || PyModule_AddObjectRef(m, "Range", (PyObject *)&RangeType) < 0
         || PyModule_AddObjectRef(m, "Decorated", (PyObject *)&DecoratedType) < 0
         || PyModule_AddIntConstant(m, "THREAD_MARK", THREAD_MARK) < 0) {

@@ -1,6 +1,6 @@
 """Stub of ``stepscope._fast`` (``_fast.c``): the hot recording path in C.
 
-The pure-Python twin is ``_recorder.py``; ``_ext.load("stepscope._fast")`` picks one. Events
+The pure-Python twin is ``record/recorder.py``; ``_ext.load("stepscope._fast")`` picks one. Events
 are (code, ts, thread ident) triples of int64 in one process-wide buffer.
 """
 
@@ -10,6 +10,10 @@ from typing import Any
 # the code of a thread mark (THREAD_MARK, native thread id, ident), written before each OS
 # thread's first event of a recording (``_recorder.THREAD``; a build without it is stale)
 THREAD_MARK: int
+
+# the protobuf tags it writes itself, from ``_wire_tags.h`` (generated from ``format/wire.py``)
+TAG_TRACE_PACKET: int
+TAG_PACKET_TIMESTAMP: int
 
 class Emit:
     """``Emit(code)(*ignored)``: record (code, now, thread ident); returns None."""

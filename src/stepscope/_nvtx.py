@@ -33,7 +33,8 @@ import warnings
 from types import ModuleType
 from typing import Any
 
-from stepscope import _recorder, _schema
+from stepscope import _schema
+from stepscope.record import recorder as _recorder
 
 _NAMES = ("annotate", "push_range", "pop_range", "start_range", "end_range", "mark")
 
@@ -171,7 +172,7 @@ _capturing = False  # read by the wrappers on every call: off means pass straigh
 _capture_depth = 0
 _saved_functions: dict[str, Any] | None = None
 _patched: list[tuple[ModuleType, str, Any, Any]] = []  # (module, name, original, wrapper)
-_target: Any = None  # the stepscope package (resolved lazily: it imports this module)
+_target: Any = None  # the public API (the stepscope package), handed down by set_api()
 
 
 _NV = _schema.CAT_NVTX
@@ -392,6 +393,13 @@ class NvtxCapture:
         return f"<stepscope nvtx capture {'active' if self.active else 'inactive'}>"
 
 
+def set_api(api: ModuleType) -> None:
+    """The module whose ``annotate``/``push_range``/... captured calls go to: the stepscope
+    package sets itself here at import (this module sits below it and never imports it)."""
+    global _target
+    _target = api
+
+
 def capture_nvtx() -> NvtxCapture:
     """Record the nvtx calls made from now on, until :func:`release_nvtx`.
 
@@ -409,9 +417,6 @@ def capture_nvtx() -> NvtxCapture:
             )
             return NvtxCapture(False)
         if _capture_depth == 0:
-            import stepscope
-
-            _target = stepscope
             _saved_functions = _functions_of(nvtx)
             wrappers = _make_wrappers(_saved_functions)
             for module in _modules_to_patch(nvtx):

@@ -7,6 +7,9 @@ import importlib
 import sys
 import warnings
 
+from . import __version__
+from ._inflate import TraceDamageWarning
+
 # modules that define add_parsers(subparsers); each subcommand sets func=handler(args) -> int
 _COMMAND_MODULES = (
     "stepscope.analysis.cli.summary",  # summary
@@ -16,8 +19,6 @@ _COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-
     parser = argparse.ArgumentParser(
         prog="stepscope",
         description="Perfetto-native tracing for ML training: summaries, SQL, merge, run.",
@@ -31,8 +32,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Skipped trace data is news for the user, not a code location: one stderr line."""
-    from ._inflate import TraceDamageWarning
-
     if issubclass(category, TraceDamageWarning):
         print(f"stepscope: {message}", file=sys.stderr, flush=True)
     else:

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from gpu_trace_decode import TYPE_INSTANT, decode
 
-from stepscope import _schema, _session
+from stepscope import _schema
+from stepscope.core import session as _session
 from stepscope.gpu.convert import GpuTraceConverter, assign_lanes, demangle, flow_ids_for
 from stepscope.gpu.fixture import batch_from_records, rebase_shift, shifted
 from stepscope.gpu.occupancy import DeviceLimits

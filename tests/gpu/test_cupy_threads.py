@@ -12,7 +12,7 @@ import pytest
 from gpu_fakes import FakeCuda
 from gpu_trace_decode import decode
 
-from stepscope import _session
+from stepscope.core import session as _session
 from stepscope.gpu.cupy_timing import CupyEventTimer
 
 HOST_ANCHOR = 5_000_000  # host ns read right after the anchor event (GPU 100 us)

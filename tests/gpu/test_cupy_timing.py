@@ -9,7 +9,7 @@ import pytest
 from gpu_fakes import FakeMultiCuda
 from gpu_trace_decode import TYPE_INSTANT, decode
 
-from stepscope import _session
+from stepscope.core import session as _session
 from stepscope.gpu.cupy_timing import DROPPED_NAME, CupyEventTimer
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from gpu_trace_decode import decode
 
-from stepscope import _session
 from stepscope.analysis import engines
+from stepscope.core import session as _session
 from stepscope.gpu.convert import GpuTraceConverter, flow_ids_for
 from stepscope.gpu.fixture import batch_from_records
 from stepscope.gpu.occupancy import DeviceLimits

@@ -12,7 +12,7 @@ import pytest
 from gpu_fakes import FakeLibcuda, FakeMultiCuda, FakeNvmlGpu, FakePool, FakePynvml
 from gpu_trace_decode import TYPE_COUNTER, decode
 
-from stepscope import _session
+from stepscope.core import session as _session
 from stepscope.gpu.nvml import NvmlSampler, cuda_nvml_handles
 
 BUS = ["0000:1B:00.0", "0000:3D:00.0", "0000:5E:00.0", "0000:9A:00.0"]

@@ -16,8 +16,8 @@ from gpu_fakes import FakeCupti
 from gpu_trace_decode import TYPE_COUNTER, TYPE_INSTANT, decode
 
 import stepscope
-import stepscope.gpu as gpu
-from stepscope import _session
+from stepscope.core import session as _session
+from stepscope.gpu import tracing as gpu
 from stepscope.gpu.cupti_live import CuptiTracer
 from stepscope.gpu.cupy_timing import CupyEventTimer, memory_pool_counters, sync_current_stream
 from stepscope.gpu.fixture import replay_fixture
@@ -333,7 +333,7 @@ def test_annotate_gpu_true_times_the_range_on_the_gpu_too(tmp_path, fake_cuda):
 
 
 def test_annotate_gpu_true_without_cupy_warns_and_times_the_host(tmp_path, monkeypatch):
-    from stepscope import _recorder
+    from stepscope.record import recorder as _recorder
 
     monkeypatch.delitem(sys.modules, "cupy", raising=False)
     _recorder._warned.discard("gpu_range")

@@ -108,7 +108,7 @@ def test_a_start_failing_after_the_session_began_stops_it(tmp_path, monkeypatch,
     no writer or I/O thread left running, the summary file finished (it was left open)."""
     import threading
 
-    from stepscope import _session
+    from stepscope.core import session as _session
     from stepscope.profiler import Profiler
     from stepscope.profiler import profiler as P
 
@@ -128,7 +128,7 @@ def test_a_start_failing_after_the_session_began_stops_it(tmp_path, monkeypatch,
 
 def test_the_buffer_minimum_has_one_owner(tmp_path, monkeypatch):
     """Review 20: the session owns the buffer minimum; the options and Profiler() read it."""
-    from stepscope import _session
+    from stepscope.core import session as _session
     from stepscope.profiler import Profiler
 
     monkeypatch.setattr(_session, "MIN_BUFFER_BYTES", 1 << 17)

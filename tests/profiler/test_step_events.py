@@ -10,13 +10,13 @@ import pytest
 from tracedecode import decode
 
 import perfetto_decode
-from stepscope import _recorder as rec
 from stepscope import _schema as S
-from stepscope._encoder import Interner, blob_event, debug_annotations
-from stepscope._sink import SequenceState
 from stepscope.profiler import Profiler
 from stepscope.profiler import host_metrics as hm
 from stepscope.profiler import profiler as P
+from stepscope.record import recorder as rec
+from stepscope.write.encoder import Interner, blob_event, debug_annotations
+from stepscope.write.sink import SequenceState
 
 
 def test_int_annotation_bytes():

@@ -79,7 +79,7 @@ def test_auto_mode_yields_to_the_programs_own_steps(tmp_path, user_steps):
 
 
 def _flush() -> None:
-    from stepscope import _session
+    from stepscope.core import session as _session
 
     _session.current().flush()  # what the writer thread does every second, made here
 

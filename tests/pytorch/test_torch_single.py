@@ -129,7 +129,7 @@ def test_operators_summary_lists_them(run):
 
 def test_thread_tracks_for_threads_python_does_not_know():
     """A C++ thread (the autograd engine's on GPUs) gets a thread track named from /proc."""
-    from stepscope import _session
+    from stepscope.core import session as _session
     from stepscope.pytorch.operators import OperatorCapture, thread_name
 
     class Ev:
@@ -195,8 +195,8 @@ def test_clock_offsets_in_bulk_are_the_scalar_conversion():
 def test_bulk_slices_are_ordered_as_single_ones():
     """Emitter.completes: the same (ts, order, tiebreak, sequence) keys as complete() calls,
     so a flush sorts bulk-written operators exactly as before."""
-    from stepscope import _recorder as rec
-    from stepscope._session import Emitter
+    from stepscope.core.session import Emitter
+    from stepscope.record import recorder as rec
 
     slices = [(100, 50, "a"), (100, 0, "b"), (120, 10, "a")]
     one, bulk = Emitter("monotonic", 1), Emitter("monotonic", 1)

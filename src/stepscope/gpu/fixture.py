@@ -19,6 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from .. import _schema
+from .clock import to_clock
+from .convert import GpuTraceConverter
+from .nvml import CounterWriter, gpm_counters, sample_counters
 from .occupancy import DeviceLimits
 from .records import (
     API_DTYPE,
@@ -166,11 +170,6 @@ def replay_fixture(sess: Any, fx: Fixture, *, host_ranges: bool = True, counters
     machine's boot, at negative trace (BOOTTIME) times, which trace processor drops. Host ranges
     go on one custom track per recorded thread name. Returns the converter's stats.
     """
-    from .. import _schema
-    from .clock import to_clock
-    from .convert import GpuTraceConverter
-    from .nvml import CounterWriter, gpm_counters, sample_counters
-
     def realtime(values: list[int]) -> np.ndarray:
         return to_clock(np.array(values, dtype=np.int64), fx.clock_pairs, "perf_counter_ns",
                         "time_ns")

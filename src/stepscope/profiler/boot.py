@@ -26,6 +26,8 @@ import threading
 import traceback
 from typing import Any
 
+import stepscope  # the public API, which the step-range wrappers replace
+
 from . import options as _options
 from .profiler import NO_STEPS_HINT, Profiler
 
@@ -93,8 +95,6 @@ class _StepHook:
         return push_range
 
     def install(self) -> None:
-        import stepscope
-
         stepscope.annotate = self.wrap_annotate(stepscope.annotate)
         stepscope.push_range = self.wrap_push(stepscope.push_range)
         try:

@@ -44,65 +44,17 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .. import _inflate
-from .. import _wire as w
 from .._clock import BOOTTIME as CLOCK_BOOTTIME
 from .._clock import MONOTONIC as CLOCK_MONOTONIC
 from .._clock import REALTIME as CLOCK_REALTIME
-from .._wire import f_bytes, f_varint
+from ..format import wire as w
+from ..format.wire import f_bytes, f_varint
+from ..format.wire import fields as _fields
+from ..format.wire import read_varint as _varint
 
-# TracePacket field numbers (the writer's own constants)
-F_TIMESTAMP = w.PKT_TIMESTAMP
-F_CLOCK_SNAPSHOT = w.PKT_CLOCK_SNAPSHOT
-F_SEQ_ID = w.PKT_SEQUENCE_ID
-F_COMPRESSED = w.PKT_COMPRESSED_PACKETS
-F_TS_CLOCK_ID = w.DEF_TIMESTAMP_CLOCK_ID
-F_DEFAULTS = w.PKT_DEFAULTS
-F_TRACK_DESCRIPTOR = w.PKT_TRACK_DESCRIPTOR
 SHIFTED_CLOCKS = (CLOCK_MONOTONIC, CLOCK_BOOTTIME)
 
 _CHUNK = 1 << 20
-
-
-# -- protobuf wire helpers ----------------------------------------------------------------------
-def _varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    result = 0
-    shift = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("malformed varint")
-
-
-def _fields(buf: bytes) -> Iterator[tuple[int, int, int, int, int]]:
-    """(field, wire type, value-or-payload start, end of field, start of field) over a message."""
-    pos = 0
-    n = len(buf)
-    while pos < n:
-        start = pos
-        key, pos = _varint(buf, pos)
-        field, wt = key >> 3, key & 7
-        if wt == 0:
-            value, pos = _varint(buf, pos)
-            yield field, wt, value, pos, start
-        elif wt == 2:
-            ln, pos = _varint(buf, pos)
-            yield field, wt, pos, pos + ln, start
-            pos += ln
-        elif wt == 1:
-            yield field, wt, pos, pos + 8, start
-            pos += 8
-        elif wt == 5:
-            yield field, wt, pos, pos + 4, start
-            pos += 4
-        else:
-            raise ValueError(f"unsupported wire type {wt}")
-    if pos != n:
-        raise ValueError("truncated message")
 
 
 def iter_packets(f: BinaryIO, skipped: dict[str, int] | None = None) -> Iterator[bytes]:
@@ -159,7 +111,7 @@ def iter_packets(f: BinaryIO, skipped: dict[str, int] | None = None) -> Iterator
         if len(buf) - p < ln:
             cut(len(buf) - pos)
             return
-        if key >> 3 == 1:
+        if key >> 3 == w.TRACE_PACKET:
             yield bytes(buf[p:p + ln])
         pos = p + ln
 
@@ -167,7 +119,7 @@ def iter_packets(f: BinaryIO, skipped: dict[str, int] | None = None) -> Iterator
 def iter_trace_bytes(data: bytes) -> Iterator[bytes]:
     """Packets of an in-memory ``Trace`` (the payload of compressed_packets)."""
     for field, wt, s, e, _ in _fields(data):
-        if field == 1 and wt == 2:
+        if field == w.TRACE_PACKET and wt == w.LEN:
             yield data[s:e]
 
 
@@ -184,7 +136,8 @@ def iter_all_packets(path: str | os.PathLike[str]) -> Iterator[bytes]:
             if inner is None:
                 yield pkt
                 continue
-            data, _ = _inflate.inflate(inner, budget.batch_limit(len(inner)), first=0x0A)
+            data, _ = _inflate.inflate(inner, budget.batch_limit(len(inner)),
+                                       first=w.TAG_TRACE_PACKET)
             if data is None:
                 continue
             budget.bytes -= len(data)
@@ -196,7 +149,7 @@ def iter_all_packets(path: str | os.PathLike[str]) -> Iterator[bytes]:
 
 def _compressed_payload(pkt: bytes) -> bytes | None:
     for field, wt, s, e, _ in _fields(pkt):
-        if field == F_COMPRESSED and wt == 2:
+        if field == w.PKT_COMPRESSED_PACKETS and wt == 2:
             return pkt[s:e]
     return None
 
@@ -283,7 +236,7 @@ def _probe(path: Path, max_packets: int = 2000) -> InputInfo:
         for field, wt, s, e, _ in _fields(pkt):
             if wt != 2:
                 continue
-            if field == F_TRACK_DESCRIPTOR and info.pid is None:
+            if field == w.PKT_TRACK_DESCRIPTOR and info.pid is None:
                 td = pb.TrackDescriptor.FromString(pkt[s:e])
                 if td.HasField("process"):
                     info.pid = td.process.pid
@@ -293,7 +246,7 @@ def _probe(path: Path, max_packets: int = 2000) -> InputInfo:
                         if info.rank is None:
                             info.rank = int(nm.group(1))
                         info.host = nm.group(2)
-            elif field == F_CLOCK_SNAPSHOT and info.snapshot is None:
+            elif field == w.PKT_CLOCK_SNAPSHOT and info.snapshot is None:
                 snap = {c.clock_id: c.timestamp
                         for c in pb.ClockSnapshot.FromString(pkt[s:e]).clocks}
                 if CLOCK_REALTIME in snap and CLOCK_MONOTONIC in snap:
@@ -311,9 +264,9 @@ def _parsable(packets: Iterable[bytes], pb) -> Iterator[bytes]:
     for pkt in packets:
         try:
             for field, wt, s, e, _ in _fields(pkt):
-                if wt == 2 and field == F_TRACK_DESCRIPTOR:
+                if wt == 2 and field == w.PKT_TRACK_DESCRIPTOR:
                     pb.TrackDescriptor.FromString(pkt[s:e])
-                elif wt == 2 and field == F_CLOCK_SNAPSHOT:
+                elif wt == 2 and field == w.PKT_CLOCK_SNAPSHOT:
                     pb.ClockSnapshot.FromString(pkt[s:e])
         except (ValueError, IndexError, DecodeError):
             continue
@@ -332,12 +285,12 @@ class _SnapshotFilter:
     def keep(self, snap: bytes) -> bool:
         clocks: dict[int, int] = {}
         for field, wt, s, e, _ in _fields(snap):
-            if field == 1 and wt == 2:  # Clock: clock_id (1), timestamp (2), last one wins
-                c = {f: v for f, w, v, _, _ in _fields(snap[s:e]) if w == 0}
-                cid = c.get(1, 0)
-                if 64 <= cid <= 127:
+            if field == w.CS_CLOCKS and wt == w.LEN:  # Clock: id, timestamp; last one wins
+                c = {f: v for f, t, v, _, _ in _fields(snap[s:e]) if t == w.VARINT}
+                cid = c.get(w.CLK_ID, 0)
+                if cid in w.SEQUENCE_SCOPED_CLOCK_IDS:
                     return True  # sequence-scoped: that sequence's own, in its file's order
-                clocks[cid] = c.get(2, 0)
+                clocks[cid] = c.get(w.CLK_TIMESTAMP, 0)
         key = frozenset(clocks)
         last = self.last.get(key)
         if last is not None and any(ts < last[cid] for cid, ts in clocks.items()):
@@ -382,33 +335,33 @@ class _Rewriter:
         other = False  # a field besides the sequence id, timestamp and a dropped snapshot
         for field, wt, s, e, start in _fields(pkt):
             rep = None
-            if field == F_SEQ_ID and wt == 0:
+            if field == w.PKT_SEQUENCE_ID and wt == 0:
                 seq = s
                 rep = self._seq_field(s)
-            elif field == F_CLOCK_SNAPSHOT and wt == 2:
+            elif field == w.PKT_CLOCK_SNAPSHOT and wt == 2:
                 snap = self._snapshot(pkt[s:e]) if self.shift else pkt[s:e]
                 if self.snapshots.keep(snap):
                     other = True
                     rep = f_bytes(field, snap) if self.shift else None
                 else:
                     dropped, rep = True, b""
-            elif field == F_COMPRESSED and wt == 2:
+            elif field == w.PKT_COMPRESSED_PACKETS and wt == 2:
                 other = True
                 self.packets -= 1
-                rep = f_bytes(F_COMPRESSED, self._batch(pkt[s:e]))
-            elif wt == 2 and field == F_TRACK_DESCRIPTOR and self.info.pid_map:
+                rep = f_bytes(w.PKT_COMPRESSED_PACKETS, self._batch(pkt[s:e]))
+            elif wt == 2 and field == w.PKT_TRACK_DESCRIPTOR and self.info.pid_map:
                 other = True
                 rep = f_bytes(field, self._descriptor(pkt[s:e]))
-            elif field not in (F_TIMESTAMP, F_SEQ_ID):
+            elif field not in (w.PKT_TIMESTAMP, w.PKT_SEQUENCE_ID):
                 other = True
             if rep is None and self.shift:
-                if field == F_TIMESTAMP and wt == 0:
+                if field == w.PKT_TIMESTAMP and wt == 0:
                     ts_field = (start, e, s)
-                elif field == F_TS_CLOCK_ID and wt == 0:
+                elif field == w.DEF_TIMESTAMP_CLOCK_ID and wt == 0:
                     clock_id = s
-                elif field == F_DEFAULTS and wt == 2:
+                elif field == w.PKT_DEFAULTS and wt == 2:
                     for f2, w2, v2, _, _ in _fields(pkt[s:e]):
-                        if f2 == F_TS_CLOCK_ID and w2 == 0:
+                        if f2 == w.DEF_TIMESTAMP_CLOCK_ID and w2 == 0:
                             self._pending_default = v2
             if rep is not None:
                 if out is None:
@@ -431,7 +384,7 @@ class _Rewriter:
                     if out is None:
                         out = []
                     out.append(pkt[last:])
-                    out.append(f_varint(F_TIMESTAMP, max(0, ts_field[2] + delta)))
+                    out.append(f_varint(w.PKT_TIMESTAMP, max(0, ts_field[2] + delta)))
                     return b"".join(out)
         if out is None:
             return pkt
@@ -448,7 +401,7 @@ class _Rewriter:
     def _seq_field(self, old: int) -> bytes:
         rep = self._seq_bytes.get(old)
         if rep is None:
-            rep = self._seq_bytes[old] = f_varint(F_SEQ_ID, self._new_seq(old))
+            rep = self._seq_bytes[old] = f_varint(w.PKT_SEQUENCE_ID, self._new_seq(old))
         return rep
 
     def rewrite(self, pkt: bytes) -> bytes | None:
@@ -472,7 +425,7 @@ class _Rewriter:
         from ..analysis.tp import protoscan as ps
 
         data, status = _inflate.inflate(deflated, self.budget.batch_limit(len(deflated)),
-                                        first=0x0A)
+                                        first=w.TAG_TRACE_PACKET)
         if data is None:
             if status == _inflate.OVER:  # the work spent on it counts: bombs are slow too
                 self.budget.bytes -= self.budget.batch_limit(len(deflated))
@@ -503,7 +456,7 @@ class _Rewriter:
         pos = 0
         try:
             while pos < n:
-                if data[pos] != 0x0A:
+                if data[pos] != w.TAG_TRACE_PACKET:
                     return None
                 b = data[pos + 1]
                 if b < 0x80:
@@ -561,12 +514,13 @@ class _Rewriter:
     def _snapshot(self, snap: bytes) -> bytes:
         out = []
         for field, wt, s, e, start in _fields(snap):
-            if field == 1 and wt == 2:  # Clock
-                clock = dict((f, v) for f, w, v, _, _ in _fields(snap[s:e]) if w == 0)
-                delta = self._delta(clock.get(1, 0))
+            if field == w.CS_CLOCKS and wt == w.LEN:  # Clock
+                clock = dict((f, v) for f, t, v, _, _ in _fields(snap[s:e]) if t == w.VARINT)
+                delta = self._delta(clock.get(w.CLK_ID, 0))
                 if delta:
-                    body = snap[s:e] + f_varint(2, max(0, clock.get(2, 0) + delta))
-                    out.append(f_bytes(1, body))
+                    body = snap[s:e] + f_varint(w.CLK_TIMESTAMP,
+                                                max(0, clock.get(w.CLK_TIMESTAMP, 0) + delta))
+                    out.append(f_bytes(w.CS_CLOCKS, body))
                     continue
             out.append(snap[start:e])
         return b"".join(out)

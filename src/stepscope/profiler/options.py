@@ -27,14 +27,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ..core import session as _session
 from .schedule import Schedule, coerce
 
 
 def min_buffer_bytes() -> int:
-    """The session's minimum (imported late: the session imports this package)."""
-    from .._session import MIN_BUFFER_BYTES
-
-    return MIN_BUFFER_BYTES
+    """The session's minimum (read at each call: the session owns it)."""
+    return _session.MIN_BUFFER_BYTES
 
 ENV_VAR = "STEPSCOPE_OPTIONS"
 # host sampling periods accepted: a shorter one keeps a core busy, inf kills the sampler thread

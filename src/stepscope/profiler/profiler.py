@@ -43,10 +43,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from .. import _recorder as rec
 from .. import _schema as S
+from .. import gpu as _gpu  # light: GpuTracing loads on first use
+from .. import ranks as _ranks
+from ..core import hooks
+from ..core import session as _session
+from ..record import recorder as rec
+from ..record.rebind import Rebound
 from . import options as _options
-from . import ranks as _ranks
 from .host_metrics import UNITS, HostSampler, SamplerCost
 from .schedule import NEVER, Schedule, State, coerce
 from .timer import StepTimer, TimerStats
@@ -116,7 +120,6 @@ class _FastPhase(_Phase):
         _end = staticmethod(rec.end_summary)  # type: ignore[assignment]
 
 
-_phase_lock = threading.RLock()  # phase creation vs rebinding when recording turns on or off
 
 
 def _bind_phase(cls: type, begin: Callable[[], Any], on: bool) -> None:
@@ -134,17 +137,10 @@ def _fast_phase(name: str) -> _FastPhase:
     return ph
 
 
-def _rebind_phases(on: bool, detail: bool) -> None:
-    locked = _phase_lock.acquire(timeout=1.0)
-    try:
-        for ph in list(_phases.values()):
-            _bind_phase(type(ph), ph.begin, on)
-    finally:
-        if locked:
-            _phase_lock.release()
-
-
-rec._state_listeners.append(_rebind_phases)  # noqa: SLF001
+# the cached phases by name, rebound when recording turns on or off
+_fast_phases = Rebound(lambda ph, on, detail: _bind_phase(type(ph), ph.begin, on))
+_phase_lock = _fast_phases.lock  # phase creation vs rebinding
+rec.on_state_change(_fast_phases.rebind)
 
 
 class _SyncPhase(_Phase):
@@ -158,11 +154,7 @@ class _SyncPhase(_Phase):
 
 
 def _sync_gpu() -> None:
-    try:
-        from ..gpu.cupy_timing import sync_current_stream
-    except Exception:
-        return
-    sync_current_stream()
+    hooks.sync_gpu()  # registered by stepscope.gpu (a no-op without CuPy)
 
 
 _end_summary = rec.end_summary
@@ -250,7 +242,7 @@ _Tentative = tuple[int, int, int]
 # already written there is clamped forward)
 MAX_LATE_THREADS = 64
 
-_phases: dict[str, _FastPhase] = {}
+_phases: dict[str, _FastPhase] = _fast_phases.objects
 _sync_phases: dict[str, _Phase] = {}
 
 
@@ -556,8 +548,6 @@ class Profiler:
             self._stop(keep_open_step=True)
 
     def _start_session(self) -> None:
-        from .. import _session
-
         self.run_dir = Path(self.options["dir"]) / self.run_id
         self.run_dir.mkdir(parents=True, exist_ok=True)
         sess = _session.current()
@@ -596,8 +586,6 @@ class Profiler:
         import logging
 
         try:
-            from .. import gpu as _gpu
-
             level = logging.WARNING if self.gpu else logging.INFO
             self._gpu = _gpu.GpuTracing(sess, log_level=level, init_cuda=bool(self.gpu),
                                         bucket_ns=self.gpu_bucket_ns)  # fmt: skip

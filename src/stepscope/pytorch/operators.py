@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import _recorder as rec
 from .. import _schema as S
-from .. import _session
+from ..core import session as _session
+from ..record import recorder as rec
 
 _FLOW_TAG = 0x5E << 56  # operator flows: apart from the GPU converter's 0x5C/0x5D ids
 _EVAL = "autograd::engine::evaluate_function: "

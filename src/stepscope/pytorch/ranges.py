@@ -34,8 +34,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .. import _recorder as rec
 from .. import _schema as S
+from ..record import recorder as rec
 
 MAX_CACHED_NAMES = 4096  # past this, names are written inline (f"batch {i}" must not grow tables)
 

@@ -30,8 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import _recorder as rec
 from .. import _schema as S
+from ..core import session as _session
+from ..record import recorder as rec
 
 CAT_WORKER = S.CAT_DATALOADER_WORKER
 CPU_SAMPLE_S = 0.5
@@ -175,8 +176,6 @@ def traced_worker_loop(cfg: dict, original: Any, *args: Any, **kwargs: Any) -> N
 
 
 def _start_session(cfg: dict, worker_id: int) -> Any:
-    from .. import _session
-
     old = _session.current()
     if old is not None:  # a session inherited by fork is the parent's: never written here
         _session._current = None  # noqa: SLF001

@@ -23,7 +23,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from test_summaries_db import scenario  # noqa: E402
 
-from stepscope import _schema, _session  # noqa: E402
+from stepscope import _schema  # noqa: E402
 from stepscope.analysis import summaries  # noqa: E402
 from stepscope.analysis.summaries import (
     cntk,  # noqa: E402
@@ -31,6 +31,7 @@ from stepscope.analysis.summaries import (
     sqlfiles,  # noqa: E402
 )
 from stepscope.analysis.summaries import tables as S  # noqa: E402
+from stepscope.core import session as _session
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

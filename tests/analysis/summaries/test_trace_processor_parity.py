@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from stepscope import _session, analysis
+from stepscope import analysis
 from stepscope.analysis import summaries as S
 from stepscope.analysis.engines import ENV_BIN
+from stepscope.core import session as _session
 
 ROOT = Path(__file__).resolve().parents[3]
 TP = os.environ.get(ENV_BIN)

@@ -9,11 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-from stepscope import _wire as w
 from stepscope import analysis
 from stepscope.analysis import engines
 from stepscope.analysis import sqlimage as si
 from stepscope.analysis.sqlimage import leaves, records, schema
+from stepscope.format import wire as w
 
 TRACK = 7
 

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from ... import _wire as w
+from ...format import wire as w
 from .. import _arrays as ar
 from . import protoscan as ps
 from .model import NONE, Strings

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ... import _inflate
-from ... import _wire as w
+from ...format import wire as w
 from .. import _arrays as ar
 from .._errors import TraceError
 from .._threads import map_ordered

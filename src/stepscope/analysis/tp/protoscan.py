@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ... import _wire as w
+from ...format import wire as w
 from . import loops
 
 PAD = 32  # zero bytes appended to every buffer (>= the widest fixed-size read, _TPL_MAX + 8)

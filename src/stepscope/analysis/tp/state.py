@@ -16,8 +16,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from ... import _wire as w
 from ..._clock import BOOTTIME
+from ...format import wire as w
 from . import loops
 from .model import Strings, Track, to_str
 from .packets import (

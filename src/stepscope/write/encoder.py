@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import _wire as w
-from ._recorder import (
+from ..format import wire as w
+from ..record.recorder import (
     BEGIN,
     COUNTER,
     END,
@@ -30,8 +30,8 @@ from ._recorder import (
 _TYPE_OF_KIND = {BEGIN: w.TYPE_SLICE_BEGIN, END: w.TYPE_SLICE_END, INSTANT: w.TYPE_INSTANT,
                  COUNTER: w.TYPE_COUNTER}
 _THRESHOLDS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
-_TS_TAG = (w.PKT_TIMESTAMP << 3) | w.VARINT
-_PACKET_TAG = (w.TRACE_PACKET << 3) | w.LEN
+_TS_TAG = w.TAG_PACKET_TIMESTAMP
+_PACKET_TAG = w.TAG_TRACE_PACKET
 
 
 def varint_len(values: np.ndarray) -> np.ndarray:

@@ -1,6 +1,6 @@
 import pytest
 
-from stepscope.profiler.ranks import detect
+from stepscope.ranks import detect
 
 
 def test_default_single_process():

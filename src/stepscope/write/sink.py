@@ -19,10 +19,10 @@ import zlib
 
 import numpy as np
 
-from . import _clock
-from . import _wire as w
-from ._encoder import Interner, assemble, blob_event, packet, track_event
-from ._recorder import BEGIN, END, blobs, kinds, warn_once
+from .. import _clock
+from ..format import wire as w
+from ..record.recorder import BEGIN, END, blobs, kinds, warn_once
+from .encoder import Interner, assemble, blob_event, packet, track_event
 
 _PREFIX_FLAGS = w.f_varint(w.PKT_SEQUENCE_FLAGS, w.SEQ_NEEDS_INCREMENTAL_STATE)
 MAIN_SEQUENCE = 1

@@ -1,12 +1,16 @@
-"""Protobuf wire-format helpers for the parts of a trace that are not encoded in numpy batches.
+"""The trace format: Perfetto's field numbers and tags, and the protobuf wire helpers.
 
-Only what stepscope writes: varints, length-delimited fields, fixed64 and doubles. Field numbers
+The one owner of field numbers: the writer, ``stepscope merge``, the importer and the C recorder
+(``_wire_tags.h``) take them from here. The helpers serve the parts of a trace that are not
+encoded in numpy batches: varints, length-delimited fields, fixed64 and doubles, and a field
+reader (``fields``) for what reads packets one by one (``stepscope merge``). Field numbers
 are Perfetto's (see ``protos/``; a test proves them against the official descriptors).
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 
 VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
 
@@ -61,6 +65,48 @@ def f_double(field: int, value: float) -> bytes:
     return varint((field << 3) | FIXED64) + _pack_d(value)
 
 
+def read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """(value, position after it) of the varint at ``pos``."""
+    result = 0
+    shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("malformed varint")
+
+
+def fields(buf: bytes) -> Iterator[tuple[int, int, int, int, int]]:
+    """(field, wire type, value-or-payload start, end of field, start of field) over a message."""
+    pos = 0
+    n = len(buf)
+    while pos < n:
+        start = pos
+        key, pos = read_varint(buf, pos)
+        field, wt = key >> 3, key & 7
+        if wt == 0:
+            value, pos = read_varint(buf, pos)
+            yield field, wt, value, pos, start
+        elif wt == 2:
+            ln, pos = read_varint(buf, pos)
+            yield field, wt, pos, pos + ln, start
+            pos += ln
+        elif wt == 1:
+            yield field, wt, pos, pos + 8, start
+            pos += 8
+        elif wt == 5:
+            yield field, wt, pos, pos + 4, start
+            pos += 4
+        else:
+            raise ValueError(f"unsupported wire type {wt}")
+    if pos != n:
+        raise ValueError("truncated message")
+
+
 def utf8(text: str) -> bytes:
     """Encode any Python str as valid UTF-8 (lone surrogates become U+FFFD, never an error)."""
     try:
@@ -83,6 +129,7 @@ PKT_DEFAULTS = 59
 PKT_TRACK_DESCRIPTOR = 60
 PKT_FIRST_ON_SEQUENCE = 87
 PKT_INCREMENTAL_STATE_CLEARED = 41  # (legacy flag, read only)
+PKT_SYNCHRONIZATION_MARKER = 36  # (read only: carries nothing for the tables)
 TRACE_PACKET = 1  # Trace.packet
 
 SEQ_INCREMENTAL_STATE_CLEARED = 1
@@ -155,3 +202,15 @@ CS_PRIMARY_TRACE_CLOCK = 2
 CLK_ID = 1
 CLK_TIMESTAMP = 2
 CLK_IS_INCREMENTAL = 3
+SEQUENCE_SCOPED_CLOCK_IDS = range(64, 128)  # BuiltinClock: ids a sequence defines for itself
+
+# Whole tags written byte for byte: every packet of a file or batch starts TAG_TRACE_PACKET
+TAG_TRACE_PACKET = (TRACE_PACKET << 3) | LEN
+TAG_PACKET_TIMESTAMP = (PKT_TIMESTAMP << 3) | VARINT
+
+# Tags the C recorder writes itself (stepscope/_wire_tags.h is generated from these by
+# tools/gen_wire_tags.py): name -> (tag byte, what it is)
+C_TAGS = {
+    "TRACE_PACKET": (TAG_TRACE_PACKET, "Trace.packet, length-delimited"),
+    "PACKET_TIMESTAMP": (TAG_PACKET_TIMESTAMP, "TracePacket.timestamp, varint"),
+}

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from ._ext import load as load_extension
-from ._schema import LEVEL_DETAIL, LEVEL_SUMMARY
+from .._ext import load as load_extension
+from .._schema import LEVEL_DETAIL, LEVEL_SUMMARY
 
 BEGIN, END, INSTANT = 0, 1, 2
 # Kinds that only exist as blobs:
@@ -359,8 +359,13 @@ def counter_value(value) -> int | float:
 _state_listeners: list = []
 
 
+def on_state_change(listener) -> None:
+    """Call ``listener(on, detail)`` whenever recording turns on or off (after the change)."""
+    _state_listeners.append(listener)
+
+
 def set_state(on: bool, detail: bool) -> None:
-    """Turn recording on/off; listeners (the public API) rebind their fast paths."""
+    """Turn recording on/off; listeners (the public API, the phases) rebind their fast paths."""
     global ON, DETAIL
     ON, DETAIL = bool(on), bool(on and detail)
     for listener in _state_listeners:

@@ -11,8 +11,9 @@ Prints, for the modules under the given folder (a package, or a part of one):
   (``own``: usually hiding a loop) and of other modules (``other``: lazy optional
   dependencies, e.g. pandas).
 * ``upward``: module-level imports from a lower layer to a higher one, by ``LAYERS``.
-* ``private``: underscore-prefixed names imported from another module (``from .x import _y``)
-  and underscore-prefixed modules imported from outside the package that holds them.
+* ``private``: underscore-prefixed names taken from another module (``from .x import _y``, or
+  ``x._y`` through an imported module) and underscore-prefixed modules imported from outside
+  the package that holds them.
 
 Exit status 1 when there is a cycle, an upward import or a function-level import of the
 package's own modules (``--check``), else 0. ``tests/test_import_graph.py`` runs it.
@@ -149,6 +150,7 @@ def read_imports(mod: Module, known: set[str], top_dir: Path) -> None:
     """Fill ``mod.imports`` and ``mod.private`` from its source."""
     tree = ast.parse(mod.path.read_text("utf-8"), str(mod.path))
     parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+    aliases: dict[str, str] = {}  # local name -> the package's own module it is bound to
     for node in ast.walk(tree):
         in_fn = _inside_function(node, parents)
         if isinstance(node, ast.Import):
@@ -160,12 +162,18 @@ def read_imports(mod: Module, known: set[str], top_dir: Path) -> None:
                 full = f"{base}.{a.name}"
                 if full in known or _is_module_file(full, top_dir):
                     mod.imports.append((full, node.lineno, in_fn))
+                    aliases[a.asname or a.name] = full
                     if a.name.startswith("_") and not _within(mod.name, base):
                         mod.private.append((f"module {full}", node.lineno))
                 else:
                     mod.imports.append((base, node.lineno, in_fn))
                     if a.name.startswith("_") and not a.name.endswith("__"):  # not dunders
                         mod.private.append((f"{a.name} from {base}", node.lineno))
+    for node in ast.walk(tree):  # ``module._name`` read or set through an imported module
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases and node.attr.startswith("_")
+                and not node.attr.endswith("__")):
+            mod.private.append((f"{node.attr} of {aliases[node.value.id]}", node.lineno))
 
 
 def _is_module_file(name: str, top_dir: Path) -> bool:

@@ -164,7 +164,7 @@ def test_thread_tracks_for_threads_python_does_not_know():
         assert n == 2
         assert cap._tracks[worker.native_id] == sess.thread_track(worker.ident)
         own = cap._tracks[4_000_000_000]
-        assert sess._native_threads == {4_000_000_000: own}
+        assert sess.registry._native_threads == {4_000_000_000: own}
         assert b"thread 4000000000" in sess.tracks[own]  # gone from /proc: a plain name
         assert thread_name(threading.get_native_id()) != ""
     finally:

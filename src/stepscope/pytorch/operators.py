@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .. import _schema as S
-from ..core import session as _session
+from ..core import tracks as _tracks
 from ..record import recorder as rec
 
 _FLOW_TAG = 0x5E << 56  # operator flows: apart from the GPU converter's 0x5C/0x5D ids
@@ -214,7 +214,7 @@ class OperatorCapture:
                 ident = t.ident
                 break
         if ident is None:
-            for i, (native, _name) in list(_session._started_threads.items()):  # noqa: SLF001
+            for i, (native, _name) in list(_tracks._started_threads.items()):  # noqa: SLF001
                 if native == tid:
                     ident = i
         if ident is not None:

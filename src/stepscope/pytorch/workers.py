@@ -186,11 +186,13 @@ def _start_session(cfg: dict, worker_id: int) -> Any:
     sess = _session.Session(path, detail=True, rank=rank, process_name=cfg["process_name"])
     # the rank's process (its pid and track uuid): the worker's thread is a thread of the rank,
     # so its slices count for the rank and no step-less process dilutes the summaries' frames
-    del sess.tracks[sess.process_uuid]
-    own_pid = sess.pid
-    sess.pid, sess.process_uuid = int(cfg["pid"]), int(cfg["process_uuid"])
-    sess.tracks[sess.process_uuid] = sess._process_descriptor(sess.process_uuid)  # noqa: SLF001
+    reg = sess.registry  # the session's track registry owns the process track and pid
+    del reg.tracks[reg.process_uuid]
+    own_pid = reg.pid
+    reg.pid, reg.process_uuid = int(cfg["pid"]), int(cfg["process_uuid"])
+    sess.process_uuid = reg.process_uuid
+    reg.tracks[reg.process_uuid] = reg._process_descriptor(reg.process_uuid)  # noqa: SLF001
     sess.thread_track()  # this thread's descriptor, under the rank's pid
-    sess.pid = own_pid  # the session's own process: exit and SIGTERM handling check it
+    reg.pid = own_pid  # (sess.pid, which exit and SIGTERM handling check, is untouched)
     sess.start()
     return sess

@@ -189,7 +189,7 @@ def main() -> int:
     if any(codes):
         print(f"a rank failed: exit codes {codes}", file=sys.stderr)
         return 1
-    from stepscope.profiler.merge import merge
+    from stepscope.analysis.merge import merge
 
     run_dir = Path(args.out) / run_id
     merged = merge([run_dir], run_dir / "merged.pftrace")

@@ -19,9 +19,9 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 import bombs
 from stepscope import _inflate, analysis
 from stepscope.analysis import TraceDamageWarning, TraceError
+from stepscope.analysis import merge as M
 from stepscope.analysis.tp import packets
 from stepscope.format import wire as w
-from stepscope.profiler import merge as M
 
 SRC = os.path.join(os.path.dirname(__file__), "..", "src")
 MiB = 1 << 20

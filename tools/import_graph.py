@@ -49,6 +49,7 @@ LAYERS: dict[str, int] = {
     "stepscope.analysis.sqlimage": 12,
     "stepscope.analysis.tp": 13,
     "stepscope.analysis.summaries": 14,
+    "stepscope.analysis.merge": 14,
     "stepscope.analysis.engines": 15,
     "stepscope.analysis.cli": 16,
     "stepscope.analysis": 17,
@@ -75,8 +76,6 @@ LAYERS: dict[str, int] = {
 LAZY_OK: dict[tuple[str, str], str] = {
     ("stepscope.profiler.profiler", "stepscope.analysis"):
         "the reader (SQLite image, summaries) loads only when a run's summary is asked for",
-    ("stepscope.profiler.merge", "stepscope.analysis"):
-        "merge reads batches with the importer's scanner only when it rewrites one",
     ("stepscope.profiler.profiler", "stepscope.pytorch"):
         "the torch integration imports torch (seconds): only for programs that use torch",
     ("stepscope.pytorch", "stepscope.pytorch"):

@@ -9,7 +9,7 @@ from tracedecode import decode
 
 from stepscope import _schema as S
 from stepscope import cli
-from stepscope.profiler import merge as M
+from stepscope.analysis import merge as M
 
 RANKS = 4
 

@@ -8,7 +8,7 @@ import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from tracedecode import decode
 
-from stepscope.profiler import merge as M
+from stepscope.analysis import merge as M
 
 S = 1_000_000_000
 
@@ -124,7 +124,15 @@ def test_snapshots_stay_monotonic_across_ranks(tmp_path):
     _trace(tmp_path / "rank1.summary.pftrace", 1, "h", 200, 55 * S, 9005 * S,
            [(56 * S, "B", ""), (58 * S, "E", "")], boot_off=7 * S + 100, mono_end=65 * S)
     both = [str(tmp_path / f"rank{r}.summary.pftrace") for r in (0, 1)]
-    assert load(both)[1]["invalid_clock_snapshots"] == 1  # as trace processor counts it
+    cat = tmp_path / "cat.pftrace"
+    cat.write_bytes(b"".join(open(p, "rb").read() for p in both))
+    assert load([str(cat)])[1]["invalid_clock_snapshots"] == 1  # as trace processor counts it
+    cat.unlink()
+    # the two files given as files are read as their merge is (no snapshot refused)
+    conn, stats = load(both)
+    assert "invalid_clock_snapshots" not in stats
+    assert conn.execute("SELECT ts, dur FROM slice ORDER BY ts").fetchall() == [
+        (58 * S, S), (63 * S, 2 * S)]
     res = M.merge([tmp_path], tmp_path / "out.pftrace")
     assert res.snapshots_dropped == 1
     assert _global_snapshots(tmp_path / "out.pftrace") == [
@@ -181,7 +189,7 @@ def test_truncated_file_merges_its_complete_packets(tmp_path):
 
 
 def test_pids_are_renumbered_only_between_different_processes():
-    from stepscope.profiler.merge import InputInfo, _dedupe_pids
+    from stepscope.analysis.merge import InputInfo, _dedupe_pids
 
     window0 = InputInfo(path="a", rank=0, host="h1", pid=100)
     window1 = InputInfo(path="b", rank=0, host="h1", pid=100)  # same process, second window

@@ -123,8 +123,7 @@ def test_dataloader_worker_fetches_in_their_own_files(run):
 
 
 def test_merge_takes_the_workers_into_their_ranks(run, tmp_path):
-    from stepscope.analysis import summaries
-    from stepscope.profiler import merge
+    from stepscope.analysis import merge, summaries
 
     out = tmp_path / "merged.pftrace"
     merge.merge([run], out)

@@ -36,6 +36,7 @@ from os import PathLike
 from typing import Any
 
 from ._errors import EngineError, TraceError
+from .merge import across_hosts, merged_stream
 from .rundir import classify
 from .sqlimage import file_of
 from .summaries.slicebase import POST_LOAD
@@ -54,8 +55,14 @@ def load(path_or_paths: PathArg, db: str | None = ":memory:", progress: Progress
          indexes: bool = True, slice_base: bool = True) -> tuple[sqlite3.Connection, dict]:
     """The embedded engine's load: trace processor's tables (``tp.importer.load``) and, with
     ``slice_base``, the summaries' slice base laid into the same database image."""
-    return importer.load(path_or_paths, db, progress, indexes,
-                         post=(POST_LOAD,) if slice_base else ())
+    paths = paths_of(path_or_paths)
+    datas = None
+    if len(paths) > 1 and across_hosts(paths):
+        # ranks of several hosts: their clocks aligned and pids kept apart as the merge (and so
+        # trace processor, which is given the merge) does it
+        datas = [(" + ".join(paths), b"".join(merged_stream(paths)))]
+    return importer.load(paths, db, progress, indexes,
+                         post=(POST_LOAD,) if slice_base else (), datas=datas)
 
 
 class Row:
@@ -374,12 +381,20 @@ def _py(v: Any) -> Any:
     return v.item() if hasattr(v, "item") else v
 
 
-def _concatenated(paths: list[str]):
-    """Several traces as one stream: Perfetto traces are concatenable."""
-    for p in paths:
-        with builtins.open(p, "rb") as f:  # not this module's open()
-            while chunk := f.read(1 << 24):
-                yield chunk
+def _concatenated(paths: list[str]) -> Iterator[bytes]:
+    """Several traces as one stream, as ``stepscope merge`` writes them (each file's sequence
+    ids made its own, clock snapshots that go back left out), in chunks of about 16 MiB (trace
+    processor's Python API sends each chunk as one request)."""
+    chunk: list[bytes] = []
+    size = 0
+    for framed in merged_stream(paths):
+        chunk.append(framed)
+        size += len(framed)
+        if size >= 1 << 24:
+            yield b"".join(chunk)
+            chunk, size = [], 0
+    if chunk:
+        yield b"".join(chunk)
 
 
 def _prebuilt_entry() -> dict | None:

@@ -8,7 +8,7 @@ import re
 import sys
 from typing import Any
 
-from . import merge as _merge
+from ..analysis import merge as _merge
 from . import options as _options
 from . import runner as _runner
 from .schedule import Schedule, coerce, from_range

@@ -10,8 +10,8 @@ import pytest
 
 import stepscope
 from stepscope import cli
+from stepscope.analysis.merge import merge
 from stepscope.profiler import Profiler, schedule
-from stepscope.profiler.merge import merge
 
 
 @pytest.fixture(scope="module")

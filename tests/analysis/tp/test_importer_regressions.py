@@ -127,7 +127,17 @@ def test_very_long_names_are_cut_on_a_character_boundary(tmp_path):
     assert name == "€" * (si.MAX_TEXT // 3)
 
 
-def test_clock_hops_use_every_snapshot_that_relates_the_two_clocks(tmp_path):
+@pytest.mark.parametrize("layout, want", [
+    # snapshot 1: BOOTTIME - MONOTONIC = 1000; snapshot 2 (MONOTONIC 2000 on): 3000
+    ("s1 b s2 e", (3500, 2100)),  # b sees s1 only: 2500 + 1000; e: 2600 + 3000
+    ("s1 b e s2", (3500, 100)),  # s2 comes after both: never theirs
+    ("b s1 e", (3500, 100)),  # b, before any snapshot, is retried at the end: s1 then
+    ("b s1 s2 e", (5500, 100)),  # ... and then every snapshot counts: 2500 is s2's
+])
+def test_clock_hops_use_the_snapshots_read_before_the_packet(tmp_path, layout, want):
+    """As trace processor (v58.2 gives these four results): timestamps are converted as the
+    packets are read, with the snapshots read so far; a packet that cannot be converted yet is
+    deferred to the end of the trace."""
     def snapshot(clocks):
         return packet(w.f_bytes(w.PKT_CLOCK_SNAPSHOT, b"".join(
             w.f_bytes(w.CS_CLOCKS, w.f_varint(w.CLK_ID, c) + w.f_varint(w.CLK_TIMESTAMP, t))
@@ -139,10 +149,11 @@ def test_clock_hops_use_every_snapshot_that_relates_the_two_clocks(tmp_path):
                       + w.f_bytes(w.PKT_TRACK_EVENT, w.f_varint(w.TE_TYPE, kind)
                                   + w.f_varint(w.TE_TRACK_UUID, TRACK) + w.f_str(w.TE_NAME, "a")))
 
-    path = tmp_path / "t.pftrace"  # BOOTTIME-MONOTONIC moves by 2000 between the snapshots
-    path.write_bytes(DESC + snapshot({6: 1000, 3: 0, 1: 10**18}) + snapshot({6: 5000, 3: 2000})
-                     + mono_event(2500, 1) + mono_event(2600, 2))
-    assert slices(path) == [(5500, 100, "a")]  # from the nearer snapshot: 2500 + 3000
+    parts = {"s1": snapshot({6: 1000, 3: 0}), "s2": snapshot({6: 5000, 3: 2000}),
+             "b": mono_event(2500, 1), "e": mono_event(2600, 2)}
+    path = tmp_path / "t.pftrace"
+    path.write_bytes(DESC + b"".join(parts[k] for k in layout.split()))
+    assert slices(path) == [(*want, "a")]
 
 
 def test_a_compressed_batch_of_garbage_loses_only_itself(tmp_path):

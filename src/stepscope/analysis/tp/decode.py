@@ -10,8 +10,9 @@ The decoder follows trace processor's import semantics (``proto_trace_reader.cc`
   Sequence-scoped clocks (64..127) declared ``is_incremental`` accumulate deltas from the value a
   ``ClockSnapshot`` on that sequence gave them; ``unit_multiplier_ns`` scales them. Timestamps are
   then converted to the trace clock (BOOTTIME unless ``primary_trace_clock`` says otherwise) hop by
-  hop along the clock graph the snapshots build, each hop using the snapshot with the largest
-  source value <= the timestamp (the first snapshot for earlier timestamps).
+  hop along the clock graph the snapshots build, each hop using, of the snapshots of its clock set
+  read before the packet, the one with the largest source value <= the timestamp (the first for
+  earlier timestamps); see :mod:`.state`.
 * Events are sorted by timestamp (stable: file order breaks ties) before slices are built, so
   depth / parent_id come from nesting on each track and slice ids follow time order.
 
@@ -81,6 +82,7 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
     P, E, rare = scan_packets(pk, stats, progress)
     buf = pk.buf
     n = len(pk.start)
+    files = pk.file if len(datas) > 1 else None  # the clock snapshots' files
     pk.start = pk.end = pk.file = None  # only the bytes are needed from here on
     stats["packets"] = n
     seq, flags, bad = P.pop("seq"), P.pop("flags", np.int8), P.pop("bad", bool)
@@ -90,7 +92,8 @@ def decode(datas: list[tuple[str, bytes]], progress: Progress | None = None) -> 
         stats["packets_skipped_no_incremental_state"] = int((skip & ~bad).sum())
     del seq, flags, bad
     progress("state", 0.0)
-    st = State(buf, rare, srank, gen, stats)
+    st = State(buf, rare, srank, gen, stats, files)
+    del files
     strings = st.strings
     epkt, etyp = E.pop("pkt"), E.pop("typ")
     m = len(epkt)

@@ -155,11 +155,14 @@ def paths_of(path_or_paths: str | PathLike | Iterable[str | PathLike]) -> list[s
     return out
 
 
-def decode_files(path_or_paths, progress: Progress | None = None) -> Tables:
-    """Decode one or several trace files (concatenable traces) into one set of tables."""
+def decode_files(path_or_paths, progress: Progress | None = None,
+                 datas: list[tuple[str, bytes]] | None = None) -> Tables:
+    """Decode one or several trace files (concatenable traces) into one set of tables
+    (``datas``: their bytes, already read, named)."""
     progress = progress or _noop
     paths = paths_of(path_or_paths)
-    datas = [(p, read_file(p)) for p in paths]
+    if datas is None:
+        datas = [(p, read_file(p)) for p in paths]
     try:
         tables = decode(datas, progress)
     except (TraceError, MemoryError):  # as they are (KeyboardInterrupt is no Exception)
@@ -183,13 +186,15 @@ def load(
     progress: Progress | None = None,
     indexes: bool = True,
     post: Sequence[PostLoad] = (),
+    datas: list[tuple[str, bytes]] | None = None,
 ) -> tuple[sqlite3.Connection, dict[str, int]]:
     """Load trace file(s) into a new SQLite database; returns (connection, decoder stats).
 
     ``db``: ":memory:", a file path, or None for a new temporary file (see write_tables).
-    ``post``: builders of more tables laid into the same image (see PostLoad)."""
+    ``post``: builders of more tables laid into the same image (see PostLoad); ``datas``: the
+    files' bytes, when the caller has read (or merged) them."""
     progress = progress or _noop
-    tables = decode_files(path_or_paths, progress)
+    tables = decode_files(path_or_paths, progress, datas)
     conn = write_tables(tables, db, progress, indexes=indexes, post=post)
     return conn, tables.stats
 

@@ -6,8 +6,15 @@ skipped. Timestamps are in ``timestamp_clock_id`` (or the defaults' clock, or th
 sequence-scoped clocks (64..127) declared ``is_incremental`` accumulate deltas from the value a
 ``ClockSnapshot`` of that sequence gave them, scaled by ``unit_multiplier_ns``; then each
 timestamp is converted to the trace clock (BOOTTIME unless ``primary_trace_clock`` says
-otherwise) hop by hop along the clock graph the snapshots build, each hop using the snapshot with
-the largest source value <= the timestamp (the first snapshot for earlier ones).
+otherwise) hop by hop along the clock graph the snapshots build. As trace processor's
+``ClockSynchronizer``, a hop belongs to one clock set (the snapshots listing exactly those
+clocks) and uses, of that set's snapshots read *before* the packet (trace processor converts in
+the tokenizer, in file order), the one with the largest source value <= the timestamp (the
+first for earlier timestamps); the path is the one the clock graph offered at that point (a
+clock that went back in a snapshot is no hop's source from there on). A packet that cannot be
+converted when read is tried again at the end with every snapshot, and only then lost
+(``clock_sync_failure``). Of two sets that join the same clocks, trace processor takes the one
+of the lower hash; here, the first seen (our writers never write two such sets).
 """
 
 from __future__ import annotations
@@ -182,37 +189,56 @@ class _Interned:
 
 
 class _Clocks:
-    """Clock snapshots and conversion to the trace clock, as trace processor's ClockTracker."""
+    """Clock snapshots and conversion to the trace clock, as trace processor's ClockSynchronizer
+    (``util/clock_synchronizer.cc``), which converts each packet in the tokenizer, in file order:
+    a packet sees only the snapshots, clock sets and non-monotonic marks read before it."""
 
     def __init__(self) -> None:
-        self.snapshots: list[dict[int, int]] = []
-        # clock sets of the snapshots (>= 2 clocks), as an insertion-ordered set: the order
-        # decides which of equally short paths path() finds, so keep it as first seen
-        self.groups: dict[frozenset, None] = {}
+        self.snapshots: list[tuple[int, frozenset, dict[int, int]]] = []  # (packet, set, snap)
+        # clock sets of the snapshots (>= 2 clocks) -> the packet that brought each, in
+        # insertion order: the order decides which of equally short paths path() finds
+        self.groups: dict[frozenset, int] = {}
         self.incremental: dict[int, bool] = {}
         self.multiplier: dict[int, int] = {}
         self.anchors: dict[int, list[tuple[int, int]]] = defaultdict(list)
         self.trace_clock: int | None = None
-        self._paths: dict[int, list | None] = {}
+        self._paths: dict[tuple[int, int], list | None] = {}
         self.last: dict[frozenset, dict[int, int]] = {}  # clock set -> its last snapshot
+        self.last_file: dict[frozenset, int] = {}  # clock set -> the file of that snapshot
         self.invalid = 0  # snapshots refused (trace processor's invalid_clock_snapshots)
-        self.non_monotonic: set[int] = set()  # clocks that went back: never a hop's source
+        # clock -> the packet of the snapshot where it went back: from there on never a hop's
+        # source (trace processor erases its edges)
+        self.non_monotonic: dict[int, int] = {}
+        self._changes: list[int] = []  # packets after which the graph differs, ascending
 
-    def add(self, pkt: int, clocks: list[tuple[int, int, int, bool]], primary: int) -> bool:
+    def add(self, pkt: int, clocks: list[tuple[int, int, int, bool]], primary: int,
+            file: int = 0) -> bool:
         """Take one snapshot, or refuse it as trace processor's ClockSynchronizer does: when
         its trace clock reads less than in the last snapshot of the same clock set (counted in
         ``invalid``). Another clock that goes back is kept as a target but no longer converts
-        from (``non_monotonic``). Returns whether the snapshot was taken."""
+        from (``non_monotonic``). Returns whether the snapshot was taken.
+
+        Several files are read as ``stepscope merge`` joins them (trace processor is given
+        that merge): a snapshot in which any clock reads less than in the last one of its set
+        from an earlier file (the next rank's start, while the previous rank still ran) is
+        left out, not counted."""
         snap = {ck: ts * mult for ck, ts, mult, _ in clocks}
         group = frozenset(snap)
         tc = primary or self.trace_clock or BOOTTIME
         last = self.last.get(group)
+        if (last is not None and self.last_file[group] != file
+                and any(ns < last[ck] for ck, ns in snap.items())):
+            return False
         if last is not None and tc in snap and snap[tc] < last[tc]:
             self.invalid += 1
             return False
         if last is not None:
-            self.non_monotonic.update(ck for ck, ns in snap.items() if ns < last[ck])
+            for ck, ns in snap.items():
+                if ns < last[ck] and ck not in self.non_monotonic:
+                    self.non_monotonic[ck] = pkt
+                    self._changes.append(pkt)
         self.last[group] = snap
+        self.last_file[group] = file
         for ck, ts, mult, incr in clocks:
             self.multiplier[ck] = mult
             self.incremental[ck] = incr
@@ -222,64 +248,91 @@ class _Clocks:
             self.trace_clock = primary
         elif BOOTTIME in snap and self.trace_clock is None:
             self.trace_clock = BOOTTIME
-        if len(snap) >= 2:
-            self.groups[group] = None  # a known key keeps its place
-        self.snapshots.append(snap)
+        if len(snap) >= 2 and group not in self.groups:
+            self.groups[group] = pkt
+            self._changes.append(pkt)
+        self.snapshots.append((pkt, group, snap))
         return True
 
-    def path(self, src: int) -> list | None:
-        """Hops (a, b) from ``src`` to the trace clock, breadth first."""
-        if src in self._paths:
-            return self._paths[src]
+    def path(self, src: int, pkt: int) -> list | None:
+        """Hops (a, b, clock set) from ``src`` to the trace clock for packet ``pkt``, breadth
+        first over the graph as it stood when the packet was read."""
+        era = int(np.searchsorted(np.array(self._changes, np.int64), pkt, side="left"))
+        key = (src, era)
+        if key in self._paths:
+            return self._paths[key]
         dst = self.trace_clock
-        prev: dict[int, int | None] = {src: None}
+        prev: dict[int, tuple | None] = {src: None}
         frontier = [src]
         while frontier and dst not in prev:
             nxt = []
             for a in frontier:
-                if a in self.non_monotonic:
+                if self.non_monotonic.get(a, pkt) < pkt:
                     continue
-                for grp in self.groups:
-                    if a not in grp:
+                for grp, since in self.groups.items():
+                    if since >= pkt or a not in grp:
                         continue
                     for b in grp:
                         if b not in prev:
-                            prev[b] = a
+                            prev[b] = (a, grp)
                             nxt.append(b)
             frontier = nxt
-        if dst not in prev:
-            self._paths[src] = None
-            return None
-        hops = []
-        c = dst
-        while prev[c] is not None:
-            a = prev[c]
-            hops.append((a, c))
-            c = a
-        self._paths[src] = hops[::-1]
-        return self._paths[src]
+        hops = None
+        if dst in prev:
+            hops = []
+            c = dst
+            while prev[c] is not None:
+                a, grp = prev[c]
+                hops.append((a, c, grp))
+                c = a
+            hops.reverse()
+        self._paths[key] = hops
+        return hops
 
-    def convert(self, src: int, ns: np.ndarray) -> np.ndarray | None:
+    def convert(self, src: int, ns: np.ndarray, pkts: np.ndarray) -> np.ndarray:
+        """``ns`` (of packets ``pkts``, in packet order) on the trace clock; INT64_MIN where no
+        path joins ``src`` to it, neither when the packet was read nor at the trace's end."""
         if self.trace_clock is None or src == self.trace_clock or src == 0:
             return ns
-        hops = self.path(src)
-        if hops is None:
-            return None
-        for a, b in hops:
-            # every snapshot that has both clocks, whatever else it lists (as trace processor)
-            snaps = [snap for snap in self.snapshots if a in snap and b in snap]
-            av = np.array([s[a] for s in snaps], np.int64)
-            bv = np.array([s[b] for s in snaps], np.int64)
-            order = np.argsort(av, kind="stable")
-            av, bv = av[order], bv[order]
-            off = bv - av
-            if len(off) == 1 or (off == off[0]).all():  # one offset for every timestamp
-                ns = ns + off[0]
+        out = np.full(len(ns), np.iinfo(np.int64).min, np.int64)
+        # runs of packets read while the graph stood still (usually one run)
+        cuts = np.searchsorted(pkts, np.array(self._changes, np.int64), side="right")
+        bounds = np.unique(np.r_[0, cuts, len(pkts)])
+        for b0, b1 in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            if b1 > b0:
+                hops = self.path(src, int(pkts[b0]))
+                if hops is not None:
+                    out[b0:b1] = self._along(hops, ns[b0:b1], pkts[b0:b1])
+        # a packet that could not be converted when read is deferred to the end of the trace
+        # and tried again with every snapshot (ProtoTraceReader's eof_deferred_packets_)
+        late = np.flatnonzero(out == np.iinfo(np.int64).min)
+        if len(late):
+            end = np.iinfo(np.int64).max
+            hops = self.path(src, end)
+            if hops is not None:
+                out[late] = self._along(hops, ns[late], np.full(len(late), end, np.int64))
+        return out
+
+    def _along(self, hops: list, ns: np.ndarray, pkts: np.ndarray) -> np.ndarray:
+        lost = None
+        for a, b, grp in hops:
+            snaps = [(pkt, snap) for pkt, g, snap in self.snapshots if g == grp]
+            spkt = np.array([p for p, _ in snaps], np.int64)
+            av = np.array([s[a] for _, s in snaps], np.int64)  # ascending while a is a source
+            off = np.array([s[b] - s[a] for _, s in snaps], np.int64)
+            # the snapshots read before each packet: a prefix of the set's (file order)
+            seen = np.searchsorted(spkt, pkts, side="left")
+            if seen.min() == len(snaps) and (off == off[0]).all():
+                ns = ns + off[0]  # one offset for every timestamp
                 continue
-            i = np.searchsorted(av, ns, side="right")
-            i -= 1
+            i = np.minimum(np.searchsorted(av[:seen.max()], ns, side="right"), seen) - 1
+            none = seen == 0
+            if none.any():
+                lost = none if lost is None else lost | none
             np.maximum(i, 0, out=i)
             ns = ns + off[i]
+        if lost is not None:
+            ns[lost] = np.iinfo(np.int64).min
         return ns
 
 
@@ -304,7 +357,7 @@ def utf8_at(buf: np.ndarray, off: int, ln: int) -> str:
 class State:
     """Rare packets decoded in file order: descriptors, defaults, interning, snapshots."""
 
-    def __init__(self, buf, rare, srank, gen, stats):
+    def __init__(self, buf, rare, srank, gen, stats, files=None):
         pb = trace_pb2()
         self.interned = _Interned()
         self.clocks = _Clocks()
@@ -334,7 +387,8 @@ class State:
                     cs = pb.ClockSnapshot.FromString(raw)
                     clocks = [(_clock_key(c.clock_id, int(srank[pkt])), c.timestamp,
                                c.unit_multiplier_ns or 1, c.is_incremental) for c in cs.clocks]
-                    if self.clocks.add(pkt, clocks, cs.primary_trace_clock):
+                    file = 0 if files is None else int(files[pkt])
+                    if self.clocks.add(pkt, clocks, cs.primary_trace_clock, file):
                         self.snapshot_pkts.append(pkt)
             except Exception:  # a corrupt message: count it, never fail the load
                 stats["corrupt_messages"] = stats.get("corrupt_messages", 0) + 1
@@ -461,11 +515,12 @@ def resolve_timestamps(P: Acc, st: State, srank, gen, skip, stats) -> np.ndarray
             continue
         else:
             ns = raw
-        conv = st.clocks.convert(key, ns)
+        conv = st.clocks.convert(key, ns, idx)
         del ns
-        if conv is None:
-            failed += len(idx)
-            continue
+        ok = conv != lo
+        if not ok.all():
+            failed += int((~ok).sum())
+            idx, conv = idx[ok], conv[ok]
         out[idx] = conv
         done[idx] = True
         del conv, idx

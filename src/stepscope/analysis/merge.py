@@ -51,6 +51,8 @@ from ..format import wire as w
 from ..format.wire import f_bytes, f_varint
 from ..format.wire import fields as _fields
 from ..format.wire import read_varint as _varint
+from .tp import protoscan as ps
+from .tp.packets import skipped_summary
 
 SHIFTED_CLOCKS = (CLOCK_MONOTONIC, CLOCK_BOOTTIME)
 
@@ -422,8 +424,6 @@ class _Rewriter:
 
     def _batch(self, deflated: bytes) -> bytes:
         """Rewrite one compressed batch (inflate, rewrite each packet, deflate)."""
-        from ..analysis.tp import protoscan as ps
-
         data, status = _inflate.inflate(deflated, self.budget.batch_limit(len(deflated)),
                                         first=w.TAG_TRACE_PACKET)
         if data is None:
@@ -580,6 +580,50 @@ def merge(
     infos.sort(key=lambda i: (i.rank if i.rank is not None else 1 << 30, str(i.path)))
     alignment = _align(infos)
     _dedupe_pids(infos)
+    snapshots = _SnapshotFilter()
+    out_path = Path(output)
+    counts = {"packets": 0}
+    skipped: dict[str, int] = {}
+    # a temporary file beside the output (same file system: the rename is atomic), removed
+    # whatever goes wrong, Ctrl-C included
+    fd, tmp = _create_temp(out_path)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for framed in _merged(infos, snapshots, skipped, counts):
+                out.write(framed)
+        if counts["packets"] == 0 and skipped:
+            raise ValueError(f"nothing readable in {', '.join(str(i.path) for i in infos)}: "
+                             f"{_inflate_summary(skipped)}")
+        os.replace(tmp, out_path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return MergeResult(out_path, infos, [i.rank for i in infos], alignment, counts["packets"],
+                       skipped, snapshots.dropped)
+
+
+def across_hosts(paths: Iterable[str | os.PathLike[str]]) -> bool:
+    """Whether the files come from ranks on several hosts: only then does their merge differ
+    from reading them one after the other with sequences kept apart and snapshots that go back
+    left out (it shifts clocks, and renumbers pids that collide)."""
+    return len({i.host for i in map(_probe, map(Path, paths)) if i.host is not None}) > 1
+
+
+def merged_stream(paths: Iterable[str | os.PathLike[str]]) -> Iterator[bytes]:
+    """The files' merge as it would be written, packet by packet and in the order given (for
+    trace processor, which reads several files as one stream: concatenated as they are, their
+    sequence ids would collide and each rank's first clock snapshot would go back in time)."""
+    infos = [_probe(Path(p)) for p in paths]
+    _align(infos)
+    _dedupe_pids(infos)
+    yield from _merged(infos, _SnapshotFilter(), {}, {"packets": 0})
+
+
+def _merged(infos: list[InputInfo], snapshots: _SnapshotFilter, skipped: dict[str, int],
+            counts: dict[str, int]) -> Iterator[bytes]:
+    """Each input's packets rewritten (see the module docstring), framed as ``Trace.packet``;
+    a damaged part is left out with a warning and counted in ``skipped``."""
 
     def ids() -> Iterator[int]:
         n = 1
@@ -588,39 +632,20 @@ def merge(
             n += 1
 
     alloc = ids()
-    snapshots = _SnapshotFilter()
-    out_path = Path(output)
-    total = 0
-    skipped: dict[str, int] = {}
-    # a temporary file beside the output (same file system: the rename is atomic), removed
-    # whatever goes wrong, Ctrl-C included
-    fd, tmp = _create_temp(out_path)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            for info in infos:
-                rw = _Rewriter(info, alloc, snapshots)
-                with open(info.path, "rb") as f:
-                    for pkt in iter_packets(f, rw.skipped):
-                        new = rw.rewrite(pkt)
-                        if new is not None:
-                            out.write(f_bytes(1, new))
-                total += rw.packets
-                what = _inflate_summary(rw.skipped)
-                if what:
-                    warnings.warn(f"{info.path}: skipped {what}; the rest is merged",
-                                  _inflate.TraceDamageWarning, stacklevel=2)
-                for k, v in rw.skipped.items():
-                    skipped[k] = skipped.get(k, 0) + v
-        if total == 0 and skipped:
-            raise ValueError(f"nothing readable in {', '.join(str(i.path) for i in infos)}: "
-                             f"{_inflate_summary(skipped)}")
-        os.replace(tmp, out_path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return MergeResult(out_path, infos, [i.rank for i in infos], alignment, total, skipped,
-                       snapshots.dropped)
+    for info in infos:
+        rw = _Rewriter(info, alloc, snapshots)
+        with open(info.path, "rb") as f:
+            for pkt in iter_packets(f, rw.skipped):
+                new = rw.rewrite(pkt)
+                if new is not None:
+                    yield f_bytes(1, new)
+        counts["packets"] += rw.packets
+        what = _inflate_summary(rw.skipped)
+        if what:
+            warnings.warn(f"{info.path}: skipped {what}; the rest is merged",
+                          _inflate.TraceDamageWarning, stacklevel=3)
+        for k, v in rw.skipped.items():
+            skipped[k] = skipped.get(k, 0) + v
 
 
 def _decode_error() -> type[Exception]:
@@ -643,8 +668,6 @@ def _create_temp(out_path: Path) -> tuple[int, str]:
 
 
 def _inflate_summary(skipped: dict[str, int]) -> str | None:
-    from ..analysis.tp.packets import skipped_summary
-
     return skipped_summary(skipped)
 
 

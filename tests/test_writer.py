@@ -391,3 +391,28 @@ def test_the_writer_wakes_at_least_every_flush_interval(tmp_path):
             stepscope.stop()
         assert len(waits) >= 20, interval
         assert waits[10:20] == [top] * 10, interval  # quiet: the waits reach the cap and stay
+
+
+def test_one_blob_for_many_events_is_written_for_each(tmp_path):
+    """A converter shares one blob among events (the same op with the same inputs every step):
+    the file encodes it once per batch and each event still carries its name and args."""
+    from stepscope.core import session as _session
+    from stepscope.record import recorder as rec
+
+    path = tmp_path / "t.pftrace"
+    sess = _session.Session(path).start()
+    try:
+        em = sess.emitter(clock="monotonic", level=LEVEL_DETAIL)
+        track = sess.thread_track()
+        args = {"input_shapes": "[[2, 3]]", "input_dtypes": "float"}
+        begin = rec.Blob(rec.BEGIN, rec.event_id("aten::mm", ("torch_op",)), LEVEL_DETAIL,
+                         track, args)
+        end = rec.Blob(rec.END, 0, LEVEL_DETAIL, track)
+        t0 = time.perf_counter_ns()
+        em.completes([t0, t0 + 100, t0 + 200], [50, 50, 50], [begin] * 3, [end] * 3)
+    finally:
+        sess.stop()
+    d = decode(path)
+    events = [e for e in d.by_track(track) if e.name == "aten::mm"]
+    assert [(e.ts - t0, e.args) for e in events] == [(0, args), (100, args), (200, args)]
+    assert [(name, t1 - t0) for name, _, t0, t1 in d.slices(track)] == [("aten::mm", 50)] * 3

@@ -99,10 +99,6 @@ def thread_name(tid: int) -> str:
         return ""
 
 
-def _drop(refs: list) -> None:
-    refs.clear()
-
-
 class OperatorCapture:
     """Turns torch's profiler on for a window and writes its events at the window's end."""
 
@@ -192,14 +188,13 @@ class OperatorCapture:
             events = result.events()
             to_mono = _Offsets(self._start or end, end)
             self.last_count = self.write(events, to_mono)
+            # freed here: 60-80 ms for 16k events (torch.profiler's result goes with its
+            # reference cycle, at a later cyclic GC pass: 200+ ms). A thread would not help:
+            # the C++ destructors hold the GIL throughout
+            del events, result
         finally:
             if gc_was_on:
                 gc.enable()
-        # freeing torch's result takes as long as reading it (0.3 s for 16k events on a busy
-        # 2-core VM): let a thread drop the last references, off the training thread's path
-        threading.Thread(target=_drop, args=([result, events],), name="stepscope-torch-free",
-                         daemon=True).start()
-        del result, events
         self.last_seconds = time.perf_counter() - t0
         return self.last_count
 
@@ -283,16 +278,15 @@ class OperatorCapture:
             to_mono(r[0]) for r in rows]
         durs, begins, ends = [], [], []
         eids: dict[str, int] = {}
-        plain: dict[tuple[int, int], Any] = {}  # (eid, track) -> the begin blob without args
         end_of: dict[int, Any] = {}  # track -> its end blob (blobs are read-only: shared)
         Blob, BEGIN, END = rec.Blob, rec.BEGIN, rec.END
+        shared: dict[tuple, Any] = {}  # (eid, track, shapes, dtypes) -> its begin blob
         for i, (_start, dur, name, tid, e) in enumerate(rows):
-            args = None
+            shapes = dtypes = None
             try:
-                dtypes = e.dtypes()
-                if dtypes and any(dtypes):
-                    args = {S.ARG_INPUT_SHAPES: str(e.shapes()),
-                            S.ARG_INPUT_DTYPES: ", ".join(dtypes)}
+                dt = e.dtypes()
+                if dt and any(dt):
+                    shapes, dtypes = str(e.shapes()), ", ".join(dt)
             except Exception:
                 pass
             eid = eids.get(name)
@@ -301,11 +295,17 @@ class OperatorCapture:
             track = self._track(tid)
             f_out = starts.get(i)
             f_in = ends_at.get(i)
-            if args is None and f_out is None and f_in is None:
-                b = plain.get((eid, track))
+            if f_out is None and f_in is None:
+                # the same op with the same inputs every step: one blob (encoded once)
+                key = (eid, track, shapes, dtypes)
+                b = shared.get(key)
                 if b is None:
-                    b = plain[(eid, track)] = Blob(BEGIN, eid, level, track)
+                    args = (None if shapes is None else
+                            {S.ARG_INPUT_SHAPES: shapes, S.ARG_INPUT_DTYPES: dtypes})
+                    b = shared[key] = Blob(BEGIN, eid, level, track, args)
             else:
+                args = (None if shapes is None else
+                        {S.ARG_INPUT_SHAPES: shapes, S.ARG_INPUT_DTYPES: dtypes})
                 b = Blob(BEGIN, eid, level, track, args, None if f_out is None else [f_out],
                          None if f_in is None else [f_in])
             e_blob = end_of.get(track)

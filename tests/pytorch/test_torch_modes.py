@@ -272,3 +272,50 @@ def test_torch_profiler_started_inside_a_window_takes_over(tmp_path, capsys):
     assert "torch.profiler took over this window's operators" in capsys.readouterr().err
     d = tq.db(tmp_path / "t" / "rank0.detail.0.pftrace")
     assert tq.slices(d, "s.category = 'torch_op'") == []
+
+
+def test_the_first_wait_of_each_pass_starts_at_iter(tmp_path):
+    """iter(loader) (which starts the worker processes and hands them the first indices) is
+    the first batch's reader cost: a sampler whose iter() takes 0.3 s, run there, makes each
+    pass's first wait at least 0.3 s long (it was left out: the waits began at next())."""
+    import time
+
+    class SlowStart(torch.utils.data.Sampler):
+        def __init__(self) -> None:
+            self.made = []
+
+        def __iter__(self):
+            self.made.append(time.perf_counter_ns())
+            time.sleep(0.3)
+            return iter(range(4))
+
+        def __len__(self) -> int:
+            return 4
+
+    prof = stepscope.Profiler(dir=tmp_path, run_id="r", schedule=None, step_on="optimizer",
+                              host_metrics=False, report=False, use_env=False, torch=True)
+    sampler = SlowStart()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 2)),
+                                         batch_size=2, sampler=sampler, num_workers=1)
+    prof.start()
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    firsts = []
+    for _ in range(2):
+        t0 = time.perf_counter_ns()
+        for i, (x,) in enumerate(loader):
+            if i == 0:
+                firsts.append((t0, time.perf_counter_ns()))
+            model(x).sum().backward()
+            opt.step()
+    prof.stop()
+    waits = tq.slices(tq.db(tmp_path / "r" / "rank0.summary.pftrace"),
+                      "s.category = 'dataloader'")
+    assert len(waits) == 4 and prof.timer.steps == 4
+    for k, (t0, t1) in enumerate(firsts):  # the pass's first wait: from iter() to the batch
+        w = waits[2 * k]
+        assert t0 <= w["ts"] <= sampler.made[k] and w["ts"] + w["dur"] <= t1
+        assert w["dur"] >= 300_000_000
+    assert all(w["dur"] < 300_000_000 for w in waits[1::2])
+    # the timer's reader cost: the same readings as the slices
+    assert prof.timer.stats().reader_cost.max == max(w["dur"] for w in waits) / 1e9

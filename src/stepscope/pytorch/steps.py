@@ -3,8 +3,9 @@
 * **Data-loader waits**: ``torch.utils.data.DataLoader`` iteration
   (``_BaseDataLoaderIter.__next__``, which every loader iterator uses) records each wait for
   the next batch as the profiler's ``dataloader.next`` slice and adds it to the step timer's
-  reader cost, as ``prof.dataloader(loader)`` does. Iteration inside ``prof.dataloader`` is
-  left to it (no double count).
+  reader cost, as ``prof.dataloader(loader)`` does; the first batch's wait starts where the
+  iterator was made (``_BaseDataLoaderIter.__init__``: ``iter(loader)`` starts the workers).
+  Iteration inside ``prof.dataloader`` is left to it (no double count).
 * **Steps** with ``step_on="optimizer"``: torch's global optimizer step post-hook
   (``torch.optim.optimizer.register_optimizer_step_post_hook``) ends the step at every
   ``optimizer.step()`` (several optimizers: one step each), at the next batch wait (or, in a
@@ -175,7 +176,11 @@ class StepDriver:
                 driver._auto_stepped = False
                 if driver._epoch_ended:
                     driver._new_epoch()
-            t0 = clock()
+            # the first batch's wait starts where the iterator was made: creating it starts
+            # the worker processes (reader cost, as prof.dataloader counts it)
+            t0 = self.__dict__.pop("_stepscope_made", None) if on_main else None
+            if t0 is None:
+                t0 = clock()
             placed = wait_begin(t0, ident, on_main)  # a pending step opens here (main thread)
             if on_main and driver.ranges is not None:
                 driver.ranges.waiting = True
@@ -202,3 +207,15 @@ class StepDriver:
         __next__.__wrapped__ = original  # type: ignore[attr-defined]
         self._patched.append((base, "__next__", original))
         base.__next__ = __next__
+
+        original_init = base.__dict__["__init__"]
+
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            made = clock()
+            original_init(self, *args, **kwargs)  # (multiprocessing: starts the workers)
+            if threading.get_ident() == main and not prof._stopped:  # noqa: SLF001
+                self._stepscope_made = made
+
+        __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
+        self._patched.append((base, "__init__", original_init))
+        base.__init__ = __init__

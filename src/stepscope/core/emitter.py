@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 
+import numpy as np
+
 from .. import _clock
 from ..record import recorder as _recorder
 from ..record.recorder import BEGIN, COUNTER, END, INSTANT, Blob
@@ -19,7 +21,10 @@ class Emitter:
         self.clock_id = _clock.base_clock_id(clock)
         self.level = level
         self._events: list[tuple] = []  # (ts, order, tiebreak, seq no, blob)
+        # completes() batches as columns: (ts, order, tiebreak, seq nos, blobs)
+        self._bulk: list[tuple] = []
         self._batch: list[tuple] | None = None
+        self._batch_bulk: list[tuple] = []
         self._count = itertools.count()
 
     def _add(self, ts: int, order: int, tiebreak: int, blob: Blob) -> None:
@@ -35,12 +40,14 @@ class Emitter:
         copies): a flush between them would force later-stamped-earlier events to be clamped.
         Use from one thread at a time.
         """
-        self._batch = []
+        self._batch, self._batch_bulk = [], []
         try:
             yield self
         finally:
             events, self._batch = self._batch, None
-            self._events.extend(events)
+            bulk, self._batch_bulk = self._batch_bulk, []
+            self._bulk.extend(bulk)  # (a flush takes _events, then _bulk: either order works,
+            self._events.extend(events)  # a flush in between takes both whole or neither)
 
     def begin(self, ts: int, name: str, track: int, category: str | None = None,
               args: dict | None = None, flow_ids=None, terminating_flow_ids=None) -> None:
@@ -65,15 +72,38 @@ class Emitter:
     def completes(self, ts: list[int], dur: list[int], begins: list[Blob],
                   ends: list[Blob]) -> None:
         """Whole slices in bulk, as ``complete`` orders them (ints, ``dur`` >= 0; one blob
-        object may serve many events): a converter of thousands of events (torch's operators)
-        spends its time here, not in a call per event."""
-        count = self._count
-        out = []
-        add = out.append
-        for t, d, b, e in zip(ts, dur, begins, ends, strict=True):
-            add((t, 1, -(t + d), next(count), b))
-            add((t + d, 0 if d else 2, -t, next(count), e))
-        (self._batch if self._batch is not None else self._events).extend(out)
+        object may serve many events, and is then encoded once per file and flush)."""
+        index: dict[int, int] = {}
+        blobs: list[Blob] = []
+
+        def at(b: Blob) -> int:
+            k = index.get(id(b))
+            if k is None:
+                k = index[id(b)] = len(blobs)
+                blobs.append(b)
+            return k
+
+        self.completes_indexed(ts, dur, blobs, [at(b) for b in begins], [at(b) for b in ends])
+
+    def completes_indexed(self, ts, dur, blobs: list[Blob], begin_idx, end_idx) -> None:
+        """:meth:`completes` with each slice's begin and end blob given as an index into
+        ``blobs``: a converter of thousands of events (torch's operators) hands them over as
+        columns, with no Python object or call per event here or at the flush."""
+        n = len(ts)
+        if n == 0:
+            return
+        t = np.asarray(ts, dtype=np.int64)
+        e = t + np.asarray(dur, dtype=np.int64)
+        cts, order, tie, idx = (np.empty(2 * n, dtype=np.int64) for _ in range(4))
+        cts[0::2], cts[1::2] = t, e
+        order[0::2] = 1  # at equal times: ends before begins; longer slices open first
+        order[1::2] = np.where(e > t, 0, 2)  # a zero-length slice ends after it begins
+        tie[0::2], tie[1::2] = -e, -t
+        idx[0::2], idx[1::2] = begin_idx, end_idx
+        # 2n sequence numbers in one C call (atomic under the GIL): consecutive
+        seq = np.fromiter(itertools.islice(self._count, 2 * n), dtype=np.int64, count=2 * n)
+        (self._batch_bulk if self._batch is not None else self._bulk).append(
+            (cts, order, tie, seq, idx, list(blobs)))
 
     def instant(self, ts: int, name: str, track: int, category: str | None = None,
                 args: dict | None = None) -> None:
@@ -84,8 +114,35 @@ class Emitter:
         self._add(ts, 1, 0, Blob(COUNTER, 0, self.level, track, value=value))
 
     def take(self) -> list[tuple]:
+        """The events so far, (ts, order, tiebreak, seq no, blob) tuples in time order."""
+        keys, idx, blobs = self._take()
+        return [(*k, blobs[i]) for k, i in zip(keys.T.tolist(), idx.tolist(), strict=True)]
+
+    def take_columns(self) -> tuple[np.ndarray, np.ndarray, list[Blob]]:
+        """The events so far in time order: (timestamps, each one's index into the blobs,
+        blobs)."""
+        keys, idx, blobs = self._take()
+        return keys[0], idx, blobs
+
+    def _take(self) -> tuple[np.ndarray, np.ndarray, list[Blob]]:
+        """(4 x events keys: ts, order, tiebreak, seq no; blob indices; blobs), sorted."""
         n = len(self._events)
         events = self._events[:n]
         del self._events[:n]
-        events.sort(key=lambda e: e[:4])
-        return events
+        k = len(self._bulk)
+        bulk = self._bulk[:k]
+        del self._bulk[:k]
+        if not bulk:  # the usual case: a sort of the tuples
+            events.sort(key=lambda e: e[:4])
+        keys = [np.array([e[:4] for e in events], dtype=np.int64).reshape(-1, 4).T]
+        idx = [np.arange(len(events), dtype=np.int64)]
+        blobs = [e[4] for e in events]
+        for cts, order, tie, seq, bidx, bblobs in bulk:
+            keys.append(np.stack((cts, order, tie, seq)))
+            idx.append(bidx + len(blobs))
+            blobs.extend(bblobs)
+        if not bulk:
+            return keys[0], idx[0], blobs
+        allkeys = np.concatenate(keys, axis=1)
+        sort = np.lexsort(allkeys[::-1])  # by ts, then order, tiebreak, seq no
+        return allkeys[:, sort], np.concatenate(idx)[sort], blobs

@@ -335,7 +335,7 @@ class Session:
         for sink in self.sinks:
             self._pipeline.send(sink)
         for _, codes, _ in emitted:
-            for k in codes[codes < 0].tolist():
+            for k in np.unique(codes[codes < 0]).tolist():  # (a blob may serve many events)
                 _recorder.blobs.pop(-k, None)
 
     def _run_flush_hooks(self) -> None:
@@ -369,12 +369,12 @@ class Session:
         """Per emitter with events: (emitter, blob codes, timestamps) in time order."""
         emitted = []
         for em in self._emitters:
-            events = em.take()
+            ts, idx, blobs = em.take_columns()
             if late:
-                self.drops.add(len(events))
-            elif events:  # one blob id per event, shared by every file that takes it
-                ids = -np.array([_recorder.register_blob(e[4]) for e in events], dtype=np.int64)
-                emitted.append((em, ids, np.array([e[0] for e in events], dtype=np.int64)))
+                self.drops.add(len(ts))
+            elif len(ts):  # one blob id per blob, shared by all its events and files
+                ids = -np.array([_recorder.register_blob(b) for b in blobs], dtype=np.int64)
+                emitted.append((em, ids[idx], ts))
         return emitted
 
     def _encode_threads(self, chunk: np.ndarray, discard_detail: bool) -> None:

@@ -99,6 +99,10 @@ def thread_name(tid: int) -> str:
         return ""
 
 
+def _op_args(shapes: str | None, dtypes: str | None) -> dict | None:
+    return None if shapes is None else {S.ARG_INPUT_SHAPES: shapes, S.ARG_INPUT_DTYPES: dtypes}
+
+
 class OperatorCapture:
     """Turns torch's profiler on for a window and writes its events at the window's end."""
 
@@ -276,12 +280,15 @@ class OperatorCapture:
         level = em.level
         ts = to_mono.many([r[0] for r in rows]) if hasattr(to_mono, "many") else [
             to_mono(r[0]) for r in rows]
-        durs, begins, ends = [], [], []
-        eids: dict[str, int] = {}
-        end_of: dict[int, Any] = {}  # track -> its end blob (blobs are read-only: shared)
         Blob, BEGIN, END = rec.Blob, rec.BEGIN, rec.END
-        shared: dict[tuple, Any] = {}  # (eid, track, shapes, dtypes) -> its begin blob
-        for i, (_start, dur, name, tid, e) in enumerate(rows):
+        # the same op with the same inputs on a thread, every step: one blob (encoded once);
+        # blobs go to the emitter by index
+        blobs: list = []
+        begin_of: dict[tuple, int] = {}  # (name, tid, shapes, dtypes) -> its begin blob
+        end_of: dict[int, int] = {}  # tid -> its end blob
+        flowed = starts.keys() | ends_at.keys()
+        bidx, eidx = [], []
+        for i, (_start, _dur, name, tid, e) in enumerate(rows):
             shapes = dtypes = None
             try:
                 dt = e.dtypes()
@@ -289,30 +296,25 @@ class OperatorCapture:
                     shapes, dtypes = str(e.shapes()), ", ".join(dt)
             except Exception:
                 pass
-            eid = eids.get(name)
-            if eid is None:
-                eid = eids[name] = rec.event_id(name, cat)
-            track = self._track(tid)
-            f_out = starts.get(i)
-            f_in = ends_at.get(i)
-            if f_out is None and f_in is None:
-                # the same op with the same inputs every step: one blob (encoded once)
-                key = (eid, track, shapes, dtypes)
-                b = shared.get(key)
-                if b is None:
-                    args = (None if shapes is None else
-                            {S.ARG_INPUT_SHAPES: shapes, S.ARG_INPUT_DTYPES: dtypes})
-                    b = shared[key] = Blob(BEGIN, eid, level, track, args)
+            if i in flowed:
+                f_out, f_in = starts.get(i), ends_at.get(i)
+                bidx.append(len(blobs))
+                blobs.append(Blob(BEGIN, rec.event_id(name, cat), level, self._track(tid),
+                                  _op_args(shapes, dtypes), None if f_out is None else [f_out],
+                                  None if f_in is None else [f_in]))
             else:
-                args = (None if shapes is None else
-                        {S.ARG_INPUT_SHAPES: shapes, S.ARG_INPUT_DTYPES: dtypes})
-                b = Blob(BEGIN, eid, level, track, args, None if f_out is None else [f_out],
-                         None if f_in is None else [f_in])
-            e_blob = end_of.get(track)
-            if e_blob is None:
-                e_blob = end_of[track] = Blob(END, 0, level, track)
-            durs.append(max(0, dur))
-            begins.append(b)
-            ends.append(e_blob)
-        em.completes(ts, durs, begins, ends)
+                key = (name, tid, shapes, dtypes)
+                k = begin_of.get(key)
+                if k is None:
+                    k = begin_of[key] = len(blobs)
+                    blobs.append(Blob(BEGIN, rec.event_id(name, cat), level, self._track(tid),
+                                      _op_args(shapes, dtypes)))
+                bidx.append(k)
+            k = end_of.get(tid)
+            if k is None:
+                k = end_of[tid] = len(blobs)
+                blobs.append(Blob(END, 0, level, self._track(tid)))
+            eidx.append(k)
+        durs = np.maximum(np.array([r[1] for r in rows], dtype=np.int64), 0)
+        em.completes_indexed(ts, durs, blobs, bidx, eidx)
         return len(rows)

@@ -203,21 +203,18 @@ class Sink:
             tidx[fast] = inv
         if is_blob.any():
             bi = np.nonzero(is_blob)[0]
-            tidx[bi] = np.arange(len(templates), len(templates) + len(bi))
+            # one blob id may stand for many events (a converter's shared begins and ends):
+            # encoded once (its interned ids do not change within a sequence; definitions
+            # ride on the batch's first packet, whatever the order of encoding)
+            uniq, inv = np.unique(codes[bi], return_inverse=True)
+            tidx[bi] = len(templates) + inv
             prefix, interner = seq.prefix, seq.interner
-            # one blob object may stand for many events (a converter's shared begins and
-            # ends): encoded once per batch (its interned ids do not change within a sequence)
-            done: dict[int, bytes] = {}
-            for b in map(blobs.get, (-codes[bi]).tolist()):
-                key = id(b)
-                packet = done.get(key)
-                if packet is None:
-                    try:
-                        body = blob_event(interner, b) if b is not None else b""
-                    except Exception:  # a value that cannot be encoded: an empty packet,
-                        body = b""  # not a corrupt or lost file
-                    packet = done[key] = prefix + body
-                templates.append(packet)
+            for b in map(blobs.get, (-uniq).tolist()):
+                try:
+                    body = blob_event(interner, b) if b is not None else b""
+                except Exception:  # a value that cannot be encoded: an empty packet, not a
+                    body = b""  # corrupt or lost file
+                templates.append(prefix + body)
         interned = seq.interner.take_pending()
         if interned:  # definitions ride on the batch's first packet
             templates.append(interned + templates[tidx[0]])

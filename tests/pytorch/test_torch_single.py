@@ -211,3 +211,22 @@ def test_bulk_slices_are_ordered_as_single_ones():
         (e[4].kind, e[4].eid, e[4].track) for e in b]
     assert [e[:3] for e in b] == [(100, 1, -150), (100, 1, -100), (100, 2, -100),
                                   (120, 1, -130), (130, 0, -120), (150, 0, -100)]
+
+
+def test_a_batch_of_single_and_bulk_slices_reaches_one_flush_whole():
+    """Emitter.batch with complete() and completes() inside: taken together, in order."""
+    from stepscope.core.session import Emitter
+    from stepscope.record import recorder as rec
+
+    em = Emitter("monotonic", 1)
+    b = rec.Blob(rec.BEGIN, rec.event_id("x", ()), 1, 7)
+    end = rec.Blob(rec.END, 0, 1, 7)
+    with em.batch():
+        em.complete(300, 10, "y", 7)
+        assert em.take() == []  # nothing before the batch ends
+        em.completes([100, 200], [5, 0], [b, b], [end, end])
+    got = em.take()
+    assert [e[:3] for e in got] == [(100, 1, -105), (105, 0, -100), (200, 1, -200),
+                                    (200, 2, -200), (300, 1, -310), (310, 0, -300)]
+    assert [e[4] for e in got][:4] == [b, end, b, end]
+    assert em.take() == []

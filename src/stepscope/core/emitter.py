@@ -21,7 +21,7 @@ class Emitter:
         self.clock_id = _clock.base_clock_id(clock)
         self.level = level
         self._events: list[tuple] = []  # (ts, order, tiebreak, seq no, blob)
-        # completes() batches as columns: (ts, order, tiebreak, seq nos, blobs)
+        # completes() batches as columns: (ts, order, tiebreak, seq nos, blob indices, blobs)
         self._bulk: list[tuple] = []
         self._batch: list[tuple] | None = None
         self._batch_bulk: list[tuple] = []
@@ -46,8 +46,12 @@ class Emitter:
         finally:
             events, self._batch = self._batch, None
             bulk, self._batch_bulk = self._batch_bulk, []
-            self._bulk.extend(bulk)  # (a flush takes _events, then _bulk: either order works,
-            self._events.extend(events)  # a flush in between takes both whole or neither)
+            if not bulk:
+                self._events.extend(events)
+            else:  # one extend, so that a flush takes all of them or none: events as columns
+                if events:
+                    bulk.insert(0, _columns(events))
+                self._bulk.extend(bulk)
 
     def begin(self, ts: int, name: str, track: int, category: str | None = None,
               args: dict | None = None, flow_ids=None, terminating_flow_ids=None) -> None:
@@ -146,3 +150,9 @@ class Emitter:
         allkeys = np.concatenate(keys, axis=1)
         sort = np.lexsort(allkeys[::-1])  # by ts, then order, tiebreak, seq no
         return allkeys[:, sort], np.concatenate(idx)[sort], blobs
+
+
+def _columns(events: list[tuple]) -> tuple:
+    """(ts, order, tiebreak, seq no, blob) tuples as a bulk chunk."""
+    keys = np.array([e[:4] for e in events], dtype=np.int64).reshape(-1, 4).T
+    return (*keys, np.arange(len(events), dtype=np.int64), [e[4] for e in events])

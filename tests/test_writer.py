@@ -416,3 +416,29 @@ def test_one_blob_for_many_events_is_written_for_each(tmp_path):
     events = [e for e in d.by_track(track) if e.name == "aten::mm"]
     assert [(e.ts - t0, e.args) for e in events] == [(0, args), (100, args), (200, args)]
     assert [(name, t1 - t0) for name, _, t0, t1 in d.slices(track)] == [("aten::mm", 50)] * 3
+
+
+def test_an_async_range_ended_on_another_thread_gets_one_end(tmp_path):
+    """Begun on one thread and ended on another within one flush (whose threads are encoded in
+    any order): counted in time order, so closing the file adds no second end; a range still
+    open then gets one."""
+    path = tmp_path / "t.pftrace"
+    stepscope.start(str(path))
+    handles = {}
+
+    def begin(name):
+        handles[name] = stepscope.start_range(name)
+
+    for name in ("crossed", "left open"):
+        th = threading.Thread(target=begin, args=(name,))
+        th.start()
+        th.join()
+    stepscope.end_range(handles["crossed"])  # on the main thread, in the same flush
+    stepscope.stop()
+    d = decode(path)
+    by_track: dict = {}
+    for e in d.events:
+        if e.type in ("B", "E") and e.track not in (None, 0):
+            by_track.setdefault(e.track, []).append((e.type, e.name))
+    assert sorted(by_track.values()) == [[("B", "crossed"), ("E", None)],
+                                         [("B", "left open"), ("E", None)]]

@@ -122,3 +122,31 @@ def test_sigterm_while_a_phase_is_made_ends_the_program():
                           capture_output=True, text=True)
     assert proc.returncode == -signal.SIGTERM, proc.stdout + proc.stderr
     assert "phase lock timed out" not in proc.stderr  # the rebinding took the lock it holds
+
+
+def test_an_async_range_open_when_its_window_closes_ends_there(tmp_path):
+    """start_range in a window, end_range after it: the window's file ends the range where the
+    window closed (as it ends the thread's open ranges), instead of leaving a slice that never
+    ends (trace processor: dur -1, "did not end" in the UI)."""
+    import time
+
+    prof = stepscope.Profiler(dir=tmp_path, schedule=(1, 3), host_metrics=False, report=False,
+                              gpu=False, use_env=False)
+    prof.start()
+    marks = {}
+    for i in range(6):
+        if i == 2:
+            marks["begin"] = time.perf_counter_ns()
+            handle = stepscope.start_range("async op")
+        if i == 3:
+            marks["after close"] = time.perf_counter_ns()  # the window closed at step()
+        if i == 4:
+            stepscope.end_range(handle)
+        prof.step()
+    prof.stop()
+    window = decode(prof.run_dir / "rank0.detail.0.pftrace")
+    (op,) = [s for s in window.slices if s.name == "async op"]
+    assert op.dur is not None
+    assert marks["begin"] <= op.ts <= op.ts + op.dur <= marks["after close"]
+    last_step = max(window.by_category("step"), key=lambda s: s.ts)
+    assert op.ts + op.dur >= last_step.ts + last_step.dur  # closed after the window's steps

@@ -148,7 +148,8 @@ class Session:
         with self._lock:
             if self.started:  # what was recorded before belongs to the files open before
                 self._flush_locked(False)
-            sink = Sink(path, lv, self.compress, self._pipeline.enqueue)
+            sink = Sink(path, lv, self.compress, self._pipeline.enqueue,
+                        self.registry.async_tracks)
             sink.warn_unmatched = not self.started
             sink.clock_snapshot(_clock.snapshot())
             self.sinks.append(sink)
@@ -166,6 +167,7 @@ class Session:
             now = _clock.now()
             for seq in sink.sequences.values():
                 sink.close_open_slices(seq, now)
+            sink.close_open_tracks(now)
             sink.clock_snapshot(_clock.snapshot())
             self.sinks.remove(sink)
             self._pipeline.send(sink)
@@ -328,6 +330,7 @@ class Session:
         self._encode_threads(chunk, discard_detail)
         self.registry.forget_ended_threads()
         for sink in self.sinks:
+            sink.settle_async()
             sink.describe(self.tracks)
             self._encode_emitted(sink, emitted, discard_detail)
             self.drops.write(sink)

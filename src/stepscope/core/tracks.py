@@ -37,6 +37,7 @@ class TrackRegistry:
         self._native_threads: dict[int, int] = {}  # system tid -> uuid (native_thread_track)
         self._counter_tracks: dict[str, int] = {}
         self._async_free: list[int] = []
+        self.async_tracks: set[int] = set()  # every async track made (sinks read it)
         self._gpus: dict[int, int] = {}  # CUDA device -> its track (gpu_track)
 
     def _new_uuid(self) -> int:
@@ -102,7 +103,9 @@ class TrackRegistry:
         try:
             return self._async_free.pop()
         except IndexError:
-            return self.new_track(ASYNC_TRACK_NAME)
+            uuid = self.new_track(ASYNC_TRACK_NAME)
+            self.async_tracks.add(uuid)
+            return uuid
 
     def release_async_track(self, uuid: int) -> None:
         self._async_free.append(uuid)

@@ -145,13 +145,25 @@ class Interner:
         self.arg_cache: dict = {}  # (name, type, value) -> encoded DebugAnnotation field
         self.heads: dict = {}  # (kind, eid, track) -> encoded type/name/categories/track fields
 
+    def _define(self, field: int, iid: int, body: bytes) -> None:
+        """Queue an InternedData entry (``field``: its kind) with ``iid`` (field 1) and the
+        rest of its fields."""
+        self.pending.append(w.f_bytes(field, w.f_varint(1, iid) + body))
+
+    def _iid(self, table: dict, field: int, name: str) -> int:
+        """The iid of ``name`` in ``table`` (categories, arg names), defined on first use."""
+        iid = table.get(name)
+        if iid is None:
+            iid = table[name] = len(table) + 1
+            self._define(field, iid, w.f_str(2, name))
+        return iid
+
     def event(self, eid: int) -> tuple[int, list[int], int | None]:
         """iids (name, categories, source location) of an event kind, defining new ones."""
         kind = kinds[eid]
         if eid not in self.names:
             self.names.add(eid)
-            self.pending.append(w.f_bytes(w.ID_EVENT_NAMES,
-                                          w.f_varint(1, eid) + w.f_str(2, kind.name)))
+            self._define(w.ID_EVENT_NAMES, eid, w.f_str(2, kind.name))
         cats = [self.category(c) for c in kind.categories]
         loc = None
         if kind.srcloc is not None:
@@ -159,27 +171,15 @@ class Interner:
             if loc is None:
                 loc = self.srclocs[kind.srcloc] = len(self.srclocs) + 1
                 file, func, line = kind.srcloc
-                self.pending.append(w.f_bytes(
-                    w.ID_SOURCE_LOCATIONS,
-                    w.f_varint(1, loc) + w.f_str(2, file) + w.f_str(3, func)
-                    + w.f_varint(4, line)))
+                self._define(w.ID_SOURCE_LOCATIONS, loc,
+                             w.f_str(2, file) + w.f_str(3, func) + w.f_varint(4, line))
         return eid, cats, loc
 
     def category(self, name: str) -> int:
-        iid = self.categories.get(name)
-        if iid is None:
-            iid = self.categories[name] = len(self.categories) + 1
-            self.pending.append(w.f_bytes(w.ID_EVENT_CATEGORIES,
-                                          w.f_varint(1, iid) + w.f_str(2, name)))
-        return iid
+        return self._iid(self.categories, w.ID_EVENT_CATEGORIES, name)
 
     def arg_name(self, name: str) -> int:
-        iid = self.arg_names.get(name)
-        if iid is None:
-            iid = self.arg_names[name] = len(self.arg_names) + 1
-            self.pending.append(w.f_bytes(w.ID_DEBUG_ANNOTATION_NAMES,
-                                          w.f_varint(1, iid) + w.f_str(2, name)))
-        return iid
+        return self._iid(self.arg_names, w.ID_DEBUG_ANNOTATION_NAMES, name)
 
     def take_pending(self) -> bytes:
         if not self.pending:

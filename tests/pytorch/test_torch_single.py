@@ -205,7 +205,7 @@ def test_bulk_slices_are_ordered_as_single_ones():
     blobs = [rec.Blob(rec.BEGIN, rec.event_id(n, ("torch_op",)), 1, 7) for _, _, n in slices]
     end = rec.Blob(rec.END, 0, 1, 7)
     bulk.completes([s[0] for s in slices], [s[1] for s in slices], blobs, [end] * 3)
-    a, b = one.take(), bulk.take()
+    a, b = _taken(one), _taken(bulk)
     assert [e[:4] for e in a] == [e[:4] for e in b]
     assert [(e[4].kind, e[4].eid, e[4].track) for e in a] == [
         (e[4].kind, e[4].eid, e[4].track) for e in b]
@@ -223,10 +223,16 @@ def test_a_batch_of_single_and_bulk_slices_reaches_one_flush_whole():
     end = rec.Blob(rec.END, 0, 1, 7)
     with em.batch():
         em.complete(300, 10, "y", 7)
-        assert em.take() == []  # nothing before the batch ends
+        assert _taken(em) == []  # nothing before the batch ends
         em.completes([100, 200], [5, 0], [b, b], [end, end])
-    got = em.take()
+    got = _taken(em)
     assert [e[:3] for e in got] == [(100, 1, -105), (105, 0, -100), (200, 1, -200),
                                     (200, 2, -200), (300, 1, -310), (310, 0, -300)]
     assert [e[4] for e in got][:4] == [b, end, b, end]
-    assert em.take() == []
+    assert _taken(em) == []
+
+
+def _taken(em) -> list[tuple]:
+    """An emitter's events so far as (ts, order, tiebreak, seq no, blob), in the flush's order."""
+    keys, idx, blobs = em._take()
+    return [(*k, blobs[i]) for k, i in zip(keys.T.tolist(), idx.tolist(), strict=True)]

@@ -36,7 +36,7 @@ from os import PathLike
 from typing import Any
 
 from ._errors import EngineError, TraceError
-from .merge import across_hosts, merged_stream
+from .merge import across_hosts, merged_stream, probe
 from .rundir import classify
 from .sqlimage import file_of
 from .summaries.slicebase import POST_LOAD
@@ -57,10 +57,12 @@ def load(path_or_paths: PathArg, db: str | None = ":memory:", progress: Progress
     ``slice_base``, the summaries' slice base laid into the same database image."""
     paths = paths_of(path_or_paths)
     datas = None
-    if len(paths) > 1 and across_hosts(paths):
-        # ranks of several hosts: their clocks aligned and pids kept apart as the merge (and so
-        # trace processor, which is given the merge) does it
-        datas = [(" + ".join(paths), b"".join(merged_stream(paths)))]
+    if len(paths) > 1:
+        infos = probe(paths)
+        if across_hosts(infos):
+            # ranks of several hosts: their clocks aligned and pids kept apart as the merge
+            # (and so trace processor, which is given the merge) does it
+            datas = [(" + ".join(paths), b"".join(merged_stream(infos)))]
     return importer.load(paths, db, progress, indexes,
                          post=(POST_LOAD,) if slice_base else (), datas=datas)
 
@@ -387,7 +389,7 @@ def _concatenated(paths: list[str]) -> Iterator[bytes]:
     processor's Python API sends each chunk as one request)."""
     chunk: list[bytes] = []
     size = 0
-    for framed in merged_stream(paths):
+    for framed in merged_stream(probe(paths)):
         chunk.append(framed)
         size += len(framed)
         if size >= 1 << 24:

@@ -569,7 +569,7 @@ def merge(
         ranks = parse_ranks(ranks)
     files = find_inputs(inputs, level)
     _check_output(Path(output), files)
-    infos = [_probe(p) for p in files]
+    infos = probe(files)
     if ranks is not None:
         missing = [str(i.path) for i in infos if i.rank is None]
         if missing:
@@ -603,18 +603,22 @@ def merge(
                        skipped, snapshots.dropped)
 
 
-def across_hosts(paths: Iterable[str | os.PathLike[str]]) -> bool:
+def probe(paths: Iterable[str | os.PathLike[str]]) -> list[InputInfo]:
+    """Each file's rank, host, pid and first clock snapshot (read from its start)."""
+    return [_probe(Path(p)) for p in paths]
+
+
+def across_hosts(infos: list[InputInfo]) -> bool:
     """Whether the files come from ranks on several hosts: only then does their merge differ
     from reading them one after the other with sequences kept apart and snapshots that go back
     left out (it shifts clocks, and renumbers pids that collide)."""
-    return len({i.host for i in map(_probe, map(Path, paths)) if i.host is not None}) > 1
+    return len({i.host for i in infos if i.host is not None}) > 1
 
 
-def merged_stream(paths: Iterable[str | os.PathLike[str]]) -> Iterator[bytes]:
-    """The files' merge as it would be written, packet by packet and in the order given (for
-    trace processor, which reads several files as one stream: concatenated as they are, their
-    sequence ids would collide and each rank's first clock snapshot would go back in time)."""
-    infos = [_probe(Path(p)) for p in paths]
+def merged_stream(infos: list[InputInfo]) -> Iterator[bytes]:
+    """The probed files' merge as it would be written, packet by packet and in the order given
+    (for trace processor, which reads several files as one stream: concatenated as they are,
+    their sequence ids would collide and each rank's first clock snapshot would go back)."""
     _align(infos)
     _dedupe_pids(infos)
     yield from _merged(infos, _SnapshotFilter(), {}, {"packets": 0})

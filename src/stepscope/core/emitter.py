@@ -117,11 +117,6 @@ class Emitter:
     def counter(self, ts: int, track: int, value: float) -> None:
         self._add(ts, 1, 0, Blob(COUNTER, 0, self.level, track, value=value))
 
-    def take(self) -> list[tuple]:
-        """The events so far, (ts, order, tiebreak, seq no, blob) tuples in time order."""
-        keys, idx, blobs = self._take()
-        return [(*k, blobs[i]) for k, i in zip(keys.T.tolist(), idx.tolist(), strict=True)]
-
     def take_columns(self) -> tuple[np.ndarray, np.ndarray, list[Blob]]:
         """The events so far in time order: (timestamps, each one's index into the blobs,
         blobs)."""

@@ -13,6 +13,10 @@ For a small MLP step and a small CNN step (forward, backward, SGD step; one intr
   torch.profiler);
 * bytes per step: the detail window's file against torch.profiler's JSON (target >= 10x smaller).
 
+The detail windows read torch's events with the native reader when ``stepscope build-torch``
+has built it for this torch, else through torch's Python API (about 1.5x torch.profiler's cost
+here); the table's title says which.
+
 Each mode runs ``--reps`` times, alternating, and the fastest run is shown (load only ever adds
 time). A busy machine makes single runs noisy: compare only numbers from one run of this script.
 
@@ -77,6 +81,9 @@ def untraced(make, steps: int) -> float:
     return (time.perf_counter_ns() - t0) / steps
 
 
+READER: set[str] = set()  # how the detail windows read torch's events
+
+
 def stepscope_run(make, steps: int, detail: bool, out: Path) -> tuple[float, int]:
     """ns per step (start to stop, window-end conversion included) and detail bytes."""
     m, x, y = make()
@@ -93,6 +100,8 @@ def stepscope_run(make, steps: int, detail: bool, out: Path) -> tuple[float, int
     # file's close, counted too, as torch.profiler's export is
     ns = ((time.perf_counter_ns() if detail else t1) - t0) / steps
     size = sum(os.path.getsize(f) for f in files if ".detail." in f.name)
+    if detail:
+        READER.add(prof.hooks[0].ops.last_reader)
     return ns, size
 
 
@@ -146,7 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     head = ("model", "steps", "step us", "summary %", "detail us", "detail %",
             "torch.prof us", "torch.prof %", "detail B/step", "json B/step", "smaller x")
     print(f"torch {torch.__version__}, CPU, 1 thread, fastest of {args.reps} runs "
-          f"(cost = traced - untraced, per step)")
+          f"(cost = traced - untraced, per step); torch's events read by: "
+          f"{', '.join(sorted(READER))} reader")
     print("  ".join(f"{h:>13}" for h in head))
     for r in rows:
         print("  ".join([f"{r[0]:>13}", f"{r[1]:>13}"] + [f"{v:>13.2f}" for v in r[2:8]]

@@ -15,6 +15,7 @@ _COMMAND_MODULES = (
     "stepscope.analysis.cli.summary",  # summary
     "stepscope.analysis.cli.sql",  # sql, export-csv
     "stepscope.profiler.cli_profiler",  # run, merge
+    "stepscope.pytorch.cli",  # build-torch
 )
 
 

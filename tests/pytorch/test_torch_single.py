@@ -130,6 +130,7 @@ def test_operators_summary_lists_them(run):
 def test_thread_tracks_for_threads_python_does_not_know():
     """A C++ thread (the autograd engine's on GPUs) gets a thread track named from /proc."""
     from stepscope.core import session as _session
+    from stepscope.pytorch.events import from_events
     from stepscope.pytorch.operators import OperatorCapture, thread_name
 
     class Ev:
@@ -159,7 +160,8 @@ def test_thread_tracks_for_threads_python_does_not_know():
     worker = threading.Thread(target=time.sleep, args=(0.5,), name="py-worker")
     worker.start()
     try:
-        n = cap.write([Ev("a", 1000, 10, worker.native_id), Ev("b", 2000, 10, 4_000_000_000)],
+        n = cap.write(from_events([Ev("a", 1000, 10, worker.native_id),
+                                   Ev("b", 2000, 10, 4_000_000_000)]),
                       lambda ts: ts)
         assert n == 2
         assert cap._tracks[worker.native_id] == sess.thread_track(worker.ident)
@@ -186,10 +188,10 @@ def test_clock_offsets_in_bulk_are_the_scalar_conversion():
 
     conv = _Offsets((1_000, 500), (3_000, 700))
     real = [0, 1_500, 1_501, 2_600, 2_601, 2_602, 3_699, 3_700, 10_700]
-    assert conv.many(real) == [conv(r) for r in real]
-    assert conv.many(real)[:4] == [-500, 1_000, 1_001, 2_000]  # clamped before the start
+    assert conv.many(real).tolist() == [conv(r) for r in real]
+    assert conv.many(real)[:4].tolist() == [-500, 1_000, 1_001, 2_000]  # clamped before the start
     flat = _Offsets((1_000, 500), (3_000, 500))
-    assert flat.many([1_500, 9_000]) == [1_000, 8_500]
+    assert flat.many([1_500, 9_000]).tolist() == [1_000, 8_500]
 
 
 def test_bulk_slices_are_ordered_as_single_ones():

@@ -432,7 +432,8 @@ class Profiler:
         self._thread = threading.get_ident()
         self._recording = False  # a session is on: summary events are written
         # producer hooks (the torch integration): objects whose optional methods start(),
-        # window_start(), window_end(), step_end() and stop() the profiler calls
+        # window_start(), window_end(), step_end(), stop() and, once every file is closed,
+        # stopped() (background work of theirs that the stop waits for) the profiler calls
         self.hooks: list[Any] = []
         self._adopts_nested = False  # `stepscope run`'s: a Profiler the program starts joins it
         self._joined: Profiler | None = None  # the `stepscope run` profiler this one joined
@@ -644,6 +645,7 @@ class Profiler:
             if self._sess is not None and self._summary_path is not None:
                 self.files.append(self._summary_path)
                 self._ready([self._summary_path])
+            self._hook("stopped")
         except Exception as exc:
             _warn(f"stopping the profiler failed: {exc!r}")
         finally:

@@ -117,6 +117,11 @@ class TorchIntegration:
         self.steps.ranges = self.ranges
         self._ops_on = False
         self._gpu_vetoed = False
+        import torch
+
+        self._cuda_ready = torch.cuda.is_initialized
+        dist = torch.distributed
+        self._dist_ready = dist.is_initialized if dist.is_available() else lambda: False
 
     def start(self) -> None:
         for part in (self.ranges, self.collectives, self.workers, self.steps):
@@ -150,9 +155,10 @@ class TorchIntegration:
             _call(self.ops.end)
 
     def step_end(self) -> None:
-        if self.memory is not None:
+        # every step: two flag checks while the program uses neither CUDA nor torch.distributed
+        if self.memory is not None and self._cuda_ready():
             _call(self.memory.sample)
-        if self.collectives is not None:
+        if self.collectives is not None and self._dist_ready():
             _call(self.collectives.watch_new_groups)
 
     def stop(self) -> None:
@@ -161,6 +167,15 @@ class TorchIntegration:
         for part in (self.steps, self.workers, self.collectives, self.ranges):
             if part is not None:
                 _call(part.stop)
+
+    def stopped(self) -> None:
+        if self.ops is None:
+            return
+        _call(self.ops.wait)
+        if self.ops.last_reader == "python" and self.prof.options.get("report"):
+            print("stepscope: torch's operator events were read through its Python API; "
+                  "`stepscope build-torch` compiles the native reader (cheaper detail windows)",
+                  file=sys.stderr)
 
 
 def _call(fn: Any) -> Any:

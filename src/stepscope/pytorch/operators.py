@@ -7,8 +7,10 @@ CPU only: on a GPU the device side comes from stepscope's own CUPTI tracer, and 
 subscribers in one process fail (see :mod:`stepscope.pytorch` and the README). Outside windows
 the profiler is off: RecordFunction then costs the operators nothing more than it does untraced.
 
-At the window's end (``end()``) the result's events are read once and written through one
-emitter (detail level, so only the window's file gets them):
+At the window's end (``end()``) the result's events are read once into columns
+(:mod:`.events`: by the native reader that ``stepscope build-torch`` compiles, else through
+torch's Python API) and written through one emitter in numpy passes (detail level, so only the
+window's file gets them):
 
 * each event is a slice on its thread's track: the system thread id (Kineto's
   ``device_resource_id`` of a CPU event) is matched to the Python thread with that native id,
@@ -40,6 +42,8 @@ import numpy as np
 from .. import _schema as S
 from ..core import tracks as _tracks
 from ..record import recorder as rec
+from . import events, native
+from .events import OpColumns
 
 _FLOW_TAG = 0x5E << 56  # operator flows: apart from the GPU converter's 0x5C/0x5D ids
 _EVAL = "autograd::engine::evaluate_function: "
@@ -77,17 +81,16 @@ class _Offsets:
             return real_ns - self.o1
         return round(m)
 
-    def many(self, real_ns: list[int]) -> list[int]:
+    def many(self, real_ns: Any) -> np.ndarray:
         """``[self(r) for r in real_ns]`` in numpy passes (the same arithmetic, the same ints)."""
         r = np.asarray(real_ns, dtype=np.int64)
         if self.o1 == self.o0:
-            return (r - self.o0).tolist()
+            return r - self.o0
         k = (self.o1 - self.o0) / self.span
         m = ((r - self.o0) + k * self.m0) / (1 + k)
         out = np.rint(m).astype(np.int64)  # round half to even, as round()
         out = np.where(m <= self.m0, r - self.o0, out)
-        out = np.where(m >= self.m0 + self.span, r - self.o1, out)
-        return out.tolist()
+        return np.where(m >= self.m0 + self.span, r - self.o1, out)
 
 
 def thread_name(tid: int) -> str:
@@ -99,10 +102,6 @@ def thread_name(tid: int) -> str:
         return ""
 
 
-def _op_args(shapes: str | None, dtypes: str | None) -> dict | None:
-    return None if shapes is None else {S.ARG_INPUT_SHAPES: shapes, S.ARG_INPUT_DTYPES: dtypes}
-
-
 class OperatorCapture:
     """Turns torch's profiler on for a window and writes its events at the window's end."""
 
@@ -112,6 +111,7 @@ class OperatorCapture:
         self.skip_names: Any = None  # () -> names whose Kineto events are left out
         self.last_count = 0  # events written by the last end()
         self.last_seconds = 0.0  # time end() took
+        self.last_reader = ""  # "native" (kineto_reader.cpp) or "python" (torch's Python API)
         self._on = False
         self._start: tuple[int, int] | None = None
         self._em: Any = None
@@ -182,25 +182,41 @@ class OperatorCapture:
                   file=sys.stderr)
             return 0
         t0 = time.perf_counter()
-        # tens of thousands of short-lived objects: the cyclic GC would sweep the program's
-        # whole heap over and over meanwhile (none of them form cycles)
+        # tens of thousands of short-lived objects (Python reader): the cyclic GC would sweep
+        # the program's whole heap over and over meanwhile (none of them form cycles)
         gc_was_on = gc.isenabled()
         gc.disable()
         try:
-            result = ag._disable_profiler()  # noqa: SLF001
-            end = clock_offset()
-            events = result.events()
-            to_mono = _Offsets(self._start or end, end)
-            self.last_count = self.write(events, to_mono)
-            # freed here: 60-80 ms for 16k events (torch.profiler's result goes with its
-            # reference cycle, at a later cyclic GC pass: 200+ ms). A thread would not help:
-            # the C++ destructors hold the GIL throughout
-            del events, result
+            reader = native.load()
+            self.last_reader = "native" if reader is not None else "python"
+            if reader is not None:
+                reader.take()  # torch.autograd._disable_profiler, the result held in C++
+                end = clock_offset()
+                try:
+                    cols = events.from_native(reader.columns())
+                finally:
+                    # freed on a native thread: as long as torch.profiler's JSON export
+                    reader.release()
+            else:
+                result = ag._disable_profiler()  # noqa: SLF001
+                end = clock_offset()
+                cols = events.from_events(result.events())
+                # freed here: 60-80 ms for 16k events. A Python thread would not help: the
+                # C++ destructors hold the GIL throughout
+                del result
+            self.last_count = self.write(cols, _Offsets(self._start or end, end))
         finally:
             if gc_was_on:
                 gc.enable()
         self.last_seconds = time.perf_counter() - t0
         return self.last_count
+
+    def wait(self) -> None:
+        """Wait for the native reader's free of the last result: the profiler's stop waits for
+        it once its files are closed (a window's end mid-run does not)."""
+        reader = native.load() if self.last_reader == "native" else None
+        if reader is not None:
+            reader.join()
 
     # -- conversion ---------------------------------------------------------------------------
     def _track(self, tid: int) -> int:
@@ -223,98 +239,116 @@ class OperatorCapture:
         self._tracks[tid] = track
         return track
 
-    def _flow_id(self) -> int:
-        self._flows += 1
+    def _flow_ids(self, k: int) -> list[int]:
+        """``k`` new flow ids, apart from other ranks' and processes' (merged traces)."""
         import os
 
-        process = ((self.rank & 0xFFF) << 12) | (os.getpid() & 0xFFF)
-        return _FLOW_TAG | (process << 32) | (self._flows & 0xFFFFFFFF)
+        base = self._flows
+        self._flows += k
+        head = _FLOW_TAG | ((((self.rank & 0xFFF) << 12) | (os.getpid() & 0xFFF)) << 32)
+        return [head | ((base + j) & 0xFFFFFFFF) for j in range(1, k + 1)]
 
-    def write(self, events: Any, to_mono: Any) -> int:
-        """Write torch profiler events (``_KinetoEvent``-like objects) as slices; the clock
-        converter ``to_mono`` maps their Unix-time stamps onto ``time.perf_counter_ns()``."""
+    def write(self, cols: OpColumns, to_mono: Any) -> int:
+        """Write the window's events (:class:`~.events.OpColumns`) as slices, in numpy passes
+        and one Python call per distinct (op, thread, inputs) and per flow; ``to_mono`` maps
+        their Unix-time stamps onto ``time.perf_counter_ns()``."""
         if self._em is None:
             self._em = self.sess.emitter(clock="monotonic", level=S.LEVEL_DETAIL)
         self._tracks = {}  # threads may have ended and their idents been reused
-        rows = []
-        fwd: dict[tuple[int, int], int] = {}  # (sequence nr, thread) -> row of the node's op
-        bwd: dict[tuple[int, int], int] = {}  # (sequence nr, forward thread) -> backward row
+        if len(cols) == 0:
+            return 0
         # record_function ranges the range capture recorded already: Kineto's copies are left
-        # out by name (a set lookup; asking each event is_user_annotation() costs 3 us)
+        # out by name (asking each event is_user_annotation() costs 3 us)
         skip = self.skip_names() if self.skip_names is not None else ()
-        for e in events:  # CPU activity only: every event is a CPU op or a user annotation
-            try:
-                name = e.name()
-                if name in skip:
-                    continue
-                start = e.start_ns()
-                dur = e.duration_ns()
-                tid = e.device_resource_id()
-                seq = e.sequence_nr()
-            except Exception:
-                continue
-            i = len(rows)
-            rows.append((start, dur, name, tid, e))
-            if seq >= 0:
-                fwd_tid = e.fwd_thread_id()
-                if fwd_tid == 0:
-                    key = (seq, e.start_thread_id())
-                    j = fwd.get(key)
-                    if j is None or start >= rows[j][0]:
-                        fwd[key] = i  # the last op of the number made the node (as Kineto)
-                else:
-                    k = (seq, fwd_tid)
-                    j = bwd.get(k)
-                    if j is None or name.startswith(_EVAL) and not rows[j][2].startswith(_EVAL):
-                        bwd[k] = i
-        starts: dict[int, int] = {}
-        ends_at: dict[int, int] = {}
-        for key, j in bwd.items():
-            i = fwd.get(key)
-            if i is not None:
-                fid = self._flow_id()
-                starts[i] = fid
-                ends_at[j] = fid
+        kept = np.array([nm not in skip for nm in cols.names], dtype=bool)[cols.name]
+        rows = np.flatnonzero(kept)
+        n = len(rows)
+        if n == 0:
+            return 0
+        name, inputs, tid = cols.name[rows], cols.inputs[rows], cols.tid[rows]
+        start, seq = cols.start[rows], cols.seq[rows]
+        is_eval = np.array([nm.startswith(_EVAL) for nm in cols.names], dtype=bool)
+        f_out, f_in = _flow_pairs(start, cols.start_tid[rows], seq, cols.fwd_tid[rows],
+                                  is_eval[name])
         em = self._em
-        cat = (S.CAT_TORCH_OP,)
         level = em.level
-        ts = to_mono.many([r[0] for r in rows]) if hasattr(to_mono, "many") else [
-            to_mono(r[0]) for r in rows]
         Blob, BEGIN, END = rec.Blob, rec.BEGIN, rec.END
+        threads, thread_of = np.unique(tid, return_inverse=True)
+        tracks = [self._track(int(t)) for t in threads]
+        cat = (S.CAT_TORCH_OP,)
+        used = np.zeros(len(cols.names), dtype=bool)
+        used[name] = True
+        eid_of = [rec.event_id(nm, cat) if u else 0 for nm, u in zip(cols.names, used.tolist(),
+                                                                       strict=True)]
+        # index -1 (no typed inputs): the last entry
+        args_of: list[dict | None] = [{S.ARG_INPUT_SHAPES: sh, S.ARG_INPUT_DTYPES: dt}
+                                      for sh, dt in zip(cols.shapes, cols.dtypes, strict=True)]
+        args_of.append(None)
+        name_l, inputs_l, thread_l = name.tolist(), inputs.tolist(), thread_of.tolist()
+
+        def begins(rs: list[int], out: list | None = None, into: list | None = None) -> list:
+            if out is not None:
+                return [Blob(BEGIN, eid_of[name_l[r]], level, tracks[thread_l[r]],
+                             args_of[inputs_l[r]], [f]) for r, f in zip(rs, out, strict=True)]
+            if into is not None:
+                return [Blob(BEGIN, eid_of[name_l[r]], level, tracks[thread_l[r]],
+                             args_of[inputs_l[r]], None, [f])
+                        for r, f in zip(rs, into, strict=True)]
+            return [Blob(BEGIN, eid_of[name_l[r]], level, tracks[thread_l[r]],
+                         args_of[inputs_l[r]]) for r in rs]
+
         # the same op with the same inputs on a thread, every step: one blob (encoded once);
-        # blobs go to the emitter by index
-        blobs: list = []
-        begin_of: dict[tuple, int] = {}  # (name, tid, shapes, dtypes) -> its begin blob
-        end_of: dict[int, int] = {}  # tid -> its end blob
-        flowed = starts.keys() | ends_at.keys()
-        bidx, eidx = [], []
-        for i, (_start, _dur, name, tid, e) in enumerate(rows):
-            shapes = dtypes = None
-            try:
-                dt = e.dtypes()
-                if dt and any(dt):
-                    shapes, dtypes = str(e.shapes()), ", ".join(dt)
-            except Exception:
-                pass
-            if i in flowed:
-                f_out, f_in = starts.get(i), ends_at.get(i)
-                bidx.append(len(blobs))
-                blobs.append(Blob(BEGIN, rec.event_id(name, cat), level, self._track(tid),
-                                  _op_args(shapes, dtypes), None if f_out is None else [f_out],
-                                  None if f_in is None else [f_in]))
-            else:
-                key = (name, tid, shapes, dtypes)
-                k = begin_of.get(key)
-                if k is None:
-                    k = begin_of[key] = len(blobs)
-                    blobs.append(Blob(BEGIN, rec.event_id(name, cat), level, self._track(tid),
-                                      _op_args(shapes, dtypes)))
-                bidx.append(k)
-            k = end_of.get(tid)
-            if k is None:
-                k = end_of[tid] = len(blobs)
-                blobs.append(Blob(END, 0, level, self._track(tid)))
-            eidx.append(k)
-        durs = np.maximum(np.array([r[1] for r in rows], dtype=np.int64), 0)
-        em.completes_indexed(ts, durs, blobs, bidx, eidx)
-        return len(rows)
+        # an op at a flow's end has a blob of its own
+        flowed = np.zeros(n, dtype=bool)
+        flowed[f_out] = flowed[f_in] = True
+        plain = np.flatnonzero(~flowed)
+        key = ((name[plain].astype(np.int64) * len(threads) + thread_of[plain])
+               * (len(cols.shapes) + 1) + inputs[plain] + 1)
+        _, first, shared = np.unique(key, return_index=True, return_inverse=True)
+        blobs = begins(plain[first].tolist())
+        bidx = np.empty(n, dtype=np.int64)
+        bidx[plain] = shared
+        k = len(f_out)
+        flows = self._flow_ids(k)
+        bidx[f_out] = np.arange(len(blobs), len(blobs) + k)
+        blobs += begins(f_out.tolist(), out=flows)
+        bidx[f_in] = np.arange(len(blobs), len(blobs) + k)
+        blobs += begins(f_in.tolist(), into=flows)
+        eidx = len(blobs) + thread_of
+        blobs += [Blob(END, 0, level, t) for t in tracks]
+        ts = to_mono.many(start) if hasattr(to_mono, "many") else np.array(
+            [to_mono(int(t)) for t in start], dtype=np.int64)
+        em.completes_indexed(ts, np.maximum(cols.dur[rows], 0), blobs, bidx, eidx)
+        return n
+
+
+def _flow_pairs(start: np.ndarray, start_tid: np.ndarray, seq: np.ndarray, fwd_tid: np.ndarray,
+                is_eval: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Forward→backward links as (forward rows, backward rows), paired by position.
+
+    A sequence number names the autograd node a forward op made on its thread; the backward
+    op that ran the node carries the number and that forward thread's id. As Kineto links
+    them (torch.profiler's ``fwdbwd`` arrows): the forward side is the *last* op of the number
+    on its thread (``aten::addmm`` inside ``aten::linear``: latest start, then latest
+    recorded); the backward side is the first ``autograd::engine::evaluate_function`` of the
+    number and forward thread, else the first op carrying them."""
+    rows = np.arange(len(start))
+    f = rows[(seq >= 0) & (fwd_tid == 0)]
+    f = f[np.lexsort((f, start[f], start_tid[f], seq[f]))]
+    last = np.ones(len(f), dtype=bool)
+    last[:-1] = (seq[f[1:]] != seq[f[:-1]]) | (start_tid[f[1:]] != start_tid[f[:-1]])
+    f = f[last]
+    b = rows[(seq >= 0) & (fwd_tid != 0)]
+    b = b[np.lexsort((b, ~is_eval[b], fwd_tid[b], seq[b]))]
+    first = np.ones(len(b), dtype=bool)
+    first[1:] = (seq[b[1:]] != seq[b[:-1]]) | (fwd_tid[b[1:]] != fwd_tid[b[:-1]])
+    b = b[first]
+    fwd_of = dict(zip(zip(seq[f].tolist(), start_tid[f].tolist(), strict=True), f.tolist(),
+                      strict=True))
+    pairs = [(fwd_of[k], r) for k, r in zip(zip(seq[b].tolist(), fwd_tid[b].tolist(),
+                                                 strict=True), b.tolist(), strict=True)
+             if k in fwd_of]
+    pairs.sort(key=lambda p: p[1])  # flow ids in the order the backward ops ran
+    out = np.array([p[0] for p in pairs], dtype=np.int64)
+    into = np.array([p[1] for p in pairs], dtype=np.int64)
+    return out, into

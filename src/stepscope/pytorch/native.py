@@ -4,9 +4,9 @@ It is compiled against the installed torch by ``stepscope build-torch`` (a C++ c
 torch's headers, ~10 s), never on import or while a program runs: a compile there would slow the
 program down and write files it did not ask for. The build lands in stepscope's cache directory
 (``STEPSCOPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/stepscope``, else ``~/.cache/stepscope``)
-under a name keyed by the source, torch's exact build and the Python ABI, so a torch upgrade never
-loads a module built for another torch (that would crash the program): it falls back to the
-Python reader until rebuilt. ``STEPSCOPE_PURE_PYTHON=1`` selects the Python reader too.
+under a name keyed by the source, torch's exact build and place, and the Python ABI, so a torch
+upgrade never loads a module built for another torch (that would crash the program): it falls
+back to the Python reader until rebuilt. ``STEPSCOPE_PURE_PYTHON=1`` selects the Python reader too.
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ def _torch_key(torch: Any) -> str:
 
 
 def _hash(torch: Any) -> str:
+    # the torch install's place too: the build links its libraries there
     parts = (SOURCE.read_bytes(), torch.__version__, str(torch.version.git_version),
+             os.path.dirname(os.path.abspath(torch.__file__)),
              str(torch._C._GLIBCXX_USE_CXX11_ABI), sysconfig.get_config_var("EXT_SUFFIX"),  # noqa: SLF001
              sys.version)
     h = hashlib.sha256()

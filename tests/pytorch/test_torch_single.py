@@ -127,6 +127,32 @@ def test_operators_summary_lists_them(run):
     assert rows["autograd::engine::evaluate_function: AddmmBackward0"]["calls"] == 4
 
 
+def test_summary_of_the_run_dir_shows_the_windows_operators_beside_the_ranges(run, capsys):
+    """The whole run has summary-level ranges (record_function, nvtx): they keep the operators
+    table; the windows' operators follow it, in a table of their own (it was left out)."""
+    import json
+
+    from stepscope import cli
+
+    rc = cli.main(["summary", "--engine", "embedded", "--format", "json", "-q",
+                   "--table", "operators", str(run["dir"])])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    data = json.loads(out)
+    assert list(data) == ["operators", "operators_detail"]
+    whole = {r["name"]: r["calls"] for r in data["operators"]["rows"]}
+    n = BATCHES * EPOCHS
+    # (stepscope.annotate is detail level: "fwd" is in the windows only)
+    assert whole == {"bwd": n, "nv": n, "Optimizer.step#SGD.step": n,
+                     "Optimizer.zero_grad#SGD.zero_grad": n}
+    ops = data["operators_detail"]
+    assert ops["title"] == "Operators (detail windows)"
+    calls = {r["name"]: r["calls"] for r in ops["rows"]}
+    # 4 batches in windows (1 and 2 of each epoch), two Linear layers each
+    assert calls["aten::addmm"] == 8 and calls["aten::mse_loss"] == 4
+    assert calls["fwd"] == 4 and calls["bwd"] == 4  # the windows' user ranges, once each
+
+
 def test_thread_tracks_for_threads_python_does_not_know():
     """A C++ thread (the autograd engine's on GPUs) gets a thread track named from /proc."""
     from stepscope.core import session as _session

@@ -128,9 +128,10 @@ def run(args: argparse.Namespace) -> int:
     Files by role (see ``common.classify``): the profiler's ``rank<N>.summary.pftrace`` (and any
     trace not named as a detail window) cover the whole run and give every table. Its
     ``rank<N>.detail.<k>.pftrace`` windows repeat the steps and phases of their window, so when
-    whole-run files are given too they are loaded apart and only fill the tables the whole-run
-    files leave empty (operators, kernels, memcpy: events recorded in detail windows only),
-    titled "(detail windows)". Detail files alone give every table (windows never overlap)."""
+    whole-run files are given too they are loaded apart and only give the detail tables
+    (operators, kernels, memcpy: events recorded in detail windows), titled "(detail windows)"
+    (see ``_add_detail_tables``). Detail files alone give every table (windows never
+    overlap)."""
     try:
         names, kw = _options(args)
         inputs = classify(list(args.paths))
@@ -198,9 +199,15 @@ def _is_input(output: str, inputs: Any) -> bool:
 
 def _add_detail_tables(tables: dict[str, Any], detail: list[str], args: argparse.Namespace,
                        kw: dict[str, Any]) -> None:
-    """Fill the detail-only tables that the whole-run files left empty from the detail
-    windows (loaded into a database of their own, so their steps are not counted again)."""
-    wanted = [n for n in summaries.DETAIL_TABLES if n in tables and not tables[n]]
+    """Add the detail windows' part of the detail tables (operators, kernels, memcpy), from the
+    windows loaded into a database of their own (so their steps are not counted again).
+
+    A table the whole-run files left empty is replaced by the windows' one. A table they did
+    fill (summary-level ranges: the user's, torch's ``record_function`` ones) keeps its
+    whole-run rows, and the windows' table follows it as ``<name>_detail`` when the windows
+    hold names it lacks (detail-level ranges, torch's operators): else a run with
+    ``record_function`` ranges would never show its operators."""
+    wanted = [n for n in summaries.DETAIL_TABLES if n in tables]
     if not wanted:
         return
     try:
@@ -217,8 +224,21 @@ def _add_detail_tables(tables: dict[str, Any], detail: list[str], args: argparse
             close()
     note = (f"from {len(detail)} detail window file(s); the other tables cover the whole run "
             "(the summary files)")
-    for n, t in extra.items():
-        if t:
-            t.title += " (detail windows)"
-            t.notes.append(note)
-            tables[n] = t
+    out: dict[str, Any] = {}
+    for n, whole in tables.items():
+        out[n] = whole
+        t = extra.get(n)
+        if not t:
+            continue
+        names = {r.get("name") for r in whole.rows}
+        if whole and all(r.get("name") in names for r in t.rows):
+            continue  # nothing the whole-run table does not show
+        t.title += " (detail windows)"
+        t.notes.append(note)
+        if whole:
+            t.name = f"{n}_detail"
+            out[t.name] = t
+        else:
+            out[n] = t
+    tables.clear()
+    tables.update(out)

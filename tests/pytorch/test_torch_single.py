@@ -153,6 +153,26 @@ def test_summary_of_the_run_dir_shows_the_windows_operators_beside_the_ranges(ru
     assert calls["fwd"] == 4 and calls["bwd"] == 4  # the windows' user ranges, once each
 
 
+def test_the_end_of_run_report_shows_the_windows_operators(tmp_path, capfd):
+    model = torch.nn.Linear(8, 4)
+    x = torch.randn(2, 8)
+    prof = stepscope.Profiler(dir=tmp_path, run_id="r", schedule=(1, 3), host_metrics=False,
+                              use_env=False, torch=True)
+    prof.start()
+    for _ in range(4):
+        with torch.profiler.record_function("train"):  # a summary-level range: fills the table
+            model(x).sum().backward()
+        prof.step()
+    prof.stop()
+    err = capfd.readouterr().err
+    head, _, detail = err.partition("Operators (detail windows)")
+    assert "train" in head and "aten::addmm" not in head  # the whole run's ranges, 4 calls
+    table = detail.split("\n\n")[0]
+    row = [ln.split() for ln in table.splitlines() if ln.startswith("aten::addmm ")]
+    assert row and row[0][1] == "2"  # batches 1 and 2
+    assert "from 1 detail window file(s)" in table
+
+
 def test_thread_tracks_for_threads_python_does_not_know():
     """A C++ thread (the autograd engine's on GPUs) gets a thread track named from /proc."""
     from stepscope.core import session as _session

@@ -1110,11 +1110,12 @@ class Profiler:
             parts.append("stepscope files:\n" + "\n".join(f"  {p}" for p in self.files))
         path = self._summary_path
         if self._stopped and path is not None and path.exists():
+            detail = [str(f) for f in self.files if f != path and f.exists()]
             if report_options:
-                parts.append(_analysis_report(path, **report_options))
+                parts.append(_analysis_report(path, detail, **report_options))
             else:
                 if self.report_text is None:
-                    self.report_text = _analysis_report(path)
+                    self.report_text = _analysis_report(path, detail)
                 if self.report_text:
                     parts.append(self.report_text)
         return "\n".join(parts)
@@ -1145,8 +1146,9 @@ _PRINTED_NOTE = ("stepscope: the report was printed at stop() (on stderr); "
                  "prof.summary().text holds it, Profiler(report=False) leaves it to you")
 
 
-def _analysis_report(path: Path, **options: Any) -> str:
-    """``stepscope.analysis.summaries.report`` of one file, or a note why there is none."""
+def _analysis_report(path: Path | str, detail: list[str] | None = None, **options: Any) -> str:
+    """``stepscope.analysis.summaries.report`` of the summary file, the ``detail`` windows
+    adding their operators, kernels and copies; or a note why there is none."""
     try:
         from .. import analysis
         from ..analysis import summaries
@@ -1154,7 +1156,15 @@ def _analysis_report(path: Path, **options: Any) -> str:
         opener = getattr(analysis, "open", None)
         if opener is None:
             return ""
-        return summaries.report(opener(str(path)), **options)
+        db = opener(str(path))
+        ddb = opener(detail) if detail else None
+        try:
+            return summaries.report(db, detail_db=ddb, detail_files=len(detail), **options)
+        finally:
+            for d in (db, ddb):
+                close = getattr(d, "close", None)
+                if callable(close):
+                    close()
     except Exception as exc:
         return f"(summary tables unavailable: {exc!r})"
 

@@ -199,14 +199,8 @@ def _is_input(output: str, inputs: Any) -> bool:
 
 def _add_detail_tables(tables: dict[str, Any], detail: list[str], args: argparse.Namespace,
                        kw: dict[str, Any]) -> None:
-    """Add the detail windows' part of the detail tables (operators, kernels, memcpy), from the
-    windows loaded into a database of their own (so their steps are not counted again).
-
-    A table the whole-run files left empty is replaced by the windows' one. A table they did
-    fill (summary-level ranges: the user's, torch's ``record_function`` ones) keeps its
-    whole-run rows, and the windows' table follows it as ``<name>_detail`` when the windows
-    hold names it lacks (detail-level ranges, torch's operators): else a run with
-    ``record_function`` ranges would never show its operators."""
+    """The detail windows' part of the detail tables (``summaries.with_detail``), from the
+    windows loaded into a database of their own (so their steps are not counted again)."""
     wanted = [n for n in summaries.DETAIL_TABLES if n in tables]
     if not wanted:
         return
@@ -222,23 +216,6 @@ def _add_detail_tables(tables: dict[str, Any], detail: list[str], args: argparse
         close = getattr(db, "close", None)
         if callable(close):
             close()
-    note = (f"from {len(detail)} detail window file(s); the other tables cover the whole run "
-            "(the summary files)")
-    out: dict[str, Any] = {}
-    for n, whole in tables.items():
-        out[n] = whole
-        t = extra.get(n)
-        if not t:
-            continue
-        names = {r.get("name") for r in whole.rows}
-        if whole and all(r.get("name") in names for r in t.rows):
-            continue  # nothing the whole-run table does not show
-        t.title += " (detail windows)"
-        t.notes.append(note)
-        if whole:
-            t.name = f"{n}_detail"
-            out[t.name] = t
-        else:
-            out[n] = t
+    merged = summaries.with_detail(tables, extra, len(detail))
     tables.clear()
-    tables.update(out)
+    tables.update(merged)

@@ -44,6 +44,7 @@ from .tables import (
     report,
     run_sql,
     table,
+    with_detail,
 )
 
 __all__ = [
@@ -69,4 +70,5 @@ __all__ = [
     "shared_base",
     "sql_text",
     "table",
+    "with_detail",
 ]

@@ -47,6 +47,7 @@ from .sqlfiles import Filters, render
 __all__ = [
     "DEFAULT_TABLES",
     "DETAIL_TABLES",
+    "with_detail",
     "TABLES",
     "all_tables",
     "check_name",
@@ -464,16 +465,55 @@ def report(
     fmt: str = "text",
     names: Sequence[str] | None = None,
     name_width: int | None = None,
+    detail_db: Any = None,
+    detail_files: int = 0,
     **kwargs: Any,
 ) -> str:
     """All non-empty tables rendered one after the other (``fmt``: text, csv, json, md).
 
     The per-step listing (``step_times``) is left out unless named. ``name_width``: text and
     markdown cut names longer than this in the middle (None: as needed to keep each text table
-    within 200 columns; 0: never); CSV and JSON hold them in full.
+    within 200 columns; 0: never); CSV and JSON hold them in full. ``detail_db``: the run's
+    ``detail_files`` detail windows, for the detail tables (:func:`with_detail`).
     """
     tables = all_tables(db, names=names or DEFAULT_TABLES, **kwargs)
+    if detail_db is not None:
+        wanted = [n for n in DETAIL_TABLES if n in tables]
+        kw = {k: v for k, v in kwargs.items() if k != "workers"}
+        tables = with_detail(tables, all_tables(detail_db, names=wanted, **kw), detail_files)
     return render_report(tables.values(), fmt=fmt, unit=unit, name_width=name_width)
+
+
+def with_detail(tables: dict[str, Table], detail: dict[str, Table],
+                files: int) -> dict[str, Table]:
+    """Whole-run ``tables`` with the detail tables (operators, kernels, memcpy) of a run's
+    ``files`` detail windows, computed apart (``detail``: their steps are not counted again).
+
+    A table the whole-run files left empty is replaced by the windows' one. A table they did
+    fill (summary-level ranges: the user's, torch's ``record_function`` ones) keeps its
+    whole-run rows, and the windows' table follows it as ``<name>_detail`` when the windows
+    hold names it lacks (detail-level ranges, torch's operators): else a run with
+    ``record_function`` ranges would never show its operators. Either way titled
+    "(detail windows)"."""
+    note = (f"from {files} detail window file(s); the other tables cover the whole run "
+            "(the summary files)")
+    out: dict[str, Table] = {}
+    for n, whole in tables.items():
+        out[n] = whole
+        t = detail.get(n)
+        if not t:
+            continue
+        names = {r.get("name") for r in whole.rows}
+        if whole and all(r.get("name") in names for r in t.rows):
+            continue  # nothing the whole-run table does not show
+        t.title += " (detail windows)"
+        t.notes.append(note)
+        if whole:
+            t.name = f"{n}_detail"
+            out[t.name] = t
+        else:
+            out[n] = t
+    return out
 
 
 def render_report(

@@ -194,11 +194,11 @@ def main() -> int:
     run_dir = Path(args.out) / run_id
     merged = merge([run_dir], run_dir / "merged.pftrace")
     print(merged.format())
-    from stepscope.profiler.profiler import _analysis_report
+    from stepscope import analysis
+    from stepscope.analysis import summaries
 
-    report = _analysis_report(merged.output)  # the analysis summaries of all ranks
-    if report:
-        print(report)
+    with analysis.open(str(merged.output)) as db:  # the summary tables of all ranks
+        print(summaries.report(db))
     print(f"open {merged.output} in https://ui.perfetto.dev")
     return 0
 

@@ -21,6 +21,10 @@ def test_train_mlp_two_ranks(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "rank 0: stepscope timer (32 steps)" in r.stdout
     assert "rank 1: stepscope timer (32 steps)" in r.stdout
+    # the merged trace's tables: both ranks, 32 steps each
+    dist = r.stdout.split("Distributed Summary")[1].split("\n\n")[0]
+    rows = [ln.split() for ln in dist.splitlines() if ln.strip()[:1] in "01"]
+    assert [(row[0], row[1]) for row in rows] == [("0", "32"), ("1", "32")]
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     d = decode(run / "merged.pftrace")
     assert sorted(n.split(" (")[0] for n in d.processes.values()) == ["rank 0", "rank 1"]

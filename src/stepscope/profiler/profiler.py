@@ -1159,7 +1159,8 @@ def _analysis_report(path: Path | str, detail: list[str] | None = None, **option
         db = opener(str(path))
         ddb = opener(detail) if detail else None
         try:
-            return summaries.report(db, detail_db=ddb, detail_files=len(detail), **options)
+            return summaries.report(db, detail_db=ddb, detail_files=len(detail or ()),
+                                    **options)
         finally:
             for d in (db, ddb):
                 close = getattr(d, "close", None)

@@ -161,12 +161,13 @@ def test_the_report_names_the_build_only_where_windows_read_through_python(
 
 
 def test_a_forked_child_does_not_wait_for_the_parents_free(reader):
-    """The free runs on a native thread, which a fork does not copy: the child's join() returns
-    at once (the parent's thread is forgotten there)."""
+    """The free runs on a native thread, which a fork does not copy (DataLoader workers fork
+    while it may run): the child's join() returns at once (glibc marks the parent's other
+    threads dead in a child), and the parent's still waits for its free."""
     work = _model()
     for _ in range(3):  # a result big enough that its free is still running at the fork
         assert operators.OperatorCapture(None).begin()
-        for _ in range(20):
+        for _ in range(100):
             work()
         reader.take()
         reader.release()

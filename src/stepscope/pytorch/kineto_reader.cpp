@@ -14,8 +14,6 @@
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 
-#include <pthread.h>
-
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -26,7 +24,10 @@
 namespace prof = torch::autograd::profiler;
 
 static std::unique_ptr<prof::ProfilerResult> g_result;
-static std::thread* g_freeing = nullptr;  // a pointer: a forked child drops it (see at_fork)
+// The free of the last result; a pointer, never destroyed at exit (a joinable std::thread
+// destroyed there would terminate the process). A child forked meanwhile (DataLoader workers)
+// has no such thread: glibc marks the parent's other threads dead there, so join() returns.
+static std::thread* g_freeing = nullptr;
 
 static void join_freeing() {
   if (g_freeing == nullptr) return;
@@ -36,9 +37,6 @@ static void join_freeing() {
   delete g_freeing;
   g_freeing = nullptr;
 }
-
-// the freeing thread does not exist in a forked child: forget it there (leaked, never joined)
-static void at_fork_child() { g_freeing = nullptr; }
 
 static PyObject* take(PyObject*, PyObject*) {
   join_freeing();
@@ -196,7 +194,4 @@ static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_stepscope_kineto",
                              "stepscope's native reader of torch's profiler events", -1,
                              methods};
 
-PyMODINIT_FUNC PyInit__stepscope_kineto() {
-  pthread_atfork(nullptr, nullptr, at_fork_child);
-  return PyModule_Create(&module);
-}
+PyMODINIT_FUNC PyInit__stepscope_kineto() { return PyModule_Create(&module); }

@@ -4,10 +4,10 @@
 // never at import: the Python reader (stepscope/pytorch/events.py) gives the same columns.
 // Why: read through torch's Python API, each event costs a pybind object and seven accessor
 // calls (~4 us); here the whole window is read in C++ into a few columns, and the result's
-// free (as long as torch.profiler's JSON export) runs on a native thread without the GIL.
+// free (longer than torch.profiler's whole JSON export) runs on a native thread, GIL released.
 //
 //   take()     stop torch's profiler (torch.autograd._disable_profiler) and hold its result
-//   columns()  the held result's events as columns, see columns_of() below
+//   columns()  the held result's events as columns (what each holds: above columns())
 //   release()  free the held result on a native thread (joined by the next take() or join())
 //   join()     wait for that free (at exit: a free must not outlive the interpreter)
 #include <Python.h>

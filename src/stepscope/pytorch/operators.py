@@ -195,7 +195,7 @@ class OperatorCapture:
                 try:
                     cols = events.from_native(reader.columns())
                 finally:
-                    # freed on a native thread: as long as torch.profiler's JSON export
+                    # freed on a native thread: longer than torch.profiler's whole JSON export
                     reader.release()
             else:
                 result = ag._disable_profiler()  # noqa: SLF001

@@ -409,7 +409,8 @@ def test_one_blob_for_many_events_is_written_for_each(tmp_path):
                          track, args)
         end = rec.Blob(rec.END, 0, LEVEL_DETAIL, track)
         t0 = time.perf_counter_ns()
-        em.completes([t0, t0 + 100, t0 + 200], [50, 50, 50], [begin] * 3, [end] * 3)
+        em.completes_indexed([t0, t0 + 100, t0 + 200], [50, 50, 50], [begin, end],
+                             [0, 0, 0], [1, 1, 1])
     finally:
         sess.stop()
     d = decode(path)

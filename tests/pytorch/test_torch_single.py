@@ -241,8 +241,8 @@ def test_clock_offsets_in_bulk_are_the_scalar_conversion():
 
 
 def test_bulk_slices_are_ordered_as_single_ones():
-    """Emitter.completes: the same (ts, order, tiebreak, sequence) keys as complete() calls,
-    so a flush sorts bulk-written operators exactly as before."""
+    """Emitter.completes_indexed: the same (ts, order, tiebreak, sequence) keys as complete()
+    calls, so a flush sorts bulk-written operators exactly as before."""
     from stepscope.core.session import Emitter
     from stepscope.record import recorder as rec
 
@@ -252,7 +252,8 @@ def test_bulk_slices_are_ordered_as_single_ones():
         one.complete(ts, dur, name, 7, "torch_op")
     blobs = [rec.Blob(rec.BEGIN, rec.event_id(n, ("torch_op",)), 1, 7) for _, _, n in slices]
     end = rec.Blob(rec.END, 0, 1, 7)
-    bulk.completes([s[0] for s in slices], [s[1] for s in slices], blobs, [end] * 3)
+    bulk.completes_indexed([s[0] for s in slices], [s[1] for s in slices], [*blobs, end],
+                           [0, 1, 2], [3, 3, 3])
     a, b = _taken(one), _taken(bulk)
     assert [e[:4] for e in a] == [e[:4] for e in b]
     assert [(e[4].kind, e[4].eid, e[4].track) for e in a] == [
@@ -262,7 +263,8 @@ def test_bulk_slices_are_ordered_as_single_ones():
 
 
 def test_a_batch_of_single_and_bulk_slices_reaches_one_flush_whole():
-    """Emitter.batch with complete() and completes() inside: taken together, in order."""
+    """Emitter.batch with complete() and completes_indexed() inside: taken together, in
+    order."""
     from stepscope.core.session import Emitter
     from stepscope.record import recorder as rec
 
@@ -272,7 +274,7 @@ def test_a_batch_of_single_and_bulk_slices_reaches_one_flush_whole():
     with em.batch():
         em.complete(300, 10, "y", 7)
         assert _taken(em) == []  # nothing before the batch ends
-        em.completes([100, 200], [5, 0], [b, b], [end, end])
+        em.completes_indexed([100, 200], [5, 0], [b, end], [0, 0], [1, 1])
     got = _taken(em)
     assert [e[:3] for e in got] == [(100, 1, -105), (105, 0, -100), (200, 1, -200),
                                     (200, 2, -200), (300, 1, -310), (310, 0, -300)]

@@ -21,7 +21,7 @@ class Emitter:
         self.clock_id = _clock.base_clock_id(clock)
         self.level = level
         self._events: list[tuple] = []  # (ts, order, tiebreak, seq no, blob)
-        # completes() batches as columns: (ts, order, tiebreak, seq nos, blob indices, blobs)
+        # completes_indexed() batches: (ts, order, tiebreak, seq nos, blob indices, blobs)
         self._bulk: list[tuple] = []
         self._batch: list[tuple] | None = None
         self._batch_bulk: list[tuple] = []
@@ -73,26 +73,12 @@ class Emitter:
         # a zero-length slice ends after it begins, and after other slices begin there
         self._add(ts + dur, 0 if dur else 2, -ts, Blob(END, 0, self.level, track))
 
-    def completes(self, ts: list[int], dur: list[int], begins: list[Blob],
-                  ends: list[Blob]) -> None:
-        """Whole slices in bulk, as ``complete`` orders them (ints, ``dur`` >= 0; one blob
-        object may serve many events, and is then encoded once per file and flush)."""
-        index: dict[int, int] = {}
-        blobs: list[Blob] = []
-
-        def at(b: Blob) -> int:
-            k = index.get(id(b))
-            if k is None:
-                k = index[id(b)] = len(blobs)
-                blobs.append(b)
-            return k
-
-        self.completes_indexed(ts, dur, blobs, [at(b) for b in begins], [at(b) for b in ends])
-
     def completes_indexed(self, ts, dur, blobs: list[Blob], begin_idx, end_idx) -> None:
-        """:meth:`completes` with each slice's begin and end blob given as an index into
-        ``blobs``: a converter of thousands of events (torch's operators) hands them over as
-        columns, with no Python object or call per event here or at the flush."""
+        """Whole slices in bulk, as ``complete`` orders them (ints, ``dur`` >= 0), each one's
+        begin and end blob given as an index into ``blobs`` (one blob may serve many events,
+        and is then encoded once per file and flush): a converter of thousands of events
+        (torch's operators) hands them over as columns, with no Python object or call per
+        event here or at the flush."""
         n = len(ts)
         if n == 0:
             return

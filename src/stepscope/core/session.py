@@ -338,9 +338,7 @@ class Session:
         for sink in self.sinks:
             self._pipeline.send(sink)
         for _, codes, _ in emitted:
-            # (a blob may serve many events; a set, as np.unique's first plain call imports
-            # numpy.ma: 18 ms inside a step)
-            for k in set(codes[codes < 0].tolist()):
+            for k in set(codes[codes < 0].tolist()):  # (a blob may serve many events)
                 _recorder.blobs.pop(-k, None)
 
     def _run_flush_hooks(self) -> None:

@@ -7,12 +7,16 @@ give the same columns, so the conversion has one implementation.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 
-class OpColumns(NamedTuple):
+@dataclass
+class OpColumns:
+    """A window's events; ``len()``: how many."""
+
     names: list[str]  # each distinct name once
     shapes: list[str]  # each distinct (input shapes, dtypes) once, as str() of the shape lists
     dtypes: list[str]  # ... and the dtypes joined with ", "
@@ -26,7 +30,7 @@ class OpColumns(NamedTuple):
     fwd_tid: np.ndarray  # int64 forward thread id of a backward op; 0: a forward op
     # (start_tid and fwd_tid are 0 where seq is -1: only flows use them)
 
-    def __len__(self) -> int:  # type: ignore[override]
+    def __len__(self) -> int:
         return len(self.start)
 
 

@@ -286,16 +286,9 @@ class OperatorCapture:
         args_of.append(None)
         name_l, inputs_l, thread_l = name.tolist(), inputs.tolist(), thread_of.tolist()
 
-        def begins(rs: list[int], out: list | None = None, into: list | None = None) -> list:
-            if out is not None:
-                return [Blob(BEGIN, eid_of[name_l[r]], level, tracks[thread_l[r]],
-                             args_of[inputs_l[r]], [f]) for r, f in zip(rs, out, strict=True)]
-            if into is not None:
-                return [Blob(BEGIN, eid_of[name_l[r]], level, tracks[thread_l[r]],
-                             args_of[inputs_l[r]], None, [f])
-                        for r, f in zip(rs, into, strict=True)]
-            return [Blob(BEGIN, eid_of[name_l[r]], level, tracks[thread_l[r]],
-                         args_of[inputs_l[r]]) for r in rs]
+        def begin(r: int, out: list | None = None, into: list | None = None) -> Blob:
+            return Blob(BEGIN, eid_of[name_l[r]], level, tracks[thread_l[r]],
+                        args_of[inputs_l[r]], out, into)
 
         # the same op with the same inputs on a thread, every step: one blob (encoded once);
         # an op at a flow's end has a blob of its own
@@ -305,15 +298,15 @@ class OperatorCapture:
         key = ((name[plain].astype(np.int64) * len(threads) + thread_of[plain])
                * (len(cols.shapes) + 1) + inputs[plain] + 1)
         _, first, shared = np.unique(key, return_index=True, return_inverse=True)
-        blobs = begins(plain[first].tolist())
+        blobs = [begin(r) for r in plain[first].tolist()]
         bidx = np.empty(n, dtype=np.int64)
         bidx[plain] = shared
         k = len(f_out)
         flows = self._flow_ids(k)
         bidx[f_out] = np.arange(len(blobs), len(blobs) + k)
-        blobs += begins(f_out.tolist(), out=flows)
+        blobs += [begin(r, [f]) for r, f in zip(f_out.tolist(), flows, strict=True)]
         bidx[f_in] = np.arange(len(blobs), len(blobs) + k)
-        blobs += begins(f_in.tolist(), into=flows)
+        blobs += [begin(r, None, [f]) for r, f in zip(f_in.tolist(), flows, strict=True)]
         eidx = len(blobs) + thread_of
         blobs += [Blob(END, 0, level, t) for t in tracks]
         ts = to_mono.many(start) if hasattr(to_mono, "many") else np.array(

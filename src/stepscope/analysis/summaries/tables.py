@@ -479,8 +479,7 @@ def report(
     tables = all_tables(db, names=names or DEFAULT_TABLES, **kwargs)
     if detail_db is not None:
         wanted = [n for n in DETAIL_TABLES if n in tables]
-        kw = {k: v for k, v in kwargs.items() if k != "workers"}
-        tables = with_detail(tables, all_tables(detail_db, names=wanted, **kw), detail_files)
+        tables = with_detail(tables, all_tables(detail_db, names=wanted, **kwargs), detail_files)
     return render_report(tables.values(), fmt=fmt, unit=unit, name_width=name_width)
 
 

@@ -221,6 +221,82 @@ def test_the_tracer_takes_the_raw_path_when_it_can(records):
     assert batch.dropped == 2
 
 
+def test_the_tracer_takes_cuptis_callbacks_back_each_window(records, caplog):
+    """CUPTI keeps one pair of buffer callbacks per process, and Kineto (torch.profiler)
+    registers its own whenever it starts. Between windows: the next window registers ours again
+    and gets all its records. Inside a window: the buffer CUPTI had from us goes to the other
+    client, so after the window's forced flush it is taken back for reuse and reported."""
+    import logging
+
+    names = CStrings()
+    lib = FakeLibCupti([])
+    kineto = cb.RawActivityBuffers(lib, buffer_bytes=1 << 20, max_buffers=4)  # the other client
+    tracer = CuptiTracer(cupti_module=FakeRawCupti(records, lib),
+                         raw_buffers=lambda **kw: cb.RawActivityBuffers(lib, **kw))
+    for window in range(2):  # the other client registers before each window
+        kineto.register()
+        lib.buffers = encode_buffers(records, names, per_buffer=3000)
+        assert tracer.start()
+        assert tracer.stop().kernels.size == 545, window
+    assert kineto.take() == [] and kineto._allocated == 0
+    raw = tracer._raw
+    allocated = raw._allocated
+    # inside a window: CUPTI holds one of our buffers when the other client registers
+    assert tracer.start()
+    ptr, size, most = ctypes.POINTER(ctypes.c_uint8)(), ctypes.c_size_t(0), ctypes.c_size_t(0)
+    lib.request(ctypes.byref(ptr), ctypes.byref(size), ctypes.byref(most))
+    kineto.register()
+    lib.buffers = encode_buffers(records, names, per_buffer=3000)
+    sent = sum(len(d) for d, _ in lib.buffers)
+    with caplog.at_level(logging.WARNING, logger="stepscope.gpu"):
+        assert tracer.stop().kernels.size == 0  # all of it went to the other client
+    assert "another CUPTI client" in caplog.text
+    assert raw.lost_buffers == 1 and raw._in_use == {}
+    assert sum(b.valid for b in kineto.take()) == sent
+    # the next window: ours again, and the lost buffer is reused rather than a new one made
+    lib.buffers = encode_buffers(records, names, per_buffer=3000)
+    assert tracer.start()
+    assert tracer.stop().kernels.size == 545
+    assert raw._allocated == allocated and raw.lost_buffers == 1
+    # the other client registers inside a window, and the tracer is told to take them back
+    assert tracer.start()
+    kineto.register()
+    tracer.reregister()
+    lib.buffers = encode_buffers(records, names, per_buffer=3000)
+    assert tracer.stop().kernels.size == 545 and kineto.take() == []
+
+
+def test_a_buffer_another_client_was_handed_is_copied_when_completed_to_us(records):
+    """Seen on an H100 with torch 2.11: Kineto's CPU-only session enables CUPTI's API kinds,
+    so CUPTI hands Kineto a buffer just before the window; it then fills that one buffer with
+    the window's every record and completes it, at the window's flush, to the callbacks
+    registered then: ours. Its records are copied at completion (the memory stays the other
+    client's: changed afterwards, the copy is not) and never enter our pool."""
+    names = CStrings()
+    lib = FakeLibCupti([])
+    kineto = cb.RawActivityBuffers(lib, buffer_bytes=1 << 20, max_buffers=4)
+    tracer = CuptiTracer(cupti_module=FakeRawCupti(records, lib),
+                         raw_buffers=lambda **kw: cb.RawActivityBuffers(lib, **kw))
+    kineto.register()
+    ptr, size, most = ctypes.POINTER(ctypes.c_uint8)(), ctypes.c_size_t(0), ctypes.c_size_t(0)
+    lib.request(ctypes.byref(ptr), ctypes.byref(size), ctypes.byref(most))  # Kineto's buffer
+    assert tracer.start()  # ours registered now
+    ((data, _),) = encode_buffers(records[:500], names, per_buffer=500)
+    ctypes.memmove(ptr, data, len(data))  # the window's records, into Kineto's buffer
+    lib.complete(None, 0, ptr, size.value, len(data))  # completed to ours at the flush
+    ctypes.memset(ptr, 0, len(data))  # the other client's memory, reused by it
+    batch = tracer.stop()
+    want = batch_from_records(records[:500], api="correlated")
+    assert want.kernels.size > 0 and want.runtime.size > 0
+    for attr in ("kernels", "runtime", "driver"):
+        np.testing.assert_array_equal(
+            np.sort(getattr(batch, attr), order="correlation"),
+            np.sort(getattr(want, attr), order="correlation"), err_msg=attr,
+        )  # fmt: skip
+    raw = tracer._raw
+    assert raw.foreign_buffers == 1 and raw._allocated == 0 and raw._free == []
+
+
 def test_the_tracer_falls_back_to_records_when_the_raw_path_fails(records):
     from gpu_fakes import FakeCupti
 

@@ -53,6 +53,60 @@ def test_live_path_decodes_like_the_fixture_adapter(records, per_api):
         assert sorted(off) == [("drv", 677), ("rt", 17), ("rt", 290)]
 
 
+class _FakeClocks:
+    """The system clock and a TSC-like CUPTI clock (2.5 ticks per ns, another origin), both
+    moved by the test: each read advances the system clock 1 µs, so a bracketed CUPTI read sits
+    exactly at its bracket's midpoint."""
+
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def time_ns(self) -> int:
+        self.now += 1000
+        return self.now - 1000
+
+    def ticks(self, t: int) -> int:
+        return (t - 1_700_000_000_000_000_000) * 5 // 2 + 10**12
+
+    def get_timestamp(self) -> int:
+        self.now += 1000
+        return self.ticks(self.now - 1000)
+
+
+def test_a_cupti_clock_in_ticks_is_mapped_onto_the_system_clock(records, monkeypatch):
+    """Kineto registers a TSC timestamp callback with CUPTI whenever it profiles on a GPU
+    machine, CPU-only too: records and cuptiGetTimestamp then carry ticks. A constant offset
+    would spread the window's records over 2.5 times its length (the rest fell outside the window
+    and was left out, as seen on an H100); the rate between the window's two clock reads maps
+    every stamp back to the system clock."""
+    import stepscope.gpu.clock as clock
+
+    first = min(r["start"] for r in records)
+    last = max(r["end"] for r in records)
+    fake_clock = _FakeClocks(first - 1_000_000)
+    monkeypatch.setattr(clock, "time", fake_clock)
+    ticked = [{**r, "start": fake_clock.ticks(r["start"]), "end": fake_clock.ticks(r["end"])}
+              for r in records]  # fmt: skip
+    fake = FakeCupti(ticked)
+    fake.get_timestamp = fake_clock.get_timestamp
+    tracer = CuptiTracer(cupti_module=fake)
+    assert tracer.start()
+    fake_clock.now = last + 1_000_000  # the window's work, the fixture's 3.5 s
+    batch = tracer.stop()
+    assert tracer.offset_ns == 0  # the batch is in the system clock already
+    want = batch_from_records(records, api="correlated")
+    for attr in ("kernels", "memcpys", "memsets", "syncs", "runtime", "driver"):
+        got, exp = _sorted(getattr(batch, attr)), _sorted(getattr(want, attr))
+        assert got.size == exp.size > 0, attr
+        for col in ("start", "end"):
+            assert np.abs(got[col] - exp[col]).max() <= 1, (attr, col)  # tick rounding
+    # a CUPTI clock in nanoseconds is left as it is, placed by the offset read at the start
+    tracer = CuptiTracer(cupti_module=FakeCupti(records))
+    assert tracer.start()
+    batch = tracer.stop()
+    np.testing.assert_array_equal(_sorted(batch.kernels), _sorted(want.kernels))
+
+
 def test_bounded_buffers_count_what_they_drop(records):
     tracer = CuptiTracer(cupti_module=FakeCupti(records, dropped=0), max_records=3000)
     assert tracer.start()

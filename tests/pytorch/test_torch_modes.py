@@ -214,13 +214,20 @@ class _FakeGpu:
     def __init__(self):
         self.activity = True
         self.windows = []
+        self.open = False
 
     def begin_window(self):
         self.windows.append(("begin", self.activity, torch.autograd._profiler_enabled()))
+        self.open = self.activity
         return self.activity
+
+    def reclaim_cupti(self):  # as GpuTracing's: only while its window's tracing runs
+        if self.open:
+            self.windows.append(("reclaim", torch.autograd._profiler_enabled()))
 
     def end_window(self, steps=0):
         self.windows.append(("end",))
+        self.open = False
 
     def stop(self):
         pass
@@ -253,6 +260,23 @@ def test_one_cupti_client(tmp_path):
     assert len(tq.slices(d0, "s.name = 'aten::add_'")) == 1
     d1 = tq.db(tmp_path / "c" / "rank0.detail.1.pftrace")
     assert tq.slices(d1, "s.category = 'torch_op'") == []
+
+
+def test_a_window_open_at_start_takes_cuptis_callbacks_back_from_kineto(tmp_path):
+    """A schedule from batch 0 opens the first window inside start(), before the integration is
+    attached: CUPTI is on before our Kineto session starts, and Kineto registers its own CUPTI
+    buffer callbacks even CPU-only, so the integration has the GPU tracer take them back
+    (seen on an H100: that window had no GPU activity at all)."""
+    prof = stepscope.Profiler(dir=tmp_path, run_id="s", schedule=(0, 1), host_metrics=False,
+                              report=False, use_env=False, torch=True, gpu=False)
+    fake = prof._gpu = _FakeGpu()
+    prof.start()
+    torch.ones(3).add_(1)
+    prof.step()
+    prof.stop()
+    assert fake.windows == [("begin", True, False), ("reclaim", True), ("end",)]
+    d = tq.db(tmp_path / "s" / "rank0.detail.0.pftrace")
+    assert len(tq.slices(d, "s.name = 'aten::add_'")) == 1
 
 
 def test_torch_profiler_started_inside_a_window_takes_over(tmp_path, capsys):

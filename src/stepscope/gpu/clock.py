@@ -1,9 +1,14 @@
 """CUPTI timestamps and the trace's clocks.
 
-CUPTI stamps activity in CLOCK_REALTIME ns (``cuptiGetTimestamp``) on Linux. The converter writes
-device slices through a ``clock="realtime"`` emitter, so trace processor maps them onto the trace's
-clock through the session's ``ClockSnapshot``s; ``offset_ns`` (added to every CUPTI stamp) corrects
-what is left between CUPTI's clock and ``time.time_ns()``, measured by :func:`calibrate`.
+CUPTI stamps activity in CLOCK_REALTIME ns (``cuptiGetTimestamp``) on Linux, unless a timestamp
+callback was registered in the process: torch's Kineto registers one that returns TSC ticks
+(``getApproximateTime``) as soon as it profiles on a machine with a GPU, even with CPU activity
+only, and ``cuptiGetTimestamp`` then reads that clock too. The converter writes device slices
+through a ``clock="realtime"`` emitter, so trace processor maps them onto the trace's clock
+through the session's ``ClockSnapshot``s; ``offset_ns`` (added to every CUPTI stamp) corrects what
+is left between CUPTI's clock and ``time.time_ns()``, read by :func:`read_clocks` at each window's
+start. A clock that runs at another rate (:func:`rate` between two such reads) is mapped onto
+``time.time_ns()`` linearly instead (``ActivityBatch.retimed``).
 
 A *clock pair* is one reading of several clocks taken back to back: ``{"cupti": ..., "time_ns":
 ..., "perf_counter_ns": ..., "monotonic_ns": ...}`` (the fixture records two of them).
@@ -17,17 +22,31 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 
-def calibrate(cupti_timestamp: Callable[[], int], rounds: int = 5) -> int:
-    """Offset (ns) to add to CUPTI stamps to get ``time.time_ns()`` (midpoint of the best read)."""
+def read_clocks(cupti_timestamp: Callable[[], int], rounds: int = 5) -> tuple[int, int]:
+    """(CUPTI stamp, ``time.time_ns()``) read back to back: the tightest of ``rounds`` brackets,
+    the system clock at its midpoint."""
     best = None
     for _ in range(max(1, rounds)):
         t0 = time.time_ns()
         c = int(cupti_timestamp())
         t1 = time.time_ns()
         if best is None or t1 - t0 < best[0]:
-            best = (t1 - t0, (t0 + t1) // 2 - c)
+            best = (t1 - t0, c, (t0 + t1) // 2)
     assert best is not None
-    return best[1]
+    return best[1], best[2]
+
+
+# a CUPTI clock whose rate differs from time.time_ns()'s by more than this is not in nanoseconds
+RATE_TOLERANCE = 1e-3
+
+
+def rate(first: tuple[int, int] | None, last: tuple[int, int] | None) -> float | None:
+    """Nanoseconds of ``time.time_ns()`` per CUPTI tick between two :func:`read_clocks` reads, or
+    None where they cannot be in one clock (CUPTI's clock source changed between them)."""
+    if first is None or last is None or last[0] <= first[0]:
+        return None
+    r = (last[1] - first[1]) / (last[0] - first[0])
+    return r if 0.05 < r < 20 else None
 
 
 def offset_from_pairs(pairs: Sequence[Mapping[str, int]], src: str, dst: str) -> int:

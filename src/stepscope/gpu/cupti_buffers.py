@@ -133,6 +133,7 @@ class RawBuffer:
 
     data: Any
     valid: int
+    own: bool = True  # one of ours, back to the pool once decoded (else a copy: dropped)
 
 
 @dataclass
@@ -366,6 +367,8 @@ class RawActivityBuffers:
         )
         self.sizes = RecordSizes(learn=self._next_record_offset)
         self.refused = 0  # requests answered with no buffer
+        self.lost_buffers = 0  # completed to another client's callbacks (see reclaim)
+        self.foreign_buffers = 0  # another client's, completed to ours (see _take_foreign)
         self._lock = threading.Lock()
         self._free: list[Any] = []
         self._in_use: dict[int, Any] = {}
@@ -455,11 +458,24 @@ class RawActivityBuffers:
         with self._lock:
             buf = self._in_use.pop(address, None)
             if buf is None:
+                if address and valid:
+                    self._take_foreign(address, int(valid))
                 return
             if valid:
                 self._completed.append(RawBuffer(buf, int(valid)))
             else:
                 self._free.append(buf)
+
+    def _take_foreign(self, address: int, valid: int) -> None:
+        """A buffer CUPTI had from another client's request callback, completed to ours: CUPTI
+        fills one buffer until it is full or flushed, so the one Kineto was handed just before
+        this window (its CPU-only session enables the API kinds; seen on an H100 with torch
+        2.11) would hold the window's every record. Its records are copied (the memory is the
+        other client's, never freed or reused here) and decoded with ours."""
+        copy = (ctypes.c_uint64 * ((valid + 7) // 8))()  # 8-byte aligned, as CUPTI's records
+        ctypes.memmove(copy, address, valid)
+        self._completed.append(RawBuffer(copy, valid, own=False))
+        self.foreign_buffers += 1
 
     def _next_record_offset(self, address: int, valid: int, offset: int) -> int:
         rec = ctypes.c_void_p(address + offset)
@@ -469,6 +485,18 @@ class RawActivityBuffers:
             return valid
         return int(rec.value) - address
 
+    def reclaim(self) -> int:
+        """Take back, after a forced flush, the buffers CUPTI never completed to us: it returns
+        every buffer then, so one still out was completed to another client that registered its
+        callbacks meanwhile (a ``torch.profiler`` started inside the window). Its records are
+        lost to this window (the caller says so); the buffer is ours to reuse."""
+        with self._lock:
+            lost = list(self._in_use.values())
+            self._in_use.clear()
+            self._free.extend(lost)
+            self.lost_buffers += len(lost)
+        return len(lost)
+
     def take(self) -> list[RawBuffer]:
         """The completed buffers so far (call :meth:`recycle` once they are decoded)."""
         with self._lock:
@@ -477,7 +505,7 @@ class RawActivityBuffers:
 
     def recycle(self, buffers: Iterable[RawBuffer]) -> None:
         with self._lock:
-            self._free.extend(b.data for b in buffers)
+            self._free.extend(b.data for b in buffers if b.own)
 
     def decode(self, *, dropped: int = 0) -> ActivityBatch:
         """Decode and recycle everything completed so far."""

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .clock import calibrate
+from .clock import RATE_TOLERANCE, rate, read_clocks
 from .cupti_buffers import RawActivityBuffers
 from .driver import loaded_libcuda
 from .occupancy import DeviceLimits
@@ -220,6 +220,7 @@ class CuptiTracer:
         self._dropped = 0
         self._kinds: list[Any] = []
         self.offset_ns = 0
+        self._pair0: tuple[int, int] | None = None  # (CUPTI, time_ns) at the window's start
         self.runtime_names: dict[int, str] = {}
         self.driver_names: dict[int, str] = {}
         self._getters: dict[int, _Getter] = {}
@@ -243,9 +244,9 @@ class CuptiTracer:
             return False
         try:
             if not self._registered:
-                self._setup(cupti)  # calibrates too
+                self._setup(cupti)
             else:
-                self._calibrate(cupti)
+                self._register(cupti)
             self._rows = {k: [] for k in ("kernel", "memcpy", "memset", "sync", "rt", "drv")}
             self._count = self._dropped = 0
             if self._raw is not None:  # nothing from before this window
@@ -253,6 +254,7 @@ class CuptiTracer:
             for kind in self._kinds:
                 cupti.activity_enable(kind)
             self._enable_api_filter(cupti)
+            self._calibrate(cupti)  # in the clock this window's records carry
         except Exception as exc:  # no GPU, no driver, CUPTI in use by another tool, ...
             log.log(
                 self.log_level, "stepscope: CUPTI unavailable (%s); GPU activity tracing off", exc
@@ -280,21 +282,69 @@ class CuptiTracer:
         self.runtime_names, self.driver_names = api_cbids(cupti)
         self._calibrate(cupti)  # also makes cupti-python load libcupti, which the raw path needs
         self._raw = self._open_raw()
+        self.path = "records" if self._raw is None else "raw"
         if self._raw is None:
-            cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
-            self.path = "records"
-        else:
-            self.path = "raw"
+            self._register(cupti)
         log.debug("stepscope: CUPTI activity through the %s path", self.path)
         self._registered = True
 
+    def reregister(self) -> None:
+        """Take CUPTI's buffer callbacks back in the middle of a window, after another client in
+        the process registered its own (Kineto, when torch's profiler starts after this window's
+        tracing did); records already in a buffer that client was handed still reach us when
+        that buffer completes (see ``RawActivityBuffers``)."""
+        if self._active and self._cupti is not None:
+            try:
+                self._register(self._cupti)
+            except Exception as exc:
+                log.warning("stepscope: taking CUPTI's buffer callbacks back failed (%s)", exc)
+
+    def _register(self, cupti: Any) -> None:
+        """Make CUPTI hand its buffers to this tracer, again at every window: CUPTI keeps one
+        pair of buffer callbacks per process, and another client in it (Kineto, for a
+        ``torch.profiler`` with CUDA activity, even a CPU-only one on a CUDA build) registers its
+        own whenever it starts; this window's records would go there."""
+        if self._raw is not None:
+            self._raw.register()
+        else:
+            cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+
     def _calibrate(self, cupti: Any) -> None:
         """CUPTI's clock against ``time.time_ns()``, measured anew each window: the system clock
-        may be stepped (NTP) between windows of a long run."""
+        may be stepped (NTP) between windows of a long run, and another CUPTI client may have
+        changed CUPTI's clock source (see :mod:`.clock`)."""
+        self._pair0 = self._clock_pair(cupti)
+        if self._pair0 is not None:
+            self.offset_ns = self._pair0[1] - self._pair0[0]  # else the last offset, or 0
+
+    @staticmethod
+    def _clock_pair(cupti: Any) -> tuple[int, int] | None:
         try:
-            self.offset_ns = calibrate(cupti.get_timestamp)
+            return read_clocks(cupti.get_timestamp)
         except Exception:
-            pass  # the last offset, or 0
+            return None
+
+    def _placed(self, batch: ActivityBatch, mid: tuple[int, int] | None,
+                end: tuple[int, int] | None) -> ActivityBatch:
+        """The window's batch in a clock the converter places: CUPTI's nanoseconds as they come
+        (``offset_ns``), or mapped onto ``time.time_ns()`` (``offset_ns`` 0) where CUPTI's clock
+        runs at another rate: Kineto's TSC ticks. The rate is read between the window's start
+        and its end, or, where CUPTI's clock source changed in between, between this stop's
+        entry (``mid``) and its end."""
+        for first in (self._pair0, mid):
+            r = rate(first, end)
+            if r is not None and first is not None:
+                break
+        else:
+            log.debug("stepscope: CUPTI's clock changed during this window")
+            return batch
+        self.offset_ns = first[1] - first[0]
+        if abs(r - 1.0) <= RATE_TOLERANCE:
+            return batch
+        log.debug("stepscope: CUPTI's clock runs at %.4f ns per tick (a timestamp callback, "
+                  "e.g. Kineto's TSC clock): mapped onto the system clock", r)
+        self.offset_ns = 0
+        return batch.retimed(first[0], first[1], r)
 
     def _open_raw(self) -> RawActivityBuffers | None:
         """The raw-buffer path, registered with CUPTI, or None (then the per-record path)."""
@@ -383,6 +433,7 @@ class CuptiTracer:
         cupti = self._cupti
         if not self._active or cupti is None:
             return ActivityBatch()
+        mid = self._clock_pair(cupti)
         # the host-side kinds first: the profiler's own synchronize is not the program's
         self._disable_all(cupti, only=("RUNTIME", "DRIVER", "SYNCHRONIZATION"))
         try:
@@ -391,7 +442,10 @@ class CuptiTracer:
             log.debug("stepscope: synchronizing before the CUPTI flush failed (%s)", exc)
         self._disable_all(cupti)
         try:
-            cupti.activity_flush_all(1)
+            cupti.activity_flush_all(1)  # forced: CUPTI hands back every buffer, partial ones too
+            if self._raw is not None and self._raw.reclaim():
+                log.warning("stepscope: another CUPTI client in this process (a torch.profiler "
+                            "with CUDA activity?) took part of this window's GPU activity")
         except Exception as exc:
             log.warning("stepscope: CUPTI flush failed (%s)", exc)
         with self._lock:
@@ -400,8 +454,10 @@ class CuptiTracer:
             dropped = self._dropped
         dropped += cupti_dropped(cupti)
         if self._raw is not None:
-            return self._filter_api(self._raw.decode(dropped=dropped))
-        return self.decode(rows, dropped)
+            batch = self._filter_api(self._raw.decode(dropped=dropped))
+        else:
+            batch = self.decode(rows, dropped)
+        return self._placed(batch, mid, self._clock_pair(cupti))
 
     def decode(self, rows: dict[str, list[tuple]], dropped: int = 0) -> ActivityBatch:
         """Per-kind row tuples (attribute order as above) → columnar batch, in bulk."""

@@ -200,6 +200,20 @@ class ActivityBatch:
             left_out += n
         return (out, left_out) if left_out else (self, 0)
 
+    def retimed(self, cupti0: int, time0: int, ns_per_tick: float) -> ActivityBatch:
+        """This batch with every stamp mapped linearly onto ``time.time_ns()``: ``cupti0`` reads
+        ``time0``, and each tick is ``ns_per_tick`` ns (a CUPTI clock in other units than ns,
+        see :mod:`.clock`). Stamps of 0 (none collected) stay 0."""
+        out = ActivityBatch(names=self.names, dropped=self.dropped)
+        for attr, a in zip(self.TABLES, self.tables(), strict=True):
+            a = a.copy()
+            for col in ("start", "end"):
+                v = a[col]
+                mapped = time0 + np.rint((v - cupti0) * ns_per_tick).astype(np.int64)
+                a[col] = np.where(v > 0, mapped, v)
+            setattr(out, attr, a)
+        return out
+
     @staticmethod
     def concat(batches: list[ActivityBatch]) -> ActivityBatch:
         """One batch from several, re-interning kernel names."""

@@ -164,6 +164,12 @@ class GpuTracing:
             self._off = True
         return self._window_open
 
+    def reclaim_cupti(self) -> None:
+        """Another CUPTI client in the process registered its buffer callbacks while this
+        window's tracing runs (see :meth:`CuptiTracer.reregister`)."""
+        if self._window_open:
+            self.tracer.reregister()
+
     def end_window(self, steps: int = 0) -> ConvertStats | None:
         if not self._window_open:
             return None

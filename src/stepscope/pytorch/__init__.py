@@ -145,6 +145,11 @@ class TorchIntegration:
             self.ops.warn_foreign()
             return
         self._ops_on = bool(_call(self.ops.begin))
+        if self._ops_on and gpu is not None and hasattr(gpu, "reclaim_cupti"):
+            # Kineto registered its CUPTI buffer callbacks, even CPU-only: where this window's
+            # CUPTI tracing started first (a window open at start, or torch imported inside
+            # one), the window's records would go to Kineto
+            _call(gpu.reclaim_cupti)
 
     def window_end(self) -> None:
         if self._gpu_vetoed:

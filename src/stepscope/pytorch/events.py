@@ -48,8 +48,11 @@ def from_events(events: Any) -> OpColumns:
     name_of: dict[str, int] = {}
     input_of: dict[tuple[str, str], int] = {}
     rows = []
+    cpu = _cpu_device_type()
     for e in events:
         try:
+            if e.device_type() != cpu:  # as the native reader: CPU events only
+                continue
             name = e.name()
             start, dur, tid, seq = e.start_ns(), e.duration_ns(), e.device_resource_id(), \
                 e.sequence_nr()
@@ -71,3 +74,10 @@ def from_events(events: Any) -> OpColumns:
     cols = np.array(rows, dtype=np.int64).reshape(-1, 8).T
     return OpColumns(list(name_of), [s for s, _ in input_of], [d for _, d in input_of],
                      cols[0].astype(np.int32), cols[1].astype(np.int32), *cols[2:])
+
+
+def _cpu_device_type() -> Any:
+    """What ``_KinetoEvent.device_type()`` returns for a CPU event."""
+    from torch._C._autograd import DeviceType
+
+    return DeviceType.CPU

@@ -100,9 +100,12 @@ static PyObject* columns(PyObject*, PyObject*) {
   std::vector<std::string> names, shapes, dtypes;
   std::unordered_map<std::string, int32_t> name_of, input_of;
   std::string key;
+  size_t i = 0;  // events kept so far
   try {
-    for (size_t i = 0; i < n; i++) {
-      const auto& e = events[i];
+    for (const auto& e : events) {
+      // CPU events only: device records reach Kineto only when its CUPTI callbacks were the
+      // registered ones (stepscope's tracer registers its own after Kineto starts)
+      if (e.deviceType() != c10::DeviceType::CPU) continue;
       auto it = name_of.find(e.name());
       if (it == name_of.end()) {
         it = name_of.emplace(e.name(), static_cast<int32_t>(names.size())).first;
@@ -121,7 +124,10 @@ static PyObject* columns(PyObject*, PyObject*) {
       auto dt = e.dtypes();
       bool typed = false;
       for (const auto& d : dt) typed = typed || !d.empty();
-      if (!typed) continue;
+      if (!typed) {
+        i++;
+        continue;
+      }
       // the inputs' identity in raw bytes (dims, then dtypes); formatted once per distinct key
       auto sh = e.shapes();
       key.clear();
@@ -147,12 +153,14 @@ static PyObject* columns(PyObject*, PyObject*) {
         }
         dtypes.push_back(std::move(text));
       }
-      input_idx[i] = in->second;
+      input_idx[i++] = in->second;
     }
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return nullptr;
   }
+  for (auto* v : {&name_idx, &input_idx}) v->resize(i);
+  for (auto* v : {&start, &dur, &tid, &stid, &seq, &fwd}) v->resize(i);
   PyObject* parts[11] = {str_list(names), str_list(shapes), str_list(dtypes),
                          as_bytes(name_idx), as_bytes(input_idx), as_bytes(start),
                          as_bytes(dur), as_bytes(tid), as_bytes(stid), as_bytes(seq),

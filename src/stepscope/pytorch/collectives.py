@@ -25,6 +25,12 @@ Limits: works that have no future (gloo's send/recv) end at their post-hook, i.e
 with the arg ``completion: "issued"``. Process groups are hooked when the integration starts, when
 ``init_process_group``/``new_group`` return, and at each step end (groups made another way
 before their first collective's step ends miss those first ops). A hook id of our own per group.
+
+**Older torch** (no ``ProcessGroup.register_pre_hook``: 2.11, the version an H100 image here
+ships, has none): the Python collective functions of ``torch.distributed`` are wrapped instead
+(the outermost call only, where one calls another), with the same slices and args. FSDP2's
+all-gathers and reduce-scatters and the program's own calls pass through them; DDP's gradient
+all-reduces, issued by its C++ reducer, do not, and ``start()`` says so in one line.
 """
 
 from __future__ import annotations
@@ -37,6 +43,18 @@ from typing import Any
 from .. import _schema as S
 
 HOOK_ID = 0x5EC0  # our pre/post hook id on each process group
+# torch has ProcessGroup pre/post hooks (None: look at start; tests set False to try the fallback)
+USE_PG_HOOKS: bool | None = None
+
+# the Python functions wrapped without those hooks: name -> (op, index of the input tensor(s))
+_PY_COLLECTIVES = {
+    "all_reduce": ("ALLREDUCE", 0), "broadcast": ("BROADCAST", 0), "reduce": ("REDUCE", 0),
+    "all_gather": ("ALLGATHER", 1), "all_gather_into_tensor": ("ALLGATHER", 1),
+    "reduce_scatter": ("REDUCE_SCATTER", 1), "reduce_scatter_tensor": ("REDUCE_SCATTER", 1),
+    "all_to_all": ("ALLTOALL", 1), "all_to_all_single": ("ALLTOALL", 1),
+    "gather": ("GATHER", 0), "scatter": ("SCATTER", 1), "barrier": ("BARRIER", None),
+    "send": ("SEND", 0), "recv": ("RECV", 0), "isend": ("SEND", 0), "irecv": ("RECV", 0),
+}  # fmt: skip
 
 _OP_NAMES = {
     "SEND": "send", "RECV": "recv", "BROADCAST": "broadcast", "ALLREDUCE": "allreduce",
@@ -68,6 +86,7 @@ class CollectiveTracer:
         self._hooked: dict[int, Any] = {}  # id(pg) -> pg
         self._patched: list[tuple[Any, str, Any]] = []
         self._on = False
+        self.pg_hooks: bool | None = None  # ProcessGroup hooks used (else Python functions)
         self.count = 0  # ops written
         self.failures = 0
 
@@ -78,6 +97,17 @@ class CollectiveTracer:
         if not dist.is_available():
             return
         self._on = True
+        self.pg_hooks = USE_PG_HOOKS
+        if self.pg_hooks is None:
+            self.pg_hooks = hasattr(dist.ProcessGroup, "register_pre_hook")
+        if not self.pg_hooks:
+            import torch
+
+            self._wrap_python_collectives(dist)
+            print(f"stepscope: torch {torch.__version__} has no process-group hooks: "
+                  "collectives are recorded from torch.distributed's Python functions only "
+                  "(DDP's gradient all-reduces, issued in C++, are not)", file=sys.stderr)
+            return
         self._patch_creators(dist)
         self.watch_new_groups()
 
@@ -119,9 +149,81 @@ class CollectiveTracer:
                     self._patched.append((owner, name, original))
                     setattr(owner, name, wrapper)
 
+    def _wrap_python_collectives(self, dist: Any) -> None:
+        """Without process-group hooks: each Python collective function, in ``torch.distributed``
+        and ``distributed_c10d`` alike, times its call (to its work's completion when async)."""
+        import torch.distributed.distributed_c10d as c10d
+
+        tracer, inside = self, threading.local()
+        for name, (op, arg) in _PY_COLLECTIVES.items():
+            original = getattr(c10d, name, None)
+            if original is None:
+                continue
+
+            def make(original: Any, op: str, arg: int | None) -> Any:
+                def collective(*args: Any, **kwargs: Any) -> Any:
+                    if getattr(inside, "on", False) or not tracer._on:
+                        return original(*args, **kwargs)  # one called by another: the outer
+                    inside.on = True
+                    try:
+                        t0 = time.perf_counter_ns()
+                        work = original(*args, **kwargs)
+                    finally:
+                        inside.on = False
+                    tracer._python_done(t0, op, args, kwargs, arg, work)
+                    return work
+
+                collective.__wrapped__ = original  # type: ignore[attr-defined]
+                collective.__doc__ = original.__doc__
+                collective.__name__ = original.__name__
+                return collective
+
+            wrapper = make(original, op, arg)
+            for owner in (c10d, dist):
+                if owner.__dict__.get(name) is original:
+                    self._patched.append((owner, name, original))
+                    setattr(owner, name, wrapper)
+
+    def _python_done(self, t0: int, op: str, args: tuple, kwargs: dict, arg: int | None,
+                     work: Any) -> None:
+        """One wrapped call returned: its slice now, or when its work completes."""
+        try:
+            import torch
+            import torch.distributed as dist
+
+            x = args[arg] if arg is not None and len(args) > arg else None
+            tensors = x if isinstance(x, (list, tuple)) else [x] if x is not None else []
+            nbytes, dtype = 0, ""
+            for t in tensors:
+                if isinstance(t, torch.Tensor):
+                    nbytes += t.numel() * t.element_size()
+                    dtype = dtype or _dtype_name(t.dtype)
+            group = kwargs.get("group")
+            size = dist.get_world_size(group)
+            if group is None:  # the default group, named as its hooks would see it
+                from torch.distributed import distributed_c10d as c10d
+
+                group = c10d._get_default_group()  # noqa: SLF001
+            gname = getattr(group, "group_name", "") or ""
+            opened = (t0, op, nbytes, dtype)
+            fut = None
+            if work is not None and hasattr(work, "get_future"):
+                try:
+                    fut = work.get_future()
+                except RuntimeError:  # gloo send/recv: no future
+                    self._write(opened, time.perf_counter_ns(), size, gname, issued=True)
+                    return
+            if fut is None:
+                self._write(opened, time.perf_counter_ns(), size, gname)
+                return
+            fut.add_done_callback(
+                lambda _f: self._write(opened, time.perf_counter_ns(), size, gname))
+        except Exception:
+            self.failures += 1
+
     def watch_new_groups(self) -> None:
         """Hook the process groups made since the last call (cheap: a dict walk)."""
-        if not self._on:
+        if not self._on or not self.pg_hooks:
             return
         import torch.distributed as dist
 

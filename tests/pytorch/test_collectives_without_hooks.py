@@ -64,7 +64,7 @@ def _ops(tmp_path, mode: str) -> tuple[list[tuple], str]:
 def test_python_functions_give_the_programs_collectives_as_the_hooks_do(tmp_path):
     ops, err = _ops(tmp_path, "python")
     assert ops == PROGRAMS_OWN  # DDP's C++ all-reduce is not seen: the documented limit
-    assert "has no process-group hooks" in err and "DDP's gradient all-reduces" in err
+    assert err.count("has no process-group hooks") == 1 and "DDP's gradient all-reduces" in err
     if not hasattr(dist.ProcessGroup, "register_pre_hook"):
         return  # this torch has no hooks to compare with
     hooked, err = _ops(tmp_path, "hooks")

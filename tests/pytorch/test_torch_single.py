@@ -174,14 +174,21 @@ def test_the_end_of_run_report_shows_the_windows_operators(tmp_path, capfd):
 
 
 def test_thread_tracks_for_threads_python_does_not_know():
-    """A C++ thread (the autograd engine's on GPUs) gets a thread track named from /proc."""
+    """A C++ thread (the autograd engine's on GPUs) gets a thread track named from /proc; a
+    device event (Kineto hands CUDA records over when its CUPTI callbacks got them) is not an
+    operator."""
+    from torch._C._autograd import DeviceType
+
     from stepscope.core import session as _session
     from stepscope.pytorch.events import from_events
     from stepscope.pytorch.operators import OperatorCapture, thread_name
 
     class Ev:
-        def __init__(self, name, start, dur, tid):
-            self.v = (name, start, dur, tid)
+        def __init__(self, name, start, dur, tid, device=DeviceType.CPU):
+            self.v = (name, start, dur, tid, device)
+
+        def device_type(self):
+            return self.v[4]
 
         def name(self):
             return self.v[0]
@@ -207,6 +214,7 @@ def test_thread_tracks_for_threads_python_does_not_know():
     worker.start()
     try:
         n = cap.write(from_events([Ev("a", 1000, 10, worker.native_id),
+                                   Ev("sgemm", 1500, 10, 7, DeviceType.CUDA),
                                    Ev("b", 2000, 10, 4_000_000_000)]),
                       lambda ts: ts)
         assert n == 2

@@ -30,7 +30,8 @@ before their first collective's step ends miss those first ops). A hook id of ou
 ships, has none): the Python collective functions of ``torch.distributed`` are wrapped instead
 (the outermost call only, where one calls another), with the same slices and args. FSDP2's
 all-gathers and reduce-scatters and the program's own calls pass through them; DDP's gradient
-all-reduces, issued by its C++ reducer, do not, and ``start()`` says so in one line.
+all-reduces, issued by its C++ reducer, do not: one line says so once the program has a
+process group.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ class CollectiveTracer:
         self._patched: list[tuple[Any, str, Any]] = []
         self._on = False
         self.pg_hooks: bool | None = None  # ProcessGroup hooks used (else Python functions)
+        self._told = False
         self.count = 0  # ops written
         self.failures = 0
 
@@ -101,13 +103,7 @@ class CollectiveTracer:
         if self.pg_hooks is None:
             self.pg_hooks = hasattr(dist.ProcessGroup, "register_pre_hook")
         if not self.pg_hooks:
-            import torch
-
             self._wrap_python_collectives(dist)
-            print(f"stepscope: torch {torch.__version__} has no process-group hooks: "
-                  "collectives are recorded from torch.distributed's Python functions only "
-                  "(DDP's gradient all-reduces, issued in C++, are not)", file=sys.stderr)
-            return
         self._patch_creators(dist)
         self.watch_new_groups()
 
@@ -223,11 +219,20 @@ class CollectiveTracer:
 
     def watch_new_groups(self) -> None:
         """Hook the process groups made since the last call (cheap: a dict walk)."""
-        if not self._on or not self.pg_hooks:
+        if not self._on:
             return
         import torch.distributed as dist
 
         if not dist.is_initialized():
+            return
+        if not self.pg_hooks:  # the Python functions are wrapped instead: said once
+            if not self._told:
+                import torch
+
+                self._told = True
+                print(f"stepscope: torch {torch.__version__} has no process-group hooks: "
+                      "collectives are recorded from torch.distributed's Python functions only "
+                      "(DDP's gradient all-reduces, issued in C++, are not)", file=sys.stderr)
             return
         from torch.distributed import distributed_c10d as c10d
 

@@ -151,6 +151,26 @@ def test_loader_waits_stay_in_their_steps_across_flushes(tmp_path):
     assert prof.timer.steps == 4
 
 
+def test_a_windows_operators_leave_the_loaders_own_range_to_the_wait(tmp_path):
+    """torch's enumerate(DataLoader)#...__next__ range begins inside each batch wait, which the
+    wait's own slice covers: not an operator either (it topped the windows' operators table, at
+    half the window's time, in a 2-worker CNN run), while the model's operators stay."""
+    prof = stepscope.Profiler(dir=tmp_path, run_id="w", schedule=(0, 100), step_on="optimizer",
+                              host_metrics=False, report=False, use_env=False, torch=True)
+    prof.start()
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
+    for x, y in torch.utils.data.DataLoader(data, batch_size=2):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    prof.stop()
+    d = tq.db(tmp_path / "w" / "rank0.detail.0.pftrace")
+    assert len(tq.slices(d, "s.category = 'dataloader'")) == 4
+    assert len(tq.slices(d, "s.name = 'aten::linear'")) == 4  # 4 batches, one Linear
+    assert tq.slices(d, "s.name LIKE 'enumerate(DataLoader)%'") == []
+
+
 def test_options_accept_torch_and_step_on():
     assert options.parse('{"torch": false, "step_on": "optimizer"}') == {
         "torch": False, "step_on": "optimizer"}

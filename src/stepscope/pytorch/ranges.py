@@ -23,7 +23,8 @@ profiler has not written yet (a pending step 0, or one just opened by a step bou
 written first, so the range nests in it whatever the writer flushed in between. A
 ``record_function`` that begins inside a batch wait there (torch's own
 ``enumerate(DataLoader)#...`` range of every ``next()``) is not recorded: the wait's
-``dataloader.next`` slice covers it, and its begins are written only once the batch comes.
+``dataloader.next`` slice covers it, and its begins are written only once the batch comes. A
+detail window's operators leave torch's copy of such a range out as well.
 Ranges whose end torch defers to a future (``_call_end_callbacks_on_future``) end here at
 ``__exit__``. Limits: C++ ``RECORD_FUNCTION`` scopes are not seen here (they are operators,
 see :mod:`.operators`); TorchScript-compiled ``record_function`` neither.
@@ -65,11 +66,15 @@ def _begin(name: Any, category: str) -> None:
 
 _end = rec.end_summary
 _rf_chains: dict[str, Any] = {}  # record_function name -> its begin chain (None: not cached)
+# record_function names begun inside a batch wait, so not recorded (torch's enumerate(DataLoader)
+# range of every next(): the wait's own slice covers it)
+_in_wait: set[str] = set()
 
 
 def recorded_names() -> set:
-    """Names of the ``record_function`` ranges recorded so far (cached ones)."""
-    return {name for name, cat in list(_chains) if cat == S.CAT_RECORD_FUNCTION}
+    """Names of the ``record_function`` ranges the summary level has already (cached ones),
+    or covers with a batch wait's slice: a window's operators leave torch's copies out."""
+    return {name for name, cat in list(_chains) if cat == S.CAT_RECORD_FUNCTION} | _in_wait
 
 
 class _RangeIds:
@@ -126,15 +131,18 @@ class RangeCapture:
 
         def __enter__(self: Any) -> Any:
             result = o_enter(self)
-            if recorder.ON and gate():
-                c = by_name.get(self.name) if type(self.name) is str else None
-                if c is not None:
-                    c()
-                else:
-                    _begin(self.name, cat)
-                    if len(by_name) < MAX_CACHED_NAMES and type(self.name) is str:
-                        by_name[self.name] = _chains.get((self.name, cat))
-                self._stepscope_open = True
+            if recorder.ON:
+                if gate():
+                    c = by_name.get(self.name) if type(self.name) is str else None
+                    if c is not None:
+                        c()
+                    else:
+                        _begin(self.name, cat)
+                        if len(by_name) < MAX_CACHED_NAMES and type(self.name) is str:
+                            by_name[self.name] = _chains.get((self.name, cat))
+                    self._stepscope_open = True
+                elif len(_in_wait) < MAX_CACHED_NAMES and type(self.name) is str:
+                    _in_wait.add(self.name)
             return result
 
         def __exit__(self: Any, *exc: Any) -> Any:

@@ -143,6 +143,29 @@ def test_merge_takes_the_workers_into_their_ranks(run, tmp_path):
     assert len(tq.slices(d, "s.name = '__getitem__'")) == SAMPLES
 
 
+def test_summary_of_the_run_directory_takes_the_workers_into_their_ranks(run, tmp_path, capsys):
+    """`stepscope summary RUN_DIR` reads the workers' files with their ranks (it left them out,
+    saying they repeated the rank files): each worker's CPU counter in the device table, the
+    fetches among the ranges, and still two ranks of 4 steps."""
+    import json
+
+    from stepscope.cli import main
+
+    out = tmp_path / "s.json"
+    assert main(["summary", str(run), "--format", "json", "-o", str(out),
+                 "--table", "device,operators,distributed"]) == 0
+    assert "left out" not in capsys.readouterr().err
+    tables = {name: t["rows"] for name, t in json.loads(out.read_text()).items()}
+    assert [(r["rank"], r["steps"]) for r in tables["distributed"]] == [(0, STEPS), (1, STEPS)]
+    workers = sorted((r["rank"], r["name"].split(" (pid")[0]) for r in tables["device"]
+                     if r["name"].startswith("DataLoader worker"))
+    assert workers == [(0, "DataLoader worker 0"), (0, "DataLoader worker 1"),
+                       (1, "DataLoader worker 0"), (1, "DataLoader worker 1")]
+    calls = {r["name"]: r["calls"] for r in tables["operators"]}
+    assert (calls["fetch"], calls["collate"], calls["__getitem__"]) == (
+        2 * STEPS, 2 * STEPS, SAMPLES)  # both ranks: a fetch per batch, a __getitem__ a sample
+
+
 def test_operators_of_the_window(run):
     d = tq.db(run / "rank0.detail.0.pftrace")
     conv = tq.slices(d, "s.name = 'aten::conv2d'")

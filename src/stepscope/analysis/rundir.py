@@ -15,6 +15,9 @@ from ._errors import TraceError
 
 _SUMMARY_FILE = re.compile(r"^rank\d+\.summary\.pftrace$")
 _DETAIL_FILE = re.compile(r"^rank\d+\.detail\.\d+\.pftrace$")
+# a DataLoader worker's file (``_schema.WORKER_FILE``): its tracks are threads of its rank's
+# process, so it is part of that rank's whole run, never a repeat of it
+_WORKER_FILE = re.compile(r"^rank\d+\.summary\.worker\d+-\d+\.pftrace$")
 
 
 @dataclass
@@ -39,7 +42,8 @@ def classify(paths: list[str]) -> Inputs:
     """Sort PATHs (files and run directories) by role; a file named twice counts once.
 
     A directory stands for its ``rank<N>.summary.pftrace`` and ``rank<N>.detail.<k>.pftrace``
-    files, or, when it has none, for those of the one run directory inside it (the profiler's
+    files (and its DataLoader workers' ``rank<N>.summary.worker<W>-<pid>.pftrace``, whole-run
+    files of their rank), or, when it has none, for those of the one run directory inside it (the profiler's
     ``<dir>``); other traces in it (``merged.pftrace``) are left out, as are other traces given
     beside rank files of their directory (``RUN_DIR/*.pftrace``). Raises TraceError for a
     directory without such files or with several runs."""
@@ -68,7 +72,7 @@ def classify(paths: list[str]) -> Inputs:
                              "directories by name")
         for name in sorted(_listdir(runs[0])):
             f = os.path.join(runs[0], name)
-            if _rank_files(runs[0], name):
+            if _rank_files(runs[0], name) or _WORKER_FILE.match(name) and os.path.isfile(f):
                 add(f)
             elif name.endswith(".pftrace") and os.path.isfile(f):
                 out.left_out.append(f)
@@ -85,7 +89,8 @@ def classify(paths: list[str]) -> Inputs:
 
 def _is_rank_file(path: str) -> bool:
     name = os.path.basename(path)
-    return bool(_SUMMARY_FILE.match(name) or _DETAIL_FILE.match(name))
+    return bool(_SUMMARY_FILE.match(name) or _DETAIL_FILE.match(name)
+                or _WORKER_FILE.match(name))
 
 
 def _listdir(d: str) -> list[str]:

@@ -32,6 +32,9 @@ PROGRAM = textwrap.dedent("""
     dist.broadcast(torch.ones(5, dtype=torch.int32), src=0)  # 20 bytes
     dist.all_gather_into_tensor(torch.empty(16), torch.ones(16))  # input: 64 bytes
     dist.barrier()
+    group = dist.new_group([0])
+    dist.all_reduce(torch.ones(3), dist.ReduceOp.SUM, group)  # the group by position: 12 bytes
+    dist.all_gather_into_tensor(output_tensor=torch.empty(2), input_tensor=torch.ones(2))  # 8
     # DDP: its C++ reducer all-reduces the gradients, 10 floats of Linear(4, 2) = 40 bytes
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
     model(torch.ones(3, 4)).sum().backward()
@@ -40,9 +43,11 @@ PROGRAM = textwrap.dedent("""
     dist.destroy_process_group()
 """)
 
-PROGRAMS_OWN = [  # (op, bytes, dtype) of the program's own calls, in order
-    ("allreduce", "4000", "float32"), ("allreduce", "80", "float64"),
-    ("broadcast", "20", "int32"), ("allgather", "64", "float32"), ("barrier", "0", None),
+PROGRAMS_OWN = [  # (op, bytes, dtype, group) of the program's own calls, in order
+    ("allreduce", "4000", "float32", "0"), ("allreduce", "80", "float64", "0"),
+    ("broadcast", "20", "int32", "0"), ("allgather", "64", "float32", "0"),
+    ("barrier", "0", None, "0"), ("allreduce", "12", "float32", "1"),
+    ("allgather", "8", "float32", "0"),
 ]  # fmt: skip
 
 
@@ -56,8 +61,8 @@ def _ops(tmp_path, mode: str) -> tuple[list[tuple], str]:
     out = []
     for s in tq.slices(d, "s.category = 'communication'"):
         a = tq.args(d, s["arg_set_id"])
-        assert (a["op"], a["group_size"], a["group"]) == (s["name"], "1", "0")
-        out.append((a["op"], a["bytes"], a.get("dtype")))
+        assert (a["op"], a["group_size"]) == (s["name"], "1")
+        out.append((a["op"], a["bytes"], a.get("dtype"), a["group"]))
     return out, r.stderr
 
 
@@ -69,4 +74,4 @@ def test_python_functions_give_the_programs_collectives_as_the_hooks_do(tmp_path
         return  # this torch has no hooks to compare with
     hooked, err = _ops(tmp_path, "hooks")
     assert hooked[: len(PROGRAMS_OWN)] == PROGRAMS_OWN and "process-group hooks" not in err
-    assert ("allreduce", "40", "float32") in hooked[len(PROGRAMS_OWN):]  # DDP's gradients
+    assert ("allreduce", "40", "float32", "0") in hooked[len(PROGRAMS_OWN):]  # DDP's gradients

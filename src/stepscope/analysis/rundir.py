@@ -43,10 +43,10 @@ def classify(paths: list[str]) -> Inputs:
 
     A directory stands for its ``rank<N>.summary.pftrace`` and ``rank<N>.detail.<k>.pftrace``
     files (and its DataLoader workers' ``rank<N>.summary.worker<W>-<pid>.pftrace``, whole-run
-    files of their rank), or, when it has none, for those of the one run directory inside it (the profiler's
-    ``<dir>``); other traces in it (``merged.pftrace``) are left out, as are other traces given
-    beside rank files of their directory (``RUN_DIR/*.pftrace``). Raises TraceError for a
-    directory without such files or with several runs."""
+    files of their rank), or, when it has none, for those of the one run directory inside it
+    (the profiler's ``<dir>``); other traces in it (``merged.pftrace``) are left out, as are
+    other traces given beside rank files of their directory (``RUN_DIR/*.pftrace``). Raises
+    TraceError for a directory without such files or with several runs."""
     out = Inputs()
     seen: set[str] = set()
 

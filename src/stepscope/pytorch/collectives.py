@@ -36,6 +36,7 @@ process group.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 import time
@@ -157,6 +158,13 @@ class CollectiveTracer:
                 continue
 
             def make(original: Any, op: str, arg: int | None) -> Any:
+                try:  # the input and the group by name, given by position or keyword alike
+                    sig = inspect.signature(original)
+                    names = list(sig.parameters)
+                    source = names[arg] if arg is not None and arg < len(names) else None
+                except (TypeError, ValueError):
+                    sig, source = None, None
+
                 def collective(*args: Any, **kwargs: Any) -> Any:
                     if getattr(inside, "on", False) or not tracer._on:
                         return original(*args, **kwargs)  # one called by another: the outer
@@ -166,7 +174,7 @@ class CollectiveTracer:
                         work = original(*args, **kwargs)
                     finally:
                         inside.on = False
-                    tracer._python_done(t0, op, args, kwargs, arg, work)
+                    tracer._python_done(t0, op, sig, source, args, kwargs, work)
                     return work
 
                 collective.__wrapped__ = original  # type: ignore[attr-defined]
@@ -180,21 +188,23 @@ class CollectiveTracer:
                     self._patched.append((owner, name, original))
                     setattr(owner, name, wrapper)
 
-    def _python_done(self, t0: int, op: str, args: tuple, kwargs: dict, arg: int | None,
-                     work: Any) -> None:
-        """One wrapped call returned: its slice now, or when its work completes."""
+    def _python_done(self, t0: int, op: str, sig: Any, source: str | None, args: tuple,
+                     kwargs: dict, work: Any) -> None:
+        """One wrapped call returned: its slice now, or when its work completes. ``source``:
+        the name of the parameter holding the input tensor(s)."""
         try:
             import torch
             import torch.distributed as dist
 
-            x = args[arg] if arg is not None and len(args) > arg else None
+            given = sig.bind_partial(*args, **kwargs).arguments if sig is not None else kwargs
+            x = given.get(source) if source is not None else None
             tensors = x if isinstance(x, (list, tuple)) else [x] if x is not None else []
             nbytes, dtype = 0, ""
             for t in tensors:
                 if isinstance(t, torch.Tensor):
                     nbytes += t.numel() * t.element_size()
                     dtype = dtype or _dtype_name(t.dtype)
-            group = kwargs.get("group")
+            group = given.get("group")
             size = dist.get_world_size(group)
             if group is None:  # the default group, named as its hooks would see it
                 from torch.distributed import distributed_c10d as c10d

@@ -126,6 +126,7 @@ def test_host_counters_present_and_sane(tmp_path):
     # counters are on tracks under the rank's process, inside the run's time span
     pid = next(iter(d.processes))
     steps = d.by_category(S.CAT_STEP)
+    assert len(steps) == prof.timer.steps  # every step of the loop is in the file
     for name, samples in c.items():
         track = next(t for t in d.tracks.values() if t.name == name)
         assert d.track_pid(track.uuid) == pid

@@ -215,7 +215,7 @@ def test_thread_tracks_for_threads_python_does_not_know():
     try:
         n = cap.write(from_events([Ev("a", 1000, 10, worker.native_id),
                                    Ev("sgemm", 1500, 10, 7, DeviceType.CUDA),
-                                   Ev("b", 2000, 10, 4_000_000_000)]),
+                                   Ev("b", 2000, 10, 4_000_000_000)], cpu_only=True),
                       lambda ts: ts)
         assert n == 2
         assert cap._tracks[worker.native_id] == sess.thread_track(worker.ident)

@@ -42,16 +42,20 @@ def from_native(parts: tuple) -> OpColumns:
     return OpColumns(names, shapes, dtypes, *arrays)
 
 
-def from_events(events: Any) -> OpColumns:
+def from_events(events: Any, cpu_only: bool | None = None) -> OpColumns:
     """Columns of ``_KinetoEvent``-like objects, through their accessors (an event whose
-    accessors raise is left out)."""
+    accessors raise is left out).
+
+    ``cpu_only``: leave device events out, as the native reader does (they reach Kineto only
+    where its CUPTI callbacks got records). ``None``: where the program has initialized CUDA,
+    since asking each event costs about 1 µs (15 % more for this reader)."""
     name_of: dict[str, int] = {}
     input_of: dict[tuple[str, str], int] = {}
     rows = []
-    cpu = _cpu_device_type()
+    cpu = _cpu_device_type() if (_cuda_in_use() if cpu_only is None else cpu_only) else None
     for e in events:
         try:
-            if e.device_type() != cpu:  # as the native reader: CPU events only
+            if cpu is not None and e.device_type() != cpu:
                 continue
             name = e.name()
             start, dur, tid, seq = e.start_ns(), e.duration_ns(), e.device_resource_id(), \
@@ -81,3 +85,9 @@ def _cpu_device_type() -> Any:
     from torch._C._autograd import DeviceType
 
     return DeviceType.CPU
+
+
+def _cuda_in_use() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_initialized())

@@ -141,10 +141,15 @@ class CollectiveTracer:
                 return created
 
             wrapper = make(original)
-            for owner in (c10d, dist):
-                if owner.__dict__.get(name) is original:
-                    self._patched.append((owner, name, original))
-                    setattr(owner, name, wrapper)
+            self._install((c10d, dist), name, original, wrapper)
+
+    def _install(self, owners: tuple, name: str, original: Any, wrapper: Any) -> None:
+        """``wrapper`` in place of ``original`` wherever an owner holds it (``stop()`` puts it
+        back): ``torch.distributed`` re-exports ``distributed_c10d``'s functions."""
+        for owner in owners:
+            if owner.__dict__.get(name) is original:
+                self._patched.append((owner, name, original))
+                setattr(owner, name, wrapper)
 
     def _wrap_python_collectives(self, dist: Any) -> None:
         """Without process-group hooks: each Python collective function, in ``torch.distributed``
@@ -183,10 +188,7 @@ class CollectiveTracer:
                 return collective
 
             wrapper = make(original, op, arg)
-            for owner in (c10d, dist):
-                if owner.__dict__.get(name) is original:
-                    self._patched.append((owner, name, original))
-                    setattr(owner, name, wrapper)
+            self._install((c10d, dist), name, original, wrapper)
 
     def _python_done(self, t0: int, op: str, sig: Any, source: str | None, args: tuple,
                      kwargs: dict, work: Any) -> None:

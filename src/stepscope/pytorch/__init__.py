@@ -145,7 +145,7 @@ class TorchIntegration:
             self.ops.warn_foreign()
             return
         self._ops_on = bool(_call(self.ops.begin))
-        if self._ops_on and gpu is not None and hasattr(gpu, "reclaim_cupti"):
+        if self._ops_on and gpu is not None:
             # Kineto registered its CUPTI buffer callbacks, even CPU-only: where this window's
             # CUPTI tracing started first (a window open at start, or torch imported inside
             # one), the window's records would go to Kineto

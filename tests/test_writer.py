@@ -393,6 +393,25 @@ def test_the_writer_wakes_at_least_every_flush_interval(tmp_path):
         assert waits[10:20] == [top] * 10, interval  # quiet: the waits reach the cap and stay
 
 
+def test_a_flush_interval_set_on_a_running_session_takes_effect(tmp_path):
+    """``session.flush_interval_s = x`` reaches the writer (it once only changed the session's
+    copy: the benchmarks that pushed periodic flushes out got them anyway)."""
+    sess = stepscope.start(str(tmp_path / "i.pftrace"), flush_interval_s=60)
+    try:
+        sess.flush()
+        first = sess._pipeline.last_flush
+        time.sleep(0.3)
+        assert sess._pipeline.last_flush == first  # 60 s: no periodic flush yet
+        sess.flush_interval_s = 0.05
+        assert sess.flush_interval_s == 0.05
+        deadline = time.monotonic() + 10
+        while sess._pipeline.last_flush == first and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sess._pipeline.last_flush > first  # flushed by the writer's own clock now
+    finally:
+        stepscope.stop()
+
+
 def test_one_blob_for_many_events_is_written_for_each(tmp_path):
     """A converter shares one blob among events (the same op with the same inputs every step):
     the file encodes it once per batch and each event still carries its name and args."""

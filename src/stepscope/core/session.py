@@ -63,7 +63,6 @@ class Session:
         if not 0 < flush_interval_s <= 60:
             raise ValueError(f"flush_interval_s={flush_interval_s} must be in (0, 60]")
         self.buffer_bytes = int(buffer_bytes)
-        self.flush_interval_s = float(flush_interval_s)
         self.compress = compress
         self.detail = detail
         self.rank = ranks.detect().rank if rank is None else int(rank)
@@ -74,7 +73,7 @@ class Session:
         self.registry = _tracks.TrackRegistry(self.pid, self.process_name, self._lock)
         self.process_uuid = self.registry.process_uuid
         self.drops = DropAccount(self.registry)
-        self._pipeline = WritePipeline(self._flush_for_writer, self._lock, self.flush_interval_s,
+        self._pipeline = WritePipeline(self._flush_for_writer, self._lock, float(flush_interval_s),
                                        self.buffer_bytes, self._error)
         self._emitters: list[Emitter] = []
         self.sinks: list[Sink] = []
@@ -91,6 +90,16 @@ class Session:
         self.errors: list[str] = []
         if path is not None:
             self.add_sink(path, levels=(LEVEL_SUMMARY, LEVEL_DETAIL))
+
+    @property
+    def flush_interval_s(self) -> float:
+        """Seconds between the writer's periodic flushes (the write pipeline's: set here, it
+        takes effect at the writer's next wake)."""
+        return self._pipeline.flush_interval_s
+
+    @flush_interval_s.setter
+    def flush_interval_s(self, seconds: float) -> None:
+        self._pipeline.flush_interval_s = float(seconds)
 
     # -- tracks (core.tracks) -----------------------------------------------------------------
     @property

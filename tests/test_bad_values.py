@@ -85,3 +85,38 @@ def test_values_whose_str_raises_become_placeholders(tmp_path, monkeypatch, forw
         "stepscope: counter 'c': a value of type Broken is not a number; ignored",
         "stepscope: counter 'u': a unit of type object is not a str; using '<object>'",
     ]), texts
+
+
+def test_step_arguments_that_are_no_numbers_are_ignored_with_one_warning(tmp_path, monkeypatch):
+    """``step(num_samples="x")`` once raised TypeError into the program from the step timer,
+    half-way through the step; ``epoch="e"`` became the epoch. Now: numpy scalars, 0-d arrays
+    and Decimals count as their number, anything else is left out with one warning, and the
+    step counts either way."""
+    from decimal import Decimal
+
+    import numpy as np
+
+    from stepscope import _schema as S
+    from stepscope.profiler import Profiler
+
+    monkeypatch.setattr(_recorder, "_warned", set())
+    prof = Profiler(tmp_path, run_id="r", host_metrics=False, report=False, use_env=False)
+    prof.start()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for v in ("x", np.int64(8), [1], np.array(4.5), Decimal("2.5"), Broken(), None):
+            prof.step(num_samples=v)
+        prof.step(epoch="e")  # ignored: still epoch 0
+        prof.step(epoch=np.int64(3))
+        prof.step()
+    prof.stop()
+    assert [str(w.message) for w in caught] == [
+        "stepscope: step(num_samples='x') is not a number: ignored",
+        "stepscope: step(epoch='e') is not an integer: ignored"]
+    assert prof.timer.steps == 10
+    ends = [e.args for e in decode(tmp_path / "r" / "rank0.summary.pftrace").events
+            if e.type == "E" and e.args and S.ARG_EPOCH in e.args]
+    assert ends == [{"epoch": 0}, {"epoch": 0, "num_samples": 8}, {"epoch": 0},
+                    {"epoch": 0, "num_samples": 4.5}, {"epoch": 0, "num_samples": 2.5},
+                    {"epoch": 0}, {"epoch": 0}, {"epoch": 0}, {"epoch": 0}, {"epoch": 3}]
+    assert type(ends[1]["num_samples"]) is int

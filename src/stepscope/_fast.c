@@ -12,10 +12,16 @@
  * Range objects, the annotate()/push_range()/pop_range() fast paths and the decorator wrapper
  * read one global mode: OFF (do nothing), RECORD (store), DELEGATE (call the Python slow path,
  * e.g. to forward to NVTX as well).
+ *
+ * Also here, for the profiler's step (once per training step, so every operation of Python it
+ * saves counts): step_boundary (a step's begin, end and the next placeholder in one call),
+ * StepCounters (the step timer's figures), and for the writer assemble/numbered_events (a
+ * batch's packets and step begins built in one call each).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <pythread.h>
+#include <structmember.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdint.h>
@@ -677,35 +683,44 @@ done:
  * int arg n (the profiler's "step N"):
  *   te_tag len(head + name_tag len(name) name + da_tag len(da_head n) da_head n)
  * with n as a protobuf int64 varint. The same bytes as _encoder.track_event, without its
- * dozen Python operations per event. */
-static PyObject *f_numbered_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "numbered_event() takes 8 arguments");
-        return NULL;
-    }
+ * dozen Python operations per event. numbered_events(..., pkt_prefix, numbers) does a whole
+ * batch: a list of pkt_prefix + that field, one per int64 in the buffer `numbers`. */
+typedef struct {
+    const char *pre, *suf;
+    Py_ssize_t pre_len, suf_len;
+    PyObject *te_tag, *head, *name_tag, *da_tag, *da_head;
+} numbered_parts;
+
+static int numbered_parse(PyObject *const *args, numbered_parts *np) {
     for (int k = 0; k < 7; k++) {
         if (k != 3 && k != 4 && !PyBytes_Check(args[k])) {
             PyErr_SetString(PyExc_TypeError, "numbered_event(): tags and heads must be bytes");
-            return NULL;
+            return -1;
         }
     }
-    Py_ssize_t pre_len, suf_len;
-    const char *pre = PyUnicode_AsUTF8AndSize(args[3], &pre_len);
-    if (pre == NULL) return NULL; /* not a str, or lone surrogates: the caller's Python path */
-    const char *suf = PyUnicode_AsUTF8AndSize(args[4], &suf_len);
-    if (suf == NULL) return NULL;
-    long long n = PyLong_AsLongLong(args[7]);
-    if (n == -1 && PyErr_Occurred()) return NULL;
+    np->pre = PyUnicode_AsUTF8AndSize(args[3], &np->pre_len);
+    if (np->pre == NULL) return -1; /* not a str, or lone surrogates: the caller's Python path */
+    np->suf = PyUnicode_AsUTF8AndSize(args[4], &np->suf_len);
+    if (np->suf == NULL) return -1;
+    np->te_tag = args[0];
+    np->head = args[1];
+    np->name_tag = args[2];
+    np->da_tag = args[5];
+    np->da_head = args[6];
+    return 0;
+}
+
+static PyObject *numbered_build(const numbered_parts *np, const char *lead, Py_ssize_t lead_len,
+                                long long n) {
     char digits[24];
     int dig_len = snprintf(digits, sizeof digits, "%lld", n);
-    PyObject *te_tag = args[0], *head = args[1], *name_tag = args[2], *da_tag = args[5],
-             *da_head = args[6];
-    Py_ssize_t name_len = pre_len + dig_len + suf_len;
-    Py_ssize_t da_len = PyBytes_GET_SIZE(da_head) + varint_size((uint64_t)n);
-    Py_ssize_t body = PyBytes_GET_SIZE(head) + PyBytes_GET_SIZE(name_tag)
-                      + varint_size((uint64_t)name_len) + name_len + PyBytes_GET_SIZE(da_tag)
-                      + varint_size((uint64_t)da_len) + da_len;
-    Py_ssize_t total = PyBytes_GET_SIZE(te_tag) + varint_size((uint64_t)body) + body;
+    Py_ssize_t name_len = np->pre_len + dig_len + np->suf_len;
+    Py_ssize_t da_len = PyBytes_GET_SIZE(np->da_head) + varint_size((uint64_t)n);
+    Py_ssize_t body = PyBytes_GET_SIZE(np->head) + PyBytes_GET_SIZE(np->name_tag)
+                      + varint_size((uint64_t)name_len) + name_len
+                      + PyBytes_GET_SIZE(np->da_tag) + varint_size((uint64_t)da_len) + da_len;
+    Py_ssize_t total = lead_len + PyBytes_GET_SIZE(np->te_tag) + varint_size((uint64_t)body)
+                       + body;
     PyObject *out = PyBytes_FromStringAndSize(NULL, total);
     if (out == NULL) return NULL;
     char *p = PyBytes_AS_STRING(out);
@@ -715,22 +730,298 @@ static PyObject *f_numbered_event(PyObject *self, PyObject *const *args, Py_ssiz
         p += (len);                      \
     } while (0)
 #define PUT_BYTES(o) PUT(PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o))
-    PUT_BYTES(te_tag);
+    PUT(lead, lead_len);
+    PUT_BYTES(np->te_tag);
     p = put_varint(p, (uint64_t)body);
-    PUT_BYTES(head);
-    PUT_BYTES(name_tag);
+    PUT_BYTES(np->head);
+    PUT_BYTES(np->name_tag);
     p = put_varint(p, (uint64_t)name_len);
-    PUT(pre, pre_len);
+    PUT(np->pre, np->pre_len);
     PUT(digits, dig_len);
-    PUT(suf, suf_len);
-    PUT_BYTES(da_tag);
+    PUT(np->suf, np->suf_len);
+    PUT_BYTES(np->da_tag);
     p = put_varint(p, (uint64_t)da_len);
-    PUT_BYTES(da_head);
+    PUT_BYTES(np->da_head);
     p = put_varint(p, (uint64_t)n);
 #undef PUT_BYTES
 #undef PUT
     return out;
 }
+
+static PyObject *f_numbered_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "numbered_event() takes 8 arguments");
+        return NULL;
+    }
+    numbered_parts np;
+    if (numbered_parse(args, &np) < 0) return NULL;
+    long long n = PyLong_AsLongLong(args[7]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    return numbered_build(&np, NULL, 0, n);
+}
+
+static PyObject *f_numbered_events(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "numbered_events() takes 9 arguments");
+        return NULL;
+    }
+    numbered_parts np;
+    if (numbered_parse(args, &np) < 0) return NULL;
+    if (!PyBytes_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "numbered_events(): pkt_prefix must be bytes");
+        return NULL;
+    }
+    Py_buffer nv;
+    if (get_int64_buffer(args[8], &nv, "numbers") < 0) return NULL;
+    Py_ssize_t count = nv.len / 8;
+    const int64_t *nums = nv.buf;
+    PyObject *out = PyList_New(count);
+    if (out != NULL) {
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *b = numbered_build(&np, PyBytes_AS_STRING(args[7]),
+                                         PyBytes_GET_SIZE(args[7]), (long long)nums[i]);
+            if (b == NULL) {
+                Py_CLEAR(out);
+                break;
+            }
+            PyList_SET_ITEM(out, i, b);
+        }
+    }
+    PyBuffer_Release(&nv);
+    return out;
+}
+
+/* step_boundary(end, ts, ident, begin, begin_ts, begin_ident, null_code, lookback) -> bool: the
+ * profiler's step boundary in one call. The open step's begin placeholder (null_code,
+ * begin_ts, begin_ident), searched in the last `lookback` events, becomes `begin`; then
+ * (end, ts, ident) and the next step's placeholder (null_code, ts, ident) are appended. False,
+ * with nothing changed, where the placeholder is gone (a flush took it): the caller's slow
+ * path then writes the begin late. */
+static PyObject *f_step_boundary(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "step_boundary() takes 8 arguments");
+        return NULL;
+    }
+    long long v[8];
+    for (int k = 0; k < 8; k++) {
+        v[k] = PyLong_AsLongLong(args[k]);
+        if (v[k] == -1 && PyErr_Occurred()) return NULL;
+    }
+    long long end = v[0], ts = v[1], ident = v[2], begin = v[3], bts = v[4], bident = v[5],
+              null_code = v[6], lookback = v[7];
+    Py_ssize_t stop = buf_len - 3 * (Py_ssize_t)(lookback < 0 ? 0 : lookback);
+    if (stop < 0) stop = 0;
+    Py_ssize_t at = -1;
+    for (Py_ssize_t i = buf_len - 3; i >= stop; i -= 3) {
+        if (buf[i + 1] == bts && buf[i] == null_code && buf[i + 2] == bident) {
+            at = i;
+            break;
+        }
+    }
+    if (at < 0) Py_RETURN_FALSE;
+    buf[at] = begin;
+    if (marked_generation != generation) mark_thread();
+    if (buf_len + 6 > buf_cap && grow(buf_len + 6) < 0) {
+        lost += 2;
+    } else {
+        int64_t *p = buf + buf_len;
+        p[0] = end; p[1] = ts; p[2] = ident;
+        p[3] = null_code; p[4] = ts; p[5] = ident;
+        buf_len += 6;
+    }
+    Py_RETURN_TRUE;
+}
+
+/* ---- StepCounters: the step timer's running figures -----------------------------------------
+ *
+ * The base of profiler.timer.StepTimer (its figures live here, its stats() in Python): a
+ * step() is one C call instead of some thirty attribute operations of Python, on every step of
+ * the program. The pure-Python twin is timer._PyCounters; both keep the same fields. */
+
+typedef struct {
+    PyObject_HEAD
+    int has_t0;
+    long long t0, reader, steps, b_sum, b_max, b_min, r_sum, r_max, r_min, s_time;
+    double s_sum, s_max, s_min;
+} CountersObject;
+
+static void counters_reset(CountersObject *c) {
+    c->reader = 0;
+    c->steps = 0;
+    c->b_sum = c->b_max = c->r_sum = c->r_max = c->s_time = 0;
+    c->b_min = c->r_min = 0; /* read as inf while steps == 0 */
+    c->s_sum = c->s_max = 0.0;
+    c->s_min = Py_HUGE_VAL;
+}
+
+static int counters_init(CountersObject *c, PyObject *args, PyObject *kwds) {
+    if (PyTuple_GET_SIZE(args) || (kwds && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "StepCounters() takes no arguments");
+        return -1;
+    }
+    c->has_t0 = 0;
+    c->t0 = 0;
+    counters_reset(c);
+    return 0;
+}
+
+/* Up to `n` optional arguments named `names`, by position or keyword, into `out` (NULL where
+ * not given): the calls of start(now=None) and step(num_samples=None, now=None). */
+static int counters_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int n,
+                         const char *const *names, const char *fname, PyObject **out) {
+    if (nargs > n) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments", fname, n);
+        return -1;
+    }
+    for (int k = 0; k < n; k++) out[k] = k < nargs ? args[k] : NULL;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int at = -1;
+        for (int j = 0; j < n; j++)
+            if (PyUnicode_CompareWithASCIIString(key, names[j]) == 0) at = j;
+        if (at < 0 || out[at] != NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected or repeated argument %R", fname,
+                         key);
+            return -1;
+        }
+        out[at] = args[nargs + k];
+    }
+    return 0;
+}
+
+/* `now` (ns), or the clock where it is None or not given */
+static int counters_time(PyObject *now, long long *out) {
+    if (now == NULL || now == Py_None) {
+        *out = now_ns();
+        return 0;
+    }
+    *out = PyLong_AsLongLong(now);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static PyObject *counters_start(CountersObject *c, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames) {
+    static const char *const names[] = {"now"};
+    PyObject *a[1];
+    long long t;
+    if (counters_args(args, nargs, kwnames, 1, names, "start", a) < 0
+        || counters_time(a[0], &t) < 0)
+        return NULL;
+    c->has_t0 = 1;
+    c->t0 = t;
+    c->reader = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *counters_step(CountersObject *c, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames) {
+    static const char *const names[] = {"num_samples", "now"};
+    PyObject *a[2];
+    long long t;
+    if (counters_args(args, nargs, kwnames, 2, names, "step", a) < 0
+        || counters_time(a[1], &t) < 0)
+        return NULL;
+    double ns = 0.0;
+    int have = a[0] != NULL && a[0] != Py_None;
+    if (have) {
+        ns = PyFloat_AsDouble(a[0]);
+        if (ns == -1.0 && PyErr_Occurred()) return NULL;
+    }
+    if (!c->has_t0) {
+        c->has_t0 = 1;
+        c->t0 = t;
+        c->reader = 0;
+        Py_RETURN_NONE;
+    }
+    long long b = t - c->t0, r = c->reader;
+    c->t0 = t;
+    c->reader = 0;
+    if (c->steps == 0 || b < c->b_min) c->b_min = b;
+    if (c->steps == 0 || r < c->r_min) c->r_min = r;
+    c->steps += 1;
+    c->b_sum += b;
+    if (b > c->b_max) c->b_max = b;
+    c->r_sum += r;
+    if (r > c->r_max) c->r_max = r;
+    if (have && b > 0) {
+        c->s_sum += ns;
+        c->s_time += b;
+        double sps = ns * 1e9 / (double)b;
+        if (sps > c->s_max) c->s_max = sps;
+        if (sps < c->s_min) c->s_min = sps;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *counters_add_reader(CountersObject *c, PyObject *arg) {
+    long long ns = PyLong_AsLongLong(arg);
+    if (ns == -1 && PyErr_Occurred()) return NULL;
+    c->reader += ns;
+    Py_RETURN_NONE;
+}
+
+static PyObject *counters_reset_m(CountersObject *c, PyObject *unused) {
+    counters_reset(c);
+    Py_RETURN_NONE;
+}
+
+static PyObject *counters_get_t0(CountersObject *c, void *unused) {
+    if (!c->has_t0) Py_RETURN_NONE;
+    return PyLong_FromLongLong(c->t0);
+}
+
+static PyObject *counters_get_min(CountersObject *c, void *which) {
+    if (c->steps == 0) return PyFloat_FromDouble(Py_HUGE_VAL);
+    return PyLong_FromLongLong(which ? c->r_min : c->b_min);
+}
+
+static PyMethodDef counters_methods[] = {
+    {"start", (PyCFunction)(void (*)(void))counters_start, METH_FASTCALL | METH_KEYWORDS,
+     "start(now=None): open the first step."},
+    {"step", (PyCFunction)(void (*)(void))counters_step, METH_FASTCALL | METH_KEYWORDS,
+     "step(num_samples=None, now=None): close the open step and open the next."},
+    {"add_reader", (PyCFunction)counters_add_reader, METH_O,
+     "add_reader(ns): account ns of data-loader wait to the open step."},
+    {"reset", (PyCFunction)counters_reset_m, METH_NOARGS,
+     "reset(): forget every completed step (the open step keeps its start)."},
+    {NULL},
+};
+
+static PyMemberDef counters_members[] = {
+    {"_reader", T_LONGLONG, offsetof(CountersObject, reader), 0, NULL},
+    {"steps", T_LONGLONG, offsetof(CountersObject, steps), READONLY, NULL},
+    {"_b_sum", T_LONGLONG, offsetof(CountersObject, b_sum), READONLY, NULL},
+    {"_b_max", T_LONGLONG, offsetof(CountersObject, b_max), READONLY, NULL},
+    {"_r_sum", T_LONGLONG, offsetof(CountersObject, r_sum), READONLY, NULL},
+    {"_r_max", T_LONGLONG, offsetof(CountersObject, r_max), READONLY, NULL},
+    {"_s_time", T_LONGLONG, offsetof(CountersObject, s_time), READONLY, NULL},
+    {"_s_sum", T_DOUBLE, offsetof(CountersObject, s_sum), READONLY, NULL},
+    {"_s_max", T_DOUBLE, offsetof(CountersObject, s_max), READONLY, NULL},
+    {"_s_min", T_DOUBLE, offsetof(CountersObject, s_min), READONLY, NULL},
+    {NULL},
+};
+
+static PyGetSetDef counters_getset[] = {
+    {"_t0", (getter)counters_get_t0, NULL, "the open step's start (ns), None before any", NULL},
+    {"_b_min", (getter)counters_get_min, NULL, "shortest step (ns); inf before any", NULL},
+    {"_r_min", (getter)counters_get_min, NULL, "shortest reader wait (ns); inf before any",
+     (void *)1},
+    {NULL},
+};
+
+static PyTypeObject CountersType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "stepscope._fast.StepCounters",
+    .tp_basicsize = sizeof(CountersObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)counters_init,
+    .tp_methods = counters_methods,
+    .tp_members = counters_members,
+    .tp_getset = counters_getset,
+    .tp_doc = "StepCounters(): the step timer's running figures (see profiler.timer).",
+};
 
 /* ---- the module ----------------------------------------------------------------------------- */
 
@@ -746,6 +1037,11 @@ static PyMethodDef module_methods[] = {
      "assemble(deltas, tidx, templates) -> bytes: Trace.packet entries (see _encoder.assemble)."},
     {"numbered_event", (PyCFunction)(void (*)(void))f_numbered_event, METH_FASTCALL,
      "numbered_event(te_tag, head, name_tag, prefix, suffix, da_tag, da_head, n) -> bytes."},
+    {"numbered_events", (PyCFunction)(void (*)(void))f_numbered_events, METH_FASTCALL,
+     "numbered_events(te_tag, head, name_tag, prefix, suffix, da_tag, da_head, pkt_prefix, "
+     "numbers) -> list[bytes]."},
+    {"step_boundary", (PyCFunction)(void (*)(void))f_step_boundary, METH_FASTCALL,
+     "step_boundary(end, ts, ident, begin, begin_ts, begin_ident, null_code, lookback) -> bool."},
     {"configure", f_configure, METH_VARARGS,
      "configure(end_code, by_message, push_codes, annotate_slow, push_slow, pop_slow)."},
     {"annotate", (PyCFunction)(void (*)(void))f_annotate, METH_FASTCALL | METH_KEYWORDS,
@@ -768,7 +1064,7 @@ static struct PyModuleDef fast_module = {
 PyMODINIT_FUNC PyInit__fast(void) {
     if (PyType_Ready(&EmitType) < 0 || PyType_Ready(&RangeMethodType) < 0
         || PyType_Ready(&RangeType) < 0 || range_add_methods() < 0
-        || PyType_Ready(&DecoratedType) < 0)
+        || PyType_Ready(&DecoratedType) < 0 || PyType_Ready(&CountersType) < 0)
         return NULL;
     str_enter_slow = PyUnicode_InternFromString("_enter_slow");
     str_exit_slow = PyUnicode_InternFromString("_exit_slow");
@@ -778,6 +1074,7 @@ PyMODINIT_FUNC PyInit__fast(void) {
     if (PyModule_AddIntConstant(m, "TAG_TRACE_PACKET", STEPSCOPE_TAG_TRACE_PACKET) < 0
         || PyModule_AddIntConstant(m, "TAG_PACKET_TIMESTAMP", STEPSCOPE_TAG_PACKET_TIMESTAMP) < 0
         || PyModule_AddObjectRef(m, "Emit", (PyObject *)&EmitType) < 0
+        || PyModule_AddObjectRef(m, "StepCounters", (PyObject *)&CountersType) < 0
         || PyModule_AddObjectRef(m, "Range", (PyObject *)&RangeType) < 0
         || PyModule_AddObjectRef(m, "Decorated", (PyObject *)&DecoratedType) < 0
         || PyModule_AddIntConstant(m, "THREAD_MARK", THREAD_MARK) < 0) {

@@ -5,6 +5,7 @@ import os
 import threading
 import time
 
+import numpy as np
 import psutil
 import pytest
 from tracedecode import decode
@@ -77,6 +78,81 @@ def test_step_args_split_between_begin_and_end(tmp_path):
     assert merged == [{"step": 0, "epoch": 0, "num_samples": 4},
                       {"step": 1, "epoch": 0, "num_samples": 4},
                       {"step": 2, "epoch": 1, "num_samples": 4.0}, {"step": 3, "epoch": 1}]
+
+
+def test_step_begins_are_numbered_codes_and_past_their_range_blobs_with_the_same_bytes(
+        tmp_path, monkeypatch):
+    """A step's begin carries its number in its code (no object per step); a number past
+    the codes' range is a parked blob; the file has the same begins either way."""
+    assert rec.numbered is P._StepBegin
+    code7 = P._step_begin_code(7)
+    assert code7 == P._STEP_CODE0 + (7 << 3) > 0 and rec.numbered_number(code7) == 7
+    assert code7 & 3 == rec.BEGIN and (code7 >> 2) & 1 == S.LEVEL_SUMMARY
+    top = rec.NUMBERED_MAX - 1
+    assert rec.numbered_number(P._step_begin_code(top)) == top
+    blobs_before = len(rec.blobs)
+    past = P._step_begin_code(top + 1)
+    assert past < 0 and rec.blobs.pop(-past).number == top + 1
+    assert len(rec.blobs) == blobs_before
+    with pytest.raises(RuntimeError, match="_StepBegin"):
+        rec.register_numbered(type("Other", (rec.NumberedBegin,), {"__slots__": ()}))
+
+    def run(run_id, first):
+        prof = Profiler(tmp_path, schedule=None, run_id=run_id, host_metrics=False,
+                        report=False, use_env=False)
+        prof.start()  # step 0 opens here
+        prof._step = first  # noqa: SLF001 - the next ones: the numbers of a very long run
+        for _ in range(3):
+            with prof.phase("Forward"):
+                pass
+            prof.step(num_samples=2)
+        prof.stop()
+        return _steps(tmp_path / run_id / "rank0.summary.pftrace")
+
+    begins, ends = run("near", top - 1)  # 0 and top as codes, top + 1 as a blob
+    assert begins == [{"step": 0}, {"step": top}, {"step": top + 1}]
+    assert ends == [{"epoch": 0, "num_samples": 2}] * 3
+    names = [e.name for e in perfetto_decode.decode(tmp_path / "near" / "rank0.summary.pftrace")
+             .events if e.categories == (S.CAT_STEP,)]
+    assert names == [f"step {n}" for n in (0, top, top + 1)]
+    assert run("low", 0) == ([{"step": n} for n in range(3)], ends)
+
+
+def test_numbered_events_of_a_batch_are_the_blobs_bytes(monkeypatch):
+    """The writer builds a batch's step begins in one C call: the bytes of each as a blob."""
+    from stepscope.write import encoder as E
+
+    numbers = np.array([0, 5, 127, 128, 300, 1 << 40, rec.NUMBERED_MAX - 1], dtype=np.int64)
+    got = E.numbered_events(Interner(), P._StepBegin, numbers, b"PFX")
+    with monkeypatch.context() as m:
+        m.setattr(E, "fast", None)  # the Python path
+        slow = E.numbered_events(Interner(), P._StepBegin, numbers, b"PFX")
+    it = Interner()
+    want = [b"PFX" + E.track_event(it, rec.BEGIN, P._StepBegin.eid, args={"step": n},
+                                   name=f"step {n}") for n in numbers.tolist()]
+    assert got == slow == want
+    assert E.numbered_events(Interner(), P._StepBegin, numbers[:0], b"") == []
+
+
+def test_a_step_boundary_writes_the_begin_in_place_or_nothing():
+    """One call at a step with no phase: the open step's placeholder becomes its begin, then
+    its end and the next placeholder are appended; without the placeholder, nothing."""
+    null = rec.NULL
+    twins = [P._py_boundary] + ([rec.fast.step_boundary] if rec.fast is not None else [])
+    for boundary in twins:
+        rec.clear()
+        P._emit((40, 5, 9, null, 100, 7, 41, 150, 7))  # another event, the placeholder, one more
+        assert boundary(16, 200, 7, 12, 100, 7, null, 4096)
+        got = rec.drain().reshape(-1, 3)
+        got = got[got[:, 0] != rec.THREAD].tolist()
+        assert got == [[40, 5, 9], [12, 100, 7], [41, 150, 7], [16, 200, 7], [null, 200, 7]]
+        P._emit((null, 300, 7))
+        assert not boundary(16, 400, 7, 12, 300, 8, null, 4096)  # another thread's: not found
+        assert not boundary(16, 400, 7, 12, 299, 7, null, 4096)  # another time: not found
+        P._emit((1, 2, 7))
+        assert not boundary(16, 400, 7, 12, 300, 7, null, 1)  # past the lookback
+        got = rec.drain().reshape(-1, 3)
+        assert got[got[:, 0] != rec.THREAD].tolist() == [[null, 300, 7], [1, 2, 7]]
 
 
 def test_step_ends_past_the_kind_limit_are_blobs_with_the_same_args(tmp_path, monkeypatch):

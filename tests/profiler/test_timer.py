@@ -69,3 +69,51 @@ def test_known_sleeps():
     assert s.ips.avg == pytest.approx(1 / s.batch_cost.avg)
     assert s.samples_per_s.avg == pytest.approx(32 / s.batch_cost.avg)
     assert s.reader_ratio == pytest.approx(100 * sum(waits) / sum(steps), abs=1.0)
+
+
+FIELDS = ("_t0", "_reader", "steps", "_b_sum", "_b_max", "_b_min", "_r_sum", "_r_max", "_r_min",
+          "_s_sum", "_s_time", "_s_max", "_s_min")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_c_counters_keep_the_python_twins_figures(seed):
+    """``_fast.StepCounters`` (one C call per step) and ``_PyCounters`` agree field by field
+    over random driven steps: waits, zero-length steps, counts as ints and floats, none."""
+    import random
+
+    from stepscope.profiler import timer as T
+    from stepscope.record.recorder import fast
+
+    if fast is None:
+        pytest.skip("the C extension is not loaded")
+    rng = random.Random(seed)
+    c, py = fast.StepCounters(), T._PyCounters()
+    for obj in (c, py):
+        assert [getattr(obj, f) for f in FIELDS[:1]] == [None]
+    now = 1_000
+    c.step(4, now=now), py.step(4, now=now)  # the first step() only opens a step
+    for _ in range(300):
+        op = rng.random()
+        if op < 0.3:
+            ns = rng.randrange(0, 5 * MS)
+            c.add_reader(ns), py.add_reader(ns)
+        elif op < 0.35:
+            c.reset(), py.reset()
+        else:
+            now += rng.choice((0, rng.randrange(1, 50 * MS)))
+            samples = rng.choice((None, 32, 7.5, 0))
+            if rng.random() < 0.5:
+                c.step(samples, now=now), py.step(samples, now=now)
+            else:
+                c.step(num_samples=samples, now=now), py.step(num_samples=samples, now=now)
+        got, want = ([getattr(o, f) for f in FIELDS] for o in (c, py))
+        assert got == pytest.approx(want), (got, want)
+    t = T.StepTimer()
+    assert isinstance(t, fast.StepCounters) and not hasattr(t, "__dict__")
+    t.start(now=0)
+    t.step(now=7 * MS)
+    assert t.stats().batch_cost.avg == pytest.approx(0.007)
+    with pytest.raises(TypeError, match="unexpected or repeated"):
+        t.step(1, num_samples=2)
+    with pytest.raises(TypeError, match="at most 2"):
+        t.step(1, 2, 3)

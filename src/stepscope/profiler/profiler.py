@@ -35,6 +35,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
+import operator
 import os
 import sys
 import threading
@@ -85,6 +86,40 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 def _warn(message: str) -> None:
     print(f"stepscope: {message}", file=sys.stderr)
+
+
+def _samples(value: Any) -> int | float | None:
+    """``step(num_samples=...)`` as a plain int or float (a numpy scalar, a 0-d array, a
+    Decimal become one); anything that is no number is ignored, with one warning, rather than
+    break the program or put text in the step's args."""
+    if not isinstance(value, (str, bytes)):
+        try:
+            return operator.index(value)
+        except Exception:
+            pass
+        try:
+            return float(value)
+        except Exception:
+            pass
+    rec.warn_once("num_samples", f"step(num_samples={_short(value)}) is not a number: ignored")
+    return None
+
+
+def _epoch_number(value: Any) -> int | None:
+    """``step(epoch=...)`` as an int; anything else is ignored, with one warning."""
+    try:
+        return operator.index(value)
+    except Exception:
+        rec.warn_once("epoch", f"step(epoch={_short(value)}) is not an integer: ignored")
+        return None
+
+
+def _short(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class _Phase:
@@ -171,6 +206,16 @@ class _StepBegin(rec.NumberedBegin):
     arg = S.ARG_STEP
 
 
+# A step's begin is a numbered code (its number in the code: no object per step; see
+# rec.NumberedBegin); number n's code is _STEP_CODE0 + (n << 3) while n < _STEP_CODE_MAX.
+_STEP_CODE0 = rec.register_numbered(_StepBegin)
+_STEP_CODE_MAX = rec.NUMBERED_MAX
+
+
+def _step_begin_code(n: int) -> int:
+    return _STEP_CODE0 + (n << 3) if 0 <= n < _STEP_CODE_MAX else rec.numbered_code(_StepBegin, n)
+
+
 # Step ends made event kinds: a num_samples that changes every step (tokens per batch) must not
 # fill the event table that range names share; past this many, step ends are blobs.
 MAX_STEP_END_KINDS = 1024
@@ -231,9 +276,23 @@ if rec.fast is not None:  # the same in C, called bare (callers pass the lookbac
     _replace = rec.fast.withdraw  # type: ignore[assignment]  # noqa: F811
 
 
+def _py_boundary(end: int, ts: int, ident: int, begin: int, begin_ts: int, begin_ident: int,
+                 null: int, lookback: int) -> bool:
+    """A step boundary in the buffer: the open step's placeholder becomes its begin, then the
+    end and the next step's placeholder; False (nothing written) if a flush took the
+    placeholder. (``_plock`` held.)"""
+    if not _replace(null, begin_ts, begin_ident, begin, lookback):
+        return False
+    _emit((end, ts, ident, null, ts, ident))
+    return True
+
+
+_boundary = rec.fast.step_boundary if rec.fast is not None else _py_boundary  # (one C call)
+
+
 # The open step's begin while it is not known to be a step (Profiler._tentative): a placeholder
 # (NULL, ts, ident) in the buffer, which files skip, and the begin it becomes, (code, ts, ident)
-# (code: a parked _StepBegin blob's).
+# (code: the step's numbered code, see _STEP_CODE0).
 _Tentative = tuple[int, int, int]
 
 
@@ -421,6 +480,7 @@ class Profiler:
         self._late: Any = None  # the emitter of late begins (see _write_late)
         self._main_track = 0  # the profiler's thread's track
         self._late_others: dict[int, Any] = {}  # thread ident -> its emitter of late begins
+        self._last_end: tuple = (object(), None, 0)  # (num_samples, epoch, code) of a step end
         # guards _tentative and the placeholders in the buffer against a flush (the session's
         # own lock with the pure-Python buffer, whose drain is not one C call)
         self._plock: Any = threading.Lock()
@@ -702,6 +762,11 @@ class Profiler:
         """
         if not self._started or self._stopped:
             return
+        if num_samples is not None and type(num_samples) is not int and type(
+                num_samples) is not float:
+            num_samples = _samples(num_samples)
+        if epoch is not None and type(epoch) is not int:
+            epoch = _epoch_number(epoch)
         if self.sync_gpu:
             _sync_gpu()  # the step's device work ends inside the step
         if self.hooks:
@@ -721,25 +786,44 @@ class Profiler:
                 self._begin_step(t)
             return
         # the common case, the schedule's state unchanged: one pass under the lock
-        if self._in_step:
-            self.timer.step(num_samples, now=t)
+        in_step = self._in_step
+        if in_step:
+            self.timer.step(num_samples, now=t)  # (which opens the next step at t)
         self._step += 1
         self._batch += 1
         if self._recording and rec.ON:
             ident = threading.get_ident()
-            end = _step_end_code(self._epoch, num_samples) if self._in_step else None
-            begin = -rec.register_blob(_StepBegin(self._step))
+            n = self._step
+            begin = _STEP_CODE0 + (n << 3) if n < _STEP_CODE_MAX else _step_begin_code(n)
+            # the end's code: the last step's again where epoch and num_samples are the same
+            # objects (None, small ints), else looked up
+            last = self._last_end
+            if not in_step:
+                end = 0
+            elif num_samples is last[0] and self._epoch is last[1]:
+                end = last[2]
+            else:
+                end = _step_end_code(self._epoch, num_samples)
+                if end >= 0:  # (a parked blob's code is used once)
+                    self._last_end = (num_samples, self._epoch, end)
             with self._plock:
-                if end is not None:
-                    self._write_begin_locked()
+                tent = self._tentative
+                if not in_step:
+                    _emit((_NULL, t, ident))
+                elif tent is None and self._late_track is None:  # the begin is written
+                    _emit((end, t, ident, _NULL, t, ident))
+                elif tent is None or not _boundary(  # a step with no phase: its begin too
+                        end, t, ident, tent[0], tent[1], tent[2], _NULL, _STEP_LOOKBACK):
+                    self._write_begin_locked()  # (late: a flush took the placeholder)
                     if self._late_track is not None:
+                        if end < 0:  # (a parked blob's code: never recorded)
+                            rec.blobs.pop(-end, None)
                         end = self._late_end(num_samples)
                     _emit((end, t, ident, _NULL, t, ident))
-                else:
-                    _emit((_NULL, t, ident))
                 self._tentative = (begin, t, ident)
                 self._step_begin = self._late_track = None
-            self.timer.start(t)
+            if not in_step:
+                self.timer.start(t)
             self._in_step, self._pending, self._active, self._quiet = True, False, False, True
         else:
             self._begin_step(t)
@@ -772,7 +856,7 @@ class Profiler:
         self._step_begin = self._late_track = None
         if self._recording and rec.ON:
             ident = threading.get_ident()
-            self._tentative = (-rec.register_blob(_StepBegin(self._step)), t, ident)
+            self._tentative = (_step_begin_code(self._step), t, ident)
             if place:
                 _emit((_NULL, t, ident))
         else:
@@ -786,8 +870,10 @@ class Profiler:
             return
         self._tentative = None
         if not _replace(_NULL, t[1], t[2], t[0], _STEP_LOOKBACK):
-            b = rec.blobs.pop(-t[0], None)
-            n = b.number if b is not None else self._step
+            n = rec.numbered_number(t[0])
+            if n is None:  # (a number too large for a code: a parked blob)
+                b = rec.blobs.pop(-t[0], None)
+                n = b.number if b is not None else self._step
             self._late_track = self._write_late(
                 t[1], t[2], _StepBegin.eid, S.STEP_NAME.format(step=n), {S.ARG_STEP: n})
         self._step_begin = t

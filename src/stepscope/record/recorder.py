@@ -14,7 +14,9 @@ extension, range begins are recorded by a chain of C callables built once per ev
 
 Codes (see ``code()``): ``eid << 3 | level << 2 | kind`` for events whose name is in the event
 table, and ``-k`` for a "blob", an event with arguments or an explicit track whose description
-waits in ``_blobs[k]`` until the writer encodes it. All encoding happens in the writer thread.
+waits in ``_blobs[k]`` until the writer encodes it. A numbered begin (the profiler's ``step N``,
+see ``NumberedBegin``) carries its number in the code: ``eid = NUMBERED_EID + N``, no object
+per event. All encoding happens in the writer thread.
 
 Thread marks: Python hands a finished thread's ident to the next thread it starts, so the ident
 alone would put two threads' events on one track. A ``(THREAD, native thread id, ident)`` triple
@@ -281,6 +283,38 @@ class NumberedBegin(Blob):
     @property
     def args(self) -> dict:  # type: ignore[override]
         return {self.arg: self.number}
+
+
+# --- numbered begins: the number rides in the code ---------------------------------------------
+# Codes with an eid at or past NUMBERED_EID (far past any event table) are begins of the one
+# registered NumberedBegin kind, number eid - NUMBERED_EID: a step's begin costs two int
+# operations instead of an object and a dict entry, and the writer never looks at a blob.
+NUMBERED_EID = 1 << 40
+NUMBERED_MAX = 1 << 50  # numbers past it (or negative, or not int) are parked blobs instead
+NUMBERED_MIN_CODE = NUMBERED_EID << 3
+numbered: type[NumberedBegin] | None = None  # the kind those codes stand for
+
+
+def register_numbered(cls: type[NumberedBegin]) -> int:
+    """Make ``cls`` the kind of numbered codes (one per process: the profiler's step begin);
+    returns the code of number 0 (number ``n``'s is that plus ``n << 3``)."""
+    global numbered
+    if numbered is not None and numbered is not cls:
+        raise RuntimeError(f"numbered codes belong to {numbered.__name__} already")
+    numbered = cls
+    return code(NUMBERED_EID, cls.level, BEGIN)
+
+
+def numbered_code(cls: type[NumberedBegin], n: Any) -> int:
+    """The code of ``cls(n)``: its number in the code where it fits, else a parked blob's."""
+    if cls is numbered and type(n) is int and 0 <= n < NUMBERED_MAX:
+        return code(NUMBERED_EID + n, cls.level, BEGIN)
+    return -register_blob(cls(n))
+
+
+def numbered_number(code_: int) -> int | None:
+    """The number a numbered code carries (None for any other code)."""
+    return (code_ >> 3) - NUMBERED_EID if code_ >= NUMBERED_MIN_CODE else None
 
 
 blobs: dict[int, Blob] = {}

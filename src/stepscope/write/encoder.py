@@ -350,22 +350,46 @@ def _event_head(interner: Interner, kind: int, eid: int, track: int | None,
     return head
 
 
+def _numbered_parts(interner: Interner, cls: type[NumberedBegin]) -> tuple:
+    """The C encoder's parts of ``cls``'s events in this sequence (cached with the heads)."""
+    parts = interner.heads.get(cls)
+    if parts is None:
+        parts = interner.heads[cls] = (
+            _TE_TAG, _event_head(interner, BEGIN, cls.eid, None, False), _NAME_TAG,
+            cls.prefix, cls.suffix, _DA_TAG, _int_arg_head(interner, cls.arg))
+    return parts
+
+
+def numbered_event(interner: Interner, cls: type[NumberedBegin], n: int) -> bytes | None:
+    """The TrackEvent field of ``cls(n)`` by one C call (None where the C path cannot: no
+    extension, a number past int64, lone surrogates)."""
+    if fast is None or type(n) is not int or not _INT64_MIN <= n < _INT64_END:
+        return None
+    try:
+        return fast.numbered_event(*_numbered_parts(interner, cls), n)
+    except UnicodeEncodeError:
+        return None
+
+
+def numbered_events(interner: Interner, cls: type[NumberedBegin], numbers: np.ndarray,
+                    prefix: bytes) -> list[bytes]:
+    """``prefix`` + the TrackEvent field of ``cls(n)`` for each int64 ``n`` of ``numbers`` (a
+    batch's numbered codes): one C call for the batch."""
+    if fast is not None:
+        try:
+            return fast.numbered_events(*_numbered_parts(interner, cls), prefix,
+                                        np.ascontiguousarray(numbers, dtype=np.int64))
+        except UnicodeEncodeError:
+            pass
+    return [prefix + blob_event(interner, cls(n)) for n in numbers.tolist()]
+
+
 def blob_event(interner: Interner, blob: Blob) -> bytes:
     """The TrackEvent field of a blob."""
-    if type(blob) is not Blob and fast is not None and isinstance(blob, NumberedBegin):
-        # once per step: one C call from cached parts instead of a dozen Python operations
-        n = blob.number
-        if type(n) is int and _INT64_MIN <= n < _INT64_END:
-            parts = interner.heads.get(type(blob))
-            if parts is None:
-                parts = interner.heads[type(blob)] = (
-                    _TE_TAG, _event_head(interner, BEGIN, blob.eid, None, False), _NAME_TAG,
-                    blob.prefix, blob.suffix, _DA_TAG, _int_arg_head(interner, blob.arg))
-            try:
-                return fast.numbered_event(*parts, n)
-            except UnicodeEncodeError:  # lone surrogates: the Python path below
-                pass
+    if type(blob) is not Blob and isinstance(blob, NumberedBegin):
+        body = numbered_event(interner, type(blob), blob.number)  # once per step: one C call
+        if body is not None:
+            return body
     value = blob.value
     return track_event(interner, blob.kind, blob.eid, blob.track, blob.args, blob.flows,
                        blob.tflows, None if value is None else counter_value(value), blob.name)
-

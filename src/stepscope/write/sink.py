@@ -22,8 +22,19 @@ import numpy as np
 from .. import _clock
 from .._schema import LEVEL_DETAIL
 from ..format import wire as w
-from ..record.recorder import BEGIN, END, Blob, blobs, kinds, register_blob, warn_once
-from .encoder import Interner, assemble, blob_event, packet, track_event
+from ..record import recorder as rec
+from ..record.recorder import (
+    BEGIN,
+    END,
+    NUMBERED_EID,
+    NUMBERED_MIN_CODE,
+    Blob,
+    blobs,
+    kinds,
+    register_blob,
+    warn_once,
+)
+from .encoder import Interner, assemble, blob_event, numbered_events, packet, track_event
 
 _PREFIX_FLAGS = w.f_varint(w.PKT_SEQUENCE_FLAGS, w.SEQ_NEEDS_INCREMENTAL_STATE)
 MAIN_SEQUENCE = 1
@@ -203,6 +214,13 @@ class Sink:
         templates: list[bytes] = []
         tidx = np.empty(n, dtype=np.int64)
         fast = ~is_blob
+        numbered = codes >= NUMBERED_MIN_CODE  # numbers in codes (step begins): built apart
+        if numbered.any():
+            ni = np.nonzero(numbered)[0]
+            fast &= ~numbered
+            tidx[ni] = np.arange(len(ni))
+            templates.extend(numbered_events(seq.interner, rec.numbered,
+                                             (codes[ni] >> 3) - NUMBERED_EID, seq.prefix))
         if fast.any():
             fc = codes[fast]
             top = int(fc.max())
@@ -213,8 +231,8 @@ class Sink:
                 inv = lut[fc]
             else:
                 uniq, inv = np.unique(fc, return_inverse=True)
+            tidx[fast] = len(templates) + inv
             templates.extend(seq.fast_template(int(c)) for c in uniq)
-            tidx[fast] = inv
         if is_blob.any():
             bi = np.nonzero(is_blob)[0]
             # one blob id may stand for many events (a converter's shared begins and ends):

@@ -75,3 +75,26 @@ def test_python_functions_give_the_programs_collectives_as_the_hooks_do(tmp_path
     hooked, err = _ops(tmp_path, "hooks")
     assert hooked[: len(PROGRAMS_OWN)] == PROGRAMS_OWN and "process-group hooks" not in err
     assert ("allreduce", "40", "float32", "0") in hooked[len(PROGRAMS_OWN):]  # DDP's gradients
+
+
+def test_the_step_end_probe_follows_is_initialized(tmp_path):
+    """Every step end asks whether torch.distributed is up (new groups get hooked then): the
+    integration reads the default group's slot instead of calling ``is_initialized()`` (three
+    Python frames); both agree before, during and after a process group."""
+    script = tmp_path / "probe.py"
+    script.write_text(textwrap.dedent("""
+        import sys, torch, torch.distributed as dist
+        from stepscope.pytorch import _dist_probe
+        probe = _dist_probe(torch)
+        seen = [(probe(), dist.is_initialized())]
+        dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}/store", rank=0,
+                                world_size=1)
+        seen.append((probe(), dist.is_initialized()))
+        dist.destroy_process_group()
+        seen.append((probe(), dist.is_initialized()))
+        print(seen, probe is not dist.is_initialized)
+    """))
+    r = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[-2] == "[(False, False), (True, True), (False, False)] True"

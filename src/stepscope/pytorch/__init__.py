@@ -119,8 +119,11 @@ class TorchIntegration:
         self._gpu_vetoed = False
         import torch
 
-        self._cuda_ready = torch.cuda.is_initialized
-        self._dist_ready = _dist_probe(torch)
+        self._cuda = torch.cuda  # its _initialized flag first: is_initialized() once it is set
+        self._cuda_ready = torch.cuda.is_initialized  # (the flag, and not in a bad fork)
+        self._world = _dist_world(torch)
+        self._dist_ready = torch.distributed.is_initialized if (
+            torch.distributed.is_available()) else lambda: False
 
     def start(self) -> None:
         for part in (self.ranges, self.collectives, self.workers, self.steps):
@@ -159,11 +162,15 @@ class TorchIntegration:
             _call(self.ops.end)
 
     def step_end(self) -> None:
-        # every step: two flag checks while the program uses neither CUDA nor torch.distributed
-        if self.memory is not None and self._cuda_ready():
+        # every step: two attribute reads while the program uses neither CUDA nor
+        # torch.distributed (no Python frame: this runs at every step() of the program)
+        if self.memory is not None and getattr(self._cuda, "_initialized", True) and (
+                self._cuda_ready()):
             _call(self.memory.sample)
-        if self.collectives is not None and self._dist_ready():
-            _call(self.collectives.watch_new_groups)
+        if self.collectives is not None:
+            world = self._world
+            if world._default_pg is not None if world is not None else self._dist_ready():
+                _call(self.collectives.watch_new_groups)
 
     def stop(self) -> None:
         if self._ops_on:
@@ -182,22 +189,17 @@ class TorchIntegration:
                   file=sys.stderr)
 
 
-def _dist_probe(torch: Any) -> Any:
-    """A cheaper ``torch.distributed.is_initialized()`` for every step end: the default group's
-    slot read directly, one Python frame where the function takes three (it goes through two
-    properties); the function itself where this torch has no such slot."""
-    dist = torch.distributed
-    if not dist.is_available():
-        return lambda: False
-    import operator
-
+def _dist_world(torch: Any) -> Any:
+    """torch.distributed's ``_World``, whose ``_default_pg`` is set while the default process
+    group exists: every step end reads it (``is_initialized()`` goes through two properties,
+    three Python frames). None where torch.distributed or that slot is missing: the step end
+    calls ``is_initialized()`` then."""
+    if not torch.distributed.is_available():
+        return None
     from torch.distributed import distributed_c10d as c10d
 
     world = getattr(c10d, "_world", None)
-    if world is None or "_default_pg" not in getattr(world, "__dict__", {}):
-        return dist.is_initialized
-    slot = operator.attrgetter("_default_pg")
-    return lambda: slot(world) is not None
+    return world if "_default_pg" in getattr(world, "__dict__", {}) else None
 
 
 def _call(fn: Any) -> Any:

@@ -4,7 +4,14 @@ For a small MLP step and a small CNN step (forward, backward, SGD step; one intr
 
 * ``summary``: stepscope at summary level (steps, phases, record_function ranges, DataLoader-free
   loop), overhead of the steps in % of the untraced step (target <= 1 %; the profiler's start
-  and stop happen once per run and are not counted);
+  and stop happen once per run and are not counted). That wall-clock ratio moves by tens of %
+  between identical runs on a shared machine, so the summary cost is also measured directly,
+  in CPU time (table 2): the loop's work is left out and what reaches stepscope each step is
+  kept (the phases and ``step()``, torch's ``Optimizer.step#``/``zero_grad#`` ranges through
+  a real optimizer over one scalar parameter), in pairs of blocks with and without the
+  profiler, plus the writer's CPU for those steps (one forced flush); also for
+  ``step_on="optimizer"`` (no code changes: steps from optimizer steps, no phases). Even so
+  this moves by several µs between runs here: ``bench_instructions.py`` counts instructions;
 * ``detail``: every step inside a stepscope detail window with operators (torch's profiler CPU
   activity, shapes on, converted and written at the window's end) against ``torch.profiler``
   at equal settings (``activities=[CPU], record_shapes=True``) including its export to Chrome
@@ -20,7 +27,7 @@ here); the table's title says which.
 Each mode runs ``--reps`` times, alternating, and the fastest run is shown (load only ever adds
 time). A busy machine makes single runs noisy: compare only numbers from one run of this script.
 
-    python tools/bench_torch.py [--reps 3] [--steps-mlp 200] [--steps-cnn 40]
+    python tools/bench_torch.py [--reps 3] [--steps-mlp 200] [--steps-cnn 40] [--direct-only]
 """
 
 from __future__ import annotations
@@ -122,11 +129,72 @@ def torch_profiler_run(make, steps: int, out: Path) -> tuple[float, int]:
     return ns, path.stat().st_size
 
 
+def _skeleton(opt: torch.optim.Optimizer, n: int, prof=None, phases: bool = True) -> None:
+    """The bench loop's calls that reach stepscope at summary level, with no model work."""
+    phase = prof.phase if prof is not None and phases else None
+    for _ in range(n):
+        if phase is not None:
+            with phase("Forward"):
+                pass
+            with phase("Backward"):
+                pass
+            with phase("Optimization"):
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+            prof.step()
+        else:
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+
+
+def summary_cost(out: Path, step_on: str | None, n: int = 300, pairs: int = 31
+                 ) -> tuple[float, float]:
+    """(main-thread CPU µs, writer CPU µs) stepscope's summary level adds per step.
+
+    Main: the median over ``pairs`` pairs of blocks of ``n`` steps run back to back (which one
+    first alternates), the skeleton with the profiler minus without: drift and load spikes on
+    a shared machine hit both blocks of a pair alike. Each traced block follows a warm-up of
+    ``n // 3`` traced steps (the profiler's start and first steps are not the steady state).
+    Writer: the CPU of one forced flush of each traced block's events (periodic flushes pushed
+    out), the median per step."""
+    w = torch.zeros(1, requires_grad=True)
+    w.grad = torch.zeros(1)
+    opt = torch.optim.SGD([w], lr=0.0)
+    _skeleton(opt, 50)
+    mains, writers = [], []
+    for r in range(pairs):
+        prof = stepscope.Profiler(dir=out / f"cost{step_on}{r}", host_metrics=False, report=False,
+                                  use_env=False, torch=True, step_on=step_on)
+        base = traced = 0
+        for traced_turn in ((True, False) if r % 2 else (False, True)):
+            if traced_turn:
+                prof.start()
+                sess = prof._sess  # noqa: SLF001
+                sess.flush_interval_s = 60.0
+                _skeleton(opt, n // 3, prof, phases=step_on is None)
+                sess.flush()
+                c0 = time.thread_time_ns()
+                _skeleton(opt, n, prof, phases=step_on is None)
+                traced = time.thread_time_ns() - c0
+                c0 = time.process_time_ns()
+                sess.flush()
+                writers.append((time.process_time_ns() - c0) / n / 1e3)
+                prof.stop()
+            else:
+                c0 = time.thread_time_ns()
+                _skeleton(opt, n)
+                base = time.thread_time_ns() - c0
+        mains.append((traced - base) / n / 1e3)
+    return statistics.median(mains), statistics.median(writers)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--steps-mlp", type=int, default=200)
     ap.add_argument("--steps-cnn", type=int, default=40)
+    ap.add_argument("--direct-only", action="store_true",
+                    help="only the untraced steps and table 2 (the summary level's direct cost)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -137,6 +205,8 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(args.reps):
             with tempfile.TemporaryDirectory() as tmp:
                 res["base"].append(untraced(make, steps))
+                if args.direct_only:
+                    continue
                 res["summary"].append(stepscope_run(make, steps, False, Path(tmp) / "s")[0])
                 ns, size = stepscope_run(make, steps, True, Path(tmp) / "d")
                 res["detail"].append(ns)
@@ -145,6 +215,8 @@ def main(argv: list[str] | None = None) -> None:
                 res["tp"].append(ns)
                 res["tbytes"].append(size / steps)
         # times: the fastest run (load spikes only ever add time); bytes: the median
+        if args.direct_only:
+            res = {k: v or [0.0] for k, v in res.items()}
         med = {k: (statistics.median(v) if "bytes" in k else min(v)) for k, v in res.items()}
         base = med["base"]
         rows.append((name, steps, base / 1e3,
@@ -158,9 +230,24 @@ def main(argv: list[str] | None = None) -> None:
           f"(cost = traced - untraced, per step); torch's events read by: "
           f"{', '.join(sorted(READER))} reader")
     print("  ".join(f"{h:>13}" for h in head))
-    for r in rows:
+    for r in rows if not args.direct_only else ():
         print("  ".join([f"{r[0]:>13}", f"{r[1]:>13}"] + [f"{v:>13.2f}" for v in r[2:8]]
                         + [f"{r[8]:>13.0f}", f"{r[9]:>13.0f}", f"{r[10]:>13.1f}"]))
+    steps_us = {r[0]: r[2] for r in rows}
+    print("\n2) summary level measured directly: CPU µs stepscope adds per step (median of 31 "
+          "pairs of 300-step blocks, with and without, back to back), in % of each untraced "
+          "step above")
+    head = ("summary mode", "main us", "writer us", "total us",
+            *(f"% of {m}" for m in steps_us), "target")
+    print("  ".join(f"{h:>13}" for h in head))
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, step_on in (("phases+step()", None), ("step_on=optim", "optimizer")):
+            main_us, writer_us = summary_cost(Path(tmp), step_on)
+            total = main_us + writer_us
+            print("  ".join([f"{label:>13}", f"{main_us:>13.2f}", f"{writer_us:>13.2f}",
+                             f"{total:>13.2f}"]
+                            + [f"{100 * total / us:>13.2f}" for us in steps_us.values()]
+                            + [f"{'<= 1%':>13}"]))
 
 
 if __name__ == "__main__":

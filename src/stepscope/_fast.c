@@ -730,7 +730,7 @@ static PyObject *numbered_build(const numbered_parts *np, const char *lead, Py_s
         p += (len);                      \
     } while (0)
 #define PUT_BYTES(o) PUT(PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o))
-    PUT(lead, lead_len);
+    if (lead_len) PUT(lead, lead_len); /* (memcpy from NULL, even of 0 bytes, is undefined) */
     PUT_BYTES(np->te_tag);
     p = put_varint(p, (uint64_t)body);
     PUT_BYTES(np->head);

@@ -96,6 +96,14 @@ def test_step_begins_are_numbered_codes_and_past_their_range_blobs_with_the_same
     assert len(rec.blobs) == blobs_before
     with pytest.raises(RuntimeError, match="_StepBegin"):
         rec.register_numbered(type("Other", (rec.NumberedBegin,), {"__slots__": ()}))
+    # a reload of the profiler's module (autoreload in a notebook) defines the class again
+    again = type("_StepBegin", (rec.NumberedBegin,), {
+        "__slots__": (), "__module__": P.__name__, "__qualname__": "_StepBegin",
+        "level": S.LEVEL_SUMMARY})
+    monkeypatch.setattr(rec, "numbered", rec.numbered)
+    assert rec.register_numbered(again) == P._STEP_CODE0 and rec.numbered is again
+    monkeypatch.undo()
+    assert rec.numbered is P._StepBegin
 
     def run(run_id, first):
         prof = Profiler(tmp_path, schedule=None, run_id=run_id, host_metrics=False,

@@ -299,7 +299,8 @@ def register_numbered(cls: type[NumberedBegin]) -> int:
     """Make ``cls`` the kind of numbered codes (one per process: the profiler's step begin);
     returns the code of number 0 (number ``n``'s is that plus ``n << 3``)."""
     global numbered
-    if numbered is not None and numbered is not cls:
+    if numbered is not None and (numbered.__module__, numbered.__qualname__) != (
+            cls.__module__, cls.__qualname__):  # (the same class again: its module reloaded)
         raise RuntimeError(f"numbered codes belong to {numbered.__name__} already")
     numbered = cls
     return code(NUMBERED_EID, cls.level, BEGIN)

@@ -74,8 +74,6 @@ def child(steps: int, out: str) -> None:
         prof.start()
         sess = prof._sess  # noqa: SLF001
         sess.flush_interval_s = 60.0  # one flush per block, counted in it (below)
-        sess._pipeline.flush_interval_s = 60.0  # noqa: SLF001 - the same before 2026-11 (where
-        # the session's attribute did not reach the writer), for runs on older commits
         bt._skeleton(sk_opt, n, prof, phases=step_on is None)  # warm-up
         sess.flush()
         _mark()  # (the warm-up and the start: not measured)

@@ -161,21 +161,25 @@ static PyObject *f_clear(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* The index of the last recorded event (code, ts, ident) among the last `lookback`, or -1. */
+static Py_ssize_t find_event(long long code, long long ts, long long ident, long long lookback) {
+    Py_ssize_t stop = buf_len - 3 * (Py_ssize_t)(lookback < 0 ? 0 : lookback);
+    if (stop < 0) stop = 0;
+    for (Py_ssize_t i = buf_len - 3; i >= stop; i -= 3)
+        if (buf[i + 1] == ts && buf[i] == code && buf[i + 2] == ident) return i;
+    return -1;
+}
+
 static PyObject *f_withdraw(PyObject *self, PyObject *args) {
     /* Turn the recorded event (code, ts, ident) into `null_code`, searching the last `lookback`
      * events; True if found. */
     long long code, ts, ident, null_code;
     Py_ssize_t lookback;
     if (!PyArg_ParseTuple(args, "LLLLn", &code, &ts, &ident, &null_code, &lookback)) return NULL;
-    Py_ssize_t stop = buf_len - 3 * lookback;
-    if (stop < 0) stop = 0;
-    for (Py_ssize_t i = buf_len - 3; i >= stop; i -= 3) {
-        if (buf[i + 1] == ts && buf[i] == code && buf[i + 2] == ident) {
-            buf[i] = null_code;
-            Py_RETURN_TRUE;
-        }
-    }
-    Py_RETURN_FALSE;
+    Py_ssize_t at = find_event(code, ts, ident, lookback);
+    if (at < 0) Py_RETURN_FALSE;
+    buf[at] = null_code;
+    Py_RETURN_TRUE;
 }
 
 static PyObject *f_set_mode(PyObject *self, PyObject *arg) {
@@ -809,15 +813,7 @@ static PyObject *f_step_boundary(PyObject *self, PyObject *const *args, Py_ssize
     }
     long long end = v[0], ts = v[1], ident = v[2], begin = v[3], bts = v[4], bident = v[5],
               null_code = v[6], lookback = v[7];
-    Py_ssize_t stop = buf_len - 3 * (Py_ssize_t)(lookback < 0 ? 0 : lookback);
-    if (stop < 0) stop = 0;
-    Py_ssize_t at = -1;
-    for (Py_ssize_t i = buf_len - 3; i >= stop; i -= 3) {
-        if (buf[i + 1] == bts && buf[i] == null_code && buf[i + 2] == bident) {
-            at = i;
-            break;
-        }
-    }
+    Py_ssize_t at = find_event(null_code, bts, bident, lookback);
     if (at < 0) Py_RETURN_FALSE;
     buf[at] = begin;
     if (marked_generation != generation) mark_thread();

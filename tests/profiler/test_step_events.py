@@ -85,13 +85,13 @@ def test_step_begins_are_numbered_codes_and_past_their_range_blobs_with_the_same
     """A step's begin carries its number in its code (no object per step); a number past
     the codes' range is a parked blob; the file has the same begins either way."""
     assert rec.numbered is P._StepBegin
-    code7 = P._step_begin_code(7)
+    code7 = rec.numbered_code(P._StepBegin, 7)
     assert code7 == P._STEP_CODE0 + (7 << 3) > 0 and rec.numbered_number(code7) == 7
     assert code7 & 3 == rec.BEGIN and (code7 >> 2) & 1 == S.LEVEL_SUMMARY
     top = rec.NUMBERED_MAX - 1
-    assert rec.numbered_number(P._step_begin_code(top)) == top
+    assert rec.numbered_number(rec.numbered_code(P._StepBegin, top)) == top
     blobs_before = len(rec.blobs)
-    past = P._step_begin_code(top + 1)
+    past = rec.numbered_code(P._StepBegin, top + 1)
     assert past < 0 and rec.blobs.pop(-past).number == top + 1
     assert len(rec.blobs) == blobs_before
     with pytest.raises(RuntimeError, match="_StepBegin"):

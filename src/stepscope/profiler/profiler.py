@@ -207,13 +207,10 @@ class _StepBegin(rec.NumberedBegin):
 
 
 # A step's begin is a numbered code (its number in the code: no object per step; see
-# rec.NumberedBegin); number n's code is _STEP_CODE0 + (n << 3) while n < _STEP_CODE_MAX.
+# rec.NumberedBegin): rec.numbered_code(_StepBegin, n), which step() inlines as
+# _STEP_CODE0 + (n << 3) while n < _STEP_CODE_MAX (step numbers are never negative).
 _STEP_CODE0 = rec.register_numbered(_StepBegin)
 _STEP_CODE_MAX = rec.NUMBERED_MAX
-
-
-def _step_begin_code(n: int) -> int:
-    return _STEP_CODE0 + (n << 3) if 0 <= n < _STEP_CODE_MAX else rec.numbered_code(_StepBegin, n)
 
 
 # Step ends made event kinds: a num_samples that changes every step (tokens per batch) must not
@@ -794,7 +791,8 @@ class Profiler:
         if self._recording and rec.ON:
             ident = threading.get_ident()
             n = self._step
-            begin = _STEP_CODE0 + (n << 3) if n < _STEP_CODE_MAX else _step_begin_code(n)
+            begin = (_STEP_CODE0 + (n << 3) if n < _STEP_CODE_MAX
+                     else rec.numbered_code(_StepBegin, n))
             # the end's code: the last step's again where epoch and num_samples are the same
             # objects (None, small ints), else looked up
             last = self._last_end
@@ -856,7 +854,7 @@ class Profiler:
         self._step_begin = self._late_track = None
         if self._recording and rec.ON:
             ident = threading.get_ident()
-            self._tentative = (_step_begin_code(self._step), t, ident)
+            self._tentative = (rec.numbered_code(_StepBegin, self._step), t, ident)
             if place:
                 _emit((_NULL, t, ident))
         else:

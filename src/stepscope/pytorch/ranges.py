@@ -85,23 +85,11 @@ class _RangeIds:
         self.open: dict[int, Any] = {}
 
 
-class _NoProfiler:
-    """The step gate's view of a capture without a profiler: never quiet."""
-
-    _quiet = False
-    _thread = None
-
-
-_NO_PROFILER = _NoProfiler()
-
-
 def _step_gate(capture: RangeCapture) -> Any:
     """``gate()`` before a range begins: False inside a batch wait on the profiler's thread
     (``capture.waiting``, kept by the step driver's DataLoader patch: not recorded); else True,
     the step's begin written first if it was not (see above)."""
     prof = capture.prof
-    if prof is None:
-        return lambda: True
     main, get_ident = prof._thread, threading.get_ident  # noqa: SLF001
 
     def gate() -> bool:
@@ -118,7 +106,7 @@ class RangeCapture:
     """Installs the wrappers at ``start()`` and puts torch's originals back at ``stop()``;
     ``prof``: the profiler whose steps the ranges nest in."""
 
-    def __init__(self, prof: Any = None) -> None:
+    def __init__(self, prof: Any) -> None:
         self.prof = prof
         self.waiting = False  # the profiler's thread is inside a DataLoader next() (steps.py)
         self._patched: list[tuple[Any, str, Any]] = []
@@ -138,7 +126,7 @@ class RangeCapture:
 
         by_name = _rf_chains
         recorder = rec
-        prof = self.prof if self.prof is not None else _NO_PROFILER
+        prof = self.prof
         main, get_ident = prof._thread, threading.get_ident  # noqa: SLF001
         opt_prefix = "Optimizer.step#"
 

@@ -24,6 +24,7 @@
 #include <structmember.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -1019,6 +1020,473 @@ static PyTypeObject CountersType = {
     .tp_doc = "StepCounters(): the step timer's running figures (see profiler.timer).",
 };
 
+/* ---- Profiler.step / phase / _activity in C ----------------------------------------------------
+ *
+ * The profiler's per-step methods, installed on profiler.Profiler by install_profiler() as method
+ * descriptors (as if written in C on the class): on every step of the program, the common case
+ * runs without a Python frame (a step() of Python was some 12,000 instructions here, its phases'
+ * first some 4,000). They read and write the profiler's own attributes, so the Python code of
+ * the class sees the same state; every case other than the common one calls the Python method
+ * that profiler.py keeps for it (its twin, used as is with the pure-Python buffer):
+ *
+ * - step(num_samples=None, epoch=None) -> Profiler._step_py for arguments that are no int/float
+ *   (or no int epoch) and sync_gpu; after the hooks' step_end and the clock read,
+ *   Profiler._step_at(num_samples, epoch, t) where the schedule's state changes, and
+ *   Profiler._step_write(...) where the buffer part is not the common one (a flush took the
+ *   step's placeholder, a step begun late, the session's lock held by another thread);
+ * - _activity() -> Profiler._activity_py while a step is pending, or where the placeholder is
+ *   gone or the lock is held;
+ * - phase(name) -> Profiler._new_phase(name) for a phase not cached yet.
+ *
+ * The lock: Profiler._plock guards the open step's placeholder against a flush. These functions
+ * never release the GIL and call no Python code between reading `_plock.locked()` and their
+ * last store, so where it is free they are atomic with respect to its holders; where another
+ * thread holds it they take the Python path, which waits for it. */
+
+static struct {
+    PyObject *started, *stopped, *sync_gpu, *hooks, *epoch, *batch, *stable_until, *in_step,
+        *timer, *step, *recording, *last_end, *plock, *tentative, *late_track, *step_begin,
+        *pending, *active, *quiet, *step_end, *start, *now, *locked, *ON, *timer_step, *time, *step_py, *step_at,
+        *step_write, *begin_step, *activity_py, *new_phase, *hook_failed;
+} pn; /* interned names */
+
+static struct {
+    PyObject *no_phase, *phases, *sync_phases, *rec_globals, *begin_code, *end_code;
+    PyObject *globals, *time; /* profiler.py's globals; the time module its clock is read from */
+    PyObject *kw_now; /* ("now",) */
+    PyObject *one;
+    long long code0, code_max, null_code, lookback;
+    int ready;
+} pc;
+
+static PyObject *attr(PyObject *o, PyObject *name) { return PyObject_GetAttr(o, name); }
+
+static int attr_true(PyObject *o, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    int r = v == Py_True ? 1 : v == Py_False || v == Py_None ? 0 : PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+static PyObject *call_method(PyObject *self, PyObject *name, PyObject *const *args,
+                             Py_ssize_t n) {
+    PyObject *stack[8];
+    stack[0] = self;
+    for (Py_ssize_t k = 0; k < n; k++) stack[k + 1] = args[k];
+    return PyObject_VectorcallMethod(name, stack, (size_t)(n + 1), NULL);
+}
+
+/* the common path is free to run: 1; another thread holds _plock: 0; error: -1 */
+static int plock_free(PyObject *self) {
+    PyObject *lock = PyObject_GetAttr(self, pn.plock);
+    if (lock == NULL) return -1;
+    PyObject *r = PyObject_CallMethodNoArgs(lock, pn.locked);
+    Py_DECREF(lock);
+    if (r == NULL) return -1;
+    int held = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return held < 0 ? -1 : !held;
+}
+
+static int rec_on(void) {
+    PyObject *v = PyDict_GetItemWithError(pc.rec_globals, pn.ON); /* borrowed */
+    if (v == NULL) return PyErr_Occurred() ? -1 : 0;
+    return PyObject_IsTrue(v);
+}
+
+static int append6(const int64_t *w, Py_ssize_t n) {
+    if (marked_generation != generation) mark_thread();
+    if (buf_len + n > buf_cap && grow(buf_len + n) < 0) {
+        lost += n / 3;
+        return 0;
+    }
+    memcpy(buf + buf_len, w, (size_t)n * sizeof(int64_t));
+    buf_len += n;
+    return 0;
+}
+
+static int set_bools(PyObject *self, int in_step, int pending, int active, int quiet) {
+    return PyObject_SetAttr(self, pn.in_step, in_step ? Py_True : Py_False) < 0
+        || PyObject_SetAttr(self, pn.pending, pending ? Py_True : Py_False) < 0
+        || PyObject_SetAttr(self, pn.active, active ? Py_True : Py_False) < 0
+        || PyObject_SetAttr(self, pn.quiet, quiet ? Py_True : Py_False) < 0 ? -1 : 0;
+}
+
+/* self.<name> += 1; *out: the new value (LLONG_MAX past what a long long holds) */
+static int incr(PyObject *self, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(self, name);
+    if (v == NULL) return -1;
+    PyObject *nv = PyNumber_Add(v, pc.one);
+    Py_DECREF(v);
+    if (nv == NULL) return -1;
+    int overflow = 0;
+    *out = PyLong_Check(nv) ? PyLong_AsLongLongAndOverflow(nv, &overflow) : LLONG_MAX;
+    if (overflow || (*out == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        *out = LLONG_MAX;
+    }
+    int r = PyObject_SetAttr(self, name, nv);
+    Py_DECREF(nv);
+    return r;
+}
+
+/* the hooks' step_end(), as Profiler._hook("step_end"): a producer never breaks the program */
+static int run_step_end_hooks(PyObject *self, PyObject *hooks) {
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(hooks); k++) {
+        PyObject *h = PyList_GET_ITEM(hooks, k);
+        Py_INCREF(h);
+        PyObject *fn = PyObject_GetAttr(h, pn.step_end);
+        PyObject *r = NULL;
+        if (fn == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) { Py_DECREF(h); return -1; }
+            PyErr_Clear();
+            Py_DECREF(h);
+            continue;
+        }
+        r = PyObject_CallNoArgs(fn);
+        Py_DECREF(fn);
+        if (r == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) { Py_DECREF(h); return -1; }
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            PyObject *a[3] = {h, pn.step_end, value ? value : Py_None};
+            r = call_method(self, pn.hook_failed, a, 3);
+            Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
+            if (r == NULL) { Py_DECREF(h); return -1; }
+        }
+        Py_DECREF(r);
+        Py_DECREF(h);
+    }
+    return 0;
+}
+
+static PyObject *prof_activity(PyObject *self, PyObject *unused);
+
+static PyObject *prof_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames) {
+    static const char *const names[] = {"num_samples", "epoch"};
+    PyObject *a[2];
+    if (counters_args(args, nargs, kwnames, 2, names, "step", a) < 0) return NULL;
+    PyObject *ns = a[0] ? a[0] : Py_None, *ep = a[1] ? a[1] : Py_None;
+    int on = attr_true(self, pn.started);
+    if (on <= 0) return on < 0 ? NULL : Py_NewRef(Py_None);
+    int off = attr_true(self, pn.stopped);
+    if (off != 0) return off < 0 ? NULL : Py_NewRef(Py_None);
+    int sync = attr_true(self, pn.sync_gpu);
+    if (sync < 0) return NULL;
+    /* (a test's virtual clock in profiler.time: the Python twin reads it) */
+    PyObject *clock = PyDict_GetItemWithError(pc.globals, pn.time);
+    if (clock == NULL && PyErr_Occurred()) return NULL;
+    if (sync || clock != pc.time
+        || (ns != Py_None && !PyLong_CheckExact(ns) && !PyFloat_CheckExact(ns))
+        || (ep != Py_None && !PyLong_CheckExact(ep))) {
+        PyObject *pa[2] = {ns, ep};
+        return call_method(self, pn.step_py, pa, 2);
+    }
+    PyObject *hooks = attr(self, pn.hooks);
+    if (hooks == NULL) return NULL;
+    int hr = PyList_CheckExact(hooks) ? (PyList_GET_SIZE(hooks) ? run_step_end_hooks(self, hooks)
+                                                                  : 0)
+                                      : -2;
+    Py_DECREF(hooks);
+    if (hr == -1) return NULL;
+    if (hr == -2) { /* (not a list: the Python twin runs them) */
+        PyObject *pa[2] = {ns, ep};
+        return call_method(self, pn.step_py, pa, 2);
+    }
+    long long t = now_ns();
+    PyObject *tobj = PyLong_FromLongLong(t);
+    if (tobj == NULL) return NULL;
+    PyObject *result = NULL, *epoch = NULL, *batch = NULL, *stable = NULL, *timer = NULL;
+    PyObject *tent = NULL, *late = NULL, *new_tent = NULL;
+    /* the schedule's state changes: the Python twin */
+    epoch = attr(self, pn.epoch);
+    batch = epoch ? attr(self, pn.batch) : NULL;
+    stable = batch ? attr(self, pn.stable_until) : NULL;
+    if (stable == NULL) goto done;
+    int moves = 0;
+    if (ep != Py_None) {
+        moves = PyObject_RichCompareBool(ep, epoch, Py_NE);
+        if (moves < 0) goto done;
+    }
+    if (!moves) {
+        /* (past a long long: stable_until is schedule.NEVER, 2**63; anything else: Python) */
+        int bo = 0, so = 0;
+        long long b = PyLong_CheckExact(batch) ? PyLong_AsLongLongAndOverflow(batch, &bo) : 0;
+        long long s = PyLong_CheckExact(stable) ? PyLong_AsLongLongAndOverflow(stable, &so) : 0;
+        if (!PyLong_CheckExact(batch) || !PyLong_CheckExact(stable) || bo || so < 0
+            || b == LLONG_MAX)
+            moves = 1; /* (let Python compare) */
+        else
+            moves = so == 0 && b + 1 >= s;
+    }
+    if (moves) {
+        PyObject *pa[3] = {ns, ep, tobj};
+        result = call_method(self, pn.step_at, pa, 3);
+        goto done;
+    }
+    int in_step = attr_true(self, pn.in_step);
+    if (in_step < 0) goto done;
+    if (in_step) {
+        timer = attr(self, pn.timer);
+        if (timer == NULL) goto done;
+        PyObject *stack[3] = {timer, ns, tobj};
+        PyObject *r = PyObject_VectorcallMethod(pn.timer_step, stack, 2, pc.kw_now);
+        if (r == NULL) goto done;
+        Py_DECREF(r);
+    }
+    long long n;
+    if (incr(self, pn.step, &n) < 0) goto done;
+    long long unused_b;
+    if (incr(self, pn.batch, &unused_b) < 0) goto done;
+    int rec = attr_true(self, pn.recording);
+    if (rec > 0) rec = rec_on();
+    if (rec < 0) goto done;
+    if (!rec) {
+        PyObject *pa[1] = {tobj};
+        result = call_method(self, pn.begin_step, pa, 1);
+        goto done;
+    }
+    long long ident = (long long)PyThread_get_thread_ident();
+    long long begin;
+    if (n < pc.code_max) {
+        begin = pc.code0 + (n << 3);
+    } else {
+        PyObject *nobj = attr(self, pn.step);
+        PyObject *c = nobj ? PyObject_CallOneArg(pc.begin_code, nobj) : NULL;
+        Py_XDECREF(nobj);
+        if (c == NULL) goto done;
+        begin = PyLong_AsLongLong(c);
+        Py_DECREF(c);
+        if (begin == -1 && PyErr_Occurred()) goto done;
+    }
+    /* the end's code: the last step's again where epoch and num_samples are the same objects */
+    long long end = 0;
+    if (in_step) {
+        PyObject *last = attr(self, pn.last_end);
+        if (last == NULL) goto done;
+        if (PyTuple_CheckExact(last) && PyTuple_GET_SIZE(last) == 3
+            && PyTuple_GET_ITEM(last, 0) == ns && PyTuple_GET_ITEM(last, 1) == epoch) {
+            end = PyLong_AsLongLong(PyTuple_GET_ITEM(last, 2));
+            Py_DECREF(last);
+            if (end == -1 && PyErr_Occurred()) goto done;
+        } else {
+            Py_DECREF(last);
+            PyObject *ea[2] = {epoch, ns};
+            PyObject *c = PyObject_Vectorcall(pc.end_code, ea, 2, NULL);
+            if (c == NULL) goto done;
+            end = PyLong_AsLongLong(c);
+            if (end == -1 && PyErr_Occurred()) { Py_DECREF(c); goto done; }
+            if (end >= 0) { /* (a parked blob's code is used once) */
+                PyObject *nl = PyTuple_Pack(3, ns, epoch, c);
+                int bad = nl == NULL || PyObject_SetAttr(self, pn.last_end, nl) < 0;
+                Py_XDECREF(nl);
+                if (bad) { Py_DECREF(c); goto done; }
+            }
+            Py_DECREF(c);
+        }
+    }
+    /* the buffer part: objects first (an allocation may run a collection, hence Python) */
+    new_tent = Py_BuildValue("(LLL)", begin, t, ident);
+    tent = new_tent ? attr(self, pn.tentative) : NULL;
+    late = tent ? attr(self, pn.late_track) : NULL;
+    if (late == NULL) goto done;
+    int free_ = plock_free(self);
+    if (free_ < 0) goto done;
+    int written = 0;
+    if (free_) {
+        if (!in_step) {
+            int64_t w[3] = {pc.null_code, t, ident};
+            append6(w, 3);
+            written = 1;
+        } else if (tent == Py_None && late == Py_None) { /* the begin is written */
+            int64_t w[6] = {end, t, ident, pc.null_code, t, ident};
+            append6(w, 6);
+            written = 1;
+        } else if (tent != Py_None && PyTuple_CheckExact(tent) && PyTuple_GET_SIZE(tent) == 3) {
+            long long tc = PyLong_AsLongLong(PyTuple_GET_ITEM(tent, 0));
+            long long tt = PyLong_AsLongLong(PyTuple_GET_ITEM(tent, 1));
+            long long ti = PyLong_AsLongLong(PyTuple_GET_ITEM(tent, 2));
+            if (PyErr_Occurred()) goto done;
+            Py_ssize_t at = find_event(pc.null_code, tt, ti, pc.lookback);
+            if (at >= 0) { /* the open step's placeholder becomes its begin */
+                buf[at] = tc;
+                int64_t w[6] = {end, t, ident, pc.null_code, t, ident};
+                append6(w, 6);
+                written = 1;
+            }
+        }
+    }
+    if (written) {
+        if (PyObject_SetAttr(self, pn.tentative, new_tent) < 0
+            || PyObject_SetAttr(self, pn.step_begin, Py_None) < 0
+            || PyObject_SetAttr(self, pn.late_track, Py_None) < 0)
+            goto done;
+    } else {
+        PyObject *ia = PyBool_FromLong(in_step);
+        PyObject *be = PyLong_FromLongLong(begin), *en = PyLong_FromLongLong(end);
+        PyObject *id = PyLong_FromLongLong(ident);
+        PyObject *r = NULL;
+        if (be && en && id) {
+            PyObject *pa[6] = {ia, be, en, tobj, id, ns};
+            r = call_method(self, pn.step_write, pa, 6);
+        }
+        Py_XDECREF(ia); Py_XDECREF(be); Py_XDECREF(en); Py_XDECREF(id);
+        if (r == NULL) goto done;
+        Py_DECREF(r);
+    }
+    if (!in_step) {
+        timer = attr(self, pn.timer);
+        if (timer == NULL) goto done;
+        PyObject *stack[2] = {timer, tobj};
+        PyObject *r = PyObject_VectorcallMethod(pn.start, stack, 2, NULL);
+        if (r == NULL) goto done;
+        Py_DECREF(r);
+    }
+    if (set_bools(self, 1, 0, 0, 1) < 0) goto done;
+    result = Py_NewRef(Py_None);
+done:
+    Py_DECREF(tobj);
+    Py_XDECREF(epoch); Py_XDECREF(batch); Py_XDECREF(stable); Py_XDECREF(timer);
+    Py_XDECREF(tent); Py_XDECREF(late); Py_XDECREF(new_tent);
+    return result;
+}
+
+static PyObject *prof_activity(PyObject *self, PyObject *unused) {
+    int on = attr_true(self, pn.started);
+    if (on <= 0) return on < 0 ? NULL : Py_NewRef(Py_None);
+    int off = attr_true(self, pn.stopped);
+    if (off != 0) return off < 0 ? NULL : Py_NewRef(Py_None);
+    int pending = attr_true(self, pn.pending);
+    if (pending < 0) return NULL;
+    int free_ = pending ? 0 : plock_free(self);
+    if (free_ < 0) return NULL;
+    if (!free_) return call_method(self, pn.activity_py, NULL, 0);
+    PyObject *tent = attr(self, pn.tentative);
+    if (tent == NULL) return NULL;
+    if (tent != Py_None) {
+        if (!PyTuple_CheckExact(tent) || PyTuple_GET_SIZE(tent) != 3) {
+            Py_DECREF(tent);
+            return call_method(self, pn.activity_py, NULL, 0);
+        }
+        long long tc = PyLong_AsLongLong(PyTuple_GET_ITEM(tent, 0));
+        long long tt = PyLong_AsLongLong(PyTuple_GET_ITEM(tent, 1));
+        long long ti = PyLong_AsLongLong(PyTuple_GET_ITEM(tent, 2));
+        if (PyErr_Occurred()) { Py_DECREF(tent); return NULL; }
+        Py_ssize_t at = find_event(pc.null_code, tt, ti, pc.lookback);
+        if (at < 0) { /* a flush took the placeholder: the begin is written late */
+            Py_DECREF(tent);
+            return call_method(self, pn.activity_py, NULL, 0);
+        }
+        buf[at] = tc;
+        int bad = PyObject_SetAttr(self, pn.tentative, Py_None) < 0
+            || PyObject_SetAttr(self, pn.step_begin, tent) < 0;
+        Py_DECREF(tent);
+        if (bad) return NULL;
+    } else {
+        Py_DECREF(tent);
+    }
+    if (PyObject_SetAttr(self, pn.active, Py_True) < 0
+        || PyObject_SetAttr(self, pn.quiet, Py_False) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *prof_phase(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames) {
+    static const char *const names[] = {"name"};
+    PyObject *a[1];
+    if (counters_args(args, nargs, kwnames, 1, names, "phase", a) < 0) return NULL;
+    if (a[0] == NULL) {
+        PyErr_SetString(PyExc_TypeError, "phase() missing required argument: 'name'");
+        return NULL;
+    }
+    int quiet = attr_true(self, pn.quiet);
+    if (quiet < 0) return NULL;
+    if (quiet) {
+        PyObject *r = prof_activity(self, NULL);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
+    int rec = attr_true(self, pn.recording);
+    if (rec <= 0) return rec < 0 ? NULL : Py_NewRef(pc.no_phase);
+    int sync = attr_true(self, pn.sync_gpu);
+    if (sync < 0) return NULL;
+    PyObject *ph = PyDict_GetItemWithError(sync ? pc.sync_phases : pc.phases, a[0]);
+    if (ph != NULL) return Py_NewRef(ph);
+    if (PyErr_Occurred()) return NULL;
+    return call_method(self, pn.new_phase, a, 1);
+}
+
+static PyMethodDef prof_defs[3] = {
+    {"step", (PyCFunction)(void (*)(void))prof_step, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"_activity", prof_activity, METH_NOARGS, NULL},
+    {"phase", (PyCFunction)(void (*)(void))prof_phase, METH_FASTCALL | METH_KEYWORDS, NULL},
+};
+static PyObject *prof_docs[3]; /* the docstrings (kept: ml_doc points into them) */
+
+static PyObject *f_install_profiler(PyObject *self, PyObject *args) {
+    /* install_profiler(cls, config: dict, docs: tuple of 3 str) */
+    PyObject *cls, *cfg, *docs;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyType_Type, &cls, &PyDict_Type, &cfg, &PyTuple_Type,
+                          &docs) || PyTuple_GET_SIZE(docs) != 3)
+        return PyErr_Occurred() ? NULL : (PyErr_SetString(PyExc_TypeError, "3 docs"), NULL);
+#define NAME(f, s) if ((pn.f = PyUnicode_InternFromString(s)) == NULL) return NULL;
+    NAME(started, "_started") NAME(stopped, "_stopped") NAME(sync_gpu, "sync_gpu")
+    NAME(hooks, "hooks") NAME(epoch, "_epoch") NAME(batch, "_batch")
+    NAME(stable_until, "_stable_until") NAME(in_step, "_in_step") NAME(timer, "timer")
+    NAME(step, "_step") NAME(recording, "_recording") NAME(last_end, "_last_end")
+    NAME(plock, "_plock") NAME(tentative, "_tentative") NAME(late_track, "_late_track")
+    NAME(step_begin, "_step_begin") NAME(pending, "_pending") NAME(active, "_active")
+    NAME(quiet, "_quiet") NAME(step_end, "step_end") NAME(start, "start") NAME(now, "now")
+    NAME(locked, "locked") NAME(ON, "ON") NAME(step_py, "_step_py") NAME(step_at, "_step_at")
+    NAME(step_write, "_step_write") NAME(begin_step, "_begin_step")
+    NAME(activity_py, "_activity_py") NAME(new_phase, "_new_phase")
+    NAME(hook_failed, "_hook_failed") NAME(timer_step, "step") NAME(time, "time")
+#undef NAME
+#define OBJ(f, s) { PyObject *v = PyDict_GetItemString(cfg, s); \
+        if (v == NULL) return PyErr_Format(PyExc_KeyError, "install_profiler: %s", s); \
+        Py_XSETREF(pc.f, Py_NewRef(v)); }
+    OBJ(no_phase, "no_phase") OBJ(phases, "phases") OBJ(sync_phases, "sync_phases")
+    OBJ(rec_globals, "rec_globals") OBJ(begin_code, "begin_code") OBJ(end_code, "end_code")
+    OBJ(globals, "globals") OBJ(time, "time")
+#undef OBJ
+#define NUM(f, s) { PyObject *v = PyDict_GetItemString(cfg, s); \
+        if (v == NULL) return PyErr_Format(PyExc_KeyError, "install_profiler: %s", s); \
+        pc.f = PyLong_AsLongLong(v); if (pc.f == -1 && PyErr_Occurred()) return NULL; }
+    NUM(code0, "code0") NUM(code_max, "code_max") NUM(null_code, "null_code")
+    NUM(lookback, "lookback")
+#undef NUM
+    if (!PyDict_Check(pc.phases) || !PyDict_Check(pc.sync_phases)
+        || !PyDict_Check(pc.rec_globals) || !PyDict_Check(pc.globals)) {
+        PyErr_SetString(PyExc_TypeError, "install_profiler: phases and rec_globals are dicts");
+        return NULL;
+    }
+    Py_XSETREF(pc.kw_now, PyTuple_Pack(1, pn.now));
+    Py_XSETREF(pc.one, PyLong_FromLong(1));
+    if (pc.kw_now == NULL || pc.one == NULL) return NULL;
+    for (int k = 0; k < 3; k++) {
+        PyObject *d = PyTuple_GET_ITEM(docs, k);
+        if (!PyUnicode_Check(d)) {
+            PyErr_SetString(PyExc_TypeError, "install_profiler: docs are str");
+            return NULL;
+        }
+        Py_XSETREF(prof_docs[k], Py_NewRef(d));
+        prof_defs[k].ml_doc = PyUnicode_AsUTF8(d);
+        if (prof_defs[k].ml_doc == NULL) return NULL;
+        PyObject *descr = PyDescr_NewMethod((PyTypeObject *)cls, &prof_defs[k]);
+        if (descr == NULL || PyObject_SetAttrString(cls, prof_defs[k].ml_name, descr) < 0) {
+            Py_XDECREF(descr);
+            return NULL;
+        }
+        Py_DECREF(descr);
+    }
+    pc.ready = 1;
+    Py_RETURN_NONE;
+}
+
 /* ---- the module ----------------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -1038,6 +1506,8 @@ static PyMethodDef module_methods[] = {
      "numbers) -> list[bytes]."},
     {"step_boundary", (PyCFunction)(void (*)(void))f_step_boundary, METH_FASTCALL,
      "step_boundary(end, ts, ident, begin, begin_ts, begin_ident, null_code, lookback) -> bool."},
+    {"install_profiler", f_install_profiler, METH_VARARGS,
+     "install_profiler(cls, config, docs): Profiler.step/_activity/phase in C (see above)."},
     {"configure", f_configure, METH_VARARGS,
      "configure(end_code, by_message, push_codes, annotate_slow, push_slow, pop_slow)."},
     {"annotate", (PyCFunction)(void (*)(void))f_annotate, METH_FASTCALL | METH_KEYWORDS,

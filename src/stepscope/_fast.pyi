@@ -113,6 +113,10 @@ def step_boundary(end: int, ts: int, ident: int, begin: int, begin_ts: int, begi
     """The placeholder (null_code, begin_ts, begin_ident) in the last ``lookback`` events
     becomes ``begin``, then (end, ts, ident) and (null_code, ts, ident) are appended; False,
     with nothing changed, if the placeholder is gone."""
+def install_profiler(cls: type, config: dict[str, Any], docs: tuple[str, str, str], /) -> None:
+    """Set ``cls.step``, ``cls._activity`` and ``cls.phase`` (profiler.Profiler) to their C
+    twins, with ``docs`` as their docstrings; ``config``: the objects and codes they use (see
+    ``profiler._install_c_methods``)."""
 def annotate(message: Any = None, color: Any = None, domain: Any = None,
              category: Any = None, payload: Any = None, **args: Any) -> Any:
     """A range, as ``with annotate("x"):`` or ``@annotate("x")`` / ``@annotate``."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import itertools
 import operator
 import os
@@ -585,7 +586,10 @@ class Profiler:
                 try:
                     fn()
                 except Exception as exc:  # a producer never breaks the user's program
-                    _warn(f"{type(h).__name__}.{name} failed: {exc!r}")
+                    self._hook_failed(h, name, exc)
+
+    def _hook_failed(self, hook: Any, name: str, exc: BaseException) -> None:
+        _warn(f"{type(hook).__name__}.{name} failed: {exc!r}")
 
     def _join(self, outer: Profiler) -> None:
         """Under ``stepscope run`` the program's own Profiler is the one it calls: its steps,
@@ -757,6 +761,8 @@ class Profiler:
         profiler could not see it: it ends here uncounted (its number is used up, so the
         numbers still follow the program's ``step()`` calls) and the next one starts.
         """
+        # (with the C buffer, _fast.install_profiler replaces this by its C twin, which runs
+        # the common case and calls _step_py, _step_at and _step_write for the others)
         if not self._started or self._stopped:
             return
         if num_samples is not None and type(num_samples) is not int and type(
@@ -768,7 +774,12 @@ class Profiler:
             _sync_gpu()  # the step's device work ends inside the step
         if self.hooks:
             self._hook("step_end")  # (CUDA memory counters: inside the step that ends)
-        t = time.perf_counter_ns()
+        self._step_at(num_samples, epoch, time.perf_counter_ns())
+
+    _step_py = step  # (the C step's fallback for arguments it leaves to Python)
+
+    def _step_at(self, num_samples: float | None, epoch: int | None, t: int) -> None:
+        """``step()`` from the clock read at ``t`` on."""
         if epoch is not None and epoch != self._epoch or self._batch + 1 >= self._stable_until:
             if self._in_step:  # the schedule moves on: end the step before a window changes
                 self._end_step(num_samples, t)
@@ -804,27 +815,33 @@ class Profiler:
                 end = _step_end_code(self._epoch, num_samples)
                 if end >= 0:  # (a parked blob's code is used once)
                     self._last_end = (num_samples, self._epoch, end)
-            with self._plock:
-                tent = self._tentative
-                if not in_step:
-                    _emit((_NULL, t, ident))
-                elif tent is None and self._late_track is None:  # the begin is written
-                    _emit((end, t, ident, _NULL, t, ident))
-                elif tent is None or not _boundary(  # a step with no phase: its begin too
-                        end, t, ident, tent[0], tent[1], tent[2], _NULL, _STEP_LOOKBACK):
-                    self._write_begin_locked()  # (late: a flush took the placeholder)
-                    if self._late_track is not None:
-                        if end < 0:  # (a parked blob's code: never recorded)
-                            rec.blobs.pop(-end, None)
-                        end = self._late_end(num_samples)
-                    _emit((end, t, ident, _NULL, t, ident))
-                self._tentative = (begin, t, ident)
-                self._step_begin = self._late_track = None
+            self._step_write(in_step, begin, end, t, ident, num_samples)
             if not in_step:
                 self.timer.start(t)
             self._in_step, self._pending, self._active, self._quiet = True, False, False, True
         else:
             self._begin_step(t)
+
+    def _step_write(self, in_step: bool, begin: int, end: int, t: int, ident: int,
+                    num_samples: Any) -> None:
+        """A step boundary's events at ``t``: the open step's begin (its placeholder, or late),
+        its ``end`` (code) and the next step's placeholder (its ``begin`` tentative)."""
+        with self._plock:
+            tent = self._tentative
+            if not in_step:
+                _emit((_NULL, t, ident))
+            elif tent is None and self._late_track is None:  # the begin is written
+                _emit((end, t, ident, _NULL, t, ident))
+            elif tent is None or not _boundary(  # a step with no phase: its begin too
+                    end, t, ident, tent[0], tent[1], tent[2], _NULL, _STEP_LOOKBACK):
+                self._write_begin_locked()  # (late: a flush took the placeholder)
+                if self._late_track is not None:
+                    if end < 0:  # (a parked blob's code: never recorded)
+                        rec.blobs.pop(-end, None)
+                    end = self._late_end(num_samples)
+                _emit((end, t, ident, _NULL, t, ident))
+            self._tentative = (begin, t, ident)
+            self._step_begin = self._late_track = None
 
     def epoch(self, epoch: int | None = None) -> None:
         """Start epoch ``epoch`` (default: the next one) at the step in progress, which becomes
@@ -977,7 +994,7 @@ class Profiler:
         self._pending = self._quiet = True
 
     def _activity(self) -> None:
-        """A phase begins: its step is a step (a pending one opens now)."""
+        """A phase begins: its step is a step (a pending one opens now). (C twin: see step.)"""
         if not self._started or self._stopped:
             return
         with self._plock:
@@ -986,6 +1003,8 @@ class Profiler:
             self._write_begin_locked()
         self._active = True
         self._quiet = False
+
+    _activity_py = _activity
 
     # -- batch waits (prof.dataloader) ------------------------------------------------------------
     def _wait_begin(self, t0: int, ident: int, main: bool) -> bool:
@@ -1121,6 +1140,8 @@ class Profiler:
         ph = (_sync_phases if self.sync_gpu else _phases).get(name)
         return ph if ph is not None else self._new_phase(name)
 
+    _phase_py = phase
+
     def _new_phase(self, name: str) -> _Phase | _DynamicPhase:
         cache: dict[str, Any] = _sync_phases if self.sync_gpu else _phases
         with _phase_lock:
@@ -1204,6 +1225,26 @@ class Profiler:
                     parts.append(self.report_text)
         return "\n".join(parts)
 
+
+
+def _install_c_methods() -> None:
+    """With the C buffer, ``step``, ``_activity`` and ``phase`` are its C twins (the common case
+    of every step without a Python frame; see ``_fast.install_profiler``), whose other cases call
+    the Python methods kept as ``_step_py``/``_step_at``/``_step_write``, ``_activity_py`` and
+    ``_new_phase``. The docstrings and signatures stay those of the Python methods."""
+    sigs = (("step", ", num_samples=None, epoch=None"), ("_activity", ""), ("phase", ", name"))
+    docs = tuple(f"{name}($self, /{sig})\n--\n\n{getattr(Profiler, name).__doc__}"
+                 for name, sig in sigs)
+    rec.fast.install_profiler(Profiler, {  # type: ignore[union-attr]
+        "no_phase": _NO_PHASE, "phases": _phases, "sync_phases": _sync_phases,
+        "rec_globals": vars(rec), "begin_code": functools.partial(rec.numbered_code, _StepBegin),
+        "end_code": _step_end_code, "code0": _STEP_CODE0, "code_max": _STEP_CODE_MAX,
+        "null_code": _NULL, "lookback": _STEP_LOOKBACK, "globals": globals(), "time": time,
+    }, docs)
+
+
+if rec.fast is not None:
+    _install_c_methods()
 
 class Report(str):
     """The profiler's report, a ``str`` whose value is what printing it shows; ``.text`` holds

@@ -270,8 +270,8 @@ def test_a_failing_hash_other_than_unhashable_reaches_the_caller():
         stepscope.annotate(Interrupting("x"))
 
 
-@pytest.mark.parametrize("n", [0, 5, 127, 128, 300, 1 << 40, -1, (1 << 63) - 1, -(1 << 63),
-                               1 << 63])
+@pytest.mark.parametrize("n", [0, 5, 9, 10, 127, 128, 300, 1 << 40, -1, -10, (1 << 63) - 1,
+                               -(1 << 63), 1 << 63])
 @pytest.mark.parametrize(("prefix", "suffix"), [("step ", ""), ("étape ", " ü"),
                                                 ("bad \ud800 ", "surrogate"), ("", "")])
 def test_numbered_begin_encodes_like_python(n, prefix, suffix, monkeypatch):
@@ -316,3 +316,58 @@ def test_the_thread_local_is_initial_exec():
         pytest.skip("the C extension's ELF build only")
     with open(_recorder.fast.__file__, "rb") as f:
         assert b"__tls_get_addr" not in f.read()
+
+
+@needs_fast
+def test_context_hook_calls_the_original_then_records_and_ends_even_where_exit_raises():
+    log: list = []
+
+    class Capture:
+        waiting = False
+        after_optimizer = None
+
+    class CM:
+        def __init__(self, name):
+            self.name = name
+
+        def __enter__(self):
+            log.append("enter")
+            return "entered"
+
+        def __exit__(self, *exc):
+            log.append(("exit", exc[0]))
+            if self.name == "raise":
+                raise OSError("exit failed")
+
+    o_enter, o_exit = CM.__dict__["__enter__"], CM.__dict__["__exit__"]
+    cap, flags = Capture(), {"ON": True}
+    by_name = {"a": lambda: log.append("begin a"), "raise": lambda: log.append("begin raise")}
+    args = (object(), cap, by_name, lambda: log.append("end"), 0, flags)  # main 0: no thread's
+    CM.__enter__ = fast.ContextHook(0, o_enter, lambda o: log.append(("rest in", o.name)), *args)
+    CM.__exit__ = fast.ContextHook(1, o_exit, lambda o: log.append(("rest out", o.name)), *args)
+    assert CM.__exit__.__wrapped__ is o_exit
+
+    with CM("a") as got:
+        log.append("body")
+    assert got == "entered"
+    assert log == ["enter", "begin a", "body", ("exit", None), "end"]
+    log.clear()
+    cm = CM("raise")
+    with pytest.raises(OSError, match="exit failed"):  # the original's error, after the end
+        with cm:
+            pass
+    assert log == ["enter", "begin raise", ("exit", None), "end"] and not vars(cm).get(
+        "_stepscope_open")
+    log.clear()
+    with pytest.raises(KeyError):
+        with CM("b"):  # not cached: rest() decides (and records no begin here)
+            raise KeyError("body")
+    assert log == ["enter", ("rest in", "b"), ("exit", KeyError)]
+    log.clear()
+    cap.after_optimizer = "set"
+    flags["ON"] = False
+    with CM("a"):
+        pass
+    assert log == ["enter", ("exit", None), ("rest out", "a")]  # not recording: no range
+    with pytest.raises(TypeError):
+        CM.__enter__(CM("a"), 1)

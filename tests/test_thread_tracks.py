@@ -222,3 +222,17 @@ def test_a_dropped_batch_still_tells_who_holds_an_ident(path):
     kept = {e.name: _owner(d, e) for e in d.events if e.name in ("A-kept", "B-kept", "B-lost")}
     assert kept == {"A-kept": truth["A"], "B-kept": truth["B"]}
     assert ta.ident == tb.ident  # the case under test happened
+
+
+def test_a_thread_that_records_nothing_gets_no_track(path):
+    # the pure-Python buffer marks every thread that starts while recording (the start hook):
+    # one that never records must leave no empty thread track in the file
+    with stepscope.trace(path) as sess:
+        idle = threading.Thread(target=time.sleep, args=(0.01,), name="idle-thread")
+        idle.start()
+        idle.join()
+        sess.flush()
+        stepscope.mark("main-1")
+    d = decode(path)
+    names = [d.tracks[u].thread.thread_name for u in d.tracks if d.tracks[u].HasField("thread")]
+    assert names == [threading.current_thread().name]

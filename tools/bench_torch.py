@@ -9,7 +9,8 @@ For a small MLP step and a small CNN step (forward, backward, SGD step; one intr
   in CPU time (table 2): the loop's work is left out and what reaches stepscope each step is
   kept (the phases and ``step()``, torch's ``Optimizer.step#``/``zero_grad#`` ranges through
   a real optimizer over one scalar parameter), in pairs of blocks with and without the
-  profiler, plus the writer's CPU for those steps (one forced flush); also for
+  profiler, plus the writer's CPU for those steps (forced flushes of two sizes: a cost per step
+  and one per flush, which a run pays once a second); also for
   ``step_on="optimizer"`` (no code changes: steps from optimizer steps, no phases). Even so
   this moves by several µs between runs here: ``bench_instructions.py`` counts instructions;
 * ``detail``: every step inside a stepscope detail window with operators (torch's profiler CPU
@@ -148,20 +149,24 @@ def _skeleton(opt: torch.optim.Optimizer, n: int, prof=None, phases: bool = True
 
 
 def summary_cost(out: Path, step_on: str | None, n: int = 300, pairs: int = 31
-                 ) -> tuple[float, float]:
-    """(main-thread CPU µs, writer CPU µs) stepscope's summary level adds per step.
+                 ) -> tuple[float, float, float]:
+    """(main-thread CPU µs per step, writer CPU µs per step, writer CPU µs per flush) that
+    stepscope's summary level adds.
 
     Main: the median over ``pairs`` pairs of blocks of ``n`` steps run back to back (which one
     first alternates), the skeleton with the profiler minus without: drift and load spikes on
     a shared machine hit both blocks of a pair alike. Each traced block follows a warm-up of
     ``n // 3`` traced steps (the profiler's start and first steps are not the steady state).
-    Writer: the CPU of one forced flush of each traced block's events (periodic flushes pushed
-    out), the median per step."""
+    Writer (encoding, and the I/O thread's compression): the CPU of a forced flush of the
+    warm-up's events and of the block's (periodic flushes pushed out); the two sizes split it
+    into a cost per step and a fixed cost per flush (medians), which a real run pays once per
+    ``flush_interval_s`` (1 s)."""
     w = torch.zeros(1, requires_grad=True)
     w.grad = torch.zeros(1)
     opt = torch.optim.SGD([w], lr=0.0)
     _skeleton(opt, 50)
-    mains, writers = [], []
+    mains, slopes, fixed = [], [], []
+    warm = n // 3
     for r in range(pairs):
         prof = stepscope.Profiler(dir=out / f"cost{step_on}{r}", host_metrics=False, report=False,
                                   use_env=False, torch=True, step_on=step_on)
@@ -171,21 +176,27 @@ def summary_cost(out: Path, step_on: str | None, n: int = 300, pairs: int = 31
                 prof.start()
                 sess = prof._sess  # noqa: SLF001
                 sess.flush_interval_s = 60.0
-                _skeleton(opt, n // 3, prof, phases=step_on is None)
                 sess.flush()
+                _skeleton(opt, warm, prof, phases=step_on is None)
+                c0 = time.process_time_ns()
+                sess.flush()
+                w_small = time.process_time_ns() - c0
                 c0 = time.thread_time_ns()
                 _skeleton(opt, n, prof, phases=step_on is None)
                 traced = time.thread_time_ns() - c0
                 c0 = time.process_time_ns()
                 sess.flush()
-                writers.append((time.process_time_ns() - c0) / n / 1e3)
+                w_big = time.process_time_ns() - c0
+                slope = (w_big - w_small) / (n - warm)
+                slopes.append(slope / 1e3)
+                fixed.append((w_big - n * slope) / 1e3)
                 prof.stop()
             else:
                 c0 = time.thread_time_ns()
                 _skeleton(opt, n)
                 base = time.thread_time_ns() - c0
         mains.append((traced - base) / n / 1e3)
-    return statistics.median(mains), statistics.median(writers)
+    return statistics.median(mains), statistics.median(slopes), statistics.median(fixed)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -234,19 +245,19 @@ def main(argv: list[str] | None = None) -> None:
         print("  ".join([f"{r[0]:>13}", f"{r[1]:>13}"] + [f"{v:>13.2f}" for v in r[2:8]]
                         + [f"{r[8]:>13.0f}", f"{r[9]:>13.0f}", f"{r[10]:>13.1f}"]))
     steps_us = {r[0]: r[2] for r in rows}
-    print("\n2) summary level measured directly: CPU µs stepscope adds per step (median of 31 "
-          "pairs of 300-step blocks, with and without, back to back), in % of each untraced "
-          "step above")
-    head = ("summary mode", "main us", "writer us", "total us",
+    print("\n2) summary level measured directly: CPU µs stepscope adds per step (main thread: "
+          "median of 31 pairs of 300-step blocks, with and without, back to back; writer: per "
+          "step, and per flush, paid once a second), in % of each untraced step above")
+    head = ("summary mode", "main us", "writer us", "flush us",
             *(f"% of {m}" for m in steps_us), "target")
     print("  ".join(f"{h:>13}" for h in head))
     with tempfile.TemporaryDirectory() as tmp:
         for label, step_on in (("phases+step()", None), ("step_on=optim", "optimizer")):
-            main_us, writer_us = summary_cost(Path(tmp), step_on)
-            total = main_us + writer_us
+            main_us, writer_us, flush_us = summary_cost(Path(tmp), step_on)
             print("  ".join([f"{label:>13}", f"{main_us:>13.2f}", f"{writer_us:>13.2f}",
-                             f"{total:>13.2f}"]
-                            + [f"{100 * total / us:>13.2f}" for us in steps_us.values()]
+                             f"{flush_us:>13.0f}"]
+                            + [f"{100 * (main_us + writer_us + flush_us * us / 1e6) / us:>13.2f}"
+                               for us in steps_us.values()]
                             + [f"{'<= 1%':>13}"]))
 
 

@@ -715,10 +715,26 @@ static int numbered_parse(PyObject *const *args, numbered_parts *np) {
     return 0;
 }
 
+/* n in decimal (what "%lld" writes) into `out` (24 bytes); its length. By hand: snprintf was
+ * some 700 instructions a step begin in the writer. */
+static int decimal(long long n, char *out) {
+    char tmp[24];
+    int len = 0;
+    unsigned long long u = n < 0 ? 0ULL - (unsigned long long)n : (unsigned long long)n;
+    do {
+        tmp[len++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    int k = 0;
+    if (n < 0) out[k++] = '-';
+    while (len) out[k++] = tmp[--len];
+    return k;
+}
+
 static PyObject *numbered_build(const numbered_parts *np, const char *lead, Py_ssize_t lead_len,
                                 long long n) {
     char digits[24];
-    int dig_len = snprintf(digits, sizeof digits, "%lld", n);
+    int dig_len = decimal(n, digits);
     Py_ssize_t name_len = np->pre_len + dig_len + np->suf_len;
     Py_ssize_t da_len = PyBytes_GET_SIZE(np->da_head) + varint_size((uint64_t)n);
     Py_ssize_t body = PyBytes_GET_SIZE(np->head) + PyBytes_GET_SIZE(np->name_tag)
@@ -1020,54 +1036,119 @@ static PyTypeObject CountersType = {
     .tp_doc = "StepCounters(): the step timer's running figures (see profiler.timer).",
 };
 
-/* ---- Profiler.step / phase / _activity in C ----------------------------------------------------
+/* ---- ProfilerCore: the profiler's per-step state and methods in C ------------------------------
  *
- * The profiler's per-step methods, installed on profiler.Profiler by install_profiler() as method
- * descriptors (as if written in C on the class): on every step of the program, the common case
- * runs without a Python frame (a step() of Python was some 12,000 instructions here, its phases'
- * first some 4,000). They read and write the profiler's own attributes, so the Python code of
- * the class sees the same state; every case other than the common one calls the Python method
- * that profiler.py keeps for it (its twin, used as is with the pure-Python buffer):
+ * The base of profiler.Profiler (with the C buffer): the state that every step reads and writes
+ * lives in this struct, as attributes of the same names for the class's Python code (member
+ * descriptors), and step(), _activity() and phase() are installed on the class by
+ * install_profiler() as method descriptors: on every step of the program the common case runs
+ * without a Python frame and without an attribute lookup (a step() of Python was some 12,000
+ * instructions here, through attributes of C some 6,000). Every case other than the common one
+ * calls the Python method that profiler.py keeps for it (its twin, used as is with the pure-
+ * Python buffer):
  *
  * - step(num_samples=None, epoch=None) -> Profiler._step_py for arguments that are no int/float
- *   (or no int epoch) and sync_gpu; after the hooks' step_end and the clock read,
- *   Profiler._step_at(num_samples, epoch, t) where the schedule's state changes, and
- *   Profiler._step_write(...) where the buffer part is not the common one (a flush took the
- *   step's placeholder, a step begun late, the session's lock held by another thread);
+ *   (or no int epoch), sync_gpu, or a virtual clock in profiler.time (tests); after the hooks'
+ *   step_end and the clock read, Profiler._step_at(num_samples, epoch, t) where the schedule's
+ *   state changes, and Profiler._step_write(...) where the buffer part is not the common one (a
+ *   flush took the step's placeholder, a step begun late, _plock held by another thread);
  * - _activity() -> Profiler._activity_py while a step is pending, or where the placeholder is
- *   gone or the lock is held;
+ *   gone or _plock is held;
  * - phase(name) -> Profiler._new_phase(name) for a phase not cached yet.
  *
- * The lock: Profiler._plock guards the open step's placeholder against a flush. These functions
- * never release the GIL and call no Python code between reading `_plock.locked()` and their
- * last store, so where it is free they are atomic with respect to its holders; where another
- * thread holds it they take the Python path, which waits for it. */
+ * The lock: _plock guards the open step's placeholder against a flush. These functions never
+ * release the GIL and call no Python code between reading `_plock.locked()` and their last
+ * store, so where it is free they are atomic with respect to its holders; where another thread
+ * holds it they take the Python path, which waits for it. */
 
-static struct {
+typedef struct {
+    PyObject_HEAD
     PyObject *started, *stopped, *sync_gpu, *hooks, *epoch, *batch, *stable_until, *in_step,
         *timer, *step, *recording, *last_end, *plock, *tentative, *late_track, *step_begin,
-        *pending, *active, *quiet, *step_end, *start, *now, *locked, *ON, *timer_step, *time, *step_py, *step_at,
-        *step_write, *begin_step, *activity_py, *new_phase, *hook_failed;
+        *pending, *active, *quiet;
+} CoreObject;
+
+#define CORE_FIELDS(X) X(started) X(stopped) X(sync_gpu) X(hooks) X(epoch) X(batch) \
+    X(stable_until) X(in_step) X(timer) X(step) X(recording) X(last_end) X(plock) \
+    X(tentative) X(late_track) X(step_begin) X(pending) X(active) X(quiet)
+
+static int core_traverse(CoreObject *self, visitproc visit, void *arg) {
+#define VISIT(f) Py_VISIT(self->f);
+    CORE_FIELDS(VISIT)
+#undef VISIT
+    return 0;
+}
+
+static int core_clear(CoreObject *self) {
+#define CLEAR(f) Py_CLEAR(self->f);
+    CORE_FIELDS(CLEAR)
+#undef CLEAR
+    return 0;
+}
+
+static void core_dealloc(CoreObject *self) {
+    PyObject_GC_UnTrack(self);
+    core_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef core_members[] = {
+    {"_started", T_OBJECT_EX, offsetof(CoreObject, started), 0, NULL},
+    {"_stopped", T_OBJECT_EX, offsetof(CoreObject, stopped), 0, NULL},
+    {"sync_gpu", T_OBJECT_EX, offsetof(CoreObject, sync_gpu), 0, NULL},
+    {"hooks", T_OBJECT_EX, offsetof(CoreObject, hooks), 0, NULL},
+    {"_epoch", T_OBJECT_EX, offsetof(CoreObject, epoch), 0, NULL},
+    {"_batch", T_OBJECT_EX, offsetof(CoreObject, batch), 0, NULL},
+    {"_stable_until", T_OBJECT_EX, offsetof(CoreObject, stable_until), 0, NULL},
+    {"_in_step", T_OBJECT_EX, offsetof(CoreObject, in_step), 0, NULL},
+    {"timer", T_OBJECT_EX, offsetof(CoreObject, timer), 0, NULL},
+    {"_step", T_OBJECT_EX, offsetof(CoreObject, step), 0, NULL},
+    {"_recording", T_OBJECT_EX, offsetof(CoreObject, recording), 0, NULL},
+    {"_last_end", T_OBJECT_EX, offsetof(CoreObject, last_end), 0, NULL},
+    {"_plock", T_OBJECT_EX, offsetof(CoreObject, plock), 0, NULL},
+    {"_tentative", T_OBJECT_EX, offsetof(CoreObject, tentative), 0, NULL},
+    {"_late_track", T_OBJECT_EX, offsetof(CoreObject, late_track), 0, NULL},
+    {"_step_begin", T_OBJECT_EX, offsetof(CoreObject, step_begin), 0, NULL},
+    {"_pending", T_OBJECT_EX, offsetof(CoreObject, pending), 0, NULL},
+    {"_active", T_OBJECT_EX, offsetof(CoreObject, active), 0, NULL},
+    {"_quiet", T_OBJECT_EX, offsetof(CoreObject, quiet), 0, NULL},
+    {NULL},
+};
+
+static PyTypeObject CoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "stepscope._fast.ProfilerCore",
+    .tp_basicsize = sizeof(CoreObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)core_traverse,
+    .tp_clear = (inquiry)core_clear,
+    .tp_dealloc = (destructor)core_dealloc,
+    .tp_members = core_members,
+    .tp_doc = "The profiler's per-step state (the base of profiler.Profiler; see _fast.c).",
+};
+
+static struct {
+    PyObject *step_end, *now, *locked, *ON, *timer_step, *start, *time, *step_py, *step_at,
+        *step_write, *begin_step, *activity_py, *new_phase, *hook_failed, *phase_py;
 } pn; /* interned names */
 
 static struct {
     PyObject *no_phase, *phases, *sync_phases, *rec_globals, *begin_code, *end_code;
     PyObject *globals, *time; /* profiler.py's globals; the time module its clock is read from */
-    PyObject *kw_now; /* ("now",) */
+    PyObject *kw_now;         /* ("now",) */
     PyObject *one;
     long long code0, code_max, null_code, lookback;
-    int ready;
 } pc;
 
-static PyObject *attr(PyObject *o, PyObject *name) { return PyObject_GetAttr(o, name); }
-
-static int attr_true(PyObject *o, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL) return -1;
-    int r = v == Py_True ? 1 : v == Py_False || v == Py_None ? 0 : PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return r;
+/* a field's truth (-1: not set yet, or an error) */
+static inline int truth(PyObject *v) {
+    if (v == Py_True) return 1;
+    if (v == Py_False || v == Py_None) return 0;
+    return v == NULL ? -1 : PyObject_IsTrue(v);
 }
+
+static inline void set_field(PyObject **slot, PyObject *v) { Py_XSETREF(*slot, Py_NewRef(v)); }
 
 static PyObject *call_method(PyObject *self, PyObject *name, PyObject *const *args,
                              Py_ssize_t n) {
@@ -1077,12 +1158,10 @@ static PyObject *call_method(PyObject *self, PyObject *name, PyObject *const *ar
     return PyObject_VectorcallMethod(name, stack, (size_t)(n + 1), NULL);
 }
 
-/* the common path is free to run: 1; another thread holds _plock: 0; error: -1 */
-static int plock_free(PyObject *self) {
-    PyObject *lock = PyObject_GetAttr(self, pn.plock);
-    if (lock == NULL) return -1;
-    PyObject *r = PyObject_CallMethodNoArgs(lock, pn.locked);
-    Py_DECREF(lock);
+/* _plock is free: 1; another thread holds it: 0; error: -1 */
+static int plock_free(CoreObject *c) {
+    if (c->plock == NULL) return 0;
+    PyObject *r = PyObject_CallMethodNoArgs(c->plock, pn.locked);
     if (r == NULL) return -1;
     int held = PyObject_IsTrue(r);
     Py_DECREF(r);
@@ -1095,30 +1174,19 @@ static int rec_on(void) {
     return PyObject_IsTrue(v);
 }
 
-static int append6(const int64_t *w, Py_ssize_t n) {
+static void append_words(const int64_t *w, Py_ssize_t n) {
     if (marked_generation != generation) mark_thread();
     if (buf_len + n > buf_cap && grow(buf_len + n) < 0) {
         lost += n / 3;
-        return 0;
+        return;
     }
     memcpy(buf + buf_len, w, (size_t)n * sizeof(int64_t));
     buf_len += n;
-    return 0;
 }
 
-static int set_bools(PyObject *self, int in_step, int pending, int active, int quiet) {
-    return PyObject_SetAttr(self, pn.in_step, in_step ? Py_True : Py_False) < 0
-        || PyObject_SetAttr(self, pn.pending, pending ? Py_True : Py_False) < 0
-        || PyObject_SetAttr(self, pn.active, active ? Py_True : Py_False) < 0
-        || PyObject_SetAttr(self, pn.quiet, quiet ? Py_True : Py_False) < 0 ? -1 : 0;
-}
-
-/* self.<name> += 1; *out: the new value (LLONG_MAX past what a long long holds) */
-static int incr(PyObject *self, PyObject *name, long long *out) {
-    PyObject *v = PyObject_GetAttr(self, name);
-    if (v == NULL) return -1;
-    PyObject *nv = PyNumber_Add(v, pc.one);
-    Py_DECREF(v);
+/* *slot += 1 for an int field; *out: the new value (LLONG_MAX past a long long) */
+static int incr(PyObject **slot, long long *out) {
+    PyObject *nv = PyNumber_Add(*slot, pc.one);
     if (nv == NULL) return -1;
     int overflow = 0;
     *out = PyLong_Check(nv) ? PyLong_AsLongLongAndOverflow(nv, &overflow) : LLONG_MAX;
@@ -1126,122 +1194,117 @@ static int incr(PyObject *self, PyObject *name, long long *out) {
         PyErr_Clear();
         *out = LLONG_MAX;
     }
-    int r = PyObject_SetAttr(self, name, nv);
-    Py_DECREF(nv);
-    return r;
+    Py_SETREF(*slot, nv);
+    return 0;
 }
 
 /* the hooks' step_end(), as Profiler._hook("step_end"): a producer never breaks the program */
 static int run_step_end_hooks(PyObject *self, PyObject *hooks) {
     for (Py_ssize_t k = 0; k < PyList_GET_SIZE(hooks); k++) {
-        PyObject *h = PyList_GET_ITEM(hooks, k);
-        Py_INCREF(h);
+        PyObject *h = Py_NewRef(PyList_GET_ITEM(hooks, k));
         PyObject *fn = PyObject_GetAttr(h, pn.step_end);
-        PyObject *r = NULL;
         if (fn == NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) { Py_DECREF(h); return -1; }
-            PyErr_Clear();
+            int missing = PyErr_ExceptionMatches(PyExc_AttributeError);
             Py_DECREF(h);
+            if (!missing) return -1;
+            PyErr_Clear();
             continue;
         }
-        r = PyObject_CallNoArgs(fn);
+        PyObject *r = PyObject_CallNoArgs(fn);
         Py_DECREF(fn);
         if (r == NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_Exception)) { Py_DECREF(h); return -1; }
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                Py_DECREF(h);
+                return -1;
+            }
             PyObject *type, *value, *tb;
             PyErr_Fetch(&type, &value, &tb);
             PyErr_NormalizeException(&type, &value, &tb);
             PyObject *a[3] = {h, pn.step_end, value ? value : Py_None};
             r = call_method(self, pn.hook_failed, a, 3);
-            Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
-            if (r == NULL) { Py_DECREF(h); return -1; }
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
         }
-        Py_DECREF(r);
         Py_DECREF(h);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
     }
     return 0;
 }
 
-static PyObject *prof_activity(PyObject *self, PyObject *unused);
+static int tent_parts(PyObject *tent, long long *v) {
+    if (!PyTuple_CheckExact(tent) || PyTuple_GET_SIZE(tent) != 3) return 0;
+    for (int k = 0; k < 3; k++) {
+        v[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(tent, k));
+        if (v[k] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 1;
+}
 
 static PyObject *prof_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                            PyObject *kwnames) {
     static const char *const names[] = {"num_samples", "epoch"};
+    CoreObject *c = (CoreObject *)self;
     PyObject *a[2];
     if (counters_args(args, nargs, kwnames, 2, names, "step", a) < 0) return NULL;
     PyObject *ns = a[0] ? a[0] : Py_None, *ep = a[1] ? a[1] : Py_None;
-    int on = attr_true(self, pn.started);
-    if (on <= 0) return on < 0 ? NULL : Py_NewRef(Py_None);
-    int off = attr_true(self, pn.stopped);
-    if (off != 0) return off < 0 ? NULL : Py_NewRef(Py_None);
-    int sync = attr_true(self, pn.sync_gpu);
-    if (sync < 0) return NULL;
+    int started = truth(c->started), stopped = truth(c->stopped), sync = truth(c->sync_gpu);
+    if (started == 0 || stopped == 1) Py_RETURN_NONE;
     /* (a test's virtual clock in profiler.time: the Python twin reads it) */
     PyObject *clock = PyDict_GetItemWithError(pc.globals, pn.time);
     if (clock == NULL && PyErr_Occurred()) return NULL;
-    if (sync || clock != pc.time
+    if (started < 0 || stopped < 0 || sync != 0 || clock != pc.time || c->hooks == NULL
+        || !PyList_CheckExact(c->hooks)
         || (ns != Py_None && !PyLong_CheckExact(ns) && !PyFloat_CheckExact(ns))
         || (ep != Py_None && !PyLong_CheckExact(ep))) {
+        PyErr_Clear();
         PyObject *pa[2] = {ns, ep};
         return call_method(self, pn.step_py, pa, 2);
     }
-    PyObject *hooks = attr(self, pn.hooks);
-    if (hooks == NULL) return NULL;
-    int hr = PyList_CheckExact(hooks) ? (PyList_GET_SIZE(hooks) ? run_step_end_hooks(self, hooks)
-                                                                  : 0)
-                                      : -2;
-    Py_DECREF(hooks);
-    if (hr == -1) return NULL;
-    if (hr == -2) { /* (not a list: the Python twin runs them) */
-        PyObject *pa[2] = {ns, ep};
-        return call_method(self, pn.step_py, pa, 2);
+    if (PyList_GET_SIZE(c->hooks)) {
+        PyObject *hooks = Py_NewRef(c->hooks);
+        int r = run_step_end_hooks(self, hooks);
+        Py_DECREF(hooks);
+        if (r < 0) return NULL;
     }
     long long t = now_ns();
     PyObject *tobj = PyLong_FromLongLong(t);
     if (tobj == NULL) return NULL;
-    PyObject *result = NULL, *epoch = NULL, *batch = NULL, *stable = NULL, *timer = NULL;
-    PyObject *tent = NULL, *late = NULL, *new_tent = NULL;
-    /* the schedule's state changes: the Python twin */
-    epoch = attr(self, pn.epoch);
-    batch = epoch ? attr(self, pn.batch) : NULL;
-    stable = batch ? attr(self, pn.stable_until) : NULL;
-    if (stable == NULL) goto done;
-    int moves = 0;
-    if (ep != Py_None) {
-        moves = PyObject_RichCompareBool(ep, epoch, Py_NE);
+    PyObject *result = NULL, *new_tent = NULL;
+    /* the schedule's state changes (a new epoch, a window's edge): the Python twin; past a
+     * long long, stable_until is schedule.NEVER (2**63); anything else: Python compares */
+    int moves = c->epoch == NULL || c->batch == NULL || c->stable_until == NULL
+        || !PyLong_CheckExact(c->batch) || !PyLong_CheckExact(c->stable_until);
+    if (!moves && ep != Py_None) {
+        moves = PyObject_RichCompareBool(ep, c->epoch, Py_NE);
         if (moves < 0) goto done;
     }
     if (!moves) {
-        /* (past a long long: stable_until is schedule.NEVER, 2**63; anything else: Python) */
         int bo = 0, so = 0;
-        long long b = PyLong_CheckExact(batch) ? PyLong_AsLongLongAndOverflow(batch, &bo) : 0;
-        long long s = PyLong_CheckExact(stable) ? PyLong_AsLongLongAndOverflow(stable, &so) : 0;
-        if (!PyLong_CheckExact(batch) || !PyLong_CheckExact(stable) || bo || so < 0
-            || b == LLONG_MAX)
-            moves = 1; /* (let Python compare) */
-        else
-            moves = so == 0 && b + 1 >= s;
+        long long b = PyLong_AsLongLongAndOverflow(c->batch, &bo);
+        long long s = PyLong_AsLongLongAndOverflow(c->stable_until, &so);
+        moves = bo || so < 0 || b == LLONG_MAX || (so == 0 && b + 1 >= s);
     }
     if (moves) {
         PyObject *pa[3] = {ns, ep, tobj};
         result = call_method(self, pn.step_at, pa, 3);
         goto done;
     }
-    int in_step = attr_true(self, pn.in_step);
-    if (in_step < 0) goto done;
-    if (in_step) {
-        timer = attr(self, pn.timer);
-        if (timer == NULL) goto done;
-        PyObject *stack[3] = {timer, ns, tobj};
+    int in_step = truth(c->in_step);
+    if (in_step < 0 || c->timer == NULL || c->step == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_AttributeError, "Profiler not initialized");
+        goto done;
+    }
+    if (in_step) { /* timer.step(num_samples, now=t) */
+        PyObject *stack[3] = {c->timer, ns, tobj};
         PyObject *r = PyObject_VectorcallMethod(pn.timer_step, stack, 2, pc.kw_now);
         if (r == NULL) goto done;
         Py_DECREF(r);
     }
-    long long n;
-    if (incr(self, pn.step, &n) < 0) goto done;
-    long long unused_b;
-    if (incr(self, pn.batch, &unused_b) < 0) goto done;
-    int rec = attr_true(self, pn.recording);
+    long long n, unused;
+    if (incr(&c->step, &n) < 0 || incr(&c->batch, &unused) < 0) goto done;
+    int rec = truth(c->recording);
     if (rec > 0) rec = rec_on();
     if (rec < 0) goto done;
     if (!rec) {
@@ -1254,166 +1317,154 @@ static PyObject *prof_step(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (n < pc.code_max) {
         begin = pc.code0 + (n << 3);
     } else {
-        PyObject *nobj = attr(self, pn.step);
-        PyObject *c = nobj ? PyObject_CallOneArg(pc.begin_code, nobj) : NULL;
-        Py_XDECREF(nobj);
-        if (c == NULL) goto done;
-        begin = PyLong_AsLongLong(c);
-        Py_DECREF(c);
+        PyObject *code = PyObject_CallOneArg(pc.begin_code, c->step);
+        if (code == NULL) goto done;
+        begin = PyLong_AsLongLong(code);
+        Py_DECREF(code);
         if (begin == -1 && PyErr_Occurred()) goto done;
     }
     /* the end's code: the last step's again where epoch and num_samples are the same objects */
     long long end = 0;
     if (in_step) {
-        PyObject *last = attr(self, pn.last_end);
-        if (last == NULL) goto done;
-        if (PyTuple_CheckExact(last) && PyTuple_GET_SIZE(last) == 3
-            && PyTuple_GET_ITEM(last, 0) == ns && PyTuple_GET_ITEM(last, 1) == epoch) {
+        PyObject *last = c->last_end;
+        if (last != NULL && PyTuple_CheckExact(last) && PyTuple_GET_SIZE(last) == 3
+            && PyTuple_GET_ITEM(last, 0) == ns && PyTuple_GET_ITEM(last, 1) == c->epoch) {
             end = PyLong_AsLongLong(PyTuple_GET_ITEM(last, 2));
-            Py_DECREF(last);
             if (end == -1 && PyErr_Occurred()) goto done;
         } else {
-            Py_DECREF(last);
+            PyObject *epoch = Py_NewRef(c->epoch);
             PyObject *ea[2] = {epoch, ns};
-            PyObject *c = PyObject_Vectorcall(pc.end_code, ea, 2, NULL);
-            if (c == NULL) goto done;
-            end = PyLong_AsLongLong(c);
-            if (end == -1 && PyErr_Occurred()) { Py_DECREF(c); goto done; }
-            if (end >= 0) { /* (a parked blob's code is used once) */
-                PyObject *nl = PyTuple_Pack(3, ns, epoch, c);
-                int bad = nl == NULL || PyObject_SetAttr(self, pn.last_end, nl) < 0;
-                Py_XDECREF(nl);
-                if (bad) { Py_DECREF(c); goto done; }
+            PyObject *code = PyObject_Vectorcall(pc.end_code, ea, 2, NULL);
+            if (code != NULL) end = PyLong_AsLongLong(code);
+            if (code == NULL || (end == -1 && PyErr_Occurred())) {
+                Py_DECREF(epoch);
+                Py_XDECREF(code);
+                goto done;
             }
-            Py_DECREF(c);
+            if (end >= 0) { /* (a parked blob's code is used once) */
+                PyObject *nl = PyTuple_Pack(3, ns, epoch, code);
+                if (nl != NULL) Py_XSETREF(c->last_end, nl);
+            }
+            Py_DECREF(epoch);
+            Py_DECREF(code);
+            if (PyErr_Occurred()) goto done;
         }
     }
-    /* the buffer part: objects first (an allocation may run a collection, hence Python) */
+    /* the buffer part; objects first (an allocation may run a collection, hence Python) */
     new_tent = Py_BuildValue("(LLL)", begin, t, ident);
-    tent = new_tent ? attr(self, pn.tentative) : NULL;
-    late = tent ? attr(self, pn.late_track) : NULL;
-    if (late == NULL) goto done;
-    int free_ = plock_free(self);
+    if (new_tent == NULL) goto done;
+    int free_ = plock_free(c);
     if (free_ < 0) goto done;
     int written = 0;
-    if (free_) {
+    if (free_ && c->tentative != NULL && c->late_track != NULL) {
         if (!in_step) {
             int64_t w[3] = {pc.null_code, t, ident};
-            append6(w, 3);
+            append_words(w, 3);
             written = 1;
-        } else if (tent == Py_None && late == Py_None) { /* the begin is written */
+        } else if (c->tentative == Py_None && c->late_track == Py_None) { /* begin written */
             int64_t w[6] = {end, t, ident, pc.null_code, t, ident};
-            append6(w, 6);
+            append_words(w, 6);
             written = 1;
-        } else if (tent != Py_None && PyTuple_CheckExact(tent) && PyTuple_GET_SIZE(tent) == 3) {
-            long long tc = PyLong_AsLongLong(PyTuple_GET_ITEM(tent, 0));
-            long long tt = PyLong_AsLongLong(PyTuple_GET_ITEM(tent, 1));
-            long long ti = PyLong_AsLongLong(PyTuple_GET_ITEM(tent, 2));
-            if (PyErr_Occurred()) goto done;
-            Py_ssize_t at = find_event(pc.null_code, tt, ti, pc.lookback);
+        } else if (c->tentative != Py_None) {
+            long long tv[3];
+            int ok = tent_parts(c->tentative, tv);
+            if (ok < 0) goto done;
+            Py_ssize_t at = ok ? find_event(pc.null_code, tv[1], tv[2], pc.lookback) : -1;
             if (at >= 0) { /* the open step's placeholder becomes its begin */
-                buf[at] = tc;
+                buf[at] = tv[0];
                 int64_t w[6] = {end, t, ident, pc.null_code, t, ident};
-                append6(w, 6);
+                append_words(w, 6);
                 written = 1;
             }
         }
     }
     if (written) {
-        if (PyObject_SetAttr(self, pn.tentative, new_tent) < 0
-            || PyObject_SetAttr(self, pn.step_begin, Py_None) < 0
-            || PyObject_SetAttr(self, pn.late_track, Py_None) < 0)
-            goto done;
+        Py_XSETREF(c->tentative, new_tent);
+        new_tent = NULL;
+        set_field(&c->step_begin, Py_None);
+        set_field(&c->late_track, Py_None);
     } else {
-        PyObject *ia = PyBool_FromLong(in_step);
         PyObject *be = PyLong_FromLongLong(begin), *en = PyLong_FromLongLong(end);
         PyObject *id = PyLong_FromLongLong(ident);
         PyObject *r = NULL;
         if (be && en && id) {
-            PyObject *pa[6] = {ia, be, en, tobj, id, ns};
+            PyObject *pa[6] = {in_step ? Py_True : Py_False, be, en, tobj, id, ns};
             r = call_method(self, pn.step_write, pa, 6);
         }
-        Py_XDECREF(ia); Py_XDECREF(be); Py_XDECREF(en); Py_XDECREF(id);
+        Py_XDECREF(be);
+        Py_XDECREF(en);
+        Py_XDECREF(id);
         if (r == NULL) goto done;
         Py_DECREF(r);
     }
-    if (!in_step) {
-        timer = attr(self, pn.timer);
-        if (timer == NULL) goto done;
-        PyObject *stack[2] = {timer, tobj};
+    if (!in_step) { /* timer.start(t) */
+        PyObject *stack[2] = {c->timer, tobj};
         PyObject *r = PyObject_VectorcallMethod(pn.start, stack, 2, NULL);
         if (r == NULL) goto done;
         Py_DECREF(r);
     }
-    if (set_bools(self, 1, 0, 0, 1) < 0) goto done;
+    set_field(&c->in_step, Py_True);
+    set_field(&c->pending, Py_False);
+    set_field(&c->active, Py_False);
+    set_field(&c->quiet, Py_True);
     result = Py_NewRef(Py_None);
 done:
     Py_DECREF(tobj);
-    Py_XDECREF(epoch); Py_XDECREF(batch); Py_XDECREF(stable); Py_XDECREF(timer);
-    Py_XDECREF(tent); Py_XDECREF(late); Py_XDECREF(new_tent);
+    Py_XDECREF(new_tent);
     return result;
 }
 
 static PyObject *prof_activity(PyObject *self, PyObject *unused) {
-    int on = attr_true(self, pn.started);
-    if (on <= 0) return on < 0 ? NULL : Py_NewRef(Py_None);
-    int off = attr_true(self, pn.stopped);
-    if (off != 0) return off < 0 ? NULL : Py_NewRef(Py_None);
-    int pending = attr_true(self, pn.pending);
-    if (pending < 0) return NULL;
-    int free_ = pending ? 0 : plock_free(self);
+    CoreObject *c = (CoreObject *)self;
+    int started = truth(c->started), stopped = truth(c->stopped);
+    if (started == 0 || stopped == 1) Py_RETURN_NONE;
+    int pending = truth(c->pending);
+    int free_ = started < 0 || stopped < 0 || pending != 0 || c->tentative == NULL
+        ? 0 : plock_free(c);
     if (free_ < 0) return NULL;
-    if (!free_) return call_method(self, pn.activity_py, NULL, 0);
-    PyObject *tent = attr(self, pn.tentative);
-    if (tent == NULL) return NULL;
-    if (tent != Py_None) {
-        if (!PyTuple_CheckExact(tent) || PyTuple_GET_SIZE(tent) != 3) {
-            Py_DECREF(tent);
-            return call_method(self, pn.activity_py, NULL, 0);
-        }
-        long long tc = PyLong_AsLongLong(PyTuple_GET_ITEM(tent, 0));
-        long long tt = PyLong_AsLongLong(PyTuple_GET_ITEM(tent, 1));
-        long long ti = PyLong_AsLongLong(PyTuple_GET_ITEM(tent, 2));
-        if (PyErr_Occurred()) { Py_DECREF(tent); return NULL; }
-        Py_ssize_t at = find_event(pc.null_code, tt, ti, pc.lookback);
-        if (at < 0) { /* a flush took the placeholder: the begin is written late */
-            Py_DECREF(tent);
-            return call_method(self, pn.activity_py, NULL, 0);
-        }
-        buf[at] = tc;
-        int bad = PyObject_SetAttr(self, pn.tentative, Py_None) < 0
-            || PyObject_SetAttr(self, pn.step_begin, tent) < 0;
-        Py_DECREF(tent);
-        if (bad) return NULL;
-    } else {
-        Py_DECREF(tent);
+    long long tv[3];
+    int ok = free_ && c->tentative != Py_None ? tent_parts(c->tentative, tv) : 1;
+    if (ok < 0) return NULL;
+    Py_ssize_t at = free_ && ok && c->tentative != Py_None
+        ? find_event(pc.null_code, tv[1], tv[2], pc.lookback) : -2;
+    if (!free_ || !ok || at == -1) { /* pending, held, or the placeholder is gone: Python */
+        PyErr_Clear();
+        return call_method(self, pn.activity_py, NULL, 0);
     }
-    if (PyObject_SetAttr(self, pn.active, Py_True) < 0
-        || PyObject_SetAttr(self, pn.quiet, Py_False) < 0)
-        return NULL;
+    if (at >= 0) { /* the open step's placeholder becomes its begin */
+        buf[at] = tv[0];
+        PyObject *tent = c->tentative;
+        c->tentative = Py_NewRef(Py_None);
+        Py_XSETREF(c->step_begin, tent);
+    }
+    set_field(&c->active, Py_True);
+    set_field(&c->quiet, Py_False);
     Py_RETURN_NONE;
 }
 
 static PyObject *prof_phase(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                             PyObject *kwnames) {
     static const char *const names[] = {"name"};
+    CoreObject *c = (CoreObject *)self;
     PyObject *a[1];
     if (counters_args(args, nargs, kwnames, 1, names, "phase", a) < 0) return NULL;
     if (a[0] == NULL) {
         PyErr_SetString(PyExc_TypeError, "phase() missing required argument: 'name'");
         return NULL;
     }
-    int quiet = attr_true(self, pn.quiet);
-    if (quiet < 0) return NULL;
+    int quiet = truth(c->quiet), rec = truth(c->recording), sync = truth(c->sync_gpu);
+    if (quiet < 0 || rec < 0 || sync < 0) { /* (a field not set: the Python twin says so) */
+        PyErr_Clear();
+        return call_method(self, pn.phase_py, a, 1);
+    }
     if (quiet) {
         PyObject *r = prof_activity(self, NULL);
         if (r == NULL) return NULL;
         Py_DECREF(r);
+        rec = truth(c->recording);
+        if (rec < 0) return NULL;
     }
-    int rec = attr_true(self, pn.recording);
-    if (rec <= 0) return rec < 0 ? NULL : Py_NewRef(pc.no_phase);
-    int sync = attr_true(self, pn.sync_gpu);
-    if (sync < 0) return NULL;
+    if (!rec) return Py_NewRef(pc.no_phase);
     PyObject *ph = PyDict_GetItemWithError(sync ? pc.sync_phases : pc.phases, a[0]);
     if (ph != NULL) return Py_NewRef(ph);
     if (PyErr_Occurred()) return NULL;
@@ -1431,20 +1482,18 @@ static PyObject *f_install_profiler(PyObject *self, PyObject *args) {
     /* install_profiler(cls, config: dict, docs: tuple of 3 str) */
     PyObject *cls, *cfg, *docs;
     if (!PyArg_ParseTuple(args, "O!O!O!", &PyType_Type, &cls, &PyDict_Type, &cfg, &PyTuple_Type,
-                          &docs) || PyTuple_GET_SIZE(docs) != 3)
-        return PyErr_Occurred() ? NULL : (PyErr_SetString(PyExc_TypeError, "3 docs"), NULL);
+                          &docs))
+        return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)cls, &CoreType) || PyTuple_GET_SIZE(docs) != 3) {
+        PyErr_SetString(PyExc_TypeError, "install_profiler: a ProfilerCore class and 3 docs");
+        return NULL;
+    }
 #define NAME(f, s) if ((pn.f = PyUnicode_InternFromString(s)) == NULL) return NULL;
-    NAME(started, "_started") NAME(stopped, "_stopped") NAME(sync_gpu, "sync_gpu")
-    NAME(hooks, "hooks") NAME(epoch, "_epoch") NAME(batch, "_batch")
-    NAME(stable_until, "_stable_until") NAME(in_step, "_in_step") NAME(timer, "timer")
-    NAME(step, "_step") NAME(recording, "_recording") NAME(last_end, "_last_end")
-    NAME(plock, "_plock") NAME(tentative, "_tentative") NAME(late_track, "_late_track")
-    NAME(step_begin, "_step_begin") NAME(pending, "_pending") NAME(active, "_active")
-    NAME(quiet, "_quiet") NAME(step_end, "step_end") NAME(start, "start") NAME(now, "now")
-    NAME(locked, "locked") NAME(ON, "ON") NAME(step_py, "_step_py") NAME(step_at, "_step_at")
-    NAME(step_write, "_step_write") NAME(begin_step, "_begin_step")
+    NAME(step_end, "step_end") NAME(now, "now") NAME(locked, "locked") NAME(ON, "ON")
+    NAME(timer_step, "step") NAME(start, "start") NAME(time, "time") NAME(step_py, "_step_py")
+    NAME(step_at, "_step_at") NAME(step_write, "_step_write") NAME(begin_step, "_begin_step")
     NAME(activity_py, "_activity_py") NAME(new_phase, "_new_phase")
-    NAME(hook_failed, "_hook_failed") NAME(timer_step, "step") NAME(time, "time")
+    NAME(hook_failed, "_hook_failed") NAME(phase_py, "_phase_py")
 #undef NAME
 #define OBJ(f, s) { PyObject *v = PyDict_GetItemString(cfg, s); \
         if (v == NULL) return PyErr_Format(PyExc_KeyError, "install_profiler: %s", s); \
@@ -1461,7 +1510,7 @@ static PyObject *f_install_profiler(PyObject *self, PyObject *args) {
 #undef NUM
     if (!PyDict_Check(pc.phases) || !PyDict_Check(pc.sync_phases)
         || !PyDict_Check(pc.rec_globals) || !PyDict_Check(pc.globals)) {
-        PyErr_SetString(PyExc_TypeError, "install_profiler: phases and rec_globals are dicts");
+        PyErr_SetString(PyExc_TypeError, "install_profiler: phases and globals are dicts");
         return NULL;
     }
     Py_XSETREF(pc.kw_now, PyTuple_Pack(1, pn.now));
@@ -1483,9 +1532,242 @@ static PyObject *f_install_profiler(PyObject *self, PyObject *args) {
         }
         Py_DECREF(descr);
     }
-    pc.ready = 1;
     Py_RETURN_NONE;
 }
+
+/* ---- ContextHook: a context manager's __enter__/__exit__ that also records a range ----------
+ *
+ * Installed on a class in place of its __enter__ and __exit__ (pytorch/ranges.py: torch's
+ * record_function, whose every range, torch's own Optimizer.step# included, passes here), with
+ * the original methods kept: they run first, then the common case of the capture in C, without
+ * a Python frame (the Python wrappers cost some 6,000 instructions a range here). All else is
+ * the Python `rest`, which ranges.py owns:
+ *
+ * - __enter__(obj): original(obj); then, while recording, obj.name a str whose begin chain is
+ *   cached in `by_name`, and not (the profiler's step quiet or `capture.waiting`) on the
+ *   profiler's thread: the chain is called and obj._stepscope_open set; otherwise rest(obj).
+ * - __exit__(obj, *exc): original(obj, *exc); then, whether it raised or not, a set
+ *   obj._stepscope_open is removed and the range ended (`end()`), while recording; where
+ *   `capture.after_optimizer` is set, rest(obj).
+ */
+
+typedef struct {
+    PyObject_HEAD
+    int which; /* 0: __enter__, 1: __exit__ */
+    long long main; /* the profiler's thread ident */
+    PyObject *original, *rest, *prof, *capture, *by_name, *end;
+    vectorcallfunc vectorcall;
+} HookObject;
+
+static PyObject *hs_name, *hs_waiting, *hs_after, *hs_open, *hs_ON;
+static PyObject *hook_rec_globals; /* the recorder's globals (its ON) */
+
+static int hook_rec_on(void) {
+    PyObject *v = PyDict_GetItemWithError(hook_rec_globals, hs_ON);
+    if (v == NULL) return PyErr_Occurred() ? -1 : 0;
+    return PyObject_IsTrue(v);
+}
+
+static PyObject *hook_enter(HookObject *h, PyObject *obj) {
+    PyObject *result = PyObject_CallOneArg(h->original, obj);
+    if (result == NULL) return NULL;
+    int on = hook_rec_on();
+    if (on <= 0) {
+        if (on < 0) Py_CLEAR(result);
+        return result;
+    }
+    PyObject *name = PyObject_GetAttr(obj, hs_name);
+    PyObject *chain = NULL;
+    int common = 0;
+    if (name != NULL && PyUnicode_CheckExact(name)) {
+        chain = PyDict_GetItemWithError(h->by_name, name); /* borrowed */
+        common = chain != NULL && chain != Py_None;
+    }
+    Py_XDECREF(name);
+    if (PyErr_Occurred()) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    if (common) { /* a quiet step or a batch wait on the profiler's thread: rest() decides */
+        int quiet = PyObject_TypeCheck(h->prof, &CoreType)
+            ? truth(((CoreObject *)h->prof)->quiet) : 1;
+        PyObject *w = quiet == 0 ? PyObject_GetAttr(h->capture, hs_waiting) : NULL;
+        int waiting = w == NULL ? 1 : truth(w);
+        Py_XDECREF(w);
+        PyErr_Clear();
+        if ((quiet != 0 || waiting != 0)
+            && (long long)PyThread_get_thread_ident() == h->main)
+            common = 0;
+    }
+    PyObject *r;
+    if (common) {
+        Py_INCREF(chain);
+        r = PyObject_CallNoArgs(chain);
+        Py_DECREF(chain);
+        if (r != NULL) {
+            Py_DECREF(r);
+            r = PyObject_SetAttr(obj, hs_open, Py_True) < 0 ? NULL : Py_NewRef(Py_None);
+        }
+    } else {
+        r = PyObject_CallOneArg(h->rest, obj);
+    }
+    if (r == NULL) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return result;
+}
+
+static int hook_exit_rest(HookObject *h, PyObject *obj) {
+    PyObject *d = PyObject_GenericGetDict(obj, NULL);
+    if (d == NULL) return -1;
+    PyObject *open = PyDict_GetItemWithError(d, hs_open); /* borrowed */
+    int was_open = 0;
+    if (open != NULL) {
+        was_open = PyObject_IsTrue(open);
+        if (was_open < 0 || PyDict_DelItem(d, hs_open) < 0) {
+            Py_DECREF(d);
+            return -1;
+        }
+    }
+    Py_DECREF(d);
+    if (PyErr_Occurred()) return -1;
+    if (was_open) {
+        int on = hook_rec_on();
+        if (on < 0) return -1;
+        if (on) {
+            PyObject *r = PyObject_CallNoArgs(h->end);
+            if (r == NULL) return -1;
+            Py_DECREF(r);
+        }
+    }
+    PyObject *after = PyObject_GetAttr(h->capture, hs_after);
+    if (after == NULL) return -1;
+    int set = after != Py_None;
+    Py_DECREF(after);
+    if (set) {
+        PyObject *r = PyObject_CallOneArg(h->rest, obj);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
+static PyObject *hook_call(PyObject *op, PyObject *const *args, size_t nargsf,
+                           PyObject *kwnames) {
+    HookObject *h = (HookObject *)op;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs < 1 || (h->which == 0 && (nargs != 1 || kwnames != NULL))) {
+        PyErr_SetString(PyExc_TypeError, h->which ? "__exit__ needs the object"
+                                                  : "__enter__ takes the object only");
+        return NULL;
+    }
+    if (h->which == 0) return hook_enter(h, args[0]);
+    PyObject *res = PyObject_Vectorcall(h->original, args, nargs, kwnames);
+    /* then the capture's part, as a `finally`: also where the original raised */
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    if (res == NULL) PyErr_Fetch(&type, &value, &tb);
+    if (hook_exit_rest(h, args[0]) < 0) {
+        Py_XDECREF(res);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return NULL;
+    }
+    if (res == NULL) PyErr_Restore(type, value, tb);
+    return res;
+}
+
+static PyObject *hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    /* ContextHook(which, original, rest, prof, capture, by_name, end, main, rec_globals) */
+    int which;
+    long long main;
+    PyObject *original, *rest, *prof, *capture, *by_name, *end, *globals;
+    if (!PyArg_ParseTuple(args, "iOOOOO!OLO!:ContextHook", &which, &original, &rest, &prof,
+                          &capture, &PyDict_Type, &by_name, &end, &main, &PyDict_Type,
+                          &globals))
+        return NULL;
+    if (hs_name == NULL) {
+        hs_name = PyUnicode_InternFromString("name");
+        hs_waiting = PyUnicode_InternFromString("waiting");
+        hs_after = PyUnicode_InternFromString("after_optimizer");
+        hs_open = PyUnicode_InternFromString("_stepscope_open");
+        hs_ON = PyUnicode_InternFromString("ON");
+        if (!hs_name || !hs_waiting || !hs_after || !hs_open || !hs_ON) return NULL;
+    }
+    Py_XSETREF(hook_rec_globals, Py_NewRef(globals));
+    HookObject *h = (HookObject *)type->tp_alloc(type, 0);
+    if (h == NULL) return NULL;
+    h->which = which != 0;
+    h->main = main;
+    h->original = Py_NewRef(original);
+    h->rest = Py_NewRef(rest);
+    h->prof = Py_NewRef(prof);
+    h->capture = Py_NewRef(capture);
+    h->by_name = Py_NewRef(by_name);
+    h->end = Py_NewRef(end);
+    h->vectorcall = hook_call;
+    return (PyObject *)h;
+}
+
+static int hook_traverse(HookObject *h, visitproc visit, void *arg) {
+    Py_VISIT(h->original);
+    Py_VISIT(h->rest);
+    Py_VISIT(h->prof);
+    Py_VISIT(h->capture);
+    Py_VISIT(h->by_name);
+    Py_VISIT(h->end);
+    return 0;
+}
+
+static int hook_clear(HookObject *h) {
+    Py_CLEAR(h->original);
+    Py_CLEAR(h->rest);
+    Py_CLEAR(h->prof);
+    Py_CLEAR(h->capture);
+    Py_CLEAR(h->by_name);
+    Py_CLEAR(h->end);
+    return 0;
+}
+
+static void hook_dealloc(HookObject *h) {
+    PyObject_GC_UnTrack(h);
+    hook_clear(h);
+    Py_TYPE(h)->tp_free((PyObject *)h);
+}
+
+static PyObject *hook_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *hook_get_original(HookObject *h, void *closure) {
+    return Py_NewRef(h->original);
+}
+
+static PyGetSetDef hook_getset[] = {
+    {"__wrapped__", (getter)hook_get_original, NULL, "the original method", NULL},
+    {NULL},
+};
+
+static PyTypeObject HookType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "stepscope._fast.ContextHook",
+    .tp_basicsize = sizeof(HookObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL
+                | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_vectorcall_offset = offsetof(HookObject, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = hook_new,
+    .tp_dealloc = (destructor)hook_dealloc,
+    .tp_traverse = (traverseproc)hook_traverse,
+    .tp_clear = (inquiry)hook_clear,
+    .tp_descr_get = hook_descr_get,
+    .tp_getset = hook_getset,
+    .tp_doc = "ContextHook(which, original, rest, prof, capture, by_name, end, main, "
+              "rec_globals): __enter__ (0) or __exit__ (1) of a class, recording a range.",
+};
 
 /* ---- the module ----------------------------------------------------------------------------- */
 
@@ -1507,7 +1789,7 @@ static PyMethodDef module_methods[] = {
     {"step_boundary", (PyCFunction)(void (*)(void))f_step_boundary, METH_FASTCALL,
      "step_boundary(end, ts, ident, begin, begin_ts, begin_ident, null_code, lookback) -> bool."},
     {"install_profiler", f_install_profiler, METH_VARARGS,
-     "install_profiler(cls, config, docs): Profiler.step/_activity/phase in C (see above)."},
+     "install_profiler(cls, config, docs): ProfilerCore.step/_activity/phase on cls."},
     {"configure", f_configure, METH_VARARGS,
      "configure(end_code, by_message, push_codes, annotate_slow, push_slow, pop_slow)."},
     {"annotate", (PyCFunction)(void (*)(void))f_annotate, METH_FASTCALL | METH_KEYWORDS,
@@ -1530,7 +1812,8 @@ static struct PyModuleDef fast_module = {
 PyMODINIT_FUNC PyInit__fast(void) {
     if (PyType_Ready(&EmitType) < 0 || PyType_Ready(&RangeMethodType) < 0
         || PyType_Ready(&RangeType) < 0 || range_add_methods() < 0
-        || PyType_Ready(&DecoratedType) < 0 || PyType_Ready(&CountersType) < 0)
+        || PyType_Ready(&DecoratedType) < 0 || PyType_Ready(&CountersType) < 0
+        || PyType_Ready(&CoreType) < 0 || PyType_Ready(&HookType) < 0)
         return NULL;
     str_enter_slow = PyUnicode_InternFromString("_enter_slow");
     str_exit_slow = PyUnicode_InternFromString("_exit_slow");
@@ -1541,6 +1824,8 @@ PyMODINIT_FUNC PyInit__fast(void) {
         || PyModule_AddIntConstant(m, "TAG_PACKET_TIMESTAMP", STEPSCOPE_TAG_PACKET_TIMESTAMP) < 0
         || PyModule_AddObjectRef(m, "Emit", (PyObject *)&EmitType) < 0
         || PyModule_AddObjectRef(m, "StepCounters", (PyObject *)&CountersType) < 0
+        || PyModule_AddObjectRef(m, "ProfilerCore", (PyObject *)&CoreType) < 0
+        || PyModule_AddObjectRef(m, "ContextHook", (PyObject *)&HookType) < 0
         || PyModule_AddObjectRef(m, "Range", (PyObject *)&RangeType) < 0
         || PyModule_AddObjectRef(m, "Decorated", (PyObject *)&DecoratedType) < 0
         || PyModule_AddIntConstant(m, "THREAD_MARK", THREAD_MARK) < 0) {

@@ -23,6 +23,30 @@ class Emit:
     @property
     def code(self) -> int: ...
 
+class ProfilerCore:
+    """The profiler's per-step state (the base of ``profiler.Profiler``); ``install_profiler``
+    puts its C ``step``, ``_activity`` and ``phase`` on the class."""
+
+    _started: Any
+    _stopped: Any
+    sync_gpu: Any
+    hooks: Any
+    _epoch: Any
+    _batch: Any
+    _stable_until: Any
+    _in_step: Any
+    timer: Any
+    _step: Any
+    _recording: Any
+    _last_end: Any
+    _plock: Any
+    _tentative: Any
+    _late_track: Any
+    _step_begin: Any
+    _pending: Any
+    _active: Any
+    _quiet: Any
+
 class StepCounters:
     """The step timer's running figures (``profiler.timer.StepTimer`` derives from it)."""
 
@@ -73,6 +97,19 @@ class Decorated:
     def __get__(self, obj: object, objtype: type | None = None) -> Any: ...
     @property
     def func(self) -> Callable[..., Any]: ...
+
+class ContextHook:
+    """``ContextHook(which, original, rest, prof, capture, by_name, end, main, rec_globals)``:
+    a class's ``__enter__`` (``which`` 0) or ``__exit__`` (1) that calls ``original`` and then
+    records the range's begin or end (``pytorch/ranges.py``; the other cases go to ``rest``)."""
+
+    def __init__(self, which: int, original: Callable[..., Any], rest: Callable[[Any], Any],
+                 prof: Any, capture: Any, by_name: dict[str, Any], end: Callable[[], Any],
+                 main: int, rec_globals: dict[str, Any], /) -> None: ...
+    def __call__(self, obj: Any, *exc: Any) -> Any: ...
+    def __get__(self, obj: object, objtype: type | None = None) -> Any: ...
+    @property
+    def __wrapped__(self) -> Callable[..., Any]: ...
 
 def extend(triples: Iterable[int]) -> None:
     """Append whole (code, ts, ident) triples."""

@@ -20,9 +20,12 @@ import tq  # noqa: E402
 import stepscope  # noqa: E402
 from stepscope.pytorch import events, native, operators  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or shutil.which(os.environ.get("CXX", "c++")) is None,
-    reason="no C++ compiler")
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux")
+                       or shutil.which(os.environ.get("CXX", "c++")) is None,
+                       reason="no C++ compiler"),
+    pytest.mark.skipif(os.environ.get("STEPSCOPE_PURE_PYTHON", "") not in ("", "0"),
+                       reason="STEPSCOPE_PURE_PYTHON=1: the native reader is never loaded")]
 
 
 @pytest.fixture(scope="module")

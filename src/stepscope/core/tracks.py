@@ -31,6 +31,10 @@ class TrackRegistry:
         self._uuid_base = random.getrandbits(40) << 20
         self._uuid_next = 1
         self.tracks: dict[int, bytes] = {}  # uuid -> TrackDescriptor bytes
+        # threads known only from their start mark (the pure-Python buffer marks every thread
+        # that starts while recording, one that never records too): their descriptors wait
+        # here until the thread has an event or its track is asked for (_activate)
+        self._dormant: dict[int, bytes] = {}
         self.process_uuid = self._register(self._process_descriptor)
         self._threads: dict[int, tuple[int, int, str]] = {}  # ident -> (uuid, tid, name)
         self._ended_before: set[int] = set()  # see forget_ended_threads
@@ -112,12 +116,20 @@ class TrackRegistry:
 
     def thread_uuid(self, ident: int) -> int:
         """The track of the thread last seen holding ``ident``."""
-        return self._threads[ident][0]
+        return self._activate(self._threads[ident][0])
 
     def thread_track(self, ident: int | None = None) -> int:
         """The track of a thread (``threading.get_ident()``; default: the calling thread)."""
         with self._lock:
-            return self._thread_track(threading.get_ident() if ident is None else ident)
+            return self._activate(
+                self._thread_track(threading.get_ident() if ident is None else ident))
+
+    def _activate(self, uuid: int) -> int:
+        """A dormant thread track is used: its descriptor is written from now on."""
+        desc = self._dormant.pop(uuid, None)
+        if desc is not None:
+            self.tracks[uuid] = desc
+        return uuid
 
     def native_thread_track(self, tid: int, name: str) -> int:
         """The track of a thread by its system id, for threads Python has no ``Thread`` for (a
@@ -125,7 +137,7 @@ class TrackRegistry:
         with self._lock:
             for uuid, known_tid, _ in self._threads.values():
                 if known_tid == tid:
-                    return uuid
+                    return self._activate(uuid)
             uuid = self._native_threads.get(tid)
             if uuid is None:
                 uuid = self._native_threads[tid] = self._register(
@@ -154,19 +166,23 @@ class TrackRegistry:
                 tid, name = ident & 0x7FFFFFFF, f"thread {ident:#x}"
         return self._set_holder(ident, tid, name)
 
-    def _set_holder(self, ident: int, tid: int, name: str) -> int:
+    def _set_holder(self, ident: int, tid: int, name: str, dormant: bool = False) -> int:
         """Make thread ``tid`` the holder of ``ident``: a renamed thread keeps its track, a new
-        thread that reuses the ident gets its own."""
+        thread that reuses the ident gets its own (``dormant``: known from its start mark
+        only, not written until used; see ``_activate``)."""
         known = self._threads.get(ident)
         if known is not None and known[1:] == (tid, name):
             return known[0]
         uuid = known[0] if known is not None and known[1] == tid else self._new_uuid()
         self._threads[ident] = (uuid, tid, name)
-        self.tracks[uuid] = (w.f_varint(w.TD_UUID, uuid)
-                             + w.f_varint(w.TD_PARENT_UUID, self.process_uuid)
-                             + w.f_bytes(w.TD_THREAD, w.f_varint(w.THD_PID, self.pid)
-                                         + w.f_varint(w.THD_TID, tid)
-                                         + w.f_str(w.THD_NAME, name)))
+        desc = (w.f_varint(w.TD_UUID, uuid) + w.f_varint(w.TD_PARENT_UUID, self.process_uuid)
+                + w.f_bytes(w.TD_THREAD, w.f_varint(w.THD_PID, self.pid)
+                            + w.f_varint(w.THD_TID, tid) + w.f_str(w.THD_NAME, name)))
+        if dormant and uuid not in self.tracks:
+            self._dormant[uuid] = desc
+        else:
+            self._dormant.pop(uuid, None)
+            self.tracks[uuid] = desc
         return uuid
 
     def _unmarked_track(self, ident: int, exclude: frozenset[int]) -> int:
@@ -185,8 +201,9 @@ class TrackRegistry:
                 return known[0]  # the newer holder marks its own start
         return self._thread_track(ident, exclude)
 
-    def _marked_track(self, ident: int, native_id: int) -> int:
-        """The track of the thread whose start mark says (native id, ident)."""
+    def _marked_track(self, ident: int, native_id: int, dormant: bool = False) -> int:
+        """The track of the thread whose start mark says (native id, ident) (``dormant``: no
+        event of it follows yet)."""
         known = self._threads.get(ident)
         if known is not None and known[1] == native_id:
             return known[0]  # the same thread marked again (a new recording)
@@ -198,7 +215,7 @@ class TrackRegistry:
         else:
             thread = _find_dead_thread(ident, native_id=native_id)
             name = thread.name if thread is not None else f"thread {native_id}"
-        return self._set_holder(ident, native_id, name)
+        return self._set_holder(ident, native_id, name, dormant)
 
     def forget_ended_threads(self) -> None:
         """Drop the start-hook names of threads found ended at two flushes in a row: every
@@ -223,7 +240,7 @@ class TrackRegistry:
         marks = codes == _recorder.THREAD
         if marks_only:
             for native_id, ident in zip(ts[marks].tolist(), tids[marks].tolist(), strict=True):
-                self._marked_track(ident, native_id)
+                self._marked_track(ident, native_id, dormant=True)
             return []
         if (codes == _recorder.NULL).any():  # withdrawn events
             keep = codes != _recorder.NULL
@@ -253,17 +270,19 @@ class TrackRegistry:
             c, t, lv = codes[sel], ts[sel], levels[sel]
             at = np.flatnonzero(c == _recorder.THREAD).tolist()
             if not at:
-                out.append((ident, self._unmarked_track(ident, frozenset()), c, t, lv))
+                uuid = self._activate(self._unmarked_track(ident, frozenset()))
+                out.append((ident, uuid, c, t, lv))
                 continue
             native_ids = t[at].tolist()
             if at[0]:  # events of the thread that held the ident before the first mark
-                uuid = self._unmarked_track(ident, frozenset(native_ids))
+                uuid = self._activate(self._unmarked_track(ident, frozenset(native_ids)))
                 out.append((ident, uuid, c[:at[0]], t[:at[0]], lv[:at[0]]))
             for k, (i, native_id) in enumerate(zip(at, native_ids, strict=True)):
-                uuid = self._marked_track(ident, native_id)
                 j = at[k + 1] if k + 1 < len(at) else len(c)
+                uuid = self._marked_track(ident, native_id, dormant=j == i + 1)
                 if j > i + 1:
-                    out.append((ident, uuid, c[i + 1:j], t[i + 1:j], lv[i + 1:j]))
+                    out.append((ident, self._activate(uuid), c[i + 1:j], t[i + 1:j],
+                                lv[i + 1:j]))
         return out
 
 

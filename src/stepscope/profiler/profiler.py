@@ -314,6 +314,9 @@ class _NoPhase:
 
 
 _NO_PHASE = _NoPhase()
+# With the C buffer the profiler's per-step state lives in a C base class, whose C step(),
+# _activity() and phase() replace the Python ones (see _install_c_methods)
+_Core: type = rec.fast.ProfilerCore if rec.fast is not None else object
 _profilers_made = itertools.count()  # default run ids of later profilers get a suffix
 MAX_CACHED_PHASES = 1024
 
@@ -365,7 +368,7 @@ def default_run_id(info: _ranks.RankInfo, env: dict[str, str] | None = None) -> 
     return time.strftime("%Y%m%d-%H%M%S", time.localtime(started)) + f"-{pid}"
 
 
-class Profiler:
+class Profiler(_Core):  # type: ignore[misc,valid-type]
     """Training-loop profiler of one rank; see the module docstring for outputs and levels.
 
     ``dir``: output root (files go to ``<dir>/<run-id>/``); ``schedule``: detail windows

@@ -14,11 +14,13 @@ replaced by wrappers that call torch's original and record the same range:
   (ranges that may end on another thread) become ``stepscope.start_range``/``end_range``
   async ranges, which are detail level like every ``start_range``.
 
-Summary level, so they are in the summary file too, and cheap: a cached C chain per name
-(begin) and one C call (end), plus the wrappers' Python frames. Counted by cachegrind (torch
-2.14, CPU): a ``record_function`` enter+exit is about 50,000 instructions untraced (torch's
-own); the capture adds about 6,900, the writer's encoding and compression of its two events
-included.
+Summary level, so they are in the summary file too, and cheap: with the C buffer the wrappers
+are ``_fast.ContextHook`` objects (torch's method, then a cached C chain per name for the begin
+and one C call for the end, no Python frame of ours), their uncommon cases the Python
+``enter_rest``/``exit_rest`` below. Counted by cachegrind (torch 2.14, CPU): a
+``record_function`` enter+exit is about 50,000 instructions untraced (torch's own); the
+capture added about 6,900 through Python wrappers, the writer's encoding and compression of its
+two events included.
 On the profiler's thread a range is work of the step (like a phase): a step whose begin the
 profiler has not written yet (a pending step 0, or one just opened by a step boundary) is
 written first, so the range nests in it whatever the writer flushed in between. A
@@ -130,37 +132,52 @@ class RangeCapture:
         main, get_ident = prof._thread, threading.get_ident  # noqa: SLF001
         opt_prefix = "Optimizer.step#"
 
-        def __enter__(self: Any) -> Any:
-            result = o_enter(self)
-            if recorder.ON:
-                name = self.name
-                # the step gate (see _step_gate), inlined: this runs for every range
-                if (prof._quiet or capture.waiting) and get_ident() == main:  # noqa: SLF001
-                    if capture.waiting:
-                        if len(_in_wait) < MAX_CACHED_NAMES and type(name) is str:
-                            _in_wait.add(name)
-                        return result
-                    prof._activity()  # noqa: SLF001
-                c = by_name.get(name) if type(name) is str else None
-                if c is not None:
-                    c()
-                else:
-                    _begin(name, cat)
-                    if len(by_name) < MAX_CACHED_NAMES and type(name) is str:
-                        by_name[name] = _chains.get((name, cat))
-                self._stepscope_open = True
-            return result
+        def enter_rest(self: Any) -> None:
+            """After torch's ``__enter__``, while recording: the step gate, then the begin."""
+            name = self.name
+            # the step gate (see _step_gate), inlined: this runs for every range
+            if (prof._quiet or capture.waiting) and get_ident() == main:  # noqa: SLF001
+                if capture.waiting:
+                    if len(_in_wait) < MAX_CACHED_NAMES and type(name) is str:
+                        _in_wait.add(name)
+                    return
+                prof._activity()  # noqa: SLF001
+            c = by_name.get(name) if type(name) is str else None
+            if c is not None:
+                c()
+            else:
+                _begin(name, cat)
+                if len(by_name) < MAX_CACHED_NAMES and type(name) is str:
+                    by_name[name] = _chains.get((name, cat))
+            self._stepscope_open = True
 
-        def __exit__(self: Any, *exc: Any) -> Any:
-            try:
-                return o_exit(self, *exc)
-            finally:
-                if self.__dict__.pop("_stepscope_open", False) and recorder.ON:
-                    _end()
-                if capture.after_optimizer is not None and str(self.name).startswith(
-                        opt_prefix):
-                    after, capture.after_optimizer = capture.after_optimizer, None
-                    after()
+        def exit_rest(self: Any) -> None:
+            """After torch's ``__exit__`` and the range's end: a step boundary held back for
+            the end of torch's ``Optimizer.step#`` range (the step driver's)."""
+            if capture.after_optimizer is not None and str(self.name).startswith(opt_prefix):
+                after, capture.after_optimizer = capture.after_optimizer, None
+                after()
+
+        if recorder.fast is not None:  # the common case of both in C (_fast.ContextHook)
+            hook = recorder.fast.ContextHook
+            args = (prof, capture, by_name, _end, main, vars(recorder))
+            __enter__ = hook(0, o_enter, enter_rest, *args)
+            __exit__ = hook(1, o_exit, exit_rest, *args)
+        else:
+            def __enter__(self: Any) -> Any:
+                result = o_enter(self)
+                if recorder.ON:
+                    enter_rest(self)
+                return result
+
+            def __exit__(self: Any, *exc: Any) -> Any:
+                try:
+                    return o_exit(self, *exc)
+                finally:
+                    if self.__dict__.pop("_stepscope_open", False) and recorder.ON:
+                        _end()
+                    if capture.after_optimizer is not None:
+                        exit_rest(self)
 
         self._patch(rf, "__enter__", __enter__)
         self._patch(rf, "__exit__", __exit__)

@@ -1,0 +1,62 @@
+"""``record_function`` ranges through the capture's wrappers (with the C buffer:
+``_fast.ContextHook``, torch's method then the range in C; else the Python wrappers): what the
+file holds when the body raises, from another thread, in the decorator form, and that torch's
+own methods are back after ``stop()``. Both paths run these (``STEPSCOPE_PURE_PYTHON=1``)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install stepscope[torch])")
+
+import tq  # noqa: E402
+
+import stepscope  # noqa: E402
+from stepscope.record import recorder as rec  # noqa: E402
+
+
+def test_ranges_that_raise_thread_ranges_and_decorated_functions(tmp_path):
+    rf = torch.autograd.profiler.record_function
+    enter, exit_ = rf.__dict__["__enter__"], rf.__dict__["__exit__"]
+    prof = stepscope.Profiler(tmp_path, schedule=None, run_id="r", host_metrics=False,
+                              report=False, use_env=False, torch=True)
+    prof.start()
+    if rec.fast is not None:
+        assert type(rf.__dict__["__enter__"]) is rec.fast.ContextHook
+        assert rf.__dict__["__exit__"].__wrapped__ is exit_
+
+    @rf("decorated")
+    def work(x: int) -> int:
+        return x + 1
+
+    for i in range(3):
+        with prof.phase("Forward"):
+            with pytest.raises(KeyError, match="boom"):
+                with rf("outer"):
+                    with rf("inner"):
+                        raise KeyError("boom")
+            assert work(i) == i + 1
+        th = threading.Thread(target=lambda: rf("thread").__enter__().__exit__(None, None, None))
+        th.start()
+        th.join()
+        prof.step()
+    prof.stop()
+    assert rf.__dict__["__enter__"] is enter and rf.__dict__["__exit__"] is exit_
+
+    d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
+    got = tq.slices(d, "s.category = 'record_function'")
+    by_name: dict[str, list] = {}
+    for s in got:
+        by_name.setdefault(s["name"], []).append(s)
+    assert {n: len(v) for n, v in by_name.items()} == {
+        "outer": 3, "inner": 3, "decorated": 3, "thread": 3}
+    # the raising ranges ended (a duration) and nest: step > Forward > outer > inner
+    for s in by_name["inner"]:
+        assert s["dur"] >= 0 and s["depth"] == 3
+        parent = tq.rows(d, f"SELECT name FROM slice WHERE id = {s['parent_id']}")[0]["name"]
+        assert parent == "outer"
+    assert all(s["depth"] == 2 for s in by_name["decorated"])  # in Forward, in the step
+    main_track = by_name["outer"][0]["track_id"]
+    assert all(s["track_id"] != main_track and s["depth"] == 0 for s in by_name["thread"])

@@ -1229,7 +1229,6 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         return "\n".join(parts)
 
 
-
 def _install_c_methods() -> None:
     """With the C buffer, ``step``, ``_activity`` and ``phase`` are its C twins (the common case
     of every step without a Python frame; see ``_fast.install_profiler``), whose other cases call
@@ -1248,6 +1247,7 @@ def _install_c_methods() -> None:
 
 if rec.fast is not None:
     _install_c_methods()
+
 
 class Report(str):
     """The profiler's report, a ``str`` whose value is what printing it shows; ``.text`` holds

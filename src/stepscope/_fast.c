@@ -1130,7 +1130,7 @@ static PyTypeObject CoreType = {
 
 static struct {
     PyObject *step_end, *now, *locked, *ON, *timer_step, *start, *time, *step_py, *step_at,
-        *step_write, *begin_step, *activity_py, *new_phase, *hook_failed, *phase_py;
+        *step_write, *begin_step, *activity_py, *new_phase, *hook_failed, *phase_py, *gates;
 } pn; /* interned names */
 
 static struct {
@@ -1198,10 +1198,38 @@ static int incr(PyObject **slot, long long *out) {
     return 0;
 }
 
+/* profiler._gate_open: whether a hook's step_end is called: unless its step_end_gates,
+ * (object, attribute) pairs, are all unset (a missing attribute counts as set; anything odd
+ * opens the gate: the hook itself then decides, and its failure is caught) */
+static int gate_open(PyObject *h) {
+    PyObject *gates = PyObject_GetAttr(h, pn.gates);
+    int open = 1;
+    if (gates != NULL && gates != Py_None) {
+        PyObject *seq = PySequence_Fast(gates, "step_end_gates is a sequence of pairs");
+        Py_ssize_t n = seq == NULL ? 0 : PySequence_Fast_GET_SIZE(seq);
+        open = seq == NULL;
+        for (Py_ssize_t k = 0; k < n && !open; k++) {
+            PyObject *pair = PySequence_Fast_GET_ITEM(seq, k);
+            PyObject *v = PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2
+                ? PyObject_GetAttr(PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1)) : NULL;
+            open = v == NULL || PyObject_IsTrue(v) != 0;
+            Py_XDECREF(v);
+        }
+        Py_XDECREF(seq);
+    }
+    Py_XDECREF(gates);
+    PyErr_Clear();
+    return open;
+}
+
 /* the hooks' step_end(), as Profiler._hook("step_end"): a producer never breaks the program */
 static int run_step_end_hooks(PyObject *self, PyObject *hooks) {
     for (Py_ssize_t k = 0; k < PyList_GET_SIZE(hooks); k++) {
         PyObject *h = Py_NewRef(PyList_GET_ITEM(hooks, k));
+        if (!gate_open(h)) {
+            Py_DECREF(h);
+            continue;
+        }
         PyObject *fn = PyObject_GetAttr(h, pn.step_end);
         if (fn == NULL) {
             int missing = PyErr_ExceptionMatches(PyExc_AttributeError);
@@ -1494,6 +1522,7 @@ static PyObject *f_install_profiler(PyObject *self, PyObject *args) {
     NAME(step_at, "_step_at") NAME(step_write, "_step_write") NAME(begin_step, "_begin_step")
     NAME(activity_py, "_activity_py") NAME(new_phase, "_new_phase")
     NAME(hook_failed, "_hook_failed") NAME(phase_py, "_phase_py")
+    NAME(gates, "step_end_gates")
 #undef NAME
 #define OBJ(f, s) { PyObject *v = PyDict_GetItemString(cfg, s); \
         if (v == NULL) return PyErr_Format(PyExc_KeyError, "install_profiler: %s", s); \
@@ -1620,19 +1649,17 @@ static PyObject *hook_enter(HookObject *h, PyObject *obj) {
 }
 
 static int hook_exit_rest(HookObject *h, PyObject *obj) {
-    PyObject *d = PyObject_GenericGetDict(obj, NULL);
-    if (d == NULL) return -1;
-    PyObject *open = PyDict_GetItemWithError(d, hs_open); /* borrowed */
+    /* (attribute calls, not the instance's __dict__: that would make a dict per object) */
+    PyObject *open = PyObject_GetAttr(obj, hs_open);
     int was_open = 0;
-    if (open != NULL) {
+    if (open == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+        PyErr_Clear(); /* (a range begun while not recording, or in a batch wait) */
+    } else {
         was_open = PyObject_IsTrue(open);
-        if (was_open < 0 || PyDict_DelItem(d, hs_open) < 0) {
-            Py_DECREF(d);
-            return -1;
-        }
+        Py_DECREF(open);
+        if (was_open < 0 || PyObject_DelAttr(obj, hs_open) < 0) return -1;
     }
-    Py_DECREF(d);
-    if (PyErr_Occurred()) return -1;
     if (was_open) {
         int on = hook_rec_on();
         if (on < 0) return -1;

@@ -32,6 +32,18 @@ class Hook:
             raise ValueError("a failing producer")  # warned, never raised into the program
 
 
+class Gated:
+    """A hook whose step_end is called only while ``flag`` is set (``step_end_gates``)."""
+
+    def __init__(self) -> None:
+        self.flag = None
+        self.calls = 0
+        self.step_end_gates = ((self, "flag"),)
+
+    def step_end(self) -> None:
+        self.calls += 1
+
+
 def _script(prof: Profiler) -> list:
     """Run the script; after each call, the profiler's state and the events recorded since,
     times replaced by the order of their first appearance (the two runs read different
@@ -54,7 +66,8 @@ def _script(prof: Profiler) -> list:
         tent = prof._tentative  # noqa: SLF001
         out.append((label, events, tuple(getattr(prof, a) for a in STATE),
                     None if tent is None else code(tent[0]),
-                    prof._late_track is not None, prof.timer.steps))  # noqa: SLF001
+                    prof._late_track is not None, prof.timer.steps,  # noqa: SLF001
+                    [h.calls for h in prof.hooks]))
 
     def phase(name: str) -> None:
         with prof.phase(name):
@@ -69,6 +82,7 @@ def _script(prof: Profiler) -> list:
         if i == 3:
             prof._sess.flush()  # noqa: SLF001 - takes the open step's placeholder
             snap("flush in step")
+        prof.hooks[1].flag = 1 if i in (2, 5) else (0 if i == 6 else None)
         prof.step(num_samples=ns, epoch=ep)
         snap(f"step {i}")
     prof._sess.flush()  # noqa: SLF001 - a step with no phase, its placeholder flushed
@@ -88,7 +102,7 @@ def _run(tmp_path, name: str, python: bool) -> list:
         prof.step = prof._step_py  # type: ignore[method-assign]
         prof._activity = prof._activity_py  # type: ignore[method-assign]  # noqa: SLF001
         prof.phase = prof._phase_py  # type: ignore[method-assign]
-    prof.hooks.append(Hook())
+    prof.hooks += [Hook(), Gated()]
     rec.drain()
     prof.start()
     prof._sess.flush_interval_s = 60.0  # noqa: SLF001 - only the script's flushes
@@ -110,7 +124,8 @@ def test_c_methods_record_what_the_python_methods_record(tmp_path, capsys):
     labels = {row[0]: row for row in c_run}
     assert labels["step 5"][2][2] == 1  # epoch 1
     assert labels["end"][5] == 10
-    assert any(late for *_, late, _ in c_run)
+    assert any(late for *_, late, _, _ in c_run)
+    assert labels["end"][6] == [10, 2]  # ten step() calls; the gated hook at two of them
 
 
 def test_a_step_waits_for_the_lock_another_thread_holds(tmp_path):

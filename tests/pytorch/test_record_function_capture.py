@@ -60,3 +60,29 @@ def test_ranges_that_raise_thread_ranges_and_decorated_functions(tmp_path):
     assert all(s["depth"] == 2 for s in by_name["decorated"])  # in Forward, in the step
     main_track = by_name["outer"][0]["track_id"]
     assert all(s["track_id"] != main_track and s["depth"] == 0 for s in by_name["thread"])
+
+
+def test_step_end_waits_for_cuda_or_a_process_group(tmp_path, monkeypatch):
+    """The integration's step_end (CUDA memory counters, new process groups) is called only
+    once the program uses CUDA or has a process group (its ``step_end_gates``): a CPU run
+    without torch.distributed pays no Python frame for it at each step."""
+    prof = stepscope.Profiler(tmp_path, schedule=None, run_id="g", host_metrics=False,
+                              report=False, use_env=False, torch=True)
+    prof.start()
+    hook = prof.hooks[0]
+    calls: list[int] = []
+    monkeypatch.setattr(hook, "step_end", lambda: calls.append(prof.step_num))
+    for _ in range(3):
+        prof.step()
+    assert calls == []
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "_initialized", True)
+        prof.step()
+    assert calls == [3]
+    world = hook._world  # noqa: SLF001
+    if world is not None:
+        with monkeypatch.context() as m:
+            m.setattr(world, "_default_pg", object())
+            prof.step()
+        assert calls == [3, 4]
+    prof.stop()

@@ -115,6 +115,18 @@ def _epoch_number(value: Any) -> int | None:
         return None
 
 
+def _gate_open(hook: Any) -> bool:
+    """Whether a hook's ``step_end`` is called: unless its ``step_end_gates``, (object,
+    attribute) pairs, are all unset (None, False or 0; a missing attribute counts as set, and
+    anything odd opens the gate: the hook decides, and its failure is caught). The C step
+    reads them the same way."""
+    try:
+        gates = getattr(hook, "step_end_gates", None)
+        return gates is None or any(getattr(obj, attr, True) for obj, attr in gates)
+    except Exception:
+        return True
+
+
 def _short(value: Any) -> str:
     try:
         text = repr(value)
@@ -585,7 +597,7 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
     def _hook(self, name: str) -> None:
         for h in self.hooks:
             fn = getattr(h, name, None)
-            if fn is not None:
+            if fn is not None and (name != "step_end" or _gate_open(h)):
                 try:
                     fn()
                 except Exception as exc:  # a producer never breaks the user's program

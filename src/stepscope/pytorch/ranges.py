@@ -19,8 +19,8 @@ are ``_fast.ContextHook`` objects (torch's method, then a cached C chain per nam
 and one C call for the end, no Python frame of ours), their uncommon cases the Python
 ``enter_rest``/``exit_rest`` below. Counted by cachegrind (torch 2.14, CPU): a
 ``record_function`` enter+exit is about 50,000 instructions untraced (torch's own); the
-capture added about 6,900 through Python wrappers, the writer's encoding and compression of its
-two events included.
+capture adds about 3,100, the writer's encoding and compression of its two events included
+(6,900 through Python wrappers).
 On the profiler's thread a range is work of the step (like a phase): a step whose begin the
 profiler has not written yet (a pending step 0, or one just opened by a step boundary) is
 written first, so the range nests in it whatever the writer flushed in between. A
@@ -135,7 +135,8 @@ class RangeCapture:
         def enter_rest(self: Any) -> None:
             """After torch's ``__enter__``, while recording: the step gate, then the begin."""
             name = self.name
-            # the step gate (see _step_gate), inlined: this runs for every range
+            # the step gate (see _step_gate), inlined (the C hook checks it first: this runs
+            # for the ranges it leaves to Python, and for every range without the C buffer)
             if (prof._quiet or capture.waiting) and get_ident() == main:  # noqa: SLF001
                 if capture.waiting:
                     if len(_in_wait) < MAX_CACHED_NAMES and type(name) is str:

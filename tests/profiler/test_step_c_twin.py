@@ -162,3 +162,33 @@ def test_the_c_methods_keep_the_python_signatures_and_docs():
     assert Profiler.phase.__doc__ == P.Profiler._phase_py.__doc__
     with pytest.raises(TypeError):
         Profiler.step(object())  # a method of Profilers only
+
+
+@pytest.mark.parametrize("python", [False, True], ids=["c", "python"])
+def test_a_gate_that_raises_opens_it_unless_it_is_an_interrupt(tmp_path, python):
+    """A gate attribute that raises an ordinary error opens the gate (the hook decides); a
+    KeyboardInterrupt (a signal handler that ran in the attribute's Python code) reaches the
+    program, as from any Python code, on both paths."""
+
+    class Odd:
+        error: type[BaseException] = ValueError
+
+        @property
+        def flag(self):
+            raise self.error("from a gate")
+
+    odd, hook = Odd(), Gated()
+    hook.step_end_gates = ((odd, "flag"),)
+    prof = Profiler(tmp_path, schedule=None, run_id=str(python), host_metrics=False,
+                    report=False, use_env=False, torch=False)
+    if python:
+        prof.step = prof._step_py  # type: ignore[method-assign]
+    prof.hooks.append(hook)
+    prof.start()
+    prof.step()
+    assert hook.calls == 1
+    Odd.error = KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        prof.step()
+    assert hook.calls == 1
+    prof.stop()

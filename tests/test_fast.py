@@ -340,13 +340,21 @@ def test_context_hook_calls_the_original_then_records_and_ends_even_where_exit_r
                 raise OSError("exit failed")
 
     o_enter, o_exit = CM.__dict__["__enter__"], CM.__dict__["__exit__"]
-    cap, flags = Capture(), {"ON": True}
+    cap = Capture()
     by_name = {"a": lambda: log.append("begin a"), "raise": lambda: log.append("begin raise")}
-    args = (object(), cap, by_name, lambda: log.append("end"), 0, flags)  # main 0: no thread's
+    args = (object(), cap, by_name, lambda: log.append("end"), 0)  # main 0: no thread's
     CM.__enter__ = fast.ContextHook(0, o_enter, lambda o: log.append(("rest in", o.name)), *args)
     CM.__exit__ = fast.ContextHook(1, o_exit, lambda o: log.append(("rest out", o.name)), *args)
     assert CM.__exit__.__wrapped__ is o_exit
+    was = (_recorder.ON, _recorder.DETAIL)
+    _recorder.set_state(True, False)  # recording (the hook reads the C copy of ON)
+    try:
+        _context_hook_cases(CM, cap, log)
+    finally:
+        _recorder.set_state(*was)
 
+
+def _context_hook_cases(CM, cap, log):
     with CM("a") as got:
         log.append("body")
     assert got == "entered"
@@ -365,7 +373,7 @@ def test_context_hook_calls_the_original_then_records_and_ends_even_where_exit_r
     assert log == ["enter", ("rest in", "b"), ("exit", KeyError)]
     log.clear()
     cap.after_optimizer = "set"
-    flags["ON"] = False
+    _recorder.set_state(False, False)
     with CM("a"):
         pass
     assert log == ["enter", ("exit", None), ("rest out", "a")]  # not recording: no range

@@ -38,6 +38,7 @@ static Py_ssize_t buf_len = 0; /* int64 words used (a multiple of 3) */
 static Py_ssize_t buf_cap = 0;
 static long long lost = 0; /* events not stored because memory ran out */
 static int mode = MODE_OFF;
+static int recording = 0; /* recorder.ON (set_recording, by recorder.set_state): summary events */
 static int64_t end_code = 1; /* the code of a detail-level range end */
 
 /* configured from Python (owned references) */
@@ -171,16 +172,53 @@ static Py_ssize_t find_event(long long code, long long ts, long long ident, long
     return -1;
 }
 
+/* The recorded event (code, ts, ident) among the last `lookback` becomes `new_code`, in place
+ * (a placeholder its begin, or an event a placeholder): 1, or 0 if it is gone. */
+static int replace_event(long long code, long long ts, long long ident, long long new_code,
+                         long long lookback) {
+    Py_ssize_t at = find_event(code, ts, ident, lookback);
+    if (at < 0) return 0;
+    buf[at] = new_code;
+    return 1;
+}
+
+/* Append n words (whole events) recorded by this thread. */
+static void append_words(const int64_t *w, Py_ssize_t n) {
+    if (marked_generation != generation) mark_thread();
+    if (buf_len + n > buf_cap && grow(buf_len + n) < 0) {
+        lost += n / 3;
+        return;
+    }
+    memcpy(buf + buf_len, w, (size_t)n * sizeof(int64_t));
+    buf_len += n;
+}
+
+/* A step boundary: the open step's placeholder (null_code, bts, bident) becomes its `begin`,
+ * then its end (end, ts, ident) and the next step's placeholder (null_code, ts, ident) are
+ * appended; 0, with nothing written, if a flush took the placeholder. */
+static int step_boundary(long long end, long long ts, long long ident, long long begin,
+                         long long bts, long long bident, long long null_code,
+                         long long lookback) {
+    if (!replace_event(null_code, bts, bident, begin, lookback)) return 0;
+    int64_t w[6] = {end, ts, ident, null_code, ts, ident};
+    append_words(w, 6);
+    return 1;
+}
+
 static PyObject *f_withdraw(PyObject *self, PyObject *args) {
     /* Turn the recorded event (code, ts, ident) into `null_code`, searching the last `lookback`
      * events; True if found. */
     long long code, ts, ident, null_code;
     Py_ssize_t lookback;
     if (!PyArg_ParseTuple(args, "LLLLn", &code, &ts, &ident, &null_code, &lookback)) return NULL;
-    Py_ssize_t at = find_event(code, ts, ident, lookback);
-    if (at < 0) Py_RETURN_FALSE;
-    buf[at] = null_code;
-    Py_RETURN_TRUE;
+    return PyBool_FromLong(replace_event(code, ts, ident, null_code, lookback));
+}
+
+static PyObject *f_set_recording(PyObject *self, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    recording = on;
+    Py_RETURN_NONE;
 }
 
 static PyObject *f_set_mode(PyObject *self, PyObject *arg) {
@@ -828,21 +866,7 @@ static PyObject *f_step_boundary(PyObject *self, PyObject *const *args, Py_ssize
         v[k] = PyLong_AsLongLong(args[k]);
         if (v[k] == -1 && PyErr_Occurred()) return NULL;
     }
-    long long end = v[0], ts = v[1], ident = v[2], begin = v[3], bts = v[4], bident = v[5],
-              null_code = v[6], lookback = v[7];
-    Py_ssize_t at = find_event(null_code, bts, bident, lookback);
-    if (at < 0) Py_RETURN_FALSE;
-    buf[at] = begin;
-    if (marked_generation != generation) mark_thread();
-    if (buf_len + 6 > buf_cap && grow(buf_len + 6) < 0) {
-        lost += 2;
-    } else {
-        int64_t *p = buf + buf_len;
-        p[0] = end; p[1] = ts; p[2] = ident;
-        p[3] = null_code; p[4] = ts; p[5] = ident;
-        buf_len += 6;
-    }
-    Py_RETURN_TRUE;
+    return PyBool_FromLong(step_boundary(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]));
 }
 
 /* ---- StepCounters: the step timer's running figures -----------------------------------------
@@ -1129,12 +1153,27 @@ static PyTypeObject CoreType = {
 };
 
 static struct {
-    PyObject *step_end, *now, *locked, *ON, *timer_step, *start, *time, *step_py, *step_at,
-        *step_write, *begin_step, *activity_py, *new_phase, *hook_failed, *phase_py, *gates;
-} pn; /* interned names */
+    PyObject *step_end, *now, *locked, *timer_step, *start, *time, *step_py, *step_at,
+        *step_write, *begin_step, *activity_py, *new_phase, *hook_failed, *phase_py, *gates,
+        *name, *waiting, *after, *open;
+} pn; /* interned attribute and method names (intern_names, at import) */
+
+static int intern_names(void) {
+#define NAME(f, s) if ((pn.f = PyUnicode_InternFromString(s)) == NULL) return -1;
+    NAME(step_end, "step_end") NAME(now, "now") NAME(locked, "locked")
+    NAME(timer_step, "step") NAME(start, "start") NAME(time, "time") NAME(step_py, "_step_py")
+    NAME(step_at, "_step_at") NAME(step_write, "_step_write") NAME(begin_step, "_begin_step")
+    NAME(activity_py, "_activity_py") NAME(new_phase, "_new_phase")
+    NAME(hook_failed, "_hook_failed") NAME(phase_py, "_phase_py")
+    NAME(gates, "step_end_gates")
+    NAME(name, "name") NAME(waiting, "waiting") NAME(after, "after_optimizer")
+    NAME(open, "_stepscope_open")
+#undef NAME
+    return 0;
+}
 
 static struct {
-    PyObject *no_phase, *phases, *sync_phases, *rec_globals, *begin_code, *end_code;
+    PyObject *no_phase, *phases, *sync_phases, *begin_code, *end_code;
     PyObject *globals, *time; /* profiler.py's globals; the time module its clock is read from */
     PyObject *kw_now;         /* ("now",) */
     PyObject *one;
@@ -1166,22 +1205,6 @@ static int plock_free(CoreObject *c) {
     int held = PyObject_IsTrue(r);
     Py_DECREF(r);
     return held < 0 ? -1 : !held;
-}
-
-static int rec_on(void) {
-    PyObject *v = PyDict_GetItemWithError(pc.rec_globals, pn.ON); /* borrowed */
-    if (v == NULL) return PyErr_Occurred() ? -1 : 0;
-    return PyObject_IsTrue(v);
-}
-
-static void append_words(const int64_t *w, Py_ssize_t n) {
-    if (marked_generation != generation) mark_thread();
-    if (buf_len + n > buf_cap && grow(buf_len + n) < 0) {
-        lost += n / 3;
-        return;
-    }
-    memcpy(buf + buf_len, w, (size_t)n * sizeof(int64_t));
-    buf_len += n;
 }
 
 /* *slot += 1 for an int field; *out: the new value (LLONG_MAX past a long long) */
@@ -1343,7 +1366,7 @@ static PyObject *prof_step(PyObject *self, PyObject *const *args, Py_ssize_t nar
     long long n, unused;
     if (incr(&c->step, &n) < 0 || incr(&c->batch, &unused) < 0) goto done;
     int rec = truth(c->recording);
-    if (rec > 0) rec = rec_on();
+    if (rec > 0) rec = recording;
     if (rec < 0) goto done;
     if (!rec) {
         PyObject *pa[1] = {tobj};
@@ -1403,17 +1426,12 @@ static PyObject *prof_step(PyObject *self, PyObject *const *args, Py_ssize_t nar
             int64_t w[6] = {end, t, ident, pc.null_code, t, ident};
             append_words(w, 6);
             written = 1;
-        } else if (c->tentative != Py_None) {
+        } else if (c->tentative != Py_None) { /* a step with no phase: its begin too */
             long long tv[3];
             int ok = tent_parts(c->tentative, tv);
             if (ok < 0) goto done;
-            Py_ssize_t at = ok ? find_event(pc.null_code, tv[1], tv[2], pc.lookback) : -1;
-            if (at >= 0) { /* the open step's placeholder becomes its begin */
-                buf[at] = tv[0];
-                int64_t w[6] = {end, t, ident, pc.null_code, t, ident};
-                append_words(w, 6);
-                written = 1;
-            }
+            written = ok && step_boundary(end, t, ident, tv[0], tv[1], tv[2], pc.null_code,
+                                          pc.lookback);
         }
     }
     if (written) {
@@ -1463,14 +1481,13 @@ static PyObject *prof_activity(PyObject *self, PyObject *unused) {
     long long tv[3];
     int ok = free_ && c->tentative != Py_None ? tent_parts(c->tentative, tv) : 1;
     if (ok < 0) return NULL;
-    Py_ssize_t at = free_ && ok && c->tentative != Py_None
-        ? find_event(pc.null_code, tv[1], tv[2], pc.lookback) : -2;
-    if (!free_ || !ok || at == -1) { /* pending, held, or the placeholder is gone: Python */
+    int has = free_ && ok && c->tentative != Py_None;
+    /* pending, held, or the placeholder is gone (a late begin): Python */
+    if (!free_ || !ok || (has && !replace_event(pc.null_code, tv[1], tv[2], tv[0], pc.lookback))) {
         if (keep_interrupts() < 0) return NULL;
         return call_method(self, pn.activity_py, NULL, 0);
     }
-    if (at >= 0) { /* the open step's placeholder becomes its begin */
-        buf[at] = tv[0];
+    if (has) { /* the open step's placeholder became its begin */
         PyObject *tent = c->tentative;
         c->tentative = Py_NewRef(Py_None);
         Py_XSETREF(c->step_begin, tent);
@@ -1526,19 +1543,11 @@ static PyObject *f_install_profiler(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "install_profiler: a ProfilerCore class and 3 docs");
         return NULL;
     }
-#define NAME(f, s) if ((pn.f = PyUnicode_InternFromString(s)) == NULL) return NULL;
-    NAME(step_end, "step_end") NAME(now, "now") NAME(locked, "locked") NAME(ON, "ON")
-    NAME(timer_step, "step") NAME(start, "start") NAME(time, "time") NAME(step_py, "_step_py")
-    NAME(step_at, "_step_at") NAME(step_write, "_step_write") NAME(begin_step, "_begin_step")
-    NAME(activity_py, "_activity_py") NAME(new_phase, "_new_phase")
-    NAME(hook_failed, "_hook_failed") NAME(phase_py, "_phase_py")
-    NAME(gates, "step_end_gates")
-#undef NAME
 #define OBJ(f, s) { PyObject *v = PyDict_GetItemString(cfg, s); \
         if (v == NULL) return PyErr_Format(PyExc_KeyError, "install_profiler: %s", s); \
         Py_XSETREF(pc.f, Py_NewRef(v)); }
     OBJ(no_phase, "no_phase") OBJ(phases, "phases") OBJ(sync_phases, "sync_phases")
-    OBJ(rec_globals, "rec_globals") OBJ(begin_code, "begin_code") OBJ(end_code, "end_code")
+    OBJ(begin_code, "begin_code") OBJ(end_code, "end_code")
     OBJ(globals, "globals") OBJ(time, "time")
 #undef OBJ
 #define NUM(f, s) { PyObject *v = PyDict_GetItemString(cfg, s); \
@@ -1548,7 +1557,7 @@ static PyObject *f_install_profiler(PyObject *self, PyObject *args) {
     NUM(lookback, "lookback")
 #undef NUM
     if (!PyDict_Check(pc.phases) || !PyDict_Check(pc.sync_phases)
-        || !PyDict_Check(pc.rec_globals) || !PyDict_Check(pc.globals)) {
+        || !PyDict_Check(pc.globals)) {
         PyErr_SetString(PyExc_TypeError, "install_profiler: phases and globals are dicts");
         return NULL;
     }
@@ -1598,24 +1607,11 @@ typedef struct {
     vectorcallfunc vectorcall;
 } HookObject;
 
-static PyObject *hs_name, *hs_waiting, *hs_after, *hs_open, *hs_ON;
-static PyObject *hook_rec_globals; /* the recorder's globals (its ON) */
-
-static int hook_rec_on(void) {
-    PyObject *v = PyDict_GetItemWithError(hook_rec_globals, hs_ON);
-    if (v == NULL) return PyErr_Occurred() ? -1 : 0;
-    return PyObject_IsTrue(v);
-}
-
 static PyObject *hook_enter(HookObject *h, PyObject *obj) {
     PyObject *result = PyObject_CallOneArg(h->original, obj);
     if (result == NULL) return NULL;
-    int on = hook_rec_on();
-    if (on <= 0) {
-        if (on < 0) Py_CLEAR(result);
-        return result;
-    }
-    PyObject *name = PyObject_GetAttr(obj, hs_name);
+    if (!recording) return result;
+    PyObject *name = PyObject_GetAttr(obj, pn.name);
     PyObject *chain = NULL;
     int common = 0;
     if (name != NULL && PyUnicode_CheckExact(name)) {
@@ -1630,7 +1626,7 @@ static PyObject *hook_enter(HookObject *h, PyObject *obj) {
     if (common) { /* a quiet step or a batch wait on the profiler's thread: rest() decides */
         int quiet = PyObject_TypeCheck(h->prof, &CoreType)
             ? truth(((CoreObject *)h->prof)->quiet) : 1;
-        PyObject *w = quiet == 0 ? PyObject_GetAttr(h->capture, hs_waiting) : NULL;
+        PyObject *w = quiet == 0 ? PyObject_GetAttr(h->capture, pn.waiting) : NULL;
         int waiting = w == NULL ? 1 : truth(w);
         Py_XDECREF(w);
         if (keep_interrupts() < 0) {
@@ -1648,7 +1644,7 @@ static PyObject *hook_enter(HookObject *h, PyObject *obj) {
         Py_DECREF(chain);
         if (r != NULL) {
             Py_DECREF(r);
-            r = PyObject_SetAttr(obj, hs_open, Py_True) < 0 ? NULL : Py_NewRef(Py_None);
+            r = PyObject_SetAttr(obj, pn.open, Py_True) < 0 ? NULL : Py_NewRef(Py_None);
         }
     } else {
         r = PyObject_CallOneArg(h->rest, obj);
@@ -1663,7 +1659,7 @@ static PyObject *hook_enter(HookObject *h, PyObject *obj) {
 
 static int hook_exit_rest(HookObject *h, PyObject *obj) {
     /* (attribute calls, not the instance's __dict__: that would make a dict per object) */
-    PyObject *open = PyObject_GetAttr(obj, hs_open);
+    PyObject *open = PyObject_GetAttr(obj, pn.open);
     int was_open = 0;
     if (open == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
@@ -1671,18 +1667,14 @@ static int hook_exit_rest(HookObject *h, PyObject *obj) {
     } else {
         was_open = PyObject_IsTrue(open);
         Py_DECREF(open);
-        if (was_open < 0 || PyObject_DelAttr(obj, hs_open) < 0) return -1;
+        if (was_open < 0 || PyObject_DelAttr(obj, pn.open) < 0) return -1;
     }
-    if (was_open) {
-        int on = hook_rec_on();
-        if (on < 0) return -1;
-        if (on) {
-            PyObject *r = PyObject_CallNoArgs(h->end);
-            if (r == NULL) return -1;
-            Py_DECREF(r);
-        }
+    if (was_open && recording) {
+        PyObject *r = PyObject_CallNoArgs(h->end);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
     }
-    PyObject *after = PyObject_GetAttr(h->capture, hs_after);
+    PyObject *after = PyObject_GetAttr(h->capture, pn.after);
     if (after == NULL) return -1;
     int set = after != Py_None;
     Py_DECREF(after);
@@ -1720,23 +1712,13 @@ static PyObject *hook_call(PyObject *op, PyObject *const *args, size_t nargsf,
 }
 
 static PyObject *hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    /* ContextHook(which, original, rest, prof, capture, by_name, end, main, rec_globals) */
+    /* ContextHook(which, original, rest, prof, capture, by_name, end, main) */
     int which;
     long long main;
-    PyObject *original, *rest, *prof, *capture, *by_name, *end, *globals;
-    if (!PyArg_ParseTuple(args, "iOOOOO!OLO!:ContextHook", &which, &original, &rest, &prof,
-                          &capture, &PyDict_Type, &by_name, &end, &main, &PyDict_Type,
-                          &globals))
+    PyObject *original, *rest, *prof, *capture, *by_name, *end;
+    if (!PyArg_ParseTuple(args, "iOOOOO!OL:ContextHook", &which, &original, &rest, &prof,
+                          &capture, &PyDict_Type, &by_name, &end, &main))
         return NULL;
-    if (hs_name == NULL) {
-        hs_name = PyUnicode_InternFromString("name");
-        hs_waiting = PyUnicode_InternFromString("waiting");
-        hs_after = PyUnicode_InternFromString("after_optimizer");
-        hs_open = PyUnicode_InternFromString("_stepscope_open");
-        hs_ON = PyUnicode_InternFromString("ON");
-        if (!hs_name || !hs_waiting || !hs_after || !hs_open || !hs_ON) return NULL;
-    }
-    Py_XSETREF(hook_rec_globals, Py_NewRef(globals));
     HookObject *h = (HookObject *)type->tp_alloc(type, 0);
     if (h == NULL) return NULL;
     h->which = which != 0;
@@ -1805,8 +1787,8 @@ static PyTypeObject HookType = {
     .tp_clear = (inquiry)hook_clear,
     .tp_descr_get = hook_descr_get,
     .tp_getset = hook_getset,
-    .tp_doc = "ContextHook(which, original, rest, prof, capture, by_name, end, main, "
-              "rec_globals): __enter__ (0) or __exit__ (1) of a class, recording a range.",
+    .tp_doc = "ContextHook(which, original, rest, prof, capture, by_name, end, main): "
+              "__enter__ (0) or __exit__ (1) of a class, recording a range.",
 };
 
 /* ---- the module ----------------------------------------------------------------------------- */
@@ -1819,6 +1801,8 @@ static PyMethodDef module_methods[] = {
     {"clear", f_clear, METH_NOARGS, "Forget everything recorded."},
     {"withdraw", f_withdraw, METH_VARARGS, "withdraw(code, ts, ident, null_code, lookback)."},
     {"set_mode", f_set_mode, METH_O, "set_mode(mode): 0 off, 1 record, 2 delegate."},
+    {"set_recording", f_set_recording, METH_O,
+     "set_recording(on): recorder.ON, for the profiler's C methods and ContextHook."},
     {"assemble", f_assemble, METH_VARARGS,
      "assemble(deltas, tidx, templates) -> bytes: Trace.packet entries (see _encoder.assemble)."},
     {"numbered_event", (PyCFunction)(void (*)(void))f_numbered_event, METH_FASTCALL,
@@ -1853,7 +1837,7 @@ PyMODINIT_FUNC PyInit__fast(void) {
     if (PyType_Ready(&EmitType) < 0 || PyType_Ready(&RangeMethodType) < 0
         || PyType_Ready(&RangeType) < 0 || range_add_methods() < 0
         || PyType_Ready(&DecoratedType) < 0 || PyType_Ready(&CountersType) < 0
-        || PyType_Ready(&CoreType) < 0 || PyType_Ready(&HookType) < 0)
+        || PyType_Ready(&CoreType) < 0 || PyType_Ready(&HookType) < 0 || intern_names() < 0)
         return NULL;
     str_enter_slow = PyUnicode_InternFromString("_enter_slow");
     str_exit_slow = PyUnicode_InternFromString("_exit_slow");

@@ -99,13 +99,13 @@ class Decorated:
     def func(self) -> Callable[..., Any]: ...
 
 class ContextHook:
-    """``ContextHook(which, original, rest, prof, capture, by_name, end, main, rec_globals)``:
+    """``ContextHook(which, original, rest, prof, capture, by_name, end, main)``:
     a class's ``__enter__`` (``which`` 0) or ``__exit__`` (1) that calls ``original`` and then
     records the range's begin or end (``pytorch/ranges.py``; the other cases go to ``rest``)."""
 
     def __init__(self, which: int, original: Callable[..., Any], rest: Callable[[Any], Any],
                  prof: Any, capture: Any, by_name: dict[str, Any], end: Callable[[], Any],
-                 main: int, rec_globals: dict[str, Any], /) -> None: ...
+                 main: int, /) -> None: ...
     def __call__(self, obj: Any, *exc: Any) -> Any: ...
     def __get__(self, obj: object, objtype: type | None = None) -> Any: ...
     @property
@@ -130,6 +130,8 @@ def withdraw(code: int, ts: int, ident: int, null_code: int, lookback: int, /) -
     """Turn the recorded event (code, ts, ident) into ``null_code``, searching the last
     ``lookback`` events; True if found."""
 
+def set_recording(on: bool, /) -> None:
+    """``recorder.ON`` (set by ``recorder.set_state``), read by the profiler's C methods."""
 def set_mode(mode: int, /) -> None:
     """0 off, 1 record, 2 delegate (to the Python callables given to ``configure``)."""
 

@@ -1251,7 +1251,7 @@ def _install_c_methods() -> None:
                  for name, sig in sigs)
     rec.fast.install_profiler(Profiler, {  # type: ignore[union-attr]
         "no_phase": _NO_PHASE, "phases": _phases, "sync_phases": _sync_phases,
-        "rec_globals": vars(rec), "begin_code": functools.partial(rec.numbered_code, _StepBegin),
+        "begin_code": functools.partial(rec.numbered_code, _StepBegin),
         "end_code": _step_end_code, "code0": _STEP_CODE0, "code_max": _STEP_CODE_MAX,
         "null_code": _NULL, "lookback": _STEP_LOOKBACK, "globals": globals(), "time": time,
     }, docs)

@@ -161,7 +161,7 @@ class RangeCapture:
 
         if recorder.fast is not None:  # the common case of both in C (_fast.ContextHook)
             hook = recorder.fast.ContextHook
-            args = (prof, capture, by_name, _end, main, vars(recorder))
+            args = (prof, capture, by_name, _end, main)
             __enter__ = hook(0, o_enter, enter_rest, *args)
             __exit__ = hook(1, o_exit, exit_rest, *args)
         else:

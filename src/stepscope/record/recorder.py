@@ -403,6 +403,8 @@ def set_state(on: bool, detail: bool) -> None:
     """Turn recording on/off; listeners (the public API, the phases) rebind their fast paths."""
     global ON, DETAIL
     ON, DETAIL = bool(on), bool(on and detail)
+    if fast is not None:
+        fast.set_recording(ON)  # (the C profiler methods read ON there)
     for listener in _state_listeners:
         listener(ON, DETAIL)
 

@@ -169,3 +169,28 @@ COUNTER_WORKER_CPU = "{worker}.cpu %"  # a DataLoader worker's CPU time, % of on
 COUNTER_CUDA_ALLOCATED = "torch.cuda{device}.memory.allocated"  # bytes, at each step end
 COUNTER_CUDA_RESERVED = "torch.cuda{device}.memory.reserved"
 COUNTER_CUDA_PEAK = "torch.cuda{device}.memory.peak"  # max allocated since the previous step end
+
+
+# --- reading the file names back ----------------------------------------------------------------
+def _name_pattern(fmt: str):
+    """The regular expression of a file name format above: each ``{field}`` a number."""
+    import re
+
+    parts = re.split(r"\{\w+\}", fmt)
+    return re.compile("^" + r"(\d+)".join(map(re.escape, parts)) + "$")
+
+
+_FILE_ROLES = (("summary", _name_pattern(SUMMARY_FILE)), ("detail", _name_pattern(DETAIL_FILE)),
+               ("worker", _name_pattern(WORKER_FILE)))
+
+
+def rank_file(name: str) -> tuple[str, int] | None:
+    """``(role, rank)`` of a file the profiler names (``"summary"``: ``SUMMARY_FILE``,
+    ``"detail"``: ``DETAIL_FILE``, ``"worker"``: ``WORKER_FILE``), else None. Read back from
+    the same formats the profiler writes with, so that the run directory's reader and the
+    merge never disagree with the writer on what a rank file is."""
+    for role, pattern in _FILE_ROLES:
+        m = pattern.match(name)
+        if m:
+            return role, int(m.group(1))
+    return None

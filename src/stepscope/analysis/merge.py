@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .. import _inflate
+from .. import _schema as S
 from .._clock import BOOTTIME as CLOCK_BOOTTIME
 from .._clock import MONOTONIC as CLOCK_MONOTONIC
 from .._clock import REALTIME as CLOCK_REALTIME
@@ -181,7 +182,6 @@ class InputInfo:
     pid_map: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
-_RANK_FILE = re.compile(r"rank(\d+)\.(summary|detail)(\.[^.]+)?\.pftrace$")
 _RANK_NAME = re.compile(r"^rank (\d+) \((.*)\)$")
 
 
@@ -201,15 +201,21 @@ def parse_ranks(spec: str) -> set[int]:
     return out
 
 
+# the profiler's file roles (``_schema.rank_file``) each level merges: a DataLoader worker's file
+# is part of its rank's summary
+_LEVEL_ROLES = {"summary": ("summary", "worker"), "detail": ("detail",)}
+
+
 def find_inputs(paths: Iterable[str | os.PathLike[str]], level: str = "summary") -> list[Path]:
-    """Files to merge: explicit files as given; directories searched for ``rank*.<level>*``."""
+    """Files to merge: explicit files as given; directories searched (recursively) for the
+    profiler's files of ``level``."""
     if level not in ("summary", "detail"):
         raise ValueError(f"--level must be 'summary' or 'detail', got {level!r}")
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = sorted(q for q in p.rglob(f"rank*.{level}*.pftrace") if _RANK_FILE.search(
-                q.name))
+            found = sorted(q for q in p.rglob("rank*.pftrace")
+                           if (S.rank_file(q.name) or ("",))[0] in _LEVEL_ROLES[level])
             dirs = sorted({q.parent for q in found})
             if len(dirs) > 1:
                 raise ValueError(
@@ -231,9 +237,9 @@ def _probe(path: Path, max_packets: int = 2000) -> InputInfo:
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
     info = InputInfo(path)
-    m = _RANK_FILE.search(path.name)
-    if m:
-        info.rank = int(m.group(1))
+    found = S.rank_file(path.name)
+    if found:
+        info.rank = found[1]
     for i, pkt in enumerate(_parsable(iter_all_packets(path), pb)):
         for field, wt, s, e, _ in _fields(pkt):
             if wt != 2:

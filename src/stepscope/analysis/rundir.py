@@ -8,16 +8,18 @@ tables and which only add detail, so nothing is counted twice.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 
+from .. import _schema as S
 from ._errors import TraceError
 
-_SUMMARY_FILE = re.compile(r"^rank\d+\.summary\.pftrace$")
-_DETAIL_FILE = re.compile(r"^rank\d+\.detail\.\d+\.pftrace$")
-# a DataLoader worker's file (``_schema.WORKER_FILE``): its tracks are threads of its rank's
-# process, so it is part of that rank's whole run, never a repeat of it
-_WORKER_FILE = re.compile(r"^rank\d+\.summary\.worker\d+-\d+\.pftrace$")
+
+def _role(name: str) -> str | None:
+    """The profiler's role of a file name (``_schema.rank_file``): "summary", "detail", or
+    "worker" (a DataLoader worker's file: its tracks are threads of its rank's process, so it is
+    part of that rank's whole run, never a repeat of it)."""
+    found = S.rank_file(name)
+    return found[0] if found else None
 
 
 @dataclass
@@ -55,7 +57,7 @@ def classify(paths: list[str]) -> Inputs:
         if key in seen:
             return
         seen.add(key)
-        (out.detail if _DETAIL_FILE.match(os.path.basename(path)) else out.whole).append(path)
+        (out.detail if _role(os.path.basename(path)) == "detail" else out.whole).append(path)
 
     for p in paths:
         if not os.path.isdir(p):
@@ -72,7 +74,7 @@ def classify(paths: list[str]) -> Inputs:
                              "directories by name")
         for name in sorted(_listdir(runs[0])):
             f = os.path.join(runs[0], name)
-            if _rank_files(runs[0], name) or _WORKER_FILE.match(name) and os.path.isfile(f):
+            if _rank_files(runs[0], name) or _role(name) == "worker" and os.path.isfile(f):
                 add(f)
             elif name.endswith(".pftrace") and os.path.isfile(f):
                 out.left_out.append(f)
@@ -88,9 +90,7 @@ def classify(paths: list[str]) -> Inputs:
 
 
 def _is_rank_file(path: str) -> bool:
-    name = os.path.basename(path)
-    return bool(_SUMMARY_FILE.match(name) or _DETAIL_FILE.match(name)
-                or _WORKER_FILE.match(name))
+    return _role(os.path.basename(path)) is not None
 
 
 def _listdir(d: str) -> list[str]:
@@ -103,5 +103,5 @@ def _listdir(d: str) -> list[str]:
 def _rank_files(d: str, name: str | None = None) -> bool:
     """Whether ``name`` (else any entry of ``d``) is a profiler rank file."""
     names = [name] if name is not None else _listdir(d)
-    return any((_SUMMARY_FILE.match(n) or _DETAIL_FILE.match(n))
-               and os.path.isfile(os.path.join(d, n)) for n in names)
+    return any(_role(n) in ("summary", "detail") and os.path.isfile(os.path.join(d, n))
+               for n in names)

@@ -4,6 +4,7 @@ once: the summary file gives the tables, the detail windows only the detail-only
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -112,3 +113,30 @@ def test_analysis_open_takes_a_run_directory_as_the_cli_does(run_dir):
     with analysis.open(str(run_dir), engine="embedded") as db:
         assert db.paths == [str(run_dir / "rank0.summary.pftrace")]
         assert db.query(sql) == [{"n": 20}]  # 10 steps, 10 Forward phases: each once
+
+
+def test_rank_file_names_read_back_as_written(tmp_path):
+    """The run directory's reader and the merge take their rank files from one parser of the
+    profiler's own name formats (they were two regexes that disagreed: the merge took
+    ``rank0.summary.old.pftrace`` and ``backup_rank0.summary.pftrace``, the reader did not)."""
+    from stepscope import _schema as S
+    from stepscope.analysis.merge import find_inputs
+    from stepscope.analysis.rundir import classify
+
+    written = {S.SUMMARY_FILE.format(rank=12): ("summary", 12),
+               S.DETAIL_FILE.format(rank=3, window=10): ("detail", 3),
+               S.WORKER_FILE.format(rank=0, worker=1, pid=4242): ("worker", 0)}
+    assert {n: S.rank_file(n) for n in written} == written
+    others = ["rank0.summary.old.pftrace", "backup_rank0.summary.pftrace",
+              "rank0.detail.pftrace", "rank0.detail.x.pftrace", "rank.summary.pftrace",
+              "rank0.summary.worker1.pftrace", "rank0.summary.pftrace.tmp", "merged.pftrace"]
+    assert [S.rank_file(n) for n in others] == [None] * len(others)
+    for n in [*written, *others]:
+        (tmp_path / n).write_bytes(b"")
+    inputs = classify([str(tmp_path)])
+    assert sorted(os.path.basename(p) for p in inputs.whole) == [
+        "rank0.summary.worker1-4242.pftrace", "rank12.summary.pftrace"]
+    assert [os.path.basename(p) for p in inputs.detail] == ["rank3.detail.10.pftrace"]
+    assert sorted(p.name for p in find_inputs([tmp_path], "summary")) == sorted(
+        os.path.basename(p) for p in inputs.whole)
+    assert [p.name for p in find_inputs([tmp_path], "detail")] == ["rank3.detail.10.pftrace"]

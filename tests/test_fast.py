@@ -379,3 +379,51 @@ def _context_hook_cases(CM, cap, log):
     assert log == ["enter", ("exit", None), ("rest out", "a")]  # not recording: no range
     with pytest.raises(TypeError):
         CM.__enter__(CM("a"), 1)
+
+
+@pytest.mark.parametrize("flags", [True, False], ids=["CaptureFlags", "attributes"])
+def test_context_hook_reads_the_capture_flags_as_fields_or_attributes(flags):
+    """RangeCapture's ``waiting`` and ``after_optimizer`` are struct fields of
+    ``_fast.CaptureFlags``, which the hook reads without an attribute lookup; any other capture
+    object is read through its attributes, with the same outcome (an unset flag included)."""
+    log: list = []
+    Capture = type("Capture", (fast.CaptureFlags,) if flags else (), {})
+    cap = Capture()
+    cap.waiting, cap.after_optimizer = False, None
+
+    class CM:
+        def __init__(self, name):
+            self.name = name
+
+        def __enter__(self):
+            pass
+
+        def __exit__(self, *exc):
+            pass
+
+    prof = fast.ProfilerCore()
+    prof._quiet = False
+    o_enter, o_exit = CM.__dict__["__enter__"], CM.__dict__["__exit__"]
+    args = (prof, cap, {"a": lambda: log.append("begin")}, lambda: log.append("end"),
+            threading.get_ident())  # the profiler's thread: this one
+    CM.__enter__ = fast.ContextHook(0, o_enter, lambda o: log.append("rest in"), *args)
+    CM.__exit__ = fast.ContextHook(1, o_exit, lambda o: log.append("rest out"), *args)
+    was = (_recorder.ON, _recorder.DETAIL)
+    _recorder.set_state(True, False)
+    try:
+        runs = []
+        for setting in ({}, {"waiting": True}, {"waiting": False, "after_optimizer": "set"},
+                        {"waiting": None}):
+            for k, v in setting.items():
+                if v is None:
+                    delattr(cap, k)  # unset: read as waiting (the attribute's error cleared)
+                else:
+                    setattr(cap, k, v)
+            with CM("a"):
+                pass
+            runs.append(log[:])
+            log.clear()
+    finally:
+        _recorder.set_state(*was)
+    assert runs == [["begin", "end"], ["rest in"], ["begin", "end", "rest out"],
+                    ["rest in", "rest out"]]

@@ -1,27 +1,33 @@
-"""Instructions per step that stepscope's summary level adds to a small torch training step.
+"""Instructions and estimated cycles per step that stepscope's summary level adds to a small
+torch training step.
 
 Wall-clock and CPU-time ratios of 1 % cannot be read on a shared machine (``bench_torch.py``'s
-summary column moves by tens of % between identical runs). Instruction counts can: this script
-runs itself once under valgrind's callgrind, marks the end of each measured block with a call
-of ``zlib.adler32``, which nothing else here calls (callgrind dumps its counters there:
-``--dump-before=zlib_adler32``; not ``math.gcd``: torch calls that too), and prints each
-block's instructions per step, all threads together (the writer's encoding and the I/O thread's
+summary column moves by tens of % between identical runs). Valgrind's counts can: this script
+runs itself once under callgrind with its cache simulation, marks the end of each measured block
+with a call of ``zlib.adler32``, which nothing else here calls (callgrind dumps its counters
+there: ``--dump-before=zlib_adler32``; not ``math.gcd``: torch calls that too), and prints each
+block's counts per step, all threads together (the writer's encoding and the I/O thread's
 compression included: each traced block ends with a flush that waits for both).
 
 Blocks, ``--steps`` steps each after a warm-up of the same loop:
 
 * ``MLP step``: bench_torch's MLP step (forward, backward, SGD step), untraced;
+* ``MLP step, summary``: the same loop with three phases and ``step()``, profiler on (summary
+  level: no detail window; torch integration on): the cost in the real step's company, whose
+  work evicts the profiler's code and data from the caches between its calls;
 * ``skeleton``: what of that loop reaches stepscope, with no model work: three phases,
   ``opt.step()``/``opt.zero_grad()`` of a real SGD over one scalar (torch's ``Optimizer.step#``
   and ``zero_grad#`` ranges) and ``step()``, untraced;
-* ``skeleton, summary``: the same with the profiler on (summary level, torch integration on);
+* ``skeleton, summary``: the same with the profiler on;
 * ``zero-code, summary``: no phases and no ``step()``: ``step_on="optimizer"``.
 
-The summary level's cost is ``traced - untraced`` skeleton, in % of the MLP step. Instructions
-are not time (cache misses and branch mispredictions are not counted), but they are
-deterministic and count every instruction the profiler runs, on every thread.
+The summary level's cost is ``traced - untraced``, in % of the MLP step. Instructions are not
+time: the ``est. cycles`` column adds what the simulated cache misses cost, with the weights of
+callgrind's own cycle estimate (KCachegrind's ``CEst``): ``Ir + 10 x L1 misses + 100 x LL
+misses`` (instruction fetch, data read and data write misses). Both columns are deterministic
+and count every instruction the profiler runs, on every thread.
 
-    python tools/bench_instructions.py [--steps 400]      (needs valgrind; about 5 minutes)
+    python tools/bench_instructions.py [--steps 400]      (needs valgrind; about 15 minutes)
 """
 
 from __future__ import annotations
@@ -36,7 +42,10 @@ import tempfile
 import zlib
 from pathlib import Path
 
-BLOCKS = ("MLP step", "skeleton", "skeleton, summary", "zero-code, summary")
+BLOCKS = ("MLP step", "MLP step, summary", "skeleton", "skeleton, summary",
+          "zero-code, summary")
+# callgrind's events with --cache-sim=yes, and their weights in its cycle estimate (CEst)
+_WEIGHTS = {"Ir": 1, "I1mr": 10, "D1mr": 10, "D1mw": 10, "ILmr": 100, "DLmr": 100, "DLmw": 100}
 
 
 def _mark() -> None:
@@ -68,19 +77,22 @@ def child(steps: int, out: str) -> None:
             opt.step()
             opt.zero_grad()
 
-    def traced(n: int, step_on: str | None, tag: str) -> None:
-        prof = stepscope.Profiler(dir=Path(out) / tag, host_metrics=False, report=False,
-                                  use_env=False, torch=True, step_on=step_on)
+    def traced(n: int, step_on: str | None, tag: str, run) -> None:
+        prof = stepscope.Profiler(dir=Path(out) / tag, schedule=None, host_metrics=False,
+                                  report=False, use_env=False, torch=True, step_on=step_on)
         prof.start()
         sess = prof._sess  # noqa: SLF001
         sess.flush_interval_s = 60.0  # one flush per block, counted in it (below)
-        bt._skeleton(sk_opt, n, prof, phases=step_on is None)  # warm-up
+        run(n, prof)  # warm-up
         sess.flush()
         _mark()  # (the warm-up and the start: not measured)
-        bt._skeleton(sk_opt, n, prof, phases=step_on is None)
+        run(n, prof)
         sess.flush()  # encoding, compression and the write of the block's events
         _mark()
         prof.stop()
+
+    def skeleton(phases: bool):
+        return lambda n, prof: bt._skeleton(sk_opt, n, prof, phases=phases)
 
     mlp(max(5, steps // 10))
     _mark()
@@ -90,15 +102,22 @@ def child(steps: int, out: str) -> None:
     _mark()
     bt._skeleton(sk_opt, steps)
     _mark()  # skeleton
-    traced(steps, None, "summary")  # skeleton, summary
-    traced(steps, "optimizer", "zero")  # zero-code, summary
+    traced(steps, None, "mlp", lambda n, prof: bt.loop(m, x, y, n, prof))  # MLP step, summary
+    traced(steps, None, "summary", skeleton(True))  # skeleton, summary
+    traced(steps, "optimizer", "zero", skeleton(False))  # zero-code, summary
 
 
-def _total(path: str) -> int:
+def _totals(path: str) -> tuple[int, int]:
+    """(instructions, estimated cycles) of one callgrind dump."""
+    events = None
     with open(path) as f:
         for line in f:
-            if line.startswith(("summary:", "totals:")):
-                return int(line.split()[1])
+            if line.startswith("events:"):
+                events = line.split()[1:]
+            elif line.startswith(("summary:", "totals:")) and events:
+                # (a totals line may leave trailing zero counts out)
+                counts = dict(zip(events, map(int, line.split()[1:]), strict=False))
+                return counts["Ir"], sum(w * counts.get(e, 0) for e, w in _WEIGHTS.items())
     raise ValueError(f"{path}: no totals line")
 
 
@@ -116,30 +135,39 @@ def main(argv: list[str] | None = None) -> None:
         prefix = os.path.join(tmp, "cg.out")
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
         proc = subprocess.run(
-            ["valgrind", "--tool=callgrind", "--dump-before=zlib_adler32",
+            ["valgrind", "--tool=callgrind", "--cache-sim=yes", "--dump-before=zlib_adler32",
              f"--callgrind-out-file={prefix}", sys.executable, __file__, "--steps",
              str(args.steps), "--child", tmp], env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             sys.exit(f"bench_instructions: the measured run failed:\n{proc.stderr[-2000:]}")
         dumps = sorted(glob.glob(prefix + ".*"), key=lambda p: int(p.rsplit(".", 1)[1]))
-        counts = [_total(p) for p in dumps]
+        counts = [_totals(p) for p in dumps]
     # dumps: 1 import + warm-up, 2 MLP, 3 skeleton warm-up, 4 skeleton, then per traced block
-    # its warm-up (5, 7) and the block (6, 8)
-    want = {2: BLOCKS[0], 4: BLOCKS[1], 6: BLOCKS[2], 8: BLOCKS[3]}
-    if len(counts) != 8:
-        sys.exit(f"bench_instructions: {len(counts)} dumps, expected 8 (a stray marker call?)")
-    per = {name: counts[i - 1] / args.steps for i, name in want.items()}
-    step, base = per[BLOCKS[0]], per[BLOCKS[1]]
+    # its warm-up (5, 7, 9) and the block (6, 8, 10)
+    want = {2: BLOCKS[0], 6: BLOCKS[1], 4: BLOCKS[2], 8: BLOCKS[3], 10: BLOCKS[4]}
+    if len(counts) != 10:
+        sys.exit(f"bench_instructions: {len(counts)} dumps, expected 10 (a stray marker call?)")
+    per = {name: [c / args.steps for c in counts[i - 1]] for i, name in want.items()}
+    step = per[BLOCKS[0]]
+    untraced = {BLOCKS[1]: BLOCKS[0], BLOCKS[3]: BLOCKS[2], BLOCKS[4]: BLOCKS[2]}
     import torch
 
     print(f"torch {torch.__version__}, Python {sys.version.split()[0]}, {args.steps} steps per "
-          "block, instructions per step (callgrind, all threads)")
-    print(f"{'block':<22} {'instr/step':>12} {'added':>10} {'% of MLP step':>14}")
+          "block, per step (callgrind with its cache simulation, all threads)")
+    print(f"{'block':<20} {'instructions':>13} {'added':>9} {'% of MLP':>9}"
+          f" {'est. cycles':>13} {'added':>9} {'% of MLP':>9}")
     for name in BLOCKS:
-        added = per[name] - base if "summary" in name else None
-        print(f"{name:<22} {per[name]:>12,.0f} "
-              + (f"{added:>10,.0f} {100 * added / step:>13.2f}%" if added is not None else ""))
-    print(f"target: summary <= 1% of the step ({step / 100:,.0f} instructions)")
+        row = f"{name:<20}"
+        for k in (0, 1):
+            row += f" {per[name][k]:>13,.0f}"
+            if name in untraced:
+                added = per[name][k] - per[untraced[name]][k]
+                row += f" {added:>9,.0f} {100 * added / step[k]:>8.2f}%"
+            else:
+                row += " " * 20
+        print(row.rstrip())
+    print(f"target: summary <= 1% of the step ({step[0] / 100:,.0f} instructions, "
+          f"{step[1] / 100:,.0f} est. cycles)")
 
 
 if __name__ == "__main__":

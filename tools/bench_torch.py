@@ -168,8 +168,9 @@ def summary_cost(out: Path, step_on: str | None, n: int = 300, pairs: int = 31
     mains, slopes, fixed = [], [], []
     warm = n // 3
     for r in range(pairs):
-        prof = stepscope.Profiler(dir=out / f"cost{step_on}{r}", host_metrics=False, report=False,
-                                  use_env=False, torch=True, step_on=step_on)
+        prof = stepscope.Profiler(dir=out / f"cost{step_on}{r}", schedule=None,
+                                  host_metrics=False, report=False, use_env=False, torch=True,
+                                  step_on=step_on)
         base = traced = 0
         for traced_turn in ((True, False) if r % 2 else (False, True)):
             if traced_turn:

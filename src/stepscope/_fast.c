@@ -1294,6 +1294,22 @@ static int run_step_end_hooks(PyObject *self, PyObject *hooks) {
     return 0;
 }
 
+/* (a, b, c) as a tuple of ints (Py_BuildValue parses its format string on every call) */
+static PyObject *triple(long long a, long long b, long long c) {
+    PyObject *t = PyTuple_New(3);
+    if (t == NULL) return NULL;
+    long long v[3] = {a, b, c};
+    for (int k = 0; k < 3; k++) {
+        PyObject *i = PyLong_FromLongLong(v[k]);
+        if (i == NULL) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, k, i);
+    }
+    return t;
+}
+
 static int tent_parts(PyObject *tent, long long *v) {
     if (!PyTuple_CheckExact(tent) || PyTuple_GET_SIZE(tent) != 3) return 0;
     for (int k = 0; k < 3; k++) {
@@ -1412,7 +1428,7 @@ static PyObject *prof_step(PyObject *self, PyObject *const *args, Py_ssize_t nar
         }
     }
     /* the buffer part; objects first (an allocation may run a collection, hence Python) */
-    new_tent = Py_BuildValue("(LLL)", begin, t, ident);
+    new_tent = triple(begin, t, ident);
     if (new_tent == NULL) goto done;
     int free_ = plock_free(c);
     if (free_ < 0) goto done;
@@ -1583,6 +1599,65 @@ static PyObject *f_install_profiler(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- CaptureFlags: the two flags of pytorch/ranges.py's RangeCapture the hook reads ---------
+ *
+ * The base of RangeCapture (with the C buffer): `waiting` and `after_optimizer` are attributes of
+ * the same names for Python (member descriptors) and struct fields for the ContextHook, which
+ * reads both on every range without an attribute lookup. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *waiting, *after_optimizer;
+} FlagsObject;
+
+static int flags_traverse(FlagsObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->waiting);
+    Py_VISIT(self->after_optimizer);
+    return 0;
+}
+
+static int flags_clear(FlagsObject *self) {
+    Py_CLEAR(self->waiting);
+    Py_CLEAR(self->after_optimizer);
+    return 0;
+}
+
+static void flags_dealloc(FlagsObject *self) {
+    PyObject_GC_UnTrack(self);
+    flags_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef flags_members[] = {
+    {"waiting", T_OBJECT_EX, offsetof(FlagsObject, waiting), 0, NULL},
+    {"after_optimizer", T_OBJECT_EX, offsetof(FlagsObject, after_optimizer), 0, NULL},
+    {NULL},
+};
+
+static PyTypeObject FlagsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "stepscope._fast.CaptureFlags",
+    .tp_basicsize = sizeof(FlagsObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)flags_traverse,
+    .tp_clear = (inquiry)flags_clear,
+    .tp_dealloc = (destructor)flags_dealloc,
+    .tp_members = flags_members,
+    .tp_doc = "The range capture's flags the ContextHook reads (the base of RangeCapture).",
+};
+
+/* capture.<name> (a new reference): the struct's field where capture is a CaptureFlags (an
+ * unset one raises AttributeError, as the attribute would), else the attribute */
+static PyObject *capture_flag(PyObject *capture, int after) {
+    if (PyObject_TypeCheck(capture, &FlagsType)) {
+        PyObject *v = after ? ((FlagsObject *)capture)->after_optimizer
+                            : ((FlagsObject *)capture)->waiting;
+        if (v != NULL) return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(capture, after ? pn.after : pn.waiting);
+}
+
 /* ---- ContextHook: a context manager's __enter__/__exit__ that also records a range ----------
  *
  * Installed on a class in place of its __enter__ and __exit__ (pytorch/ranges.py: torch's
@@ -1626,7 +1701,7 @@ static PyObject *hook_enter(HookObject *h, PyObject *obj) {
     if (common) { /* a quiet step or a batch wait on the profiler's thread: rest() decides */
         int quiet = PyObject_TypeCheck(h->prof, &CoreType)
             ? truth(((CoreObject *)h->prof)->quiet) : 1;
-        PyObject *w = quiet == 0 ? PyObject_GetAttr(h->capture, pn.waiting) : NULL;
+        PyObject *w = quiet == 0 ? capture_flag(h->capture, 0) : NULL;
         int waiting = w == NULL ? 1 : truth(w);
         Py_XDECREF(w);
         if (keep_interrupts() < 0) {
@@ -1674,7 +1749,7 @@ static int hook_exit_rest(HookObject *h, PyObject *obj) {
         if (r == NULL) return -1;
         Py_DECREF(r);
     }
-    PyObject *after = PyObject_GetAttr(h->capture, pn.after);
+    PyObject *after = capture_flag(h->capture, 1);
     if (after == NULL) return -1;
     int set = after != Py_None;
     Py_DECREF(after);
@@ -1837,7 +1912,8 @@ PyMODINIT_FUNC PyInit__fast(void) {
     if (PyType_Ready(&EmitType) < 0 || PyType_Ready(&RangeMethodType) < 0
         || PyType_Ready(&RangeType) < 0 || range_add_methods() < 0
         || PyType_Ready(&DecoratedType) < 0 || PyType_Ready(&CountersType) < 0
-        || PyType_Ready(&CoreType) < 0 || PyType_Ready(&HookType) < 0 || intern_names() < 0)
+        || PyType_Ready(&CoreType) < 0 || PyType_Ready(&HookType) < 0
+        || PyType_Ready(&FlagsType) < 0 || intern_names() < 0)
         return NULL;
     str_enter_slow = PyUnicode_InternFromString("_enter_slow");
     str_exit_slow = PyUnicode_InternFromString("_exit_slow");
@@ -1850,6 +1926,7 @@ PyMODINIT_FUNC PyInit__fast(void) {
         || PyModule_AddObjectRef(m, "StepCounters", (PyObject *)&CountersType) < 0
         || PyModule_AddObjectRef(m, "ProfilerCore", (PyObject *)&CoreType) < 0
         || PyModule_AddObjectRef(m, "ContextHook", (PyObject *)&HookType) < 0
+        || PyModule_AddObjectRef(m, "CaptureFlags", (PyObject *)&FlagsType) < 0
         || PyModule_AddObjectRef(m, "Range", (PyObject *)&RangeType) < 0
         || PyModule_AddObjectRef(m, "Decorated", (PyObject *)&DecoratedType) < 0
         || PyModule_AddIntConstant(m, "THREAD_MARK", THREAD_MARK) < 0) {

@@ -98,6 +98,13 @@ class Decorated:
     @property
     def func(self) -> Callable[..., Any]: ...
 
+class CaptureFlags:
+    """The range capture's flags the ``ContextHook`` reads as struct fields (the base of
+    ``pytorch.ranges.RangeCapture``)."""
+
+    waiting: Any
+    after_optimizer: Any
+
 class ContextHook:
     """``ContextHook(which, original, rest, prof, capture, by_name, end, main)``:
     a class's ``__enter__`` (``which`` 0) or ``__exit__`` (1) that calls ``original`` and then

@@ -104,7 +104,11 @@ def _step_gate(capture: RangeCapture) -> Any:
     return gate
 
 
-class RangeCapture:
+# with the C buffer, the two flags the C hooks read on every range are struct fields of a C base
+_Flags: Any = rec.fast.CaptureFlags if rec.fast is not None else object
+
+
+class RangeCapture(_Flags):
     """Installs the wrappers at ``start()`` and puts torch's originals back at ``stop()``;
     ``prof``: the profiler whose steps the ranges nest in."""
 

@@ -381,6 +381,7 @@ def _context_hook_cases(CM, cap, log):
         CM.__enter__(CM("a"), 1)
 
 
+@needs_fast
 @pytest.mark.parametrize("flags", [True, False], ids=["CaptureFlags", "attributes"])
 def test_context_hook_reads_the_capture_flags_as_fields_or_attributes(flags):
     """RangeCapture's ``waiting`` and ``after_optimizer`` are struct fields of

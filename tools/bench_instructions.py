@@ -9,7 +9,7 @@ there: ``--dump-before=zlib_adler32``; not ``math.gcd``: torch calls that too), 
 block's counts per step, all threads together (the writer's encoding and the I/O thread's
 compression included: each traced block ends with a flush that waits for both).
 
-Blocks, ``--steps`` steps each after a warm-up of the same loop:
+Blocks, ``--steps`` steps each after a warm-up of the same loop (a quarter as long where traced):
 
 * ``MLP step``: bench_torch's MLP step (forward, backward, SGD step), untraced;
 * ``MLP step, summary``: the same loop with three phases and ``step()``, profiler on (summary
@@ -27,7 +27,7 @@ callgrind's own cycle estimate (KCachegrind's ``CEst``): ``Ir + 10 x L1 misses +
 misses`` (instruction fetch, data read and data write misses). Both columns are deterministic
 and count every instruction the profiler runs, on every thread.
 
-    python tools/bench_instructions.py [--steps 400]      (needs valgrind; about 15 minutes)
+    python tools/bench_instructions.py [--steps 400]      (needs valgrind; about 30 minutes)
 """
 
 from __future__ import annotations
@@ -82,8 +82,13 @@ def child(steps: int, out: str) -> None:
                                   report=False, use_env=False, torch=True, step_on=step_on)
         prof.start()
         sess = prof._sess  # noqa: SLF001
-        sess.flush_interval_s = 60.0  # one flush per block, counted in it (below)
-        run(n, prof)  # warm-up
+        # no writer thread: its wakes (every 100 ms) and flushes (every second) are wall-clock
+        # periodic, and valgrind runs the program some 100 times slower, so they would be
+        # charged to a few steps instead of hundreds; each block's events are flushed at its
+        # end instead, in this thread (counted in the block: a real run pays that once a second)
+        sess._pipeline.begin_stop()  # noqa: SLF001
+        sess._pipeline.stop_writer()  # noqa: SLF001
+        run(max(20, n // 4), prof)  # warm-up
         sess.flush()
         _mark()  # (the warm-up and the start: not measured)
         run(n, prof)

@@ -13,6 +13,8 @@ Conventions (all visible to users' own trace-processor scripts):
 
 from __future__ import annotations
 
+import re
+
 # --- slice categories -------------------------------------------------------------------------
 CAT_STEP = "step"  # one slice per training step, name "step <n>", args step/epoch/num_samples
 CAT_PHASE = "phase"  # Dataloader / Forward / Backward / Optimization / any user phase
@@ -172,10 +174,8 @@ COUNTER_CUDA_PEAK = "torch.cuda{device}.memory.peak"  # max allocated since the 
 
 
 # --- reading the file names back ----------------------------------------------------------------
-def _name_pattern(fmt: str):
+def _name_pattern(fmt: str) -> re.Pattern[str]:
     """The regular expression of a file name format above: each ``{field}`` a number."""
-    import re
-
     parts = re.split(r"\{\w+\}", fmt)
     return re.compile("^" + r"(\d+)".join(map(re.escape, parts)) + "$")
 

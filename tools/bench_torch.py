@@ -153,8 +153,9 @@ def summary_cost(out: Path, step_on: str | None, n: int = 300, pairs: int = 31
     """(main-thread CPU µs per step, writer CPU µs per step, writer CPU µs per flush) that
     stepscope's summary level adds.
 
-    Main: the median over ``pairs`` pairs of blocks of ``n`` steps run back to back (which one
-    first alternates), the skeleton with the profiler minus without: drift and load spikes on
+    The summary level alone (``schedule=None``: no detail window). Main: the median over
+    ``pairs`` pairs of blocks of ``n`` steps run back to back (which one first alternates), the
+    skeleton with the profiler minus without: drift and load spikes on
     a shared machine hit both blocks of a pair alike. Each traced block follows a warm-up of
     ``n // 3`` traced steps (the profiler's start and first steps are not the steady state).
     Writer (encoding, and the I/O thread's compression): the CPU of a forced flush of the

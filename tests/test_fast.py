@@ -342,30 +342,31 @@ def test_context_hook_calls_the_original_then_records_and_ends_even_where_exit_r
     o_enter, o_exit = CM.__dict__["__enter__"], CM.__dict__["__exit__"]
     cap = Capture()
     by_name = {"a": lambda: log.append("begin a"), "raise": lambda: log.append("begin raise")}
-    args = (object(), cap, by_name, lambda: log.append("end"), 0)  # main 0: no thread's
+    opened: list = []
+    args = (object(), cap, by_name, lambda: log.append("end"), 0, opened, 1024)  # main 0: none
     CM.__enter__ = fast.ContextHook(0, o_enter, lambda o: log.append(("rest in", o.name)), *args)
     CM.__exit__ = fast.ContextHook(1, o_exit, lambda o: log.append(("rest out", o.name)), *args)
     assert CM.__exit__.__wrapped__ is o_exit
     was = (_recorder.ON, _recorder.DETAIL)
     _recorder.set_state(True, False)  # recording (the hook reads the C copy of ON)
     try:
-        _context_hook_cases(CM, cap, log)
+        _context_hook_cases(CM, cap, log, opened)
     finally:
         _recorder.set_state(*was)
 
 
-def _context_hook_cases(CM, cap, log):
+def _context_hook_cases(CM, cap, log, opened):
     with CM("a") as got:
         log.append("body")
+        assert len(opened) == 1
     assert got == "entered"
-    assert log == ["enter", "begin a", "body", ("exit", None), "end"]
+    assert log == ["enter", "begin a", "body", ("exit", None), "end"] and opened == []
     log.clear()
     cm = CM("raise")
     with pytest.raises(OSError, match="exit failed"):  # the original's error, after the end
         with cm:
             pass
-    assert log == ["enter", "begin raise", ("exit", None), "end"] and not vars(cm).get(
-        "_stepscope_open")
+    assert log == ["enter", "begin raise", ("exit", None), "end"] and opened == []
     log.clear()
     with pytest.raises(KeyError):
         with CM("b"):  # not cached: rest() decides (and records no begin here)
@@ -406,7 +407,7 @@ def test_context_hook_reads_the_capture_flags_as_fields_or_attributes(flags):
     prof._quiet = False
     o_enter, o_exit = CM.__dict__["__enter__"], CM.__dict__["__exit__"]
     args = (prof, cap, {"a": lambda: log.append("begin")}, lambda: log.append("end"),
-            threading.get_ident())  # the profiler's thread: this one
+            threading.get_ident(), [], 1024)  # the profiler's thread: this one
     CM.__enter__ = fast.ContextHook(0, o_enter, lambda o: log.append("rest in"), *args)
     CM.__exit__ = fast.ContextHook(1, o_exit, lambda o: log.append("rest out"), *args)
     was = (_recorder.ON, _recorder.DETAIL)
@@ -428,3 +429,43 @@ def test_context_hook_reads_the_capture_flags_as_fields_or_attributes(flags):
         _recorder.set_state(*was)
     assert runs == [["begin", "end"], ["rest in"], ["begin", "end", "rest out"],
                     ["rest in", "rest out"]]
+
+
+@needs_fast
+def test_step_advances_the_timer_in_c_only_while_its_step_is_step_counters_own(tmp_path,
+                                                                                monkeypatch):
+    """The C ``step()`` advances the ``StepTimer``'s figures itself (no method lookup) while
+    ``timer.step`` is ``StepCounters.step``; a ``step`` patched on the class later, or a
+    subclass's own, is called instead, with the same arguments."""
+    from stepscope.profiler import timer as timer_mod
+
+    prof = stepscope.Profiler(tmp_path, schedule=None, run_id="t", host_metrics=False,
+                              report=False, use_env=False)
+    prof.start()
+    calls: list = []
+    own = timer_mod.StepTimer.step
+
+    def patched(self, num_samples=None, now=None):
+        calls.append((type(self).__name__, num_samples))
+        return own(self, num_samples, now=now)
+
+    try:
+        prof.step(4)
+        prof.step(4)
+        assert prof.timer.steps == 2 and calls == []
+        with monkeypatch.context() as m:
+            m.setattr(timer_mod.StepTimer, "step", patched)
+            prof.step(5)
+        prof.step(6)  # (the class as it was again: no call)
+
+        class Sub(timer_mod.StepTimer):
+            __slots__ = ()
+            step = patched
+
+        prof.timer = Sub()
+        prof.step(7)  # opens the Sub's first step: a call, no figure
+        prof.step(8)
+    finally:
+        prof.stop()
+    assert calls == [("StepTimer", 5), ("Sub", 7), ("Sub", 8)]
+    assert prof.timer.steps == 1

@@ -951,25 +951,19 @@ static PyObject *counters_start(CountersObject *c, PyObject *const *args, Py_ssi
     Py_RETURN_NONE;
 }
 
-static PyObject *counters_step(CountersObject *c, PyObject *const *args, Py_ssize_t nargs,
-                               PyObject *kwnames) {
-    static const char *const names[] = {"num_samples", "now"};
-    PyObject *a[2];
-    long long t;
-    if (counters_args(args, nargs, kwnames, 2, names, "step", a) < 0
-        || counters_time(a[1], &t) < 0)
-        return NULL;
+/* step(num_samples, now=t): close the open step and open the next; 0, or -1 with an error */
+static int counters_advance(CountersObject *c, PyObject *num_samples, long long t) {
     double ns = 0.0;
-    int have = a[0] != NULL && a[0] != Py_None;
+    int have = num_samples != NULL && num_samples != Py_None;
     if (have) {
-        ns = PyFloat_AsDouble(a[0]);
-        if (ns == -1.0 && PyErr_Occurred()) return NULL;
+        ns = PyFloat_AsDouble(num_samples);
+        if (ns == -1.0 && PyErr_Occurred()) return -1;
     }
     if (!c->has_t0) {
         c->has_t0 = 1;
         c->t0 = t;
         c->reader = 0;
-        Py_RETURN_NONE;
+        return 0;
     }
     long long b = t - c->t0, r = c->reader;
     c->t0 = t;
@@ -988,6 +982,17 @@ static PyObject *counters_step(CountersObject *c, PyObject *const *args, Py_ssiz
         if (sps > c->s_max) c->s_max = sps;
         if (sps < c->s_min) c->s_min = sps;
     }
+    return 0;
+}
+
+static PyObject *counters_step(CountersObject *c, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames) {
+    static const char *const names[] = {"num_samples", "now"};
+    PyObject *a[2];
+    long long t;
+    if (counters_args(args, nargs, kwnames, 2, names, "step", a) < 0
+        || counters_time(a[1], &t) < 0 || counters_advance(c, a[0], t) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -1059,6 +1064,33 @@ static PyTypeObject CountersType = {
     .tp_getset = counters_getset,
     .tp_doc = "StepCounters(): the step timer's running figures (see profiler.timer).",
 };
+
+/* Whether timer.step(...) is StepCounters.step itself (the profiler's StepTimer, a subclass
+ * with no instance dict and no step of its own): then the profiler's step() calls
+ * counters_advance directly, without the method's lookup and its arguments' parsing. The
+ * answer is kept per type until the type changes (its version tag). */
+static int counters_plain(PyObject *timer) {
+    static PyTypeObject *known;
+    static unsigned int known_version;
+    PyTypeObject *tp = Py_TYPE(timer);
+    if (tp == known && tp->tp_version_tag == known_version
+        && (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG))
+        return 1;
+    if (!PyObject_TypeCheck(timer, &CountersType) || tp->tp_dictoffset != 0
+        || tp->tp_getattro != PyObject_GenericGetAttr)
+        return 0;
+    static PyObject *name;
+    if (name == NULL && (name = PyUnicode_InternFromString("step")) == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *found = _PyType_Lookup(tp, name); /* borrowed; assigns the version tag */
+    PyObject *own = _PyType_Lookup(&CountersType, name);
+    if (found == NULL || found != own || !(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
+    known = tp;
+    known_version = tp->tp_version_tag;
+    return 1;
+}
 
 /* ---- ProfilerCore: the profiler's per-step state and methods in C ------------------------------
  *
@@ -1155,7 +1187,7 @@ static PyTypeObject CoreType = {
 static struct {
     PyObject *step_end, *now, *locked, *timer_step, *start, *time, *step_py, *step_at,
         *step_write, *begin_step, *activity_py, *new_phase, *hook_failed, *phase_py, *gates,
-        *name, *waiting, *after, *open;
+        *name, *waiting, *after;
 } pn; /* interned attribute and method names (intern_names, at import) */
 
 static int intern_names(void) {
@@ -1167,7 +1199,6 @@ static int intern_names(void) {
     NAME(hook_failed, "_hook_failed") NAME(phase_py, "_phase_py")
     NAME(gates, "step_end_gates")
     NAME(name, "name") NAME(waiting, "waiting") NAME(after, "after_optimizer")
-    NAME(open, "_stepscope_open")
 #undef NAME
     return 0;
 }
@@ -1374,10 +1405,14 @@ static PyObject *prof_step(PyObject *self, PyObject *const *args, Py_ssize_t nar
         goto done;
     }
     if (in_step) { /* timer.step(num_samples, now=t) */
-        PyObject *stack[3] = {c->timer, ns, tobj};
-        PyObject *r = PyObject_VectorcallMethod(pn.timer_step, stack, 2, pc.kw_now);
-        if (r == NULL) goto done;
-        Py_DECREF(r);
+        if (counters_plain(c->timer)) {
+            if (counters_advance((CountersObject *)c->timer, ns, t) < 0) goto done;
+        } else {
+            PyObject *stack[3] = {c->timer, ns, tobj};
+            PyObject *r = PyObject_VectorcallMethod(pn.timer_step, stack, 2, pc.kw_now);
+            if (r == NULL) goto done;
+            Py_DECREF(r);
+        }
     }
     long long n, unused;
     if (incr(&c->step, &n) < 0 || incr(&c->batch, &unused) < 0) goto done;
@@ -1668,19 +1703,36 @@ static PyObject *capture_flag(PyObject *capture, int after) {
  *
  * - __enter__(obj): original(obj); then, while recording, obj.name a str whose begin chain is
  *   cached in `by_name`, and not (the profiler's step quiet or `capture.waiting`) on the
- *   profiler's thread: the chain is called and obj._stepscope_open set; otherwise rest(obj).
- * - __exit__(obj, *exc): original(obj, *exc); then, whether it raised or not, a set
- *   obj._stepscope_open is removed and the range ended (`end()`), while recording; where
+ *   profiler's thread: the chain is called and obj appended to `opened`; otherwise rest(obj)
+ *   (which appends it where it begins a range);
+ * - __exit__(obj, *exc): original(obj, *exc); then, whether it raised or not, obj is taken out
+ *   of `opened` where it is there and the range ended (`end()`), while recording; where
  *   `capture.after_optimizer` is set, rest(obj).
+ *
+ * `opened`, a list the two hooks share, holds the objects whose range is open (a mark on
+ * torch's object cost three attribute operations a range: a set, a read and a delete). It is
+ * searched from its end (the innermost range: one look, as a rule), by identity, so an object
+ * entered again before its exit (`with r: with r:`) ends each of its ranges at its own exit.
+ * An object entered and never exited stays in it: at `max_open` entries, no new range begins
+ * until one ends.
  */
 
 typedef struct {
     PyObject_HEAD
     int which; /* 0: __enter__, 1: __exit__ */
     long long main; /* the profiler's thread ident */
-    PyObject *original, *rest, *prof, *capture, *by_name, *end;
+    Py_ssize_t max_open;
+    PyObject *original, *rest, *prof, *capture, *by_name, *end, *opened;
     vectorcallfunc vectorcall;
 } HookObject;
+
+/* obj out of `opened` (its last entry): 1, or 0 where it is not there; -1 with an error */
+static int take_open(PyObject *opened, PyObject *obj) {
+    for (Py_ssize_t i = PyList_GET_SIZE(opened) - 1; i >= 0; i--)
+        if (PyList_GET_ITEM(opened, i) == obj)
+            return PyList_SetSlice(opened, i, i + 1, NULL) < 0 ? -1 : 1;
+    return 0;
+}
 
 static PyObject *hook_enter(HookObject *h, PyObject *obj) {
     PyObject *result = PyObject_CallOneArg(h->original, obj);
@@ -1698,6 +1750,7 @@ static PyObject *hook_enter(HookObject *h, PyObject *obj) {
         Py_DECREF(result);
         return NULL;
     }
+    if (common && PyList_GET_SIZE(h->opened) >= h->max_open) return result; /* (see above) */
     if (common) { /* a quiet step or a batch wait on the profiler's thread: rest() decides */
         int quiet = PyObject_TypeCheck(h->prof, &CoreType)
             ? truth(((CoreObject *)h->prof)->quiet) : 1;
@@ -1719,7 +1772,7 @@ static PyObject *hook_enter(HookObject *h, PyObject *obj) {
         Py_DECREF(chain);
         if (r != NULL) {
             Py_DECREF(r);
-            r = PyObject_SetAttr(obj, pn.open, Py_True) < 0 ? NULL : Py_NewRef(Py_None);
+            r = PyList_Append(h->opened, obj) < 0 ? NULL : Py_NewRef(Py_None);
         }
     } else {
         r = PyObject_CallOneArg(h->rest, obj);
@@ -1733,17 +1786,8 @@ static PyObject *hook_enter(HookObject *h, PyObject *obj) {
 }
 
 static int hook_exit_rest(HookObject *h, PyObject *obj) {
-    /* (attribute calls, not the instance's __dict__: that would make a dict per object) */
-    PyObject *open = PyObject_GetAttr(obj, pn.open);
-    int was_open = 0;
-    if (open == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
-        PyErr_Clear(); /* (a range begun while not recording, or in a batch wait) */
-    } else {
-        was_open = PyObject_IsTrue(open);
-        Py_DECREF(open);
-        if (was_open < 0 || PyObject_DelAttr(obj, pn.open) < 0) return -1;
-    }
+    int was_open = take_open(h->opened, obj); /* (0: begun while not recording, or in a wait) */
+    if (was_open < 0) return -1;
     if (was_open && recording) {
         PyObject *r = PyObject_CallNoArgs(h->end);
         if (r == NULL) return -1;
@@ -1787,23 +1831,28 @@ static PyObject *hook_call(PyObject *op, PyObject *const *args, size_t nargsf,
 }
 
 static PyObject *hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    /* ContextHook(which, original, rest, prof, capture, by_name, end, main) */
+    /* ContextHook(which, original, rest, prof, capture, by_name, end, main, opened,
+     *             max_open) */
     int which;
     long long main;
-    PyObject *original, *rest, *prof, *capture, *by_name, *end;
-    if (!PyArg_ParseTuple(args, "iOOOOO!OL:ContextHook", &which, &original, &rest, &prof,
-                          &capture, &PyDict_Type, &by_name, &end, &main))
+    Py_ssize_t max_open;
+    PyObject *original, *rest, *prof, *capture, *by_name, *end, *opened;
+    if (!PyArg_ParseTuple(args, "iOOOOO!OLO!n:ContextHook", &which, &original, &rest, &prof,
+                          &capture, &PyDict_Type, &by_name, &end, &main, &PyList_Type, &opened,
+                          &max_open))
         return NULL;
     HookObject *h = (HookObject *)type->tp_alloc(type, 0);
     if (h == NULL) return NULL;
     h->which = which != 0;
     h->main = main;
+    h->max_open = max_open;
     h->original = Py_NewRef(original);
     h->rest = Py_NewRef(rest);
     h->prof = Py_NewRef(prof);
     h->capture = Py_NewRef(capture);
     h->by_name = Py_NewRef(by_name);
     h->end = Py_NewRef(end);
+    h->opened = Py_NewRef(opened);
     h->vectorcall = hook_call;
     return (PyObject *)h;
 }
@@ -1815,6 +1864,7 @@ static int hook_traverse(HookObject *h, visitproc visit, void *arg) {
     Py_VISIT(h->capture);
     Py_VISIT(h->by_name);
     Py_VISIT(h->end);
+    Py_VISIT(h->opened);
     return 0;
 }
 
@@ -1825,6 +1875,7 @@ static int hook_clear(HookObject *h) {
     Py_CLEAR(h->capture);
     Py_CLEAR(h->by_name);
     Py_CLEAR(h->end);
+    Py_CLEAR(h->opened);
     return 0;
 }
 
@@ -1862,7 +1913,8 @@ static PyTypeObject HookType = {
     .tp_clear = (inquiry)hook_clear,
     .tp_descr_get = hook_descr_get,
     .tp_getset = hook_getset,
-    .tp_doc = "ContextHook(which, original, rest, prof, capture, by_name, end, main): "
+    .tp_doc = "ContextHook(which, original, rest, prof, capture, by_name, end, main, opened, "
+              "max_open): "
               "__enter__ (0) or __exit__ (1) of a class, recording a range.",
 };
 

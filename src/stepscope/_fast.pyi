@@ -106,13 +106,14 @@ class CaptureFlags:
     after_optimizer: Any
 
 class ContextHook:
-    """``ContextHook(which, original, rest, prof, capture, by_name, end, main)``:
-    a class's ``__enter__`` (``which`` 0) or ``__exit__`` (1) that calls ``original`` and then
-    records the range's begin or end (``pytorch/ranges.py``; the other cases go to ``rest``)."""
+    """``ContextHook(which, original, rest, prof, capture, by_name, end, main, opened,
+    max_open)``: a class's ``__enter__`` (``which`` 0) or ``__exit__`` (1) that calls
+    ``original`` and then records the range's begin or end (``pytorch/ranges.py``; the other
+    cases go to ``rest``). ``opened``: the objects whose range is open, shared by the pair."""
 
     def __init__(self, which: int, original: Callable[..., Any], rest: Callable[[Any], Any],
                  prof: Any, capture: Any, by_name: dict[str, Any], end: Callable[[], Any],
-                 main: int, /) -> None: ...
+                 main: int, opened: list[Any], max_open: int, /) -> None: ...
     def __call__(self, obj: Any, *exc: Any) -> Any: ...
     def __get__(self, obj: object, objtype: type | None = None) -> Any: ...
     @property

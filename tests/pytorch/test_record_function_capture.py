@@ -86,3 +86,48 @@ def test_step_end_waits_for_cuda_or_a_process_group(tmp_path, monkeypatch):
             prof.step()
         assert calls == [3, 4]
     prof.stop()
+
+
+def test_an_object_entered_again_before_its_exit_ends_each_range_and_dropped_ones_stay_bounded(
+        tmp_path, monkeypatch):
+    """One ``record_function`` object entered again before its exit (``with r: with r:``):
+    each of its ranges ends at its own exit (a mark on the object ended only the inner). Objects
+    entered and never exited (a program that calls ``__enter__`` only) are kept at most
+    ``MAX_OPEN`` at a time: past it no new range begins, and ranges are recorded again once
+    those are gone."""
+    from stepscope.pytorch import ranges
+
+    monkeypatch.setattr(ranges, "MAX_OPEN", 3)
+    rf = torch.autograd.profiler.record_function
+    prof = stepscope.Profiler(tmp_path, schedule=None, run_id="rec", host_metrics=False,
+                              report=False, use_env=False, torch=True)
+    prof.start()
+    same = rf("same")
+    with prof.phase("Forward"):
+        with same:
+            with same:
+                pass
+        with rf("next"):  # after both ends: beside the outer one, not inside it
+            pass
+    capture = prof.hooks[0].ranges
+    assert capture.opened == []
+    dropped = [rf(f"dropped{i}") for i in range(4)]
+    for r in dropped:
+        r.__enter__()  # never exited: the fourth finds the capture full and is not recorded
+    assert capture.opened == dropped[:3]
+    with rf("while full"):
+        pass
+    capture.opened.clear()  # (as stop() does; the program's objects are gone)
+    with rf("after"):
+        pass
+    prof.step()
+    prof.stop()
+
+    d = tq.db(tmp_path / "rec" / "rank0.summary.pftrace")
+    got = tq.slices(d, "s.category = 'record_function'")
+    nxt = next(s for s in got if s["name"] == "next")
+    outer, inner = sorted((s for s in got if s["name"] == "same"), key=lambda s: s["depth"])
+    assert (outer["depth"], inner["depth"], nxt["depth"]) == (2, 3, 2)  # in Forward, in the step
+    assert inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"] <= nxt["ts"]
+    names = sorted(s["name"] for s in got if s["name"] not in ("same", "next"))
+    assert names == ["after", "dropped0", "dropped1", "dropped2"]

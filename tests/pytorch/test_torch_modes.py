@@ -362,6 +362,8 @@ def test_the_first_wait_of_each_pass_starts_at_iter(tmp_path):
         w = waits[2 * k]
         assert t0 <= w["ts"] <= sampler.made[k] and w["ts"] + w["dur"] <= t1
         assert w["dur"] >= 300_000_000
-    assert all(w["dur"] < 300_000_000 for w in waits[1::2])
+        # the second batch's wait begins after the first batch came, so holds no iter()
+        # (not a duration bound: a loaded machine may keep the worker busy that long)
+        assert waits[2 * k + 1]["ts"] >= w["ts"] + w["dur"]
     # the timer's reader cost: the same readings as the slices
     assert prof.timer.stats().reader_cost.max == max(w["dur"] for w in waits) / 1e9

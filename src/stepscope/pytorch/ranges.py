@@ -20,7 +20,8 @@ and one C call for the end, no Python frame of ours), their uncommon cases the P
 ``enter_rest``/``exit_rest`` below. Counted by cachegrind (torch 2.14, CPU): a
 ``record_function`` enter+exit is about 50,000 instructions untraced (torch's own); the
 capture adds about 3,100, the writer's encoding and compression of its two events included
-(6,900 through Python wrappers).
+(6,900 through Python wrappers); callgrind: about 1,200 of them on the program's thread (1,800
+when the open range was marked with an attribute on torch's object).
 On the profiler's thread a range is work of the step (like a phase): a step whose begin the
 profiler has not written yet (a pending step 0, or one just opened by a step boundary) is
 written first, so the range nests in it whatever the writer flushed in between. A
@@ -80,6 +81,21 @@ def recorded_names() -> set:
     return {name for name, cat in list(_chains) if cat == S.CAT_RECORD_FUNCTION} | _in_wait
 
 
+# at most this many record_function objects open at once (entered and not exited: a program
+# may enter one and drop it), else no new range begins (the C hooks get it too)
+MAX_OPEN = 1024
+
+
+def _take_open(opened: list[Any], obj: Any) -> bool:
+    """obj's last entry out of ``opened``; False where it has none (the Python twin of the C
+    hook's ``take_open``)."""
+    for i in range(len(opened) - 1, -1, -1):
+        if opened[i] is obj:
+            del opened[i]
+            return True
+    return False
+
+
 class _RangeIds:
     """nvtx range_start ids -> stepscope async handles (range_end may come from any thread)."""
 
@@ -117,6 +133,9 @@ class RangeCapture(_Flags):
         self.waiting = False  # the profiler's thread is inside a DataLoader next() (steps.py)
         self._patched: list[tuple[Any, str, Any]] = []
         self._ids = _RangeIds()
+        # the record_function objects whose range is open, in the order they were entered
+        # (see _fast.c, ContextHook, and _take_open)
+        self.opened: list[Any] = []
         self.installed = False
         # called after the end of torch's "Optimizer.step#..." range (the step driver's safe
         # point for a step boundary in a loop without a DataLoader)
@@ -135,10 +154,13 @@ class RangeCapture(_Flags):
         prof = self.prof
         main, get_ident = prof._thread, threading.get_ident  # noqa: SLF001
         opt_prefix = "Optimizer.step#"
+        opened = self.opened
 
         def enter_rest(self: Any) -> None:
             """After torch's ``__enter__``, while recording: the step gate, then the begin."""
             name = self.name
+            if len(opened) >= MAX_OPEN:
+                return  # (objects entered and never exited: see _fast.c, ContextHook)
             # the step gate (see _step_gate), inlined (the C hook checks it first: this runs
             # for the ranges it leaves to Python, and for every range without the C buffer)
             if (prof._quiet or capture.waiting) and get_ident() == main:  # noqa: SLF001
@@ -154,7 +176,7 @@ class RangeCapture(_Flags):
                 _begin(name, cat)
                 if len(by_name) < MAX_CACHED_NAMES and type(name) is str:
                     by_name[name] = _chains.get((name, cat))
-            self._stepscope_open = True
+            opened.append(self)
 
         def exit_rest(self: Any) -> None:
             """After torch's ``__exit__`` and the range's end: a step boundary held back for
@@ -165,7 +187,7 @@ class RangeCapture(_Flags):
 
         if recorder.fast is not None:  # the common case of both in C (_fast.ContextHook)
             hook = recorder.fast.ContextHook
-            args = (prof, capture, by_name, _end, main)
+            args = (prof, capture, by_name, _end, main, opened, MAX_OPEN)
             __enter__ = hook(0, o_enter, enter_rest, *args)
             __exit__ = hook(1, o_exit, exit_rest, *args)
         else:
@@ -179,7 +201,7 @@ class RangeCapture(_Flags):
                 try:
                     return o_exit(self, *exc)
                 finally:
-                    if self.__dict__.pop("_stepscope_open", False) and recorder.ON:
+                    if _take_open(opened, self) and recorder.ON:
                         _end()
                     if capture.after_optimizer is not None:
                         exit_rest(self)
@@ -251,3 +273,4 @@ class RangeCapture(_Flags):
         for owner, name, original in reversed(self._patched):
             setattr(owner, name, original)
         self._patched.clear()
+        self.opened.clear()  # (their exits, after this, end nothing)

@@ -41,7 +41,6 @@ class StepDriver:
         self._patched: list[tuple[Any, str, Any]] = []
         self._auto_stepped = False  # the last boundary was ours, and no wait came since
         self._user_steps = False
-        self._in_hook = False
         self.boundary_pending = False  # an optimizer step happened; the step ends at a safe point
         self.loader_seen = False
         self._epoch_ended = False
@@ -109,27 +108,23 @@ class StepDriver:
         if self._user_steps or threading.get_ident() != self.prof._thread:  # noqa: SLF001
             return
         self._auto_stepped = True
+        self.boundary_pending = True
         if self.loader_seen or (self.ranges is not None and self.ranges.installed):
-            self.boundary_pending = True  # made at the next wait / the Optimizer.step# exit
+            # made at the next wait / the Optimizer.step# exit
             if self.ranges is not None and not self.loader_seen:
                 self.ranges.after_optimizer = self.flush_boundary
         else:
-            self._make_step()
+            self.flush_boundary()
 
     def flush_boundary(self) -> None:
-        """Make the step boundary an optimizer step asked for (at a safe point)."""
+        """Make the step boundary an optimizer step asked for (at a safe point; the class's
+        step(): under step_on="auto" the instance's is the program's)."""
         if self.boundary_pending:
             self.boundary_pending = False
-            self._make_step()
-
-    def _make_step(self) -> None:
-        try:
-            self._in_hook = True
-            type(self.prof).step(self.prof)
-        except Exception as exc:
-            print(f"stepscope: optimizer step boundary failed: {exc!r}", file=sys.stderr)
-        finally:
-            self._in_hook = False
+            try:
+                type(self.prof).step(self.prof)
+            except Exception as exc:
+                print(f"stepscope: optimizer step boundary failed: {exc!r}", file=sys.stderr)
 
     def _user_step(self, num_samples: float | None = None, epoch: int | None = None) -> None:
         """``step_on="auto"``: the program makes its own steps from its first call on."""

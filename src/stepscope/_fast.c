@@ -1065,33 +1065,6 @@ static PyTypeObject CountersType = {
     .tp_doc = "StepCounters(): the step timer's running figures (see profiler.timer).",
 };
 
-/* Whether timer.step(...) is StepCounters.step itself (the profiler's StepTimer, a subclass
- * with no instance dict and no step of its own): then the profiler's step() calls
- * counters_advance directly, without the method's lookup and its arguments' parsing. The
- * answer is kept per type until the type changes (its version tag). */
-static int counters_plain(PyObject *timer) {
-    static PyTypeObject *known;
-    static unsigned int known_version;
-    PyTypeObject *tp = Py_TYPE(timer);
-    if (tp == known && tp->tp_version_tag == known_version
-        && (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG))
-        return 1;
-    if (!PyObject_TypeCheck(timer, &CountersType) || tp->tp_dictoffset != 0
-        || tp->tp_getattro != PyObject_GenericGetAttr)
-        return 0;
-    static PyObject *name;
-    if (name == NULL && (name = PyUnicode_InternFromString("step")) == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    PyObject *found = _PyType_Lookup(tp, name); /* borrowed; assigns the version tag */
-    PyObject *own = _PyType_Lookup(&CountersType, name);
-    if (found == NULL || found != own || !(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
-    known = tp;
-    known_version = tp->tp_version_tag;
-    return 1;
-}
-
 /* ---- ProfilerCore: the profiler's per-step state and methods in C ------------------------------
  *
  * The base of profiler.Profiler (with the C buffer): the state that every step reads and writes
@@ -1201,6 +1174,28 @@ static int intern_names(void) {
     NAME(name, "name") NAME(waiting, "waiting") NAME(after, "after_optimizer")
 #undef NAME
     return 0;
+}
+
+/* Whether timer.step(...) is StepCounters.step itself (the profiler's StepTimer, a subclass
+ * with no instance dict and no step of its own): then the profiler's step() calls
+ * counters_advance directly, without the method's lookup and its arguments' parsing. The
+ * answer is kept per type until the type changes (its version tag). */
+static int counters_plain(PyObject *timer) {
+    static PyTypeObject *known;
+    static unsigned int known_version;
+    PyTypeObject *tp = Py_TYPE(timer);
+    if (tp == known && tp->tp_version_tag == known_version
+        && (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG))
+        return 1;
+    if (!PyObject_TypeCheck(timer, &CountersType) || tp->tp_dictoffset != 0
+        || tp->tp_getattro != PyObject_GenericGetAttr)
+        return 0;
+    PyObject *found = _PyType_Lookup(tp, pn.timer_step); /* borrowed; assigns the version tag */
+    PyObject *own = _PyType_Lookup(&CountersType, pn.timer_step);
+    if (found == NULL || found != own || !(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
+    known = tp;
+    known_version = tp->tp_version_tag;
+    return 1;
 }
 
 static struct {

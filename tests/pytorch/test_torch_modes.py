@@ -362,8 +362,10 @@ def test_the_first_wait_of_each_pass_starts_at_iter(tmp_path):
         w = waits[2 * k]
         assert t0 <= w["ts"] <= sampler.made[k] and w["ts"] + w["dur"] <= t1
         assert w["dur"] >= 300_000_000
-        # the second batch's wait begins after the first batch came, so holds no iter()
-        # (not a duration bound: a loaded machine may keep the worker busy that long)
-        assert waits[2 * k + 1]["ts"] >= w["ts"] + w["dur"]
+        # the second batch's wait begins after the first batch came, so holds no iter(), and
+        # is the shorter (the worker had its indices since iter(); an absolute bound of 0.3 s
+        # failed on a loaded machine, where the worker itself can take that long)
+        second = waits[2 * k + 1]
+        assert second["ts"] >= w["ts"] + w["dur"] and second["dur"] < w["dur"]
     # the timer's reader cost: the same readings as the slices
     assert prof.timer.stats().reader_cost.max == max(w["dur"] for w in waits) / 1e9

@@ -432,6 +432,56 @@ def test_context_hook_reads_the_capture_flags_as_fields_or_attributes(flags):
 
 
 @needs_fast
+def test_context_hook_calls_after_optimizer_once_at_the_exit_of_a_range_named_with_the_prefix():
+    """Where the capture is a ``CaptureFlags`` with a str ``after_prefix``, the exit hook itself
+    calls ``after_optimizer`` (taken: set to None first) at the exit of a range whose str name
+    starts with it, and leaves it set at other exits; a name that is not a str goes to rest()."""
+    log: list = []
+    cap = type("Capture", (fast.CaptureFlags,), {})()
+    cap.waiting, cap.after_optimizer, cap.after_prefix = False, None, "Optimizer.step#"
+
+    class CM:
+        def __init__(self, name):
+            self.name = name
+
+        def __enter__(self):
+            pass
+
+        def __exit__(self, *exc):
+            log.append(("exit", cap.after_optimizer is None))
+
+    prof = fast.ProfilerCore()
+    prof._quiet = False
+    o_enter, o_exit = CM.__dict__["__enter__"], CM.__dict__["__exit__"]
+    args = (prof, cap, {}, lambda: log.append("end"), threading.get_ident(), [], 1024)
+    CM.__enter__ = fast.ContextHook(0, o_enter, lambda o: None, *args)
+    CM.__exit__ = fast.ContextHook(1, o_exit, lambda o: log.append(("rest", o.name)), *args)
+
+    def after():
+        log.append(("after", cap.after_optimizer))
+
+    was = (_recorder.ON, _recorder.DETAIL)
+    _recorder.set_state(True, False)
+    try:
+        cap.after_optimizer = after
+        for name in ("Optimizer.zero_grad#SGD.zero_grad", "Optimizer.step", 7,
+                     "Optimizer.step#SGD.step", "Optimizer.step#SGD.step"):
+            with CM(name):
+                pass
+        assert log == [("exit", False), ("exit", False), ("exit", False), ("rest", 7),
+                       ("exit", False), ("after", None), ("exit", True)]
+        assert cap.after_optimizer is None
+        log.clear()
+        cap.after_prefix = None  # no prefix: every exit with after_optimizer set is rest()'s
+        cap.after_optimizer = after
+        with CM("Optimizer.step#SGD.step"):
+            pass
+        assert log == [("exit", False), ("rest", "Optimizer.step#SGD.step")]
+    finally:
+        _recorder.set_state(*was)
+
+
+@needs_fast
 def test_step_advances_the_timer_in_c_only_while_its_step_is_step_counters_own(tmp_path,
                                                                                 monkeypatch):
     """The C ``step()`` advances the ``StepTimer``'s figures itself (no method lookup) while

@@ -1637,18 +1637,20 @@ static PyObject *f_install_profiler(PyObject *self, PyObject *args) {
 
 typedef struct {
     PyObject_HEAD
-    PyObject *waiting, *after_optimizer;
+    PyObject *waiting, *after_optimizer, *after_prefix;
 } FlagsObject;
 
 static int flags_traverse(FlagsObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->waiting);
     Py_VISIT(self->after_optimizer);
+    Py_VISIT(self->after_prefix);
     return 0;
 }
 
 static int flags_clear(FlagsObject *self) {
     Py_CLEAR(self->waiting);
     Py_CLEAR(self->after_optimizer);
+    Py_CLEAR(self->after_prefix);
     return 0;
 }
 
@@ -1661,6 +1663,7 @@ static void flags_dealloc(FlagsObject *self) {
 static PyMemberDef flags_members[] = {
     {"waiting", T_OBJECT_EX, offsetof(FlagsObject, waiting), 0, NULL},
     {"after_optimizer", T_OBJECT_EX, offsetof(FlagsObject, after_optimizer), 0, NULL},
+    {"after_prefix", T_OBJECT_EX, offsetof(FlagsObject, after_prefix), 0, NULL},
     {NULL},
 };
 
@@ -1702,7 +1705,9 @@ static PyObject *capture_flag(PyObject *capture, int after) {
  *   (which appends it where it begins a range);
  * - __exit__(obj, *exc): original(obj, *exc); then, whether it raised or not, obj is taken out
  *   of `opened` where it is there and the range ended (`end()`), while recording; where
- *   `capture.after_optimizer` is set, rest(obj).
+ *   `capture.after_optimizer` is set: with a str obj.name and a CaptureFlags capture whose
+ *   `after_prefix` is a str, after_optimizer is taken (set to None) and called where the name
+ *   starts with the prefix (no Python frame of ours), else rest(obj).
  *
  * `opened`, a list the two hooks share, holds the objects whose range is open (a mark on
  * torch's object cost three attribute operations a range: a set, a read and a delete). It is
@@ -1790,13 +1795,37 @@ static int hook_exit_rest(HookObject *h, PyObject *obj) {
     }
     PyObject *after = capture_flag(h->capture, 1);
     if (after == NULL) return -1;
-    int set = after != Py_None;
-    Py_DECREF(after);
-    if (set) {
-        PyObject *r = PyObject_CallOneArg(h->rest, obj);
-        if (r == NULL) return -1;
-        Py_DECREF(r);
+    if (after == Py_None) {
+        Py_DECREF(after);
+        return 0;
     }
+    /* set: a str name and a CaptureFlags' after_prefix are matched here (the step driver's
+     * boundary at the end of torch's optimizer range), anything else is rest()'s */
+    PyObject *prefix = PyObject_TypeCheck(h->capture, &FlagsType)
+        ? ((FlagsObject *)h->capture)->after_prefix : NULL;
+    PyObject *name = prefix != NULL && PyUnicode_CheckExact(prefix)
+        ? PyObject_GetAttr(obj, pn.name) : NULL;
+    if (name != NULL && PyUnicode_CheckExact(name)) {
+        Py_ssize_t m = PyUnicode_Tailmatch(name, prefix, 0, PY_SSIZE_T_MAX, -1);
+        Py_DECREF(name);
+        if (m == 1) { /* taken before the call: the boundary is made once */
+            FlagsObject *f = (FlagsObject *)h->capture;
+            if (f->after_optimizer == after) Py_SETREF(f->after_optimizer, Py_NewRef(Py_None));
+            PyObject *r = PyObject_CallNoArgs(after);
+            Py_DECREF(after);
+            if (r == NULL) return -1;
+            Py_DECREF(r);
+            return 0;
+        }
+        Py_DECREF(after);
+        return m < 0 ? -1 : 0;
+    }
+    Py_XDECREF(name);
+    Py_DECREF(after);
+    if (keep_interrupts() < 0) return -1; /* (a name that raised: rest() reads it again) */
+    PyObject *r = PyObject_CallOneArg(h->rest, obj);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
     return 0;
 }
 

@@ -104,6 +104,7 @@ class CaptureFlags:
 
     waiting: Any
     after_optimizer: Any
+    after_prefix: Any  # where a str: after_optimizer is called at the exit of a range so named
 
 class ContextHook:
     """``ContextHook(which, original, rest, prof, capture, by_name, end, main, opened,

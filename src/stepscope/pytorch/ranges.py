@@ -81,6 +81,9 @@ def recorded_names() -> set:
     return {name for name, cat in list(_chains) if cat == S.CAT_RECORD_FUNCTION} | _in_wait
 
 
+# the name torch gives every optimizer step's record_function range ("Optimizer.step#SGD.step")
+OPTIMIZER_RANGE_PREFIX = "Optimizer.step#"
+
 # at most this many record_function objects open at once (entered and not exited: a program
 # may enter one and drop it), else no new range begins (the C hooks get it too)
 MAX_OPEN = 1024
@@ -137,9 +140,11 @@ class RangeCapture(_Flags):
         # (see _fast.c, ContextHook, and _take_open)
         self.opened: list[Any] = []
         self.installed = False
-        # called after the end of torch's "Optimizer.step#..." range (the step driver's safe
-        # point for a step boundary in a loop without a DataLoader)
+        # called (once) after the end of torch's "Optimizer.step#..." range (the step driver's
+        # safe point for a step boundary in a loop without a DataLoader); the C hook matches
+        # the prefix itself
         self.after_optimizer: Any = None
+        self.after_prefix = OPTIMIZER_RANGE_PREFIX
 
     def start(self) -> None:
         import torch.autograd.profiler as ap
@@ -153,7 +158,6 @@ class RangeCapture(_Flags):
         recorder = rec
         prof = self.prof
         main, get_ident = prof._thread, threading.get_ident  # noqa: SLF001
-        opt_prefix = "Optimizer.step#"
         opened = self.opened
 
         def enter_rest(self: Any) -> None:
@@ -181,7 +185,8 @@ class RangeCapture(_Flags):
         def exit_rest(self: Any) -> None:
             """After torch's ``__exit__`` and the range's end: a step boundary held back for
             the end of torch's ``Optimizer.step#`` range (the step driver's)."""
-            if capture.after_optimizer is not None and str(self.name).startswith(opt_prefix):
+            if capture.after_optimizer is not None and str(self.name).startswith(
+                    OPTIMIZER_RANGE_PREFIX):
                 after, capture.after_optimizer = capture.after_optimizer, None
                 after()
 

@@ -45,6 +45,7 @@ class StepDriver:
         self.loader_seen = False
         self._epoch_ended = False
         self.ranges: Any = None  # the RangeCapture, whose Optimizer.step# exit makes boundaries
+        self._flush = self.flush_boundary  # (bound once: it is handed over at every step)
 
     # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -112,7 +113,7 @@ class StepDriver:
         if self.loader_seen or (self.ranges is not None and self.ranges.installed):
             # made at the next wait / the Optimizer.step# exit
             if self.ranges is not None and not self.loader_seen:
-                self.ranges.after_optimizer = self.flush_boundary
+                self.ranges.after_optimizer = self._flush
         else:
             self.flush_boundary()
 

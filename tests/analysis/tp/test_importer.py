@@ -225,7 +225,14 @@ def annotated(p, **values):
     return p
 
 
-def test_args_typed_values_and_shared_sets(tmp_path):
+@pytest.mark.parametrize("per_pass", [None, 2], ids=["one pass", "passes of 2"])
+def test_args_typed_values_and_shared_sets(tmp_path, monkeypatch, per_pass):
+    """(``per_pass``: annotations scanned per numpy pass; 2 splits one event's annotations
+    across passes, which must keep their order and sets.)"""
+    if per_pass is not None:
+        from stepscope.analysis.tp import args as args_mod
+
+        monkeypatch.setattr(args_mod, "ANNOTATIONS_PER_PASS", per_pass)
     p1 = annotated(ev(10, TB, name="a"), n=-7, f=2.5, s="hi", ok=True)
     p1.track_event.debug_annotations.add(name="u", uint_value=2**63 + 5)
     iid = ev(20, TE)
@@ -252,7 +259,7 @@ def test_args_typed_values_and_shared_sets(tmp_path):
              real_value=None, value_type="bool", display_value="true"),
         dict(key="debug.u", flat_key="debug.u", int_value=2**63 + 5 - 2**64,
              string_value=None, real_value=None, value_type="uint",
-             display_value=str(2**63 + 5 - 2**64)),
+             display_value=str(2**63 + 5)),  # (unsigned, as trace processor shows a uint)
     ]
     b = rows(conn, f"SELECT key, flat_key, int_value, string_value FROM args "
                    f"WHERE arg_set_id = {sets['b']} ORDER BY id")
@@ -264,6 +271,51 @@ def test_args_typed_values_and_shared_sets(tmp_path):
     ]
     d = rows(conn, f"SELECT key, int_value FROM args WHERE arg_set_id = {sets['d']}")
     assert d == [dict(key="debug.step", int_value=3)]
+
+
+def test_number_args_are_shown_as_trace_processor_shows_them_without_a_string_each(tmp_path):
+    """The display_value of numbers and bools is made when read (``args`` is a view): a trace
+    whose events each carry distinct numbers holds no string per value, and each reads as
+    trace processor shows it (a uint unsigned, a pointer in hex, a real as SQLite prints it),
+    as text; with ``STEPSCOPE_TRACE_PROCESSOR``, trace processor itself is asked too."""
+    import os
+
+    from stepscope import analysis
+    from stepscope.analysis.engines import ENV_BIN
+    from stepscope.analysis.tp.importer import decode_files
+
+    def trace(name, n):
+        packets = descriptors() + [start()]
+        for i in range(n):
+            p = annotated(ev(10 + i, TI, name="x"), k=1000 * i - 7, on=i % 2 == 1,
+                          f=(1e-05, 0.2 + 1e-05, 3.0)[i % 3])  # (0.20001000000000002)
+            p.track_event.debug_annotations.add(name="u", uint_value=2**64 - 1 - i)
+            p.track_event.debug_annotations.add(name="p", pointer_value=4096 + i)
+            packets.append(p)
+        return write(tmp_path, packets, name=name)
+
+    few, many = trace("few.pftrace", 3), trace("many.pftrace", 300)
+    assert len(decode_files([many]).strings.list) == len(decode_files([few]).strings.list)
+    conn, _ = load(few)
+    sql = "SELECT key, display_value AS v, typeof(display_value) AS t FROM args ORDER BY id"
+    got = rows(conn, sql)
+    expected = [
+        ("debug.k", "-7"), ("debug.on", "false"), ("debug.f", "1.0e-05"),
+        ("debug.u", "18446744073709551615"), ("debug.p", "0x1000"),
+        ("debug.k", "993"), ("debug.on", "true"), ("debug.f", "0.20001"),
+        ("debug.u", "18446744073709551614"), ("debug.p", "0x1001"),
+        ("debug.k", "1993"), ("debug.on", "false"), ("debug.f", "3.0"),
+        ("debug.u", "18446744073709551613"), ("debug.p", "0x1002")]
+    assert [(r["key"], r["v"]) for r in got] == expected
+    assert {r["t"] for r in got} == {"text"}
+    if os.environ.get(ENV_BIN):
+        tp = analysis.open(few, engine="trace_processor", trace_processor_bin=os.environ[ENV_BIN])
+        try:
+            shown = tp.query("SELECT key, display_value AS v FROM args WHERE key GLOB 'debug.*'"
+                             " ORDER BY arg_set_id, id")
+            assert [(r["key"], r["v"]) for r in shown] == expected
+        finally:
+            tp.close()
 
 
 def test_source_location_args(tmp_path):

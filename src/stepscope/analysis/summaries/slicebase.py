@@ -97,21 +97,26 @@ def kinds(strings: list[str], category: np.ndarray, name: np.ndarray) -> tuple:
     n = len(strings)  # index n of the lookup arrays: a NULL string
     by_cat = np.full(n + 1, _USER, np.int64)
     null_cat = np.zeros(n + 1, bool)
-    by_name = np.full(n + 1, _OTHER_PHASE, np.int64)
     phase = -1
-    for i, s in enumerate(strings):
+    # only the strings slices use as categories, then as phase names, are looked at (the
+    # string table also holds every arg's and track's text: a million, in a big trace)
+    for i in np.unique(category[category >= 0]).tolist():
+        s = strings[i]
         if s in KIND_OF_CATEGORY:
             k = KIND_OF_CATEGORY[s]
             by_cat[i] = -1 if k is None else k
             null_cat[i] = k is None
         elif s == sc.CAT_PHASE:
             phase = i
-        by_name[i] = KIND_OF_PHASE.get(phase_of(s), _OTHER_PHASE)
     cat = np.where(category < 0, n, category)
     kind = by_cat[cat]
     if phase >= 0:
         is_phase = category == phase
-        kind[is_phase] = by_name[np.where(name < 0, n, name)[is_phase]]
+        names = np.where(name < 0, n, name)[is_phase]
+        by_name = np.full(n + 1, _OTHER_PHASE, np.int64)
+        for i in np.unique(names[names < n]).tolist():
+            by_name[i] = KIND_OF_PHASE.get(phase_of(strings[i]), _OTHER_PHASE)
+        kind[is_phase] = by_name[names]
     return kind, null_cat[cat]
 
 

@@ -23,6 +23,8 @@ from .state import State, trace_pb2, utf8_at
 V_INT, V_UINT, V_BOOL, V_REAL, V_STRING, V_POINTER, V_JSON = range(7)
 VALUE_TYPES = ("int", "uint", "bool", "real", "string", "pointer", "json")
 _COMPLEX = (8, 9, 11, 12, 13, 14, 16)  # nested / dict / array / proto values: decoded in Python
+# debug annotations scanned per numpy pass (the scan's temporaries are some 250 bytes each)
+ANNOTATIONS_PER_PASS = 1 << 18
 
 
 def _flatten(pb_ann, key: str, flat: str, rows: list, strings: Strings, argname) -> None:
@@ -58,6 +60,81 @@ def _flatten(pb_ann, key: str, flat: str, rows: list, strings: Strings, argname)
         rows.append((k, fk, V_STRING, 0, strings.id(str(getattr(pb_ann, which))), 0.0))
 
 
+def _annotations(buf, aev, aoff, alen, lo: int, st: State, egen, ev_slice, stats: dict,
+                 add) -> None:
+    """Rows of the debug annotations ``aev`` (the ``lo``-th on: their order in a set)."""
+    strings = st.strings
+    f = ps.scan(buf, aoff, aoff + alen)
+    na = len(aev)
+    name_iid, _ = last_of(f, w.DA_NAME_IID, na, dtype=np.int64)
+    nidx = st.interned.lookup("arg", egen[aev], name_iid)
+    names = np.array(st.interned.vals.get("arg", []) + [NONE], np.int64)[nidx]
+    noff, nlen = last_len_of(f, w.DA_NAME, na)
+    for i in np.flatnonzero(noff >= 0).tolist():
+        names[i] = strings.id(utf8_at(buf, int(noff[i]), int(nlen[i])))
+    # "debug.<name>" keys
+    uniq = np.unique(names[names >= 0])
+    keymap = np.full(len(strings.list) + 1, NONE, np.int64)
+    for u in uniq.tolist():
+        keymap[u] = strings.id("debug." + strings.list[u])
+    keys = np.where(names >= 0, keymap[np.maximum(names, 0)], NONE)
+    vtype = np.full(na, -1, np.int64)
+    ival = np.zeros(na, np.int64)
+    sval = np.full(na, NONE, np.int64)
+    rval = np.zeros(na, np.float64)
+    for fid, vt in ((w.DA_BOOL, V_BOOL), (w.DA_UINT, V_UINT), (w.DA_INT, V_INT),
+                    (w.DA_POINTER, V_POINTER)):
+        rows = f.select(fid)
+        vtype[f.msg[rows]] = vt
+        ival[f.msg[rows]] = as_i64(f.val[rows])
+    rows = f.select(w.DA_DOUBLE)
+    vtype[f.msg[rows]] = V_REAL
+    rval[f.msg[rows]] = f.val[rows].view(np.float64)
+    rows = f.select(w.DA_STRING)
+    rows = rows[f.wt[rows] == ps.WT_LEN]
+    vtype[f.msg[rows]] = V_STRING
+    for r in rows.tolist():
+        sval[f.msg[r]] = strings.id(utf8_at(buf, int(f.off[r]), int(f.ln[r])))
+    rows = f.select(w.DA_STRING_IID)
+    if len(rows):
+        vals = np.array(st.interned.vals.get("argstr", []) + [NONE], np.int64)
+        idx = st.interned.lookup("argstr", egen[aev[f.msg[rows]]],
+                                 as_i64(f.val[rows]))
+        vtype[f.msg[rows]] = V_STRING
+        sval[f.msg[rows]] = vals[idx]
+    cx = np.zeros(na, bool)
+    cx[f.msg[np.isin(f.fid, _COMPLEX)]] = True
+    simple = ~cx & (vtype >= 0) & (keys >= 0)
+    slices = ev_slice[aev]
+    add(slices[simple], lo + np.flatnonzero(simple), keys[simple], keys[simple], vtype[simple],
+        ival[simple], sval[simple], rval[simple])
+    if cx.any():
+        pb = trace_pb2()
+
+        crow = []
+        for i in np.flatnonzero(cx & (names >= 0)).tolist():
+            try:
+                ann = pb.DebugAnnotation.FromString(
+                    buf[aoff[i] : aoff[i] + alen[i]].tobytes())
+            except Exception:
+                stats["corrupt_messages"] = stats.get("corrupt_messages", 0) + 1
+                continue
+            g = int(egen[aev[i]])
+
+            def argname(iid, g=g):
+                j = st.interned.lookup("arg", np.array([g]), np.array([iid]))[0]
+                return strings.list[st.interned.vals["arg"][j]] if j >= 0 else str(iid)
+
+            rows_i: list = []
+            key = "debug." + strings.list[int(names[i])]
+            _flatten(ann, key, key, rows_i, strings, argname)
+            crow.extend((int(slices[i]), lo + i) + r for r in rows_i)
+        if crow:
+            a = list(zip(*crow, strict=True))
+            add(*(np.array(c) for c in a[:6]), np.array(a[6], np.int64),
+                np.array(a[7], np.float64))
+
+
 def build_args(buf, E: Acc, st: State, egen, ev_slice, sl: dict, stats) -> dict:
     """Debug annotations and source locations -> args rows, identical arg sets shared."""
     strings = st.strings
@@ -78,75 +155,10 @@ def build_args(buf, E: Acc, st: State, egen, ev_slice, sl: dict, stats) -> dict:
     aev = aev[keep]
     if len(aev):
         aoff, alen = E.get("ann_off")[keep], E.get("ann_len")[keep]
-        f = ps.scan(buf, aoff, aoff + alen)
-        na = len(aev)
-        name_iid, _ = last_of(f, w.DA_NAME_IID, na, dtype=np.int64)
-        nidx = st.interned.lookup("arg", egen[aev], name_iid)
-        names = np.array(st.interned.vals.get("arg", []) + [NONE], np.int64)[nidx]
-        noff, nlen = last_len_of(f, w.DA_NAME, na)
-        for i in np.flatnonzero(noff >= 0).tolist():
-            names[i] = strings.id(utf8_at(buf, int(noff[i]), int(nlen[i])))
-        # "debug.<name>" keys
-        uniq = np.unique(names[names >= 0])
-        keymap = np.full(len(strings.list) + 1, NONE, np.int64)
-        for u in uniq.tolist():
-            keymap[u] = strings.id("debug." + strings.list[u])
-        keys = np.where(names >= 0, keymap[np.maximum(names, 0)], NONE)
-        vtype = np.full(na, -1, np.int64)
-        ival = np.zeros(na, np.int64)
-        sval = np.full(na, NONE, np.int64)
-        rval = np.zeros(na, np.float64)
-        for fid, vt in ((w.DA_BOOL, V_BOOL), (w.DA_UINT, V_UINT), (w.DA_INT, V_INT),
-                        (w.DA_POINTER, V_POINTER)):
-            rows = f.select(fid)
-            vtype[f.msg[rows]] = vt
-            ival[f.msg[rows]] = as_i64(f.val[rows])
-        rows = f.select(w.DA_DOUBLE)
-        vtype[f.msg[rows]] = V_REAL
-        rval[f.msg[rows]] = f.val[rows].view(np.float64)
-        rows = f.select(w.DA_STRING)
-        rows = rows[f.wt[rows] == ps.WT_LEN]
-        vtype[f.msg[rows]] = V_STRING
-        for r in rows.tolist():
-            sval[f.msg[r]] = strings.id(utf8_at(buf, int(f.off[r]), int(f.ln[r])))
-        rows = f.select(w.DA_STRING_IID)
-        if len(rows):
-            vals = np.array(st.interned.vals.get("argstr", []) + [NONE], np.int64)
-            idx = st.interned.lookup("argstr", egen[aev[f.msg[rows]]],
-                                     as_i64(f.val[rows]))
-            vtype[f.msg[rows]] = V_STRING
-            sval[f.msg[rows]] = vals[idx]
-        cx = np.zeros(na, bool)
-        cx[f.msg[np.isin(f.fid, _COMPLEX)]] = True
-        simple = ~cx & (vtype >= 0) & (keys >= 0)
-        slices = ev_slice[aev]
-        add(slices[simple], np.flatnonzero(simple), keys[simple], keys[simple], vtype[simple],
-            ival[simple], sval[simple], rval[simple])
-        if cx.any():
-            pb = trace_pb2()
-
-            crow = []
-            for i in np.flatnonzero(cx & (names >= 0)).tolist():
-                try:
-                    ann = pb.DebugAnnotation.FromString(
-                        buf[aoff[i] : aoff[i] + alen[i]].tobytes())
-                except Exception:
-                    stats["corrupt_messages"] = stats.get("corrupt_messages", 0) + 1
-                    continue
-                g = int(egen[aev[i]])
-
-                def argname(iid, g=g):
-                    j = st.interned.lookup("arg", np.array([g]), np.array([iid]))[0]
-                    return strings.list[st.interned.vals["arg"][j]] if j >= 0 else str(iid)
-
-                rows_i: list = []
-                key = "debug." + strings.list[int(names[i])]
-                _flatten(ann, key, key, rows_i, strings, argname)
-                crow.extend((int(slices[i]), i) + r for r in rows_i)
-            if crow:
-                a = list(zip(*crow, strict=True))
-                add(*(np.array(c) for c in a[:6]), np.array(a[6], np.int64),
-                    np.array(a[7], np.float64))
+        for lo in range(0, len(aev), ANNOTATIONS_PER_PASS):
+            hi = lo + ANNOTATIONS_PER_PASS
+            _annotations(buf, aev[lo:hi], aoff[lo:hi], alen[lo:hi], lo, st, egen, ev_slice,
+                         stats, add)
     # source locations: interned (by iid) or inline
     sev, siid = E.get("sli_ev"), E.get("sli_iid")
     keep = (siid > 0) & (ev_slice[sev] >= 0) if len(sev) else np.zeros(0, bool)
@@ -219,18 +231,10 @@ def build_args(buf, E: Acc, st: State, egen, ev_slice, sl: dict, stats) -> dict:
     is_str = (vt == V_STRING) | (vt == V_JSON)
     is_real = vt == V_REAL
     is_int = ~is_str & ~is_real
-    # display_value: the value as text (trace processor's args.display_value)
+    # display_value (trace processor's args.display_value): stored for strings only; the args
+    # view computes the others' when read (importer.ARGS_VIEW), so distinct numbers make no
+    # strings
     disp = np.where(is_str, sval, NONE)
-    if is_int.any():
-        u, inv = np.unique(ival[is_int], return_inverse=True)
-        ids = np.array([strings.id(str(v)) for v in u.tolist()], np.int64)
-        disp[is_int] = ids[inv]
-        b = vt == V_BOOL
-        disp[b] = np.where(ival[b] != 0, strings.id("true"), strings.id("false"))
-    if is_real.any():
-        u, inv = np.unique(rval[is_real], return_inverse=True)
-        ids = np.array([strings.id(repr(v)) for v in u.tolist()], np.int64)
-        disp[is_real] = ids[inv]
     vt_ids = np.array([strings.id(v) for v in VALUE_TYPES], np.int64)
     o = np.argsort(srow[rep], kind="stable")
     cols_out = {

@@ -23,7 +23,8 @@ processor's clock / interning / nesting semantics) and writes the tables into an
 ``counter``        id, ts, track_id, value, arg_set_id
 ``args``           id, arg_set_id, flat_key, key, int_value, string_value, real_value,
                    value_type ('int', 'uint', 'bool', 'real', 'string', 'pointer', 'json'),
-                   display_value
+                   display_value; a view over ``__intrinsic_args``, which stores no text for
+                   numbers: their display_value is made when read (see ARGS_VIEW)
 ``flow``           id, slice_out, slice_in, trace_id, arg_set_id
 ``stats``          name, idx, severity, source, value (decoder counters: unknown packets, ...)
 =================  ===========================================================================
@@ -69,13 +70,27 @@ BIG_COLUMNS = {
     "slice": SLICE_COLUMNS,
     "counter": (("id", "INTEGER PRIMARY KEY"), ("ts", "INTEGER"), ("track_id", "INTEGER"),
                 ("value", "REAL"), ("arg_set_id", "INTEGER")),
-    "args": (("id", "INTEGER PRIMARY KEY"), ("arg_set_id", "INTEGER"), ("flat_key", "TEXT"),
-             ("key", "TEXT"), ("int_value", "INTEGER"), ("string_value", "TEXT"),
-             ("real_value", "REAL"), ("value_type", "TEXT"), ("display_value", "TEXT")),
+    "__intrinsic_args": (
+        ("id", "INTEGER PRIMARY KEY"), ("arg_set_id", "INTEGER"), ("flat_key", "TEXT"),
+        ("key", "TEXT"), ("int_value", "INTEGER"), ("string_value", "TEXT"),
+        ("real_value", "REAL"), ("value_type", "TEXT"), ("display_value", "TEXT")),
     "flow": (("id", "INTEGER PRIMARY KEY"), ("slice_out", "INTEGER"), ("slice_in", "INTEGER"),
              ("trace_id", "INTEGER"), ("arg_set_id", "INTEGER")),
 }
 BIG_SCHEMA = {t: si.table_sql(t, cols) for t, cols in BIG_COLUMNS.items()}
+
+# trace processor's args: a number's display_value is made when read, as trace processor shows
+# it (an int in decimal, a uint unsigned, a pointer in hex, a bool as 'true'/'false', a real as
+# SQLite prints it: 15 significant digits, '1.0e-05'; the last digit can differ where the two
+# SQLite versions round differently), so a trace whose ranges carry a million distinct numbers
+# (a step number, a sequence number) holds no million strings (see args.build_args)
+ARGS_VIEW = ("CREATE VIEW args AS SELECT id, arg_set_id, flat_key, key, int_value, string_value,"
+             " real_value, value_type, CASE value_type"
+             " WHEN 'int' THEN CAST(int_value AS TEXT) WHEN 'uint' THEN printf('%llu', int_value)"
+             " WHEN 'pointer' THEN printf('0x%llx', int_value)"
+             " WHEN 'bool' THEN CASE WHEN int_value != 0 THEN 'true' ELSE 'false' END"
+             " WHEN 'real' THEN CAST(real_value AS TEXT) ELSE display_value END AS display_value"
+             " FROM __intrinsic_args;")
 
 SMALL_SCHEMA = """
 CREATE TABLE track(id INTEGER PRIMARY KEY, name TEXT, type TEXT, classification TEXT,
@@ -110,7 +125,7 @@ CREATE TABLE stats(name TEXT, idx INTEGER, severity TEXT, source TEXT, value INT
 INDEXES = (
     (SLICE_TRACK_INDEX, "slice", SLICE_TRACK_INDEX_KEYS),  # or on a table holding the slices
     ("counter_track_ts", "counter", ("track_id", "ts")),
-    ("args_set", "args", ("arg_set_id",)),
+    ("args_set", "__intrinsic_args", ("arg_set_id",)),
     ("flow_out", "flow", ("slice_out",)),
     ("flow_in", "flow", ("slice_in",)),
 )
@@ -225,7 +240,8 @@ def _image_tables(t: Tables, slices: bool = True) -> list[si.Table]:
     else:
         z = np.zeros(0, np.int64)
         cols = [si.Column("rowid")] + [si.Column("int", z) for _ in range(8)]
-    out.append(si.Table("args", BIG_SCHEMA["args"], np.arange(1, na + 1), cols))
+    out.append(si.Table("__intrinsic_args", BIG_SCHEMA["__intrinsic_args"],
+                        np.arange(1, na + 1), cols))
     fl = np.array(t.flows, np.int64).reshape(-1, 2)
     out.append(si.Table("flow", BIG_SCHEMA["flow"], np.arange(1, len(fl) + 1), [
         si.Column("rowid"), si.Column("int", fl[:, 0]), si.Column("int", fl[:, 1])]))
@@ -284,7 +300,7 @@ def write_tables(t: Tables, db: str | None = ":memory:", progress: Progress = _n
     try:
         conn.execute("PRAGMA synchronous=OFF")
         conn.execute("PRAGMA temp_store=MEMORY")
-        conn.executescript(SMALL_SCHEMA + views)
+        conn.executescript(SMALL_SCHEMA + ARGS_VIEW + views)
         with conn:
             _write_tracks(conn, t)
             conn.executemany(

@@ -382,6 +382,19 @@ def _context_hook_cases(CM, cap, log, opened):
         CM.__enter__(CM("a"), 1)
 
 
+class _Named:
+    """A context manager with a ``name`` (as torch's record_function), doing nothing."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __enter__(self):
+        pass
+
+    def __exit__(self, *exc):
+        pass
+
+
 @needs_fast
 @pytest.mark.parametrize("flags", [True, False], ids=["CaptureFlags", "attributes"])
 def test_context_hook_reads_the_capture_flags_as_fields_or_attributes(flags):
@@ -393,19 +406,12 @@ def test_context_hook_reads_the_capture_flags_as_fields_or_attributes(flags):
     cap = Capture()
     cap.waiting, cap.after_optimizer = False, None
 
-    class CM:
-        def __init__(self, name):
-            self.name = name
-
-        def __enter__(self):
-            pass
-
-        def __exit__(self, *exc):
-            pass
+    class CM(_Named):
+        pass
 
     prof = fast.ProfilerCore()
     prof._quiet = False
-    o_enter, o_exit = CM.__dict__["__enter__"], CM.__dict__["__exit__"]
+    o_enter, o_exit = CM.__enter__, CM.__exit__
     args = (prof, cap, {"a": lambda: log.append("begin")}, lambda: log.append("end"),
             threading.get_ident(), [], 1024)  # the profiler's thread: this one
     CM.__enter__ = fast.ContextHook(0, o_enter, lambda o: log.append("rest in"), *args)
@@ -440,19 +446,13 @@ def test_context_hook_calls_after_optimizer_once_at_the_exit_of_a_range_named_wi
     cap = type("Capture", (fast.CaptureFlags,), {})()
     cap.waiting, cap.after_optimizer, cap.after_prefix = False, None, "Optimizer.step#"
 
-    class CM:
-        def __init__(self, name):
-            self.name = name
-
-        def __enter__(self):
-            pass
-
+    class CM(_Named):
         def __exit__(self, *exc):
             log.append(("exit", cap.after_optimizer is None))
 
     prof = fast.ProfilerCore()
     prof._quiet = False
-    o_enter, o_exit = CM.__dict__["__enter__"], CM.__dict__["__exit__"]
+    o_enter, o_exit = CM.__enter__, CM.__exit__
     args = (prof, cap, {}, lambda: log.append("end"), threading.get_ident(), [], 1024)
     CM.__enter__ = fast.ContextHook(0, o_enter, lambda o: None, *args)
     CM.__exit__ = fast.ContextHook(1, o_exit, lambda o: log.append(("rest", o.name)), *args)

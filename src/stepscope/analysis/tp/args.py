@@ -202,11 +202,14 @@ def build_args(buf, E: Acc, st: State, egen, ev_slice, sl: dict, stats) -> dict:
                 sv, np.zeros(k))
     if not cols:
         return {}
-    c = {k: np.concatenate(v) for k, v in cols.items()}
+    c = {}
+    for k in list(cols):  # (each column's parts freed as it is joined: one row set at a time)
+        c[k] = np.concatenate(cols.pop(k))
     if len(c["slice"]) == 0:  # every annotation was dropped (e.g. unresolved names)
         return {}
     o = np.lexsort((c["order"], c["slice"]))
-    c = {k: v[o] for k, v in c.items()}
+    for k in c:
+        c[k] = c[k][o]
     s = c["slice"]
     starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
     pos = np.arange(len(s)) - np.repeat(starts, np.diff(np.r_[starts, len(s)]))
@@ -231,16 +234,15 @@ def build_args(buf, E: Acc, st: State, egen, ev_slice, sl: dict, stats) -> dict:
     is_str = (vt == V_STRING) | (vt == V_JSON)
     is_real = vt == V_REAL
     is_int = ~is_str & ~is_real
-    # display_value (trace processor's args.display_value): stored for strings only; the args
-    # view computes the others' when read (importer.ARGS_VIEW), so distinct numbers make no
-    # strings
-    disp = np.where(is_str, sval, NONE)
+    # (no display_value: the args view makes it when read, see importer.ARGS_VIEW)
     vt_ids = np.array([strings.id(v) for v in VALUE_TYPES], np.int64)
     o = np.argsort(srow[rep], kind="stable")
     cols_out = {
         "arg_set_id": srow[rep], "flat_key": c["flat"][rep], "key": c["key"][rep],
         "int_value": ival, "int_null": ~is_int, "string_value": np.where(is_str, sval, NONE),
         "real_value": rval, "real_null": ~is_real, "value_type": vt_ids[vt],
-        "display_value": disp,
     }
-    return {k: v[o] for k, v in cols_out.items()}
+    del c, ival, sval, rval, vt
+    for k in cols_out:
+        cols_out[k] = cols_out[k][o]
+    return cols_out

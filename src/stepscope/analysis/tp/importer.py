@@ -23,8 +23,8 @@ processor's clock / interning / nesting semantics) and writes the tables into an
 ``counter``        id, ts, track_id, value, arg_set_id
 ``args``           id, arg_set_id, flat_key, key, int_value, string_value, real_value,
                    value_type ('int', 'uint', 'bool', 'real', 'string', 'pointer', 'json'),
-                   display_value; a view over ``__intrinsic_args``, which stores no text for
-                   numbers: their display_value is made when read (see ARGS_VIEW)
+                   display_value; a view over ``__intrinsic_args``, which stores no
+                   display_value: it is made when read (see ARGS_VIEW)
 ``flow``           id, slice_out, slice_in, trace_id, arg_set_id
 ``stats``          name, idx, severity, source, value (decoder counters: unknown packets, ...)
 =================  ===========================================================================
@@ -73,23 +73,24 @@ BIG_COLUMNS = {
     "__intrinsic_args": (
         ("id", "INTEGER PRIMARY KEY"), ("arg_set_id", "INTEGER"), ("flat_key", "TEXT"),
         ("key", "TEXT"), ("int_value", "INTEGER"), ("string_value", "TEXT"),
-        ("real_value", "REAL"), ("value_type", "TEXT"), ("display_value", "TEXT")),
+        ("real_value", "REAL"), ("value_type", "TEXT")),
     "flow": (("id", "INTEGER PRIMARY KEY"), ("slice_out", "INTEGER"), ("slice_in", "INTEGER"),
              ("trace_id", "INTEGER"), ("arg_set_id", "INTEGER")),
 }
 BIG_SCHEMA = {t: si.table_sql(t, cols) for t, cols in BIG_COLUMNS.items()}
 
-# trace processor's args: a number's display_value is made when read, as trace processor shows
-# it (an int in decimal, a uint unsigned, a pointer in hex, a bool as 'true'/'false', a real as
-# SQLite prints it: 15 significant digits, '1.0e-05'; the last digit can differ where the two
-# SQLite versions round differently), so a trace whose ranges carry a million distinct numbers
-# (a step number, a sequence number) holds no million strings (see args.build_args)
+# trace processor's args: display_value is made when read, as trace processor shows it (a
+# string as it is, an int in decimal, a uint unsigned, a pointer in hex, a bool as 'true' or
+# 'false', a real as SQLite prints it: 15 significant digits, '1.0e-05'; the last digit can
+# differ where the two SQLite versions round differently), so a trace whose ranges carry a
+# million distinct numbers (a step number, a sequence number) holds no million strings, and a
+# string arg is stored once
 ARGS_VIEW = ("CREATE VIEW args AS SELECT id, arg_set_id, flat_key, key, int_value, string_value,"
              " real_value, value_type, CASE value_type"
              " WHEN 'int' THEN CAST(int_value AS TEXT) WHEN 'uint' THEN printf('%llu', int_value)"
              " WHEN 'pointer' THEN printf('0x%llx', int_value)"
              " WHEN 'bool' THEN CASE WHEN int_value != 0 THEN 'true' ELSE 'false' END"
-             " WHEN 'real' THEN CAST(real_value AS TEXT) ELSE display_value END AS display_value"
+             " WHEN 'real' THEN CAST(real_value AS TEXT) ELSE string_value END AS display_value"
              " FROM __intrinsic_args;")
 
 SMALL_SCHEMA = """
@@ -236,7 +237,7 @@ def _image_tables(t: Tables, slices: bool = True) -> list[si.Table]:
                 si.Column("int", a["int_value"], a["int_null"]),
                 si.Column("text", a["string_value"]),
                 si.Column("real", a["real_value"], a["real_null"]),
-                si.Column("text", a["value_type"]), si.Column("text", a["display_value"])]
+                si.Column("text", a["value_type"])]
     else:
         z = np.zeros(0, np.int64)
         cols = [si.Column("rowid")] + [si.Column("int", z) for _ in range(8)]

@@ -185,8 +185,9 @@ class RangeCapture(_Flags):
         def exit_rest(self: Any) -> None:
             """After torch's ``__exit__`` and the range's end: a step boundary held back for
             the end of torch's ``Optimizer.step#`` range (the step driver's)."""
-            if capture.after_optimizer is not None and str(self.name).startswith(
-                    OPTIMIZER_RANGE_PREFIX):
+            prefix = capture.after_prefix  # (the field the C hook matches too)
+            if (capture.after_optimizer is not None and type(prefix) is str
+                    and str(self.name).startswith(prefix)):
                 after, capture.after_optimizer = capture.after_optimizer, None
                 after()
 

@@ -31,12 +31,14 @@ from pathlib import Path
 # Keys are module names or prefixes (the longest matching prefix decides); modules matching
 # no key are not judged. docs/internals.md draws them.
 LAYERS: dict[str, int] = {
-    # leaves: clocks, schema strings, launcher ranks, extension loading, bounded inflation
+    # leaves: clocks, schema strings, launcher ranks, extension loading, bounded inflation and
+    # the compression it bounds
     "stepscope._ext": 0,
     "stepscope._clock": 0,
     "stepscope._schema": 0,
     "stepscope.ranks": 0,
     "stepscope._inflate": 0,
+    "stepscope._deflate": 0,
     # the trace format: field numbers and wire encoding
     "stepscope.format": 10,
     # analysis (reads traces; knows the format and the leaves, nothing of the writer): shared

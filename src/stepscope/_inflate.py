@@ -4,9 +4,10 @@ A decompression bomb (a 1 MB batch of 1 GiB of zeros, a small file of millions o
 packets) is skipped and counted, never inflated whole. The bounds are relative to what a real
 trace holds:
 
-* one batch: at most ``BATCH_RATIO`` times its compressed size (+ 1 MiB). zlib at level 1, as
-  stepscope writes, cannot pass about 230x (all zeros); stepscope's most regular output (a
-  counter at exact intervals) reaches 172x, ordinary traces 5-10x. Bombs made at higher levels
+* one batch: at most ``BATCH_RATIO`` times its compressed size (+ 1 MiB). stepscope writes
+  none past 224x (``_deflate``: zlib's level 1 cannot pass about 230x, all zeros; a batch
+  ISA-L compresses further is compressed by zlib); its most regular output (a counter at
+  exact intervals) reaches 172x with zlib, ordinary traces 4-10x. Bombs made at higher levels
   reach 1030x.
 * one load (all files read together, or one file merged): at most ``TOTAL_RATIO`` times the
   input bytes (+ 64 MiB) inflated in all, and ``PACKETS_PER_BYTE`` packets per input byte

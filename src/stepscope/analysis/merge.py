@@ -38,12 +38,11 @@ import dataclasses
 import os
 import re
 import warnings
-import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from .. import _inflate
+from .. import _deflate, _inflate
 from .. import _schema as S
 from .._clock import BOOTTIME as CLOCK_BOOTTIME
 from .._clock import MONOTONIC as CLOCK_MONOTONIC
@@ -447,9 +446,9 @@ class _Rewriter:
         if not self.shift and not self.info.pid_map:
             patched = self._batch_in_place(data)
             if patched is not None:
-                return zlib.compress(patched, 1)
+                return _deflate.compress(patched)
         parts = [f_bytes(1, q) for q in map(self.packet, iter_trace_bytes(data)) if q is not None]
-        return zlib.compress(b"".join(parts), 1)
+        return _deflate.compress(b"".join(parts))
 
     def _batch_in_place(self, data: bytes) -> bytes | None:
         """Fast path for the layout stepscope's writer uses, every packet being

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import zlib
 
 import numpy as np
 
-from .. import _clock
+from .. import _clock, _deflate
 from .._schema import LEVEL_DETAIL
 from ..format import wire as w
 from ..record import recorder as rec
@@ -374,7 +373,7 @@ class Sink:
 
     def compress_chunk(self, raw: bytes) -> bytes:
         """Wrap raw packets into one ``compressed_packets`` packet (runs on the I/O thread)."""
-        data = zlib.compress(raw, 1)
+        data = _deflate.compress(raw)
         body = w.f_bytes(w.PKT_COMPRESSED_PACKETS, data)
         return w.tag(w.TRACE_PACKET, w.LEN) + w.varint(len(body)) + body
 

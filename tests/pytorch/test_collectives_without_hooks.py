@@ -99,3 +99,24 @@ def test_the_step_end_probe_follows_is_initialized(tmp_path):
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split("\n")[-2] == "[(False, False), (True, True), (False, False)]"
+
+
+def test_every_op_name_of_the_hooks_is_named_as_its_op():
+    """The hooks name one op by the C++ entry that issued it on torch 2.15
+    (``all_gather_into_tensor`` is ``ALLGATHER_BASE`` there, ``ALLGATHER`` on 2.14): every name
+    this torch's hooks can give is written as the op's plain name, the one the Python functions'
+    path writes for the same call."""
+    hook_names = getattr(torch._C._distributed_c10d, "HookOpName", None)
+    if hook_names is None:
+        pytest.skip("this torch has no process-group hooks")
+    from stepscope.pytorch.collectives import _OP_NAMES, _PY_COLLECTIVES
+
+    names = {m: _OP_NAMES.get(m) for m in hook_names.__members__}
+    assert None not in names.values(), [m for m, n in names.items() if n is None]
+    plain = {_OP_NAMES[op] for op, _ in _PY_COLLECTIVES.values()}
+    assert set(names.values()) <= plain | {"split", "new_window", "unknown"}
+    for member, name in names.items():  # the one its name holds
+        assert name.replace("_", "") in member.lower().replace("_", ""), member
+    for member, name in (("ALLGATHER_BASE", "allgather"), ("ALLTOALL_BASE", "alltoall"),
+                         ("REDUCE_SCATTER_BASE", "reduce_scatter")):
+        assert names.get(member, name) == name

@@ -58,11 +58,20 @@ _PY_COLLECTIVES = {
     "send": ("SEND", 0), "recv": ("RECV", 0), "isend": ("SEND", 0), "irecv": ("RECV", 0),
 }  # fmt: skip
 
+# the hooks' op names (torch's HookOpName) -> the op's name in the args. torch 2.15 names one
+# op by the C++ entry that issued it (all_gather_into_tensor is ALLGATHER_BASE there, ALLGATHER
+# on 2.14; FSDP's coalesced ops): all are named as the op, so one call of the program reads the
+# same on every torch, with or without the process-group hooks
 _OP_NAMES = {
-    "SEND": "send", "RECV": "recv", "BROADCAST": "broadcast", "ALLREDUCE": "allreduce",
-    "REDUCE": "reduce", "ALLGATHER": "allgather", "REDUCE_SCATTER": "reduce_scatter",
-    "ALLTOALL": "alltoall", "BARRIER": "barrier", "SCATTER": "scatter", "GATHER": "gather",
-    "SPLIT": "split", "NEW_WINDOW": "new_window", "UNKNOWN": "unknown",
+    "SEND": "send", "RECV": "recv", "BROADCAST": "broadcast",
+    "ALLREDUCE": "allreduce", "ALLREDUCE_COALESCED": "allreduce", "REDUCE": "reduce",
+    "ALLGATHER": "allgather", "ALLGATHER_BASE": "allgather",
+    "ALLGATHER_COALESCED": "allgather", "ALLGATHER_INTO_TENSOR_COALESCED": "allgather",
+    "REDUCE_SCATTER": "reduce_scatter", "REDUCE_SCATTER_BASE": "reduce_scatter",
+    "REDUCE_SCATTER_TENSOR_COALESCED": "reduce_scatter",
+    "ALLTOALL": "alltoall", "ALLTOALL_BASE": "alltoall", "BARRIER": "barrier",
+    "SCATTER": "scatter", "GATHER": "gather", "SPLIT": "split", "NEW_WINDOW": "new_window",
+    "UNKNOWN": "unknown",
 }  # fmt: skip
 
 _DTYPE_NAMES: dict[Any, str] = {}

@@ -438,10 +438,12 @@ def test_context_hook_reads_the_capture_flags_as_fields_or_attributes(flags):
 
 
 @needs_fast
-def test_context_hook_calls_after_optimizer_once_at_the_exit_of_a_range_named_with_the_prefix():
+def test_context_hook_calls_after_optimizer_once_at_the_exit_of_a_range_named_with_the_prefix(
+        capsys):
     """Where the capture is a ``CaptureFlags`` with a str ``after_prefix``, the exit hook itself
     calls ``after_optimizer`` (taken: set to None first) at the exit of a range whose str name
-    starts with it, and leaves it set at other exits; a name that is not a str goes to rest()."""
+    starts with it, and leaves it set at other exits; a name that is not a str goes to rest().
+    Its failure is reported as the Python twin reports it (ranges.BOUNDARY_FAILED)."""
     log: list = []
     cap = type("Capture", (fast.CaptureFlags,), {})()
     cap.waiting, cap.after_optimizer, cap.after_prefix = False, None, "Optimizer.step#"
@@ -477,6 +479,23 @@ def test_context_hook_calls_after_optimizer_once_at_the_exit_of_a_range_named_wi
         with CM("Optimizer.step#SGD.step"):
             pass
         assert log == [("exit", False), ("rest", "Optimizer.step#SGD.step")]
+        # a boundary that fails is one line on stderr and the program goes on; an interrupt
+        # goes through
+        cap.after_prefix, log[:] = "Optimizer.step#", []
+        for failure in (RuntimeError("no step"), KeyboardInterrupt()):
+            def failing(failure=failure):
+                raise failure
+
+            cap.after_optimizer = failing
+            try:
+                with CM("Optimizer.step#SGD.step"):
+                    pass
+            except KeyboardInterrupt:
+                log.append("interrupted")
+        assert log == [("exit", False), ("exit", False), "interrupted"]
+        from stepscope.pytorch.ranges import BOUNDARY_FAILED  # (imports no torch)
+
+        assert capsys.readouterr().err == BOUNDARY_FAILED.format(RuntimeError("no step")) + "\n"
     finally:
         _recorder.set_state(*was)
 

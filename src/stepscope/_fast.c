@@ -1700,14 +1700,18 @@ static PyObject *capture_flag(PyObject *capture, int after) {
  * the Python `rest`, which ranges.py owns:
  *
  * - __enter__(obj): original(obj); then, while recording, obj.name a str whose begin chain is
- *   cached in `by_name`, and not (the profiler's step quiet or `capture.waiting`) on the
- *   profiler's thread: the chain is called and obj appended to `opened`; otherwise rest(obj)
- *   (which appends it where it begins a range);
+ *   cached in `by_name`, and not `capture.waiting` on the profiler's thread: the chain is
+ *   called and obj appended to `opened`, after the profiler's _activity() where its step is
+ *   quiet on that thread (its begin is written first: the range is work of the step; with
+ *   step_on="optimizer" the first range of every step); otherwise rest(obj) (which appends it
+ *   where it begins a range);
  * - __exit__(obj, *exc): original(obj, *exc); then, whether it raised or not, obj is taken out
  *   of `opened` where it is there and the range ended (`end()`), while recording; where
  *   `capture.after_optimizer` is set: with a str obj.name and a CaptureFlags capture whose
  *   `after_prefix` is a str, after_optimizer is taken (set to None) and called where the name
- *   starts with the prefix (no Python frame of ours), else rest(obj).
+ *   starts with the prefix (no Python frame of ours: the step driver hands over the
+ *   profiler's C step() itself), an Exception it raises reported in one line and dropped,
+ *   else rest(obj).
  *
  * `opened`, a list the two hooks share, holds the objects whose range is open (a mark on
  * torch's object cost three attribute operations a range: a set, a read and a delete). It is
@@ -1751,10 +1755,10 @@ static PyObject *hook_enter(HookObject *h, PyObject *obj) {
         return NULL;
     }
     if (common && PyList_GET_SIZE(h->opened) >= h->max_open) return result; /* (see above) */
-    if (common) { /* a quiet step or a batch wait on the profiler's thread: rest() decides */
-        int quiet = PyObject_TypeCheck(h->prof, &CoreType)
-            ? truth(((CoreObject *)h->prof)->quiet) : 1;
-        PyObject *w = quiet == 0 ? capture_flag(h->capture, 0) : NULL;
+    if (common) { /* a quiet step or a batch wait on the profiler's thread (see above) */
+        int core = PyObject_TypeCheck(h->prof, &CoreType);
+        int quiet = core ? truth(((CoreObject *)h->prof)->quiet) : 1;
+        PyObject *w = quiet >= 0 ? capture_flag(h->capture, 0) : NULL;
         int waiting = w == NULL ? 1 : truth(w);
         Py_XDECREF(w);
         if (keep_interrupts() < 0) {
@@ -1762,8 +1766,18 @@ static PyObject *hook_enter(HookObject *h, PyObject *obj) {
             return NULL;
         }
         if ((quiet != 0 || waiting != 0)
-            && (long long)PyThread_get_thread_ident() == h->main)
-            common = 0;
+            && (long long)PyThread_get_thread_ident() == h->main) {
+            if (core && quiet == 1 && waiting == 0) { /* the step's begin first, as phase() */
+                PyObject *r = prof_activity(h->prof, NULL);
+                if (r == NULL) {
+                    Py_DECREF(result);
+                    return NULL;
+                }
+                Py_DECREF(r);
+            } else {
+                common = 0;
+            }
+        }
     }
     PyObject *r;
     if (common) {
@@ -1783,6 +1797,22 @@ static PyObject *hook_enter(HookObject *h, PyObject *obj) {
     }
     Py_DECREF(r);
     return result;
+}
+
+/* after_optimizer (the step boundary) failed: an Exception is reported in one line and dropped,
+ * so the program's optimizer step goes on; an interrupt propagates. The line is
+ * pytorch/ranges.py's BOUNDARY_FAILED, which its Python twin prints. */
+static int boundary_failed(void) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PySys_FormatStderr("stepscope: optimizer step boundary failed: %R\n",
+                       value != NULL ? value : Py_None);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return 0;
 }
 
 static int hook_exit_rest(HookObject *h, PyObject *obj) {
@@ -1813,7 +1843,7 @@ static int hook_exit_rest(HookObject *h, PyObject *obj) {
             if (f->after_optimizer == after) Py_SETREF(f->after_optimizer, Py_NewRef(Py_None));
             PyObject *r = PyObject_CallNoArgs(after);
             Py_DECREF(after);
-            if (r == NULL) return -1;
+            if (r == NULL) return boundary_failed();
             Py_DECREF(r);
             return 0;
         }

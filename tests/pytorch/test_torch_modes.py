@@ -119,6 +119,44 @@ def test_optimizer_steps_without_a_loader_hold_their_ranges_across_flushes(tmp_p
     assert prof.timer.steps == 4
 
 
+def test_zero_code_steps_run_no_python_of_the_capture_but_the_optimizer_hook(tmp_path):
+    """With the C buffer, the step an optimizer step opens is begun by its first range in C
+    (the ContextHook calls the profiler's _activity where Python's enter_rest did): per step,
+    the only Python of stepscope is the optimizer post-hook that torch calls, and the ranges
+    still nest in the steps they belong to."""
+    from stepscope.record import recorder
+
+    if recorder.fast is None:
+        pytest.skip("the pure-Python buffer runs the capture in Python")
+    prof = stepscope.Profiler(dir=tmp_path, run_id="z", schedule=None, step_on="optimizer",
+                              host_metrics=False, report=False, use_env=False, torch=True)
+    prof.start()
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    package = os.path.dirname(stepscope.__file__)
+    calls: dict[str, int] = {}
+
+    def count(frame, event, arg) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(package):
+            calls[frame.f_code.co_name] = calls.get(frame.f_code.co_name, 0) + 1
+
+    for i in range(13):
+        if i == 3:
+            sys.setprofile(count)
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    sys.setprofile(None)
+    prof.stop()
+    assert calls == {"_on_optimizer_step": 10}
+    d = tq.db(tmp_path / "z" / "rank0.summary.pftrace")
+    got = _nested(d, "step", "record_function")
+    assert [st["name"] for st, _ in got] == [f"step {k}" for k in range(14)]
+    names = [[r["name"].split("#")[0] for r in inner] for _, inner in got]
+    assert names == [["Optimizer.step"]] + [["Optimizer.zero_grad", "Optimizer.step"]] * 12 + [
+        ["Optimizer.zero_grad"]]
+
+
 def test_loader_waits_stay_in_their_steps_across_flushes(tmp_path):
     """A flush inside every batch wait (the dataset flushes): the waits and steps are written
     with their own times once the batch came; torch's enumerate(DataLoader) range inside the

@@ -36,6 +36,7 @@ see :mod:`.operators`); TorchScript-compiled ``record_function`` neither.
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -83,6 +84,9 @@ def recorded_names() -> set:
 
 # the name torch gives every optimizer step's record_function range ("Optimizer.step#SGD.step")
 OPTIMIZER_RANGE_PREFIX = "Optimizer.step#"
+# the one line a failed step boundary prints (the program's optimizer step goes on); the C hook
+# (_fast.c, boundary_failed) prints the same
+BOUNDARY_FAILED = "stepscope: optimizer step boundary failed: {!r}"
 
 # at most this many record_function objects open at once (entered and not exited: a program
 # may enter one and drop it), else no new range begins (the C hooks get it too)
@@ -141,8 +145,8 @@ class RangeCapture(_Flags):
         self.opened: list[Any] = []
         self.installed = False
         # called (once) after the end of torch's "Optimizer.step#..." range (the step driver's
-        # safe point for a step boundary in a loop without a DataLoader); the C hook matches
-        # the prefix itself
+        # safe point for a step boundary in a loop without a DataLoader: the profiler's step());
+        # the C hook matches the prefix itself
         self.after_optimizer: Any = None
         self.after_prefix = OPTIMIZER_RANGE_PREFIX
 
@@ -189,7 +193,10 @@ class RangeCapture(_Flags):
             if (capture.after_optimizer is not None and type(prefix) is str
                     and str(self.name).startswith(prefix)):
                 after, capture.after_optimizer = capture.after_optimizer, None
-                after()
+                try:
+                    after()
+                except Exception as exc:
+                    print(BOUNDARY_FAILED.format(exc), file=sys.stderr)
 
         if recorder.fast is not None:  # the common case of both in C (_fast.ContextHook)
             hook = recorder.fast.ContextHook

@@ -29,6 +29,8 @@ import threading
 import time
 from typing import Any
 
+from .ranges import BOUNDARY_FAILED
+
 
 class StepDriver:
     """Optimizer-step hooks and DataLoader wait recording for one profiler."""
@@ -45,7 +47,10 @@ class StepDriver:
         self.loader_seen = False
         self._epoch_ended = False
         self.ranges: Any = None  # the RangeCapture, whose Optimizer.step# exit makes boundaries
-        self._flush = self.flush_boundary  # (bound once: it is handed over at every step)
+        # the boundary that exit makes: the class's step() (under step_on="auto" the instance's
+        # is the program's), bound once; with the C buffer a C method, so the hook calls it
+        # without a Python frame
+        self._boundary = type(prof).step.__get__(prof, type(prof))
 
     # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -109,23 +114,27 @@ class StepDriver:
         if self._user_steps or threading.get_ident() != self.prof._thread:  # noqa: SLF001
             return
         self._auto_stepped = True
-        self.boundary_pending = True
-        if self.loader_seen or (self.ranges is not None and self.ranges.installed):
-            # made at the next wait / the Optimizer.step# exit
-            if self.ranges is not None and not self.loader_seen:
-                self.ranges.after_optimizer = self._flush
+        if self.loader_seen:
+            self.boundary_pending = True  # made at the next batch wait
+        elif self.ranges is not None and self.ranges.installed:
+            self.ranges.after_optimizer = self._boundary  # made at the Optimizer.step# exit
         else:
+            self.boundary_pending = True
             self.flush_boundary()
 
     def flush_boundary(self) -> None:
-        """Make the step boundary an optimizer step asked for (at a safe point; the class's
-        step(): under step_on="auto" the instance's is the program's)."""
+        """Make the step boundary an optimizer step asked for, if it is still to be made (at a
+        safe point: a batch wait, stop(), the program's first step() under "auto")."""
+        ranges = self.ranges
+        if ranges is not None and ranges.after_optimizer is not None:
+            ranges.after_optimizer = None  # (its range has not ended: made here instead)
+            self.boundary_pending = True
         if self.boundary_pending:
             self.boundary_pending = False
             try:
-                type(self.prof).step(self.prof)
+                self._boundary()
             except Exception as exc:
-                print(f"stepscope: optimizer step boundary failed: {exc!r}", file=sys.stderr)
+                print(BOUNDARY_FAILED.format(exc), file=sys.stderr)
 
     def _user_step(self, num_samples: float | None = None, epoch: int | None = None) -> None:
         """``step_on="auto"``: the program makes its own steps from its first call on."""

@@ -9,8 +9,9 @@ For a small MLP step and a small CNN step (forward, backward, SGD step; one intr
   in CPU time (table 2): the loop's work is left out and what reaches stepscope each step is
   kept (the phases and ``step()``, torch's ``Optimizer.step#``/``zero_grad#`` ranges through
   a real optimizer over one scalar parameter), in pairs of blocks with and without the
-  profiler, plus the writer's CPU for those steps (forced flushes of two sizes: a cost per step
-  and one per flush, which a run pays once a second); also for
+  profiler, in three fresh processes (the main thread's figure differs by up to 2x between
+  processes of the same code here), plus the writer's CPU for those steps (forced flushes of
+  two sizes: a cost per step and one per flush, which a run pays once a second); also for
   ``step_on="optimizer"`` (no code changes: steps from optimizer steps, no phases). Even so
   this moves by several µs between runs here: ``bench_instructions.py`` counts instructions;
 * ``detail``: every step inside a stepscope detail window with operators (torch's profiler CPU
@@ -34,8 +35,10 @@ time). A busy machine makes single runs noisy: compare only numbers from one run
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -130,6 +133,9 @@ def torch_profiler_run(make, steps: int, out: Path) -> tuple[float, int]:
     return ns, path.stat().st_size
 
 
+PROCESSES, PAIRS = 3, 11  # table 2: pairs of blocks in each of several fresh processes
+
+
 def _skeleton(opt: torch.optim.Optimizer, n: int, prof=None, phases: bool = True) -> None:
     """The bench loop's calls that reach stepscope at summary level, with no model work."""
     phase = prof.phase if prof is not None and phases else None
@@ -148,7 +154,7 @@ def _skeleton(opt: torch.optim.Optimizer, n: int, prof=None, phases: bool = True
             opt.zero_grad(set_to_none=False)
 
 
-def summary_cost(out: Path, step_on: str | None, n: int = 300, pairs: int = 31
+def summary_cost(out: Path, step_on: str | None, n: int = 300, pairs: int = PAIRS
                  ) -> tuple[float, float, float]:
     """(main-thread CPU µs per step, writer CPU µs per step, writer CPU µs per flush) that
     stepscope's summary level adds.
@@ -201,6 +207,21 @@ def summary_cost(out: Path, step_on: str | None, n: int = 300, pairs: int = 31
     return statistics.median(mains), statistics.median(slopes), statistics.median(fixed)
 
 
+def summary_cost_in_processes(step_on: str | None) -> tuple[list[float], float, float]:
+    """``summary_cost`` in ``PROCESSES`` fresh processes of ``PAIRS`` pairs each: (each one's
+    main-thread µs, median writer µs per step, median µs per flush). The main thread's figure
+    differs by up to 2x between processes of the same code here (10-19 µs: it is the
+    profiler's cache misses, whose price follows the machine), more than between the pairs of
+    one process; each process is shown, and their median counts."""
+    runs = []
+    for _ in range(PROCESSES):
+        out = subprocess.run([sys.executable, __file__, "--summary-cost", str(step_on)],
+                             capture_output=True, text=True, check=True).stdout
+        runs.append(json.loads(out.splitlines()[-1]))
+    return ([r[0] for r in runs], statistics.median(r[1] for r in runs),
+            statistics.median(r[2] for r in runs))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
@@ -208,9 +229,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps-cnn", type=int, default=40)
     ap.add_argument("--direct-only", action="store_true",
                     help="only the untraced steps and table 2 (the summary level's direct cost)")
+    ap.add_argument("--summary-cost", metavar="STEP_ON", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    if args.summary_cost:  # one process of table 2 (see summary_cost_in_processes)
+        with tempfile.TemporaryDirectory() as tmp:
+            step_on = None if args.summary_cost == "None" else args.summary_cost
+            print(json.dumps(summary_cost(Path(tmp), step_on)))
+        return
     rows = []
     for name, make, steps in (("MLP", mlp, args.steps_mlp), ("CNN", cnn, args.steps_cnn)):
         res: dict[str, list] = {"base": [], "summary": [], "detail": [], "tp": [],
@@ -247,20 +274,22 @@ def main(argv: list[str] | None = None) -> None:
         print("  ".join([f"{r[0]:>13}", f"{r[1]:>13}"] + [f"{v:>13.2f}" for v in r[2:8]]
                         + [f"{r[8]:>13.0f}", f"{r[9]:>13.0f}", f"{r[10]:>13.1f}"]))
     steps_us = {r[0]: r[2] for r in rows}
-    print("\n2) summary level measured directly: CPU µs stepscope adds per step (main thread: "
-          "median of 31 pairs of 300-step blocks, with and without, back to back; writer: per "
-          "step, and per flush, paid once a second), in % of each untraced step above")
-    head = ("summary mode", "main us", "writer us", "flush us",
+    print(f"\n2) summary level measured directly: CPU µs stepscope adds per step (main thread: "
+          f"in each of {PROCESSES} fresh processes the median of {PAIRS} pairs of 300-step "
+          "blocks, with and without, back to back, and the median of the processes; writer: "
+          "per step, and per flush, paid once a second), in % of each untraced step above")
+    head = ("summary mode", "main us", "processes", "writer us", "flush us",
             *(f"% of {m}" for m in steps_us), "target")
     print("  ".join(f"{h:>13}" for h in head))
-    with tempfile.TemporaryDirectory() as tmp:
-        for label, step_on in (("phases+step()", None), ("step_on=optim", "optimizer")):
-            main_us, writer_us, flush_us = summary_cost(Path(tmp), step_on)
-            print("  ".join([f"{label:>13}", f"{main_us:>13.2f}", f"{writer_us:>13.2f}",
-                             f"{flush_us:>13.0f}"]
-                            + [f"{100 * (main_us + writer_us + flush_us * us / 1e6) / us:>13.2f}"
-                               for us in steps_us.values()]
-                            + [f"{'<= 1%':>13}"]))
+    for label, step_on in (("phases+step()", None), ("step_on=optim", "optimizer")):
+        mains, writer_us, flush_us = summary_cost_in_processes(step_on)
+        main_us = statistics.median(mains)
+        print("  ".join([f"{label:>13}", f"{main_us:>13.2f}",
+                         f"{'/'.join(f'{m:.1f}' for m in mains):>13}", f"{writer_us:>13.2f}",
+                         f"{flush_us:>13.0f}"]
+                        + [f"{100 * (main_us + writer_us + flush_us * us / 1e6) / us:>13.2f}"
+                           for us in steps_us.values()]
+                        + [f"{'<= 1%':>13}"]))
 
 
 if __name__ == "__main__":

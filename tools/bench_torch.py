@@ -215,9 +215,11 @@ def summary_cost_in_processes(step_on: str | None) -> tuple[list[float], float, 
     one process; each process is shown, and their median counts."""
     runs = []
     for _ in range(PROCESSES):
-        out = subprocess.run([sys.executable, __file__, "--summary-cost", str(step_on)],
-                             capture_output=True, text=True, check=True).stdout
-        runs.append(json.loads(out.splitlines()[-1]))
+        r = subprocess.run([sys.executable, __file__, "--summary-cost", str(step_on)],
+                           capture_output=True, text=True)
+        if r.returncode:
+            sys.exit(f"bench_torch: the table-2 process failed:\n{r.stderr[-3000:]}")
+        runs.append(json.loads(r.stdout.splitlines()[-1]))
     return ([r[0] for r in runs], statistics.median(r[1] for r in runs),
             statistics.median(r[2] for r in runs))
 

@@ -240,7 +240,8 @@ def _image_tables(t: Tables, slices: bool = True) -> list[si.Table]:
                 si.Column("text", a["value_type"])]
     else:
         z = np.zeros(0, np.int64)
-        cols = [si.Column("rowid")] + [si.Column("int", z) for _ in range(8)]
+        cols = [si.Column("rowid")] + [si.Column("int", z)
+                                       for _ in BIG_COLUMNS["__intrinsic_args"][1:]]
     out.append(si.Table("__intrinsic_args", BIG_SCHEMA["__intrinsic_args"],
                         np.arange(1, na + 1), cols))
     fl = np.array(t.flows, np.int64).reshape(-1, 2)

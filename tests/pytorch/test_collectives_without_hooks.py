@@ -1,9 +1,11 @@
 """Collectives on a torch without ProcessGroup pre/post hooks (2.11, as an H100 image here ships):
-torch.distributed's Python functions are wrapped instead. Forced here on a torch that has the
-hooks, so both paths run on the same program and give the same slices."""
+torch.distributed's Python functions are wrapped and a kernel of ours sits on the c10d ops'
+Autograd key instead. Forced here on a torch that has the hooks, so both paths run on the same
+program and give the same slices."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -39,7 +41,11 @@ PROGRAM = textwrap.dedent("""
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
     model(torch.ones(3, 4)).sum().backward()
     prof.step()
+    hooked = torch._C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", "Autograd")
     prof.stop()
+    # our c10d kernels are there while the profiler runs, and only then
+    assert hooked == (mode != "hooks")
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", "Autograd")
     dist.destroy_process_group()
 """)
 
@@ -66,15 +72,16 @@ def _ops(tmp_path, mode: str) -> tuple[list[tuple], str]:
     return out, r.stderr
 
 
-def test_python_functions_give_the_programs_collectives_as_the_hooks_do(tmp_path):
+def test_without_hooks_every_collective_is_recorded_as_the_hooks_do(tmp_path):
     ops, err = _ops(tmp_path, "python")
-    assert ops == PROGRAMS_OWN  # DDP's C++ all-reduce is not seen: the documented limit
-    assert err.count("has no process-group hooks") == 1 and "DDP's gradient all-reduces" in err
+    assert ops[: len(PROGRAMS_OWN)] == PROGRAMS_OWN, ops
+    # DDP's own, issued in C++: its construction's checks and its gradients' all-reduce, last
+    assert ops[-1] == ("allreduce", "40", "float32", "0"), ops
+    assert "stepscope" not in err, err
     if not hasattr(dist.ProcessGroup, "register_pre_hook"):
         return  # this torch has no hooks to compare with
     hooked, err = _ops(tmp_path, "hooks")
-    assert hooked[: len(PROGRAMS_OWN)] == PROGRAMS_OWN and "process-group hooks" not in err
-    assert ("allreduce", "40", "float32", "0") in hooked[len(PROGRAMS_OWN):]  # DDP's gradients
+    assert hooked == ops and "stepscope" not in err
 
 
 def test_the_step_end_probe_follows_is_initialized(tmp_path):
@@ -120,3 +127,66 @@ def test_every_op_name_of_the_hooks_is_named_as_its_op():
     for member, name in (("ALLGATHER_BASE", "allgather"), ("ALLTOALL_BASE", "alltoall"),
                          ("REDUCE_SCATTER_BASE", "reduce_scatter")):
         assert names.get(member, name) == name
+
+
+def test_every_collective_of_the_dispatcher_is_hooked_and_named_as_its_op():
+    """Every ``c10d::`` op this torch registers (bar ``check_for_nan``, which is no collective)
+    gets our kernel on a torch without process-group hooks, named as the hooks name it."""
+    from stepscope.pytorch.collectives import _DISPATCH_OPS, _OP_NAMES
+
+    ops = {n.removeprefix("c10d::") for n in torch._C._dispatch_get_all_op_names()
+           if n.startswith("c10d::")} - {"check_for_nan"}
+    assert ops and ops <= set(_DISPATCH_OPS), sorted(ops - set(_DISPATCH_OPS))
+    for name in ops:
+        plain = _OP_NAMES[_DISPATCH_OPS[name]]
+        assert plain.replace("_", "") in name.replace("_", ""), name
+
+
+TWO_RANKS = textwrap.dedent("""
+    import sys, torch, torch.distributed as dist, stepscope
+    from stepscope.pytorch import collectives
+    run_dir, rank = sys.argv[1], int(sys.argv[2])
+    collectives.USE_PG_HOOKS = False
+    prof = stepscope.Profiler(dir=run_dir, run_id="two", schedule=None, report=False,
+                              use_env=False, host_metrics=False, torch=True)
+    prof.start()
+    dist.init_process_group("gloo", init_method=f"file://{run_dir}/store", rank=rank,
+                            world_size=2)
+    torch.manual_seed(0)
+    local = torch.nn.Linear(4, 2)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    model.module.load_state_dict(local.state_dict())
+    for step in range(3):
+        x = torch.full((3, 4), float(rank + 1 + step))
+        model(x).sum().backward()
+        local(x).sum().backward()  # this rank's own gradient, to compare with the mean
+        mine = [p.grad.clone() for p in local.parameters()]
+        for p, g in zip(model.parameters(), mine):
+            both = [torch.empty_like(g), torch.empty_like(g)]
+            dist.all_gather(both, g)
+            assert p.dim() == 1 or not torch.equal(both[0], both[1])  # the weights' differ
+            assert torch.allclose(p.grad, (both[0] + both[1]) / 2, rtol=1e-6), (step, p.grad)
+        model.zero_grad()
+        local.zero_grad()
+        prof.step()
+    prof.stop()
+    dist.destroy_process_group()
+""")
+
+
+def test_without_hooks_ddp_still_averages_the_gradients_of_both_ranks(tmp_path):
+    """Our kernel hands DDP's all-reduce on: each step's gradients are the mean of both ranks'
+    own, and each rank records its 3 all-reduces of 10 floats."""
+    script = tmp_path / "two.py"
+    script.write_text(TWO_RANKS)
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path), str(rank)],
+                              env=dict(os.environ, RANK=str(rank), WORLD_SIZE="2"),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in (0, 1)]  # fmt: skip
+    logs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    for rank in (0, 1):
+        d = tq.db(tmp_path / "two" / f"rank{rank}.summary.pftrace")
+        grads = [tq.args(d, s["arg_set_id"]) for s in tq.slices(d, "s.category = 'communication'")
+                 if s["name"] == "allreduce"]
+        assert [(a["bytes"], a["group_size"]) for a in grads] == [("40", "2")] * 3, grads

@@ -27,11 +27,17 @@ with the arg ``completion: "issued"``. Process groups are hooked when the integr
 before their first collective's step ends miss those first ops). A hook id of our own per group.
 
 **Older torch** (no ``ProcessGroup.register_pre_hook``: 2.11, the version an H100 image here
-ships, has none): the Python collective functions of ``torch.distributed`` are wrapped instead
-(the outermost call only, where one calls another), with the same slices and args. FSDP2's
-all-gathers and reduce-scatters and the program's own calls pass through them; DDP's gradient
-all-reduces, issued by its C++ reducer, do not: one line says so once the program has a
-process group.
+ships, has none): two paths together give the same slices and args.
+
+* The Python collective functions of ``torch.distributed`` are wrapped (the outermost call only,
+  where one calls another): the program's own calls and FSDP2's.
+* A Python kernel of ours on the ``Autograd`` dispatch key of each ``c10d::`` op (``allreduce_``,
+  ``_allgather_base_``...: every ``ProcessGroup`` method goes through the dispatcher since torch
+  2.0, and these ops have no autograd kernel of their own) records the ops that the Python
+  functions did not issue, such as DDP's gradient all-reduces from its C++ reducer, then hands
+  the op on below autograd. No other op passes through it: outside collectives it costs nothing.
+  Ops on tensors without autograd keys (made in ``inference_mode``) skip that key; the
+  program's own calls of them still pass through the wrapped Python functions.
 """
 
 from __future__ import annotations
@@ -74,6 +80,19 @@ _OP_NAMES = {
     "UNKNOWN": "unknown",
 }  # fmt: skip
 
+# the dispatcher's c10d ops -> the hooks' op name (torch without process-group hooks)
+_DISPATCH_OPS = {
+    "allreduce_": "ALLREDUCE", "allreduce_coalesced_": "ALLREDUCE_COALESCED",
+    "broadcast_": "BROADCAST", "reduce_": "REDUCE", "allgather_": "ALLGATHER",
+    "_allgather_base_": "ALLGATHER_BASE", "allgather_coalesced_": "ALLGATHER_COALESCED",
+    "allgather_into_tensor_coalesced_": "ALLGATHER_INTO_TENSOR_COALESCED",
+    "reduce_scatter_": "REDUCE_SCATTER", "_reduce_scatter_base_": "REDUCE_SCATTER_BASE",
+    "reduce_scatter_tensor_coalesced_": "REDUCE_SCATTER_TENSOR_COALESCED",
+    "alltoall_": "ALLTOALL", "alltoall_base_": "ALLTOALL_BASE", "gather_": "GATHER",
+    "gather_into_tensor_": "GATHER", "scatter_": "SCATTER", "send": "SEND", "recv_": "RECV",
+    "recv_any_source_": "RECV", "barrier": "BARRIER", "monitored_barrier_": "BARRIER",
+}  # fmt: skip
+
 _DTYPE_NAMES: dict[Any, str] = {}
 
 
@@ -96,9 +115,10 @@ class CollectiveTracer:
         self._lanes: list[tuple[int, int]] = []  # (track, end of its last slice)
         self._hooked: dict[int, Any] = {}  # id(pg) -> pg
         self._patched: list[tuple[Any, str, Any]] = []
+        self._inside = threading.local()  # .on: this thread is in a wrapped Python function
+        self._library: Any = None  # our c10d kernels (torch without process-group hooks)
         self._on = False
         self.pg_hooks: bool | None = None  # ProcessGroup hooks used (else Python functions)
-        self._told = False
         self.count = 0  # ops written
         self.failures = 0
 
@@ -114,6 +134,7 @@ class CollectiveTracer:
             self.pg_hooks = hasattr(dist.ProcessGroup, "register_pre_hook")
         if not self.pg_hooks:
             self._wrap_python_collectives(dist)
+            self._register_dispatch_kernels()
         self._patch_creators(dist)
         self.watch_new_groups()
 
@@ -122,6 +143,9 @@ class CollectiveTracer:
         for owner, name, original in reversed(self._patched):
             setattr(owner, name, original)
         self._patched.clear()
+        if self._library is not None:
+            self._library._destroy()  # noqa: SLF001  (torch.library's only way to unregister)
+            self._library = None
         for pg in list(self._hooked.values()):
             try:
                 pg.unregister_pre_hook(HOOK_ID)
@@ -165,7 +189,7 @@ class CollectiveTracer:
         and ``distributed_c10d`` alike, times its call (to its work's completion when async)."""
         import torch.distributed.distributed_c10d as c10d
 
-        tracer, inside = self, threading.local()
+        tracer, inside = self, self._inside
         for name, (op, arg) in _PY_COLLECTIVES.items():
             original = getattr(c10d, name, None)
             if original is None:
@@ -198,6 +222,89 @@ class CollectiveTracer:
 
             wrapper = make(original, op, arg)
             self._install((c10d, dist), name, original, wrapper)
+
+    def _register_dispatch_kernels(self) -> None:
+        """Without process-group hooks: our kernel on the ``Autograd`` key of each ``c10d::``
+        op records the ops no wrapped Python function issued (DDP's reducer), then redispatches
+        below autograd, as the dispatcher would have done without it."""
+        import torch
+
+        try:
+            lib = torch.library.Library("c10d", "IMPL")
+            below = torch._C._after_autograd_keyset  # noqa: SLF001
+            for name, op in _DISPATCH_OPS.items():
+                qualified = f"c10d::{name}"
+                if not torch._C._dispatch_has_kernel(qualified):  # noqa: SLF001  (older torch)
+                    continue
+                if any(torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key)  # noqa: SLF001
+                       for key in ("Autograd", "AutogradCPU", "AutogradCUDA")):
+                    continue  # torch has its own there: left alone
+                overload = getattr(torch.ops.c10d, name).default
+                lib.impl(name, self._make_kernel(overload, op, below), "Autograd",
+                         with_keyset=True)
+        except Exception as exc:
+            print(f"stepscope: torch {torch.__version__} has no process-group hooks and its "
+                  f"c10d ops cannot be hooked ({exc!r}): collectives are recorded from "
+                  "torch.distributed's Python functions only (DDP's gradient all-reduces, "
+                  "issued in C++, are not)", file=sys.stderr)
+            return
+        self._library = lib
+
+    def _make_kernel(self, overload: Any, op: str, below: Any) -> Any:
+        arguments = [a.name for a in overload._schema.arguments]  # noqa: SLF001
+        inputs = [i for i, a in enumerate(arguments) if a.startswith("input")]
+        source = None if op == "BARRIER" else inputs[0] if inputs else 0
+        where = arguments.index("process_group")
+        tracer, inside = self, self._inside
+
+        def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(inside, "on", False) or not tracer._on:
+                return overload.redispatch(keyset & below, *args, **kwargs)
+            t0 = time.perf_counter_ns()
+            out = overload.redispatch(keyset & below, *args, **kwargs)
+            tracer._dispatch_done(t0, op, args, source, where, out)
+            return out
+
+        return kernel
+
+    def _dispatch_done(self, t0: int, op: str, args: tuple, source: int | None, where: int,
+                       out: Any) -> None:
+        """One c10d op issued: its slice now, or when its work completes."""
+        try:
+            import torch
+            from torch._C import _distributed_c10d as c10d
+
+            nbytes, dtype = 0, ""
+            x = args[source] if source is not None and source < len(args) else None
+            todo = [x] if x is not None else []
+            while todo:  # a tensor, a list of them or a list of lists
+                t = todo.pop()
+                if isinstance(t, torch.Tensor):
+                    nbytes += t.numel() * t.element_size()
+                    dtype = dtype or _dtype_name(t.dtype)
+                elif isinstance(t, (list, tuple)):
+                    todo.extend(reversed(t))
+            pg = args[where] if where < len(args) else None
+            if pg is not None and not isinstance(pg, c10d.ProcessGroup):
+                pg = c10d.ProcessGroup.unbox(pg)
+            size = pg.size() if pg is not None else 0
+            gname = getattr(pg, "group_name", "") or ""
+            opened = (t0, op, nbytes, dtype)
+            work = out[-1] if isinstance(out, tuple) and out else out
+            if work is None or isinstance(work, tuple):  # monitored_barrier_: done on return
+                self._write(opened, time.perf_counter_ns(), size, gname)
+                return
+            if not isinstance(work, c10d.Work):
+                work = c10d.Work.unbox(work)
+            try:
+                fut = work.get_future()
+            except RuntimeError:  # gloo send/recv: no future
+                self._write(opened, time.perf_counter_ns(), size, gname, issued=True)
+                return
+            fut.add_done_callback(
+                lambda _f: self._write(opened, time.perf_counter_ns(), size, gname))
+        except Exception:
+            self.failures += 1
 
     def _python_done(self, t0: int, op: str, sig: Any, source: str | None, args: tuple,
                      kwargs: dict, work: Any) -> None:
@@ -246,14 +353,7 @@ class CollectiveTracer:
 
         if not dist.is_initialized():
             return
-        if not self.pg_hooks:  # the Python functions are wrapped instead: said once
-            if not self._told:
-                import torch
-
-                self._told = True
-                print(f"stepscope: torch {torch.__version__} has no process-group hooks: "
-                      "collectives are recorded from torch.distributed's Python functions only "
-                      "(DDP's gradient all-reduces, issued in C++, are not)", file=sys.stderr)
+        if not self.pg_hooks:  # the Python functions and the c10d ops are hooked instead
             return
         from torch.distributed import distributed_c10d as c10d
 

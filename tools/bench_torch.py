@@ -20,7 +20,11 @@ For a small MLP step and a small CNN step (forward, backward, SGD step; one intr
   JSON and the freeing of its result (kept in a reference cycle: freed here, as stepscope frees
   its own at the window's end): cost per step in µs and % (target: stepscope <=
   torch.profiler);
-* bytes per step: the detail window's file against torch.profiler's JSON (target >= 10x smaller).
+* bytes per step: the detail window's file against torch.profiler's JSON (target >= 10x smaller);
+* table 3: CPU time (all threads) stepscope adds per gloo all-reduce (world size 1, 16 floats,
+  waited for), through the process groups' hooks and, as on a torch without them (2.11), through
+  the wrapped Python function and our kernel on the c10d op; pairs of blocks with and without
+  the profiler in a fresh process each.
 
 The detail windows read torch's events with the native reader when ``stepscope build-torch``
 has built it for this torch, else through torch's Python API (about 1.5x torch.profiler's cost
@@ -224,6 +228,48 @@ def summary_cost_in_processes(step_on: str | None) -> tuple[list[float], float, 
             statistics.median(r[2] for r in runs))
 
 
+COLLECTIVE_PAIRS = 7  # table 3
+
+
+def collective_cost(out: Path, pg_hooks: bool, n: int = 2000, pairs: int = COLLECTIVE_PAIRS
+                    ) -> tuple[float, float]:
+    """(untraced CPU µs per all-reduce, the median over ``pairs`` pairs of blocks of ``n`` ops
+    of what the profiler adds): the process's CPU time, so the done callback on gloo's thread
+    counts. ``pg_hooks=False`` takes the path of a torch without process-group hooks."""
+    import torch.distributed as dist
+
+    from stepscope.pytorch import collectives
+
+    collectives.USE_PG_HOOKS = None if pg_hooks else False
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=0, world_size=1)
+    t = torch.ones(16)
+
+    def block(k: int) -> int:
+        c0 = time.process_time_ns()
+        for _ in range(k):
+            dist.all_reduce(t)
+        return time.process_time_ns() - c0
+
+    block(n // 4)
+    bases, adds = [], []
+    for r in range(pairs):
+        prof = stepscope.Profiler(dir=out / f"c{r}", schedule=None, host_metrics=False,
+                                  report=False, use_env=False, torch=True)
+        base = traced = 0
+        for traced_turn in ((True, False) if r % 2 else (False, True)):
+            if traced_turn:
+                prof.start()
+                block(n // 4)
+                traced = block(n)
+                prof.stop()
+            else:
+                base = block(n)
+        bases.append(base / n / 1e3)
+        adds.append((traced - base) / n / 1e3)
+    dist.destroy_process_group()
+    return statistics.median(bases), statistics.median(adds)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
@@ -232,6 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--direct-only", action="store_true",
                     help="only the untraced steps and table 2 (the summary level's direct cost)")
     ap.add_argument("--summary-cost", metavar="STEP_ON", help=argparse.SUPPRESS)
+    ap.add_argument("--collective-cost", metavar="PATH", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -239,6 +286,10 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             step_on = None if args.summary_cost == "None" else args.summary_cost
             print(json.dumps(summary_cost(Path(tmp), step_on)))
+        return
+    if args.collective_cost:  # one process of table 3
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps(collective_cost(Path(tmp), args.collective_cost == "hooks")))
         return
     rows = []
     for name, make, steps in (("MLP", mlp, args.steps_mlp), ("CNN", cnn, args.steps_cnn)):
@@ -292,6 +343,23 @@ def main(argv: list[str] | None = None) -> None:
                         + [f"{100 * (main_us + writer_us + flush_us * us / 1e6) / us:>13.2f}"
                            for us in steps_us.values()]
                         + [f"{'<= 1%':>13}"]))
+
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    print(f"\n3) collectives: CPU µs (all threads) per gloo all-reduce of 16 floats, world size 1, "
+          f"waited for; the median of {COLLECTIVE_PAIRS} pairs of 2000-op blocks, with and "
+          "without, in a fresh process per path")
+    head = ("path", "untraced us", "stepscope us")
+    print("  ".join(f"{h:>22}" for h in head))
+    for label, path in (("process-group hooks", "hooks"), ("Python fn + c10d kernel", "python")):
+        r = subprocess.run([sys.executable, __file__, "--collective-cost", path],
+                           capture_output=True, text=True)
+        if r.returncode:
+            sys.exit(f"bench_torch: the table-3 process failed:\n{r.stderr[-3000:]}")
+        base, added = json.loads(r.stdout.splitlines()[-1])
+        print("  ".join([f"{label:>22}", f"{base:>22.1f}", f"{added:>22.1f}"]))
 
 
 if __name__ == "__main__":

@@ -99,6 +99,7 @@ _DISPATCH_OPS = {
 }  # fmt: skip
 
 _DTYPE_NAMES: dict[Any, str] = {}
+_HOOK_NAMES: dict[Any, str] = {}  # the hooks' HookOpName -> its name
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -285,7 +286,7 @@ class CollectiveTracer:
             while todo:  # a tensor, a list of them or a list of lists
                 t = todo.pop()
                 if isinstance(t, torch.Tensor):
-                    nbytes += t.numel() * t.element_size()
+                    nbytes += t.nbytes
                     dtype = dtype or _dtype_name(t.dtype)
                 elif isinstance(t, (list, tuple)):
                     todo.extend(reversed(t))
@@ -325,7 +326,7 @@ class CollectiveTracer:
             nbytes, dtype = 0, ""
             for t in tensors:
                 if isinstance(t, torch.Tensor):
-                    nbytes += t.numel() * t.element_size()
+                    nbytes += t.nbytes
                     dtype = dtype or _dtype_name(t.dtype)
             group = given.get("group")
             size = dist.get_world_size(group)
@@ -388,10 +389,13 @@ class CollectiveTracer:
                 nbytes = 0
                 dtype = ""
                 for x in tensors:
-                    nbytes += x.numel() * x.element_size()
+                    nbytes += x.nbytes
                     if not dtype:
                         dtype = _dtype_name(x.dtype)
-                self._open[gid, a.op_id] = (t, a.name.name, nbytes, dtype)
+                op = _HOOK_NAMES.get(a.name)  # the enum's .name costs a walk of its entries
+                if op is None:
+                    op = _HOOK_NAMES[a.name] = a.name.name
+                self._open[gid, a.op_id] = (t, op, nbytes, dtype)
             except Exception:
                 self.failures += 1
 

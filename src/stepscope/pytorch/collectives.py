@@ -235,6 +235,7 @@ class CollectiveTracer:
         below autograd, as the dispatcher would have done without it."""
         import torch
 
+        lib = None
         try:
             lib = torch.library.Library("c10d", "IMPL")
             below = torch._C._after_autograd_keyset  # noqa: SLF001
@@ -246,9 +247,12 @@ class CollectiveTracer:
                        for key in ("Autograd", "AutogradCPU", "AutogradCUDA")):
                     continue  # torch has its own there: left alone
                 overload = getattr(torch.ops.c10d, name).default
-                lib.impl(name, self._make_kernel(overload, op, below), "Autograd",
-                         with_keyset=True)
+                kernel = self._make_kernel(overload, op, below)
+                if kernel is not None:
+                    lib.impl(name, kernel, "Autograd", with_keyset=True)
         except Exception as exc:
+            if lib is not None:
+                lib._destroy()  # noqa: SLF001  (none of ours left half-registered)
             print(f"stepscope: torch {torch.__version__} has no process-group hooks and its "
                   f"c10d ops cannot be hooked ({exc!r}): collectives are recorded from "
                   "torch.distributed's Python functions only (DDP's gradient all-reduces, "
@@ -257,7 +261,11 @@ class CollectiveTracer:
         self._library = lib
 
     def _make_kernel(self, overload: Any, op: str, below: Any) -> Any:
+        """The kernel of one op (None where its schema has no process group: another torch's
+        op of that name, left alone)."""
         arguments = [a.name for a in overload._schema.arguments]  # noqa: SLF001
+        if "process_group" not in arguments:
+            return None
         inputs = [i for i, a in enumerate(arguments) if a.startswith("input")]
         source = None if op == "BARRIER" else inputs[0] if inputs else 0
         where = arguments.index("process_group")

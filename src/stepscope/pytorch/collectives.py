@@ -303,20 +303,12 @@ class CollectiveTracer:
                 pg = c10d.ProcessGroup.unbox(pg)
             size = pg.size() if pg is not None else 0
             gname = getattr(pg, "group_name", "") or ""
-            opened = (t0, op, nbytes, dtype)
             work = out[-1] if isinstance(out, tuple) and out else out
             if work is None or isinstance(work, tuple):  # monitored_barrier_: done on return
-                self._write(opened, time.perf_counter_ns(), size, gname)
-                return
-            if not isinstance(work, c10d.Work):
+                work = None
+            elif not isinstance(work, c10d.Work):
                 work = c10d.Work.unbox(work)
-            try:
-                fut = work.get_future()
-            except RuntimeError:  # gloo send/recv: no future
-                self._write(opened, time.perf_counter_ns(), size, gname, issued=True)
-                return
-            fut.add_done_callback(
-                lambda _f: self._write(opened, time.perf_counter_ns(), size, gname))
+            self._finish((t0, op, nbytes, dtype), work, size, gname)
         except Exception:
             self.failures += 1
 
@@ -343,19 +335,9 @@ class CollectiveTracer:
 
                 group = c10d._get_default_group()  # noqa: SLF001
             gname = getattr(group, "group_name", "") or ""
-            opened = (t0, op, nbytes, dtype)
-            fut = None
-            if work is not None and hasattr(work, "get_future"):
-                try:
-                    fut = work.get_future()
-                except RuntimeError:  # gloo send/recv: no future
-                    self._write(opened, time.perf_counter_ns(), size, gname, issued=True)
-                    return
-            if fut is None:
-                self._write(opened, time.perf_counter_ns(), size, gname)
-                return
-            fut.add_done_callback(
-                lambda _f: self._write(opened, time.perf_counter_ns(), size, gname))
+            if not hasattr(work, "get_future"):  # None: a synchronous call
+                work = None
+            self._finish((t0, op, nbytes, dtype), work, size, gname)
         except Exception:
             self.failures += 1
 
@@ -412,18 +394,7 @@ class CollectiveTracer:
                 opened = self._open.pop((gid, a.op_id), None)
                 if opened is None:
                     return
-                work = a.work
-                fut = None
-                if work is not None:
-                    try:
-                        fut = work.get_future()
-                    except RuntimeError:  # gloo send/recv: no future
-                        fut = None
-                if fut is None:
-                    self._write(opened, time.perf_counter_ns(), size, gname, issued=True)
-                    return
-                fut.add_done_callback(
-                    lambda _f: self._write(opened, time.perf_counter_ns(), size, gname))
+                self._finish(opened, a.work, size, gname, issued=True)
             except Exception:
                 self.failures += 1
 
@@ -435,6 +406,22 @@ class CollectiveTracer:
             return False
         self._hooked[gid] = pg
         return True
+
+    def _finish(self, opened: tuple, work: Any, size: int, group: str,
+                issued: bool = False) -> None:
+        """The op's slice when its work completes (a done callback), or now: an op without a
+        work is synchronous (``issued``: the hooks give none, and it ended when issued); gloo's
+        send/recv have a work without a future and end when issued."""
+        if work is None:
+            self._write(opened, time.perf_counter_ns(), size, group, issued=issued)
+            return
+        try:
+            fut = work.get_future()
+        except RuntimeError:  # gloo send/recv: no future
+            self._write(opened, time.perf_counter_ns(), size, group, issued=True)
+            return
+        fut.add_done_callback(
+            lambda _f: self._write(opened, time.perf_counter_ns(), size, group))
 
     # -- output -------------------------------------------------------------------------------
     def _write(self, opened: tuple, t_end: int, size: int, group: str,

@@ -42,7 +42,10 @@ ships, has none): two paths together give the same slices and args.
   functions did not issue, such as DDP's gradient all-reduces from its C++ reducer, then hands
   the op on below autograd. No other op passes through it: outside collectives it costs nothing.
   Ops on tensors without autograd keys (made in ``inference_mode``) skip that key; the
-  program's own calls of them still pass through the wrapped Python functions.
+  program's own calls of them still pass through the wrapped Python functions. Not seen:
+  functional collectives (``torch.distributed._functional_collectives``, which DTensor and
+  compiled code use), whose own kernels issue the c10d op below the Autograd key (the hooks see
+  them).
 """
 
 from __future__ import annotations

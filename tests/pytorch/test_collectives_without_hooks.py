@@ -37,6 +37,9 @@ PROGRAM = textwrap.dedent("""
     group = dist.new_group([0])
     dist.all_reduce(torch.ones(3), dist.ReduceOp.SUM, group)  # the group by position: 12 bytes
     dist.all_gather_into_tensor(output_tensor=torch.empty(2), input_tensor=torch.ones(2))  # 8
+    # the c10d op itself, its arguments by name: 12 bytes
+    torch.ops.c10d.broadcast_(tensors=[torch.ones(3)], root_rank=0, root_tensor=0, timeout=-1,
+                              process_group=dist.distributed_c10d._get_default_group().boxed())
     # DDP: its C++ reducer all-reduces the gradients, 10 floats of Linear(4, 2) = 40 bytes
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
     model(torch.ones(3, 4)).sum().backward()
@@ -53,7 +56,7 @@ PROGRAMS_OWN = [  # (op, bytes, dtype, group) of the program's own calls, in ord
     ("allreduce", "4000", "float32", "0"), ("allreduce", "80", "float64", "0"),
     ("broadcast", "20", "int32", "0"), ("allgather", "64", "float32", "0"),
     ("barrier", "0", None, "0"), ("allreduce", "12", "float32", "1"),
-    ("allgather", "8", "float32", "0"),
+    ("allgather", "8", "float32", "0"), ("broadcast", "12", "float32", "0"),
 ]  # fmt: skip
 
 

@@ -105,6 +105,23 @@ _DTYPE_NAMES: dict[Any, str] = {}
 _HOOK_NAMES: dict[Any, str] = {}  # the hooks' HookOpName -> its name
 
 
+def _input_size(x: Any) -> tuple[int, str]:
+    """(bytes, the first tensor's dtype) of an op's input: a tensor, a list of them or a list of
+    lists (the three paths see one op's input alike)."""
+    from torch import Tensor
+
+    nbytes, dtype = 0, ""
+    todo = [x]
+    while todo:
+        t = todo.pop()
+        if isinstance(t, Tensor):
+            nbytes += t.nbytes
+            dtype = dtype or _dtype_name(t.dtype)
+        elif isinstance(t, (list, tuple)):
+            todo.extend(reversed(t))
+    return nbytes, dtype
+
+
 def _dtype_name(dtype: Any) -> str:
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
@@ -288,19 +305,10 @@ class CollectiveTracer:
                        out: Any) -> None:
         """One c10d op issued: its slice now, or when its work completes."""
         try:
-            import torch
             from torch._C import _distributed_c10d as c10d
 
-            nbytes, dtype = 0, ""
             x = args[source] if source is not None and source < len(args) else None
-            todo = [x] if x is not None else []
-            while todo:  # a tensor, a list of them or a list of lists
-                t = todo.pop()
-                if isinstance(t, torch.Tensor):
-                    nbytes += t.nbytes
-                    dtype = dtype or _dtype_name(t.dtype)
-                elif isinstance(t, (list, tuple)):
-                    todo.extend(reversed(t))
+            nbytes, dtype = _input_size(x)
             pg = args[where] if where < len(args) else None
             if pg is not None and not isinstance(pg, c10d.ProcessGroup):
                 pg = c10d.ProcessGroup.unbox(pg)
@@ -320,17 +328,10 @@ class CollectiveTracer:
         """One wrapped call returned: its slice now, or when its work completes. ``source``:
         the name of the parameter holding the input tensor(s)."""
         try:
-            import torch
             import torch.distributed as dist
 
             given = sig.bind_partial(*args, **kwargs).arguments if sig is not None else kwargs
-            x = given.get(source) if source is not None else None
-            tensors = x if isinstance(x, (list, tuple)) else [x] if x is not None else []
-            nbytes, dtype = 0, ""
-            for t in tensors:
-                if isinstance(t, torch.Tensor):
-                    nbytes += t.nbytes
-                    dtype = dtype or _dtype_name(t.dtype)
+            nbytes, dtype = _input_size(given.get(source) if source is not None else None)
             group = given.get("group")
             size = dist.get_world_size(group)
             if group is None:  # the default group, named as its hooks would see it
@@ -378,13 +379,7 @@ class CollectiveTracer:
         def pre(a: Any) -> None:
             try:
                 t = time.perf_counter_ns()
-                tensors = a.input_tensors
-                nbytes = 0
-                dtype = ""
-                for x in tensors:
-                    nbytes += x.nbytes
-                    if not dtype:
-                        dtype = _dtype_name(x.dtype)
+                nbytes, dtype = _input_size(a.input_tensors)
                 op = _HOOK_NAMES.get(a.name)  # the enum's .name costs a walk of its entries
                 if op is None:
                     op = _HOOK_NAMES[a.name] = a.name.name

@@ -210,11 +210,16 @@ def test_a_dropped_batch_still_tells_who_holds_an_ident(path):
             threading.Event().wait(0.001)
         with sess._lock:  # noqa: SLF001 - drop this batch as a backlog would
             io = sess._pipeline  # noqa: SLF001
-            io.wait()  # nothing queued: the count is ours to set
-            pending = io._io_pending  # noqa: SLF001
-            io._io_pending = sess.buffer_bytes  # noqa: SLF001
+            io.wait()
+            # a backlog added to the I/O thread's count and taken off again, under its lock:
+            # the flush may still queue a packet, whose write the I/O thread subtracts
+            # (setting the count back to a saved value lost that, and the close then
+            # closed the file under the write: EBADF)
+            with io._io_cv:  # noqa: SLF001
+                io._io_pending += sess.buffer_bytes  # noqa: SLF001
             sess._flush_locked(False)  # noqa: SLF001
-            io._io_pending = pending  # noqa: SLF001
+            with io._io_cv:  # noqa: SLF001
+                io._io_pending -= sess.buffer_bytes  # noqa: SLF001
         hold.set()
         tb.join()
     d = decode(path)

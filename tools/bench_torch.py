@@ -21,6 +21,10 @@ For a small MLP step and a small CNN step (forward, backward, SGD step; one intr
   its own at the window's end): cost per step in µs and % (target: stepscope <=
   torch.profiler);
 * bytes per step: the detail window's file against torch.profiler's JSON (target >= 10x smaller);
+* ``--device cuda`` (on a GPU): table 1 alone, with the models on the GPU, stepscope's detail
+  windows with its CUPTI tracer on (``gpu=True``: kernels, memcpys, launches) and torch.profiler
+  with CPU and CUDA activities: the same comparison where both record the device too (steps
+  are launch-bound; each timed block ends with a device synchronize);
 * table 3: CPU time (all threads) stepscope adds per gloo all-reduce (world size 1, 16 floats,
   waited for), through the process groups' hooks and, as on a torch without them (2.11), through
   the wrapped Python function and our kernel on the c10d op; pairs of blocks with and without
@@ -34,6 +38,7 @@ Each mode runs ``--reps`` times, alternating, and the fastest run is shown (load
 time). A busy machine makes single runs noisy: compare only numbers from one run of this script.
 
     python tools/bench_torch.py [--reps 3] [--steps-mlp 200] [--steps-cnn 40] [--direct-only]
+                                [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -57,15 +62,19 @@ import stepscope
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from train_torch import SmallCNN  # noqa: E402
 
+DEVICE = "cpu"  # --device: where table 1's models run
+
 
 def mlp() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
                           nn.Linear(256, 10))
-    return model, torch.randn(64, 256), torch.randint(0, 10, (64,))
+    return (model.to(DEVICE), torch.randn(64, 256, device=DEVICE),
+            torch.randint(0, 10, (64,), device=DEVICE))
 
 
 def cnn() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    return SmallCNN(), torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,))
+    return (SmallCNN().to(DEVICE), torch.randn(32, 1, 28, 28, device=DEVICE),
+            torch.randint(0, 10, (32,), device=DEVICE))
 
 
 def loop(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, prof=None) -> None:
@@ -86,6 +95,8 @@ def loop(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, prof=No
             loss.backward()
             opt.step()
             opt.zero_grad()
+    if x.is_cuda:  # the block's time includes its GPU work
+        torch.cuda.synchronize()
 
 
 def untraced(make, steps: int) -> float:
@@ -105,7 +116,7 @@ def stepscope_run(make, steps: int, detail: bool, out: Path) -> tuple[float, int
     loop(m, x, y, 5)
     sched = (0, steps) if detail else None
     prof = stepscope.Profiler(dir=out, schedule=sched, host_metrics=False, report=False,
-                              use_env=False, torch=True)
+                              use_env=False, torch=True, gpu=DEVICE == "cuda")
     prof.start()
     t0 = time.perf_counter_ns()  # summary: the steps alone (start/stop are once per run)
     loop(m, x, y, steps, prof)
@@ -116,7 +127,7 @@ def stepscope_run(make, steps: int, detail: bool, out: Path) -> tuple[float, int
     ns = ((time.perf_counter_ns() if detail else t1) - t0) / steps
     size = sum(os.path.getsize(f) for f in files if ".detail." in f.name)
     if detail:
-        READER.add(prof.hooks[0].ops.last_reader)
+        READER.add(next(h.ops.last_reader for h in prof.hooks if hasattr(h, "ops")))
     return ns, size
 
 
@@ -125,8 +136,10 @@ def torch_profiler_run(make, steps: int, out: Path) -> tuple[float, int]:
     loop(m, x, y, 5)
     path = out / "trace.json"
     t0 = time.perf_counter_ns()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                record_shapes=True) as p:
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if DEVICE == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=acts, record_shapes=True) as p:
         loop(m, x, y, steps)
     p.export_chrome_trace(str(path))
     # its result sits in a reference cycle, which a later cyclic GC pass frees on the
@@ -277,9 +290,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps-cnn", type=int, default=40)
     ap.add_argument("--direct-only", action="store_true",
                     help="only the untraced steps and table 2 (the summary level's direct cost)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where table 1's models run (cuda: table 1 alone, CUPTI on)")
     ap.add_argument("--summary-cost", metavar="STEP_ON", help=argparse.SUPPRESS)
     ap.add_argument("--collective-cost", metavar="PATH", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda" and (args.direct_only or not torch.cuda.is_available()):
+        sys.exit("bench_torch: --device cuda needs a CUDA device and runs table 1 alone")
     torch.set_num_threads(1)
     torch.manual_seed(0)
     if args.summary_cost:  # one process of table 2 (see summary_cost_in_processes)
@@ -319,13 +338,17 @@ def main(argv: list[str] | None = None) -> None:
                      med["dbytes"], med["tbytes"], med["tbytes"] / max(1.0, med["dbytes"])))
     head = ("model", "steps", "step us", "summary %", "detail us", "detail %",
             "torch.prof us", "torch.prof %", "detail B/step", "json B/step", "smaller x")
-    print(f"torch {torch.__version__}, CPU, 1 thread, fastest of {args.reps} runs "
+    where = ("CPU" if DEVICE == "cpu" else
+             f"{torch.cuda.get_device_name()} (stepscope: CUPTI on; torch.profiler: CPU + CUDA)")
+    print(f"torch {torch.__version__}, {where}, 1 thread, fastest of {args.reps} runs "
           f"(cost = traced - untraced, per step); torch's events read by: "
           f"{', '.join(sorted(READER))} reader")
     print("  ".join(f"{h:>13}" for h in head))
     for r in rows if not args.direct_only else ():
         print("  ".join([f"{r[0]:>13}", f"{r[1]:>13}"] + [f"{v:>13.2f}" for v in r[2:8]]
                         + [f"{r[8]:>13.0f}", f"{r[9]:>13.0f}", f"{r[10]:>13.1f}"]))
+    if DEVICE == "cuda":  # tables 2 and 3 are CPU-side costs: measured without a GPU
+        return
     steps_us = {r[0]: r[2] for r in rows}
     print(f"\n2) summary level measured directly: CPU µs stepscope adds per step (main thread: "
           f"in each of {PROCESSES} fresh processes the median of {PAIRS} pairs of 300-step "

@@ -51,14 +51,21 @@ def test_no_gpu_switches_off_with_one_warning(tmp_path, monkeypatch, caplog):
     ]
 
 
-def test_nvml_missing_is_one_line(tmp_path, caplog):
+def test_nvml_missing_is_one_line(tmp_path, caplog, monkeypatch):
+    """Without nvidia-ml-py and CuPy (made missing: a GPU machine has both, and the sampler
+    would start: found on an H100, where this test once left it running)."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)  # (its pool counters need no NVML)
     sess = _session.Session(tmp_path / "t.pftrace").start()
+    sampler = NvmlSampler(sess)
     try:
         with caplog.at_level(logging.INFO, logger="stepscope.gpu"):
-            assert NvmlSampler(sess).start() is False
+            assert sampler.start() is False
     finally:
+        sampler.stop()
         sess.stop()
-    assert len(caplog.records) == 1 and "NVML counters off" in caplog.records[0].message
+    assert [r.message for r in caplog.records] == [
+        "stepscope: nvidia-ml-py not installed; NVML counters off"]
 
 
 class FakeNvml:

@@ -27,7 +27,10 @@ PROGRAM = r"""
 import json, sys
 import torch
 import stepscope
+from stepscope.pytorch import memory
 from torch.profiler import ProfilerActivity
+
+memory.INTERVAL_NS = 0  # GPU memory at every step end: 12 samples to check
 
 run_dir, mode = sys.argv[1], sys.argv[2]
 torch.manual_seed(0)

@@ -235,37 +235,81 @@ def test_torch_false_and_none(tmp_path):
     assert not hasattr(dl._BaseDataLoaderIter.__next__, "__wrapped__")  # restored
 
 
-def test_cuda_memory_counters_at_step_end(tmp_path, monkeypatch):
-    """Two fake devices: allocated / reserved / peak per device, at every step end."""
-    values = {"memory_allocated": [100, 200], "memory_reserved": [1000, 2000],
-              "max_memory_allocated": [150, 250]}
+def _fake_cuda_memory(monkeypatch) -> list[int]:
+    """Two fake devices whose allocator statistics change from call to call (the call count is
+    added to each value); returns the devices asked, in order. No real CUDA, and no GPU
+    tracing: on a GPU machine NVML would add counters of its own."""
+    base = {"allocated": [100, 200], "reserved": [1000, 2000], "peak": [150, 250]}
+    asked: list[int] = []
+
+    def stats(d):
+        asked.append(d)
+        n = len(asked)
+        return {"allocated_bytes": {"all": {"current": base["allocated"][d] + n,
+                                            "peak": base["peak"][d] + n, "freed": 7}},
+                "reserved_bytes": {"all": {"current": base["reserved"][d] + n}},
+                "num_alloc_retries": 0}
+
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "_initialized", True)  # what CUDA's lazy init sets (the
     # integration reads it first, and is_initialized() only then: a frame less per step)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    calls = []
-    for name, per_device in values.items():
-        def fn(d, per_device=per_device, name=name):
-            calls.append(name)
-            return per_device[d] + len(calls)  # changes from sample to sample
-        monkeypatch.setattr(torch.cuda, name, fn)
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", stats)
+    return asked
+
+
+def _memory_counters(path) -> dict[str, list[float]]:
+    got: dict[str, list[float]] = {}
+    for r in tq.rows(tq.db(path), "SELECT t.name, c.value FROM counter c JOIN counter_track t "
+                                  "ON t.id = c.track_id ORDER BY c.ts, t.name"):
+        got.setdefault(r["name"], []).append(r["value"])
+    return got
+
+
+def test_cuda_memory_counters_at_step_end(tmp_path, monkeypatch):
+    """Two fake devices: allocated / reserved / peak per device, at every step end (no least
+    interval), from one statistics call per device and sample."""
+    from stepscope.pytorch import memory
+
+    asked = _fake_cuda_memory(monkeypatch)
+    monkeypatch.setattr(memory, "INTERVAL_NS", 0)
     prof = stepscope.Profiler(dir=tmp_path, run_id="m", schedule=None, host_metrics=False,
-                              report=False, use_env=False, torch=True)
+                              report=False, use_env=False, torch=True, gpu=False)
     prof.start()
     prof.step()
     prof.step()
     prof.stop()
     monkeypatch.undo()
-    d = tq.db(tmp_path / "m" / "rank0.summary.pftrace")
-    got = {}
-    for r in tq.rows(d, "SELECT t.name, c.value FROM counter c JOIN counter_track t "
-                        "ON t.id = c.track_id ORDER BY c.ts, t.name"):
-        got.setdefault(r["name"], []).append(r["value"])
-    # per step end: device 0's three values then device 1's; the fakes add the call count
-    assert got == {
-        "torch.cuda0.memory.allocated": [101, 107], "torch.cuda0.memory.reserved": [1002, 1008],
-        "torch.cuda0.memory.peak": [153, 159], "torch.cuda1.memory.allocated": [204, 210],
-        "torch.cuda1.memory.reserved": [2005, 2011], "torch.cuda1.memory.peak": [256, 262]}
+    assert asked == [0, 1, 0, 1]
+    # per step end: device 0's values (call 1, then 3) and device 1's (call 2, then 4)
+    assert _memory_counters(tmp_path / "m" / "rank0.summary.pftrace") == {
+        "torch.cuda0.memory.allocated": [101, 103], "torch.cuda0.memory.reserved": [1001, 1003],
+        "torch.cuda0.memory.peak": [151, 153], "torch.cuda1.memory.allocated": [202, 204],
+        "torch.cuda1.memory.reserved": [2002, 2004], "torch.cuda1.memory.peak": [252, 254]}
+
+
+def test_cuda_memory_is_sampled_at_most_once_per_interval(tmp_path, monkeypatch):
+    """The first step end samples; the next ones within the least interval do not (their cost
+    stays off short steps); the first one after it does (the interval shortened to 0 stands for
+    the time passing)."""
+    from stepscope.pytorch import memory
+
+    asked = _fake_cuda_memory(monkeypatch)
+    monkeypatch.setattr(memory, "INTERVAL_NS", 3600 * 10**9)
+    prof = stepscope.Profiler(dir=tmp_path, run_id="m", schedule=None, host_metrics=False,
+                              report=False, use_env=False, torch=True, gpu=False)
+    prof.start()
+    for _ in range(3):
+        prof.step()
+    assert asked == [0, 1]
+    memory.INTERVAL_NS = 0
+    prof.step()
+    prof.stop()
+    monkeypatch.undo()
+    assert asked == [0, 1, 0, 1]
+    got = _memory_counters(tmp_path / "m" / "rank0.summary.pftrace")
+    assert got["torch.cuda0.memory.allocated"] == [101, 103]
+    assert got["torch.cuda1.memory.peak"] == [252, 254]
 
 
 class _FakeGpu:

@@ -26,9 +26,10 @@ For a small MLP step and a small CNN step (forward, backward, SGD step; one intr
   with CPU and CUDA activities: the same comparison where both record the device too (steps
   are launch-bound; each timed block ends with a device synchronize);
 * table 3: CPU time (all threads) stepscope adds per gloo all-reduce (world size 1, 16 floats,
-  waited for), through the process groups' hooks and, as on a torch without them (2.11), through
-  the wrapped Python function and our kernel on the c10d op; pairs of blocks with and without
-  the profiler in a fresh process each.
+  waited for), through the process groups' hooks, with the completion stamped in C++ (the
+  native module) and by a Python done callback, and, as on a torch without the hooks (2.11),
+  through the wrapped Python function and our kernel on the c10d op; pairs of blocks with and
+  without the profiler in a fresh process each.
 
 The detail windows read torch's events with the native reader when ``stepscope build-torch``
 has built it for this torch, else through torch's Python API (about 1.5x torch.profiler's cost
@@ -245,10 +246,11 @@ COLLECTIVE_PAIRS = 7  # table 3
 
 
 def collective_cost(out: Path, pg_hooks: bool, n: int = 2000, pairs: int = COLLECTIVE_PAIRS
-                    ) -> tuple[float, float]:
+                    ) -> tuple[float, float, bool]:
     """(untraced CPU µs per all-reduce, the median over ``pairs`` pairs of blocks of ``n`` ops
-    of what the profiler adds): the process's CPU time, so the done callback on gloo's thread
-    counts. ``pg_hooks=False`` takes the path of a torch without process-group hooks."""
+    of what the profiler adds, whether the native module stamped the completions): the
+    process's CPU time, so what runs on gloo's thread counts. ``pg_hooks=False`` takes the path
+    of a torch without process-group hooks."""
     import torch.distributed as dist
 
     from stepscope.pytorch import collectives
@@ -264,7 +266,7 @@ def collective_cost(out: Path, pg_hooks: bool, n: int = 2000, pairs: int = COLLE
         return time.process_time_ns() - c0
 
     block(n // 4)
-    bases, adds = [], []
+    bases, adds, stamped = [], [], False
     for r in range(pairs):
         prof = stepscope.Profiler(dir=out / f"c{r}", schedule=None, host_metrics=False,
                                   report=False, use_env=False, torch=True)
@@ -274,13 +276,14 @@ def collective_cost(out: Path, pg_hooks: bool, n: int = 2000, pairs: int = COLLE
                 prof.start()
                 block(n // 4)
                 traced = block(n)
+                stamped = prof.hooks[0].collectives._stamps is not None  # noqa: SLF001
                 prof.stop()
             else:
                 base = block(n)
         bases.append(base / n / 1e3)
         adds.append((traced - base) / n / 1e3)
     dist.destroy_process_group()
-    return statistics.median(bases), statistics.median(adds)
+    return statistics.median(bases), statistics.median(adds), stamped
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -374,15 +377,22 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n3) collectives: CPU µs (all threads) per gloo all-reduce of 16 floats, world size 1, "
           f"waited for; the median of {COLLECTIVE_PAIRS} pairs of 2000-op blocks, with and "
           "without, in a fresh process per path")
-    head = ("path", "untraced us", "stepscope us")
-    print("  ".join(f"{h:>22}" for h in head))
-    for label, path in (("process-group hooks", "hooks"), ("Python fn + c10d kernel", "python")):
+    head = ("path", "completion", "untraced us", "stepscope us")
+    print("  ".join(f"{h:>24}" for h in head))
+    for label, path, pure in (("process-group hooks", "hooks", False),
+                              ("process-group hooks", "hooks", True),
+                              ("Python fn + c10d kernel", "python", False)):
+        env = dict(os.environ, STEPSCOPE_PURE_PYTHON="1") if pure else None
         r = subprocess.run([sys.executable, __file__, "--collective-cost", path],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, env=env)
         if r.returncode:
             sys.exit(f"bench_torch: the table-3 process failed:\n{r.stderr[-3000:]}")
-        base, added = json.loads(r.stdout.splitlines()[-1])
-        print("  ".join([f"{label:>22}", f"{base:>22.1f}", f"{added:>22.1f}"]))
+        base, added, stamped = json.loads(r.stdout.splitlines()[-1])
+        how = ("stamped in C++" if stamped else "Python callback" if path == "hooks"
+               else "on return (sync)")
+        if not stamped and not pure and path == "hooks":
+            how += " (not built)"
+        print("  ".join([f"{label:>24}", f"{how:>24}", f"{base:>24.1f}", f"{added:>24.1f}"]))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ session has an empty one, so they run the Python reader unless a test builds the
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -17,3 +19,19 @@ def _own_cache_dir(tmp_path_factory):
         os.environ.pop("STEPSCOPE_CACHE_DIR", None)
     else:
         os.environ["STEPSCOPE_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="session")
+def native_cache(tmp_path_factory):
+    """A cache directory holding a fresh build of the native module (the reader of torch's
+    events and the collectives' completion stamps), made by the CLI as a user would: built once
+    per session for the tests that ask for it."""
+    d = tmp_path_factory.mktemp("native-cache")
+    env = dict(os.environ, STEPSCOPE_CACHE_DIR=str(d))
+    proc = subprocess.run([sys.executable, "-m", "stepscope.cli", "build-torch"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    path = proc.stdout.strip()
+    assert os.path.dirname(path) == str(d) and os.path.isfile(path)
+    assert not [f for f in os.listdir(d) if f.startswith(".build-")]  # no temporary left
+    return d

@@ -28,23 +28,9 @@ pytestmark = [
                        reason="STEPSCOPE_PURE_PYTHON=1: the native reader is never loaded")]
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """A cache directory holding a fresh build, made by the CLI as a user would."""
-    d = tmp_path_factory.mktemp("native-cache")
-    env = dict(os.environ, STEPSCOPE_CACHE_DIR=str(d))
-    proc = subprocess.run([sys.executable, "-m", "stepscope.cli", "build-torch"], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    path = proc.stdout.strip()
-    assert os.path.dirname(path) == str(d) and os.path.isfile(path)
-    assert not [f for f in os.listdir(d) if f.startswith(".build-")]  # no temporary left
-    return d
-
-
 @pytest.fixture
-def reader(cache, monkeypatch):
-    monkeypatch.setenv("STEPSCOPE_CACHE_DIR", str(cache))
+def reader(native_cache, monkeypatch):
+    monkeypatch.setenv("STEPSCOPE_CACHE_DIR", str(native_cache))
     mod = native.load()
     assert mod is not None
     return mod

@@ -1,4 +1,5 @@
-"""``stepscope build-torch``: compile the native reader of torch's profiler events."""
+"""``stepscope build-torch``: compile the native module (the reader of torch's profiler events,
+the collectives' completion stamps)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from typing import Any
 def add_parsers(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "build-torch",
-        help="compile the native reader of torch's profiler events for the installed torch",
-        description="Compile stepscope's native reader of torch's profiler events against the "
-        "installed torch (a C++ compiler and torch's headers; about 10 s), into stepscope's "
-        "cache directory (STEPSCOPE_CACHE_DIR, else ~/.cache/stepscope). Detail windows with "
-        "operators then cost less than torch.profiler; without it they read torch's events "
-        "through its Python API. Run it again after upgrading torch.",
+        help="compile the native module (torch's profiler events, collectives' completions) "
+        "for the installed torch",
+        description="Compile stepscope's native module against the installed torch (a C++ "
+        "compiler and torch's headers; about 20 s), into stepscope's cache directory "
+        "(STEPSCOPE_CACHE_DIR, else ~/.cache/stepscope). Detail windows with operators then "
+        "cost less than torch.profiler (without it they read torch's events through its "
+        "Python API), and collectives' completions are stamped in C++ (without it, a Python "
+        "callback per op). Run it again after upgrading torch.",
     )
     p.add_argument("--verbose", action="store_true", help="print the compiler's command")
     p.set_defaults(func=_build)

@@ -16,13 +16,20 @@ What torch 2.14 offers, and what each covers:
 
 Each op is one slice on a ``collectives`` track under the rank's process (overlapping async ops
 take sibling tracks of that name), category ``communication`` (so the ``distributed`` summary's
-communication, overlap and straggler columns count it), from the pre-hook to completion: the
-done callback of the work's future (a gloo or NCCL thread), or at once for a synchronous op.
-That callback needs the GIL: while the program's own Python holds it (torch's ops release it),
-the op's end, and gloo's marking the work complete, wait up to the switch interval (5 ms). A
-watcher thread waiting on the futures without the GIL removes that wait, but costs a GIL
-handover more per op: DDP steps of 4.6 gloo all-reduces took 5 % longer with it (6 of 6 pairs on
-two cores), so the callback stays.
+communication, overlap and straggler columns count it), from the pre-hook to completion, or at
+once for a synchronous op. The completion:
+
+* **stamped in C++** where ``stepscope build-torch`` has built the native module
+  (``work_done.cpp``): a C++ callback on the work's future, on the gloo or NCCL thread that
+  completes it, notes the time and the op's slot without the GIL; the slices are written at the
+  next flush (a flush hook, so they never come after a flush that took later events), at stop,
+  or when ``DRAIN_AT`` ops wait. About 13 µs of CPU per small gloo all-reduce, against 54
+  through a Python callback (``tools/bench_torch.py``, table 3);
+* else a **Python done callback** on the future. It needs the GIL: while the program's own
+  Python holds it (torch's ops release it), the op's end, and gloo's marking the work complete,
+  wait up to the switch interval (5 ms). A watcher thread waiting on the futures without the GIL
+  removed that wait but cost a GIL handover more per op (DDP steps of 4.6 gloo all-reduces took
+  5 % longer with it, 6 of 6 pairs on two cores).
 Args: ``op``, ``bytes`` (input tensors), ``dtype``, ``group_size``, ``group``. Summary level:
 every op of the run, not only those of detail windows.
 
@@ -51,9 +58,11 @@ ships, has none): two paths together give the same slices and args.
 from __future__ import annotations
 
 import inspect
+import itertools
 import sys
 import threading
 import time
+from array import array
 from typing import Any
 
 from .. import _schema as S
@@ -101,6 +110,11 @@ _DISPATCH_OPS = {
     "recv_any_source_": "RECV", "barrier": "BARRIER", "monitored_barrier_": "BARRIER",
 }  # fmt: skip
 
+# the slots under which the native module stamps completions (one count for every tracer of
+# the process: a stamp from a work that completed after its tracer stopped matches no later one)
+_SLOTS = itertools.count()
+DRAIN_AT = 256  # works stamped but not yet written: drained at once beyond this (no step ends)
+
 _DTYPE_NAMES: dict[Any, str] = {}
 _HOOK_NAMES: dict[Any, str] = {}  # the hooks' HookOpName -> its name
 
@@ -143,6 +157,10 @@ class CollectiveTracer:
         self._patched: list[tuple[Any, str, Any]] = []
         self._inside = threading.local()  # .on: this thread is in a wrapped Python function
         self._library: Any = None  # our c10d kernels (torch without process-group hooks)
+        # the native module's watch()/drain() (works' completion stamped in C++), else None:
+        # done callbacks in Python
+        self._stamps: Any = None
+        self._waiting: dict[int, tuple] = {}  # slot -> (opened, group size, group name)
         self._on = False
         self.pg_hooks: bool | None = None  # ProcessGroup hooks used (else Python functions)
         self.count = 0  # ops written
@@ -155,6 +173,14 @@ class CollectiveTracer:
         if not dist.is_available():
             return
         self._on = True
+        from . import native
+
+        mod = native.load()  # built by `stepscope build-torch` (None: not built, not wanted)
+        self._stamps = mod if hasattr(mod, "watch") else None
+        if self._stamps is not None:
+            # before each flush takes the emitter's events: a slice written after a flush
+            # that took later ones would be clamped forward
+            self.sess.flush_hooks.append(self.drain)
         self.pg_hooks = USE_PG_HOOKS
         if self.pg_hooks is None:
             self.pg_hooks = hasattr(dist.ProcessGroup, "register_pre_hook")
@@ -166,6 +192,9 @@ class CollectiveTracer:
 
     def stop(self) -> None:
         self._on = False
+        self.drain()  # the works completed by now; later ones are not written
+        if self.drain in self.sess.flush_hooks:
+            self.sess.flush_hooks.remove(self.drain)
         for owner, name, original in reversed(self._patched):
             setattr(owner, name, original)
         self._patched.clear()
@@ -413,6 +442,23 @@ class CollectiveTracer:
         if work is None:
             self._write(opened, time.perf_counter_ns(), size, group, issued=issued)
             return
+        stamps = self._stamps
+        if stamps is not None:  # the completion stamped in C++, written at the next drain
+            slot = next(_SLOTS)
+            self._waiting[slot] = (opened, size, group)
+            try:
+                stamps.watch(work, slot)
+            except RuntimeError:  # gloo send/recv: no future
+                del self._waiting[slot]
+                self._write(opened, time.perf_counter_ns(), size, group, issued=True)
+                return
+            except TypeError:  # a work this build cannot read: done callbacks from now on
+                del self._waiting[slot]
+                self._stamps = None
+            else:
+                if len(self._waiting) > DRAIN_AT:
+                    self.drain()
+                return
         try:
             fut = work.get_future()
         except RuntimeError:  # gloo send/recv: no future
@@ -420,6 +466,23 @@ class CollectiveTracer:
             return
         fut.add_done_callback(
             lambda _f: self._write(opened, time.perf_counter_ns(), size, group))
+
+    def drain(self) -> None:
+        """Write the ops whose works the native module stamped complete since the last drain
+        (at every flush, at stop, and beyond ``DRAIN_AT`` waiting; from any thread)."""
+        stamps = self._stamps
+        if stamps is None or not self._waiting:
+            return
+        try:
+            pairs = array("q", stamps.drain())  # slot, completion ns, slot, ...
+        except Exception:
+            self.failures += 1
+            return
+        waiting = self._waiting
+        for i in range(0, len(pairs), 2):
+            entry = waiting.pop(pairs[i], None)
+            if entry is not None:
+                self._write(entry[0], pairs[i + 1], entry[1], entry[2])
 
     # -- output -------------------------------------------------------------------------------
     def _write(self, opened: tuple, t_end: int, size: int, group: str,
@@ -449,6 +512,9 @@ class CollectiveTracer:
                 if busy_until <= t0:
                     self._lanes[i] = (track, t1)
                     return track
-            track = self.sess.new_track(S.COLLECTIVES_TRACK_NAME)
+        # made outside our lock: a flush holds the session's lock while its hook (drain)
+        # waits for ours
+        track = self.sess.new_track(S.COLLECTIVES_TRACK_NAME)
+        with self._lock:
             self._lanes.append((track, t1))
-            return track
+        return track

@@ -10,6 +10,9 @@
 //   columns()  the held result's events as columns (what each holds: above columns())
 //   release()  free the held result on a native thread (joined by the next take() or join())
 //   join()     wait for that free (at exit: a free must not outlive the interpreter)
+//
+// The module also holds work_done.cpp's watch() and drain(): collectives' completion times
+// stamped in C++ (stepscope/pytorch/collectives.py).
 #include <Python.h>
 
 #include <torch/csrc/autograd/profiler_kineto.h>
@@ -199,7 +202,17 @@ static PyMethodDef methods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_stepscope_kineto",
-                             "stepscope's native reader of torch's profiler events", -1,
+                             "stepscope's native reader of torch's profiler events, and "
+                             "collectives' completion stamps", -1,
                              methods};
 
-PyMODINIT_FUNC PyInit__stepscope_kineto() { return PyModule_Create(&module); }
+extern PyMethodDef work_done_methods[];  // work_done.cpp
+
+PyMODINIT_FUNC PyInit__stepscope_kineto() {
+  PyObject* m = PyModule_Create(&module);
+  if (m != nullptr && PyModule_AddFunctions(m, work_done_methods) < 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
+}

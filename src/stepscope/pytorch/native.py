@@ -1,7 +1,8 @@
-"""The native reader of torch's profiler events (``kineto_reader.cpp``): built, found, loaded.
+"""The native module: the reader of torch's profiler events (``kineto_reader.cpp``) and the
+collectives' completion stamps (``work_done.cpp``): built, found, loaded.
 
 It is compiled against the installed torch by ``stepscope build-torch`` (a C++ compiler and
-torch's headers, ~10 s), never on import or while a program runs: a compile there would slow the
+torch's headers, ~20 s), never on import or while a program runs: a compile there would slow the
 program down and write files it did not ask for. The build lands in stepscope's cache directory
 (``STEPSCOPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/stepscope``, else ``~/.cache/stepscope``)
 under a name keyed by the source, torch's exact build and place, and the Python ABI, so a torch
@@ -27,6 +28,8 @@ from typing import Any
 
 MODULE = "_stepscope_kineto"
 SOURCE = Path(__file__).with_name("kineto_reader.cpp")
+# its sources: the reader, and collectives' completion stamps (``watch``/``drain``)
+SOURCES = (SOURCE, Path(__file__).with_name("work_done.cpp"))
 _loaded: dict[str, ModuleType | None] = {}  # path -> module (None: it failed to load)
 
 
@@ -51,7 +54,8 @@ def _torch_key(torch: Any) -> str:
 
 def _hash(torch: Any) -> str:
     # the torch install's place too: the build links its libraries there
-    parts = (SOURCE.read_bytes(), torch.__version__, str(torch.version.git_version),
+    parts = (*(src.read_bytes() for src in SOURCES), torch.__version__,
+             str(torch.version.git_version),
              os.path.dirname(os.path.abspath(torch.__file__)),
              str(torch._C._GLIBCXX_USE_CXX11_ABI), sysconfig.get_config_var("EXT_SUFFIX"),  # noqa: SLF001
              sys.version)
@@ -69,7 +73,7 @@ def module_path(torch: Any) -> Path:
 
 
 def load() -> ModuleType | None:
-    """The native reader for the imported torch, or None (not built, not wanted, no torch)."""
+    """The native module for the imported torch, or None (not built, not wanted, no torch)."""
     if os.environ.get("STEPSCOPE_PURE_PYTHON", "") not in ("", "0"):
         return None
     torch = sys.modules.get("torch")
@@ -103,11 +107,17 @@ def _compile_command(torch: Any, out: str, std: str) -> list[str]:
     # torch.utils.cpp_extension's include_paths() without its import (which warns about CUDA)
     root = os.path.dirname(torch.__file__)
     lib, inc = os.path.join(root, "lib"), os.path.join(root, "include")
+    # work_done.cpp reads torch's Python Work objects through pybind11, whose internals must be
+    # torch's own: a torch that says how it built them (before pybind11 3) has them named alike
+    pybind = [f'-DPYBIND11_{k}="{getattr(torch._C, f"_PYBIND11_{k}")}"'
+              for k in ("COMPILER_TYPE", "STDLIB", "BUILD_ABI")
+              if hasattr(torch._C, f"_PYBIND11_{k}")]
     return [os.environ.get("CXX", "c++"), "-O2", "-shared", "-fPIC", f"-std={std}",
             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",  # noqa: SLF001
-            "-I", sysconfig.get_paths()["include"], "-I", inc,
+            *pybind, "-I", sysconfig.get_paths()["include"], "-I", inc,
             "-I", os.path.join(inc, "torch", "csrc", "api", "include"),
-            str(SOURCE), "-o", out, "-L", lib, "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
+            *(str(src) for src in SOURCES), "-o", out, "-L", lib, "-ltorch_cpu", "-lc10",
+            f"-Wl,-rpath,{lib}"]
 
 
 def build(verbose: bool = False) -> Path:

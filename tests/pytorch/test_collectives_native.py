@@ -1,0 +1,176 @@
+"""Collectives' completion stamped in C++ by the native module (``work_done.cpp``, built by
+``stepscope build-torch``): the same slices as through Python done callbacks, each ending when
+its work completed, and no wait for the GIL on gloo's thread."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install stepscope[torch])")
+import torch.distributed as dist  # noqa: E402
+import tq  # noqa: E402
+
+from stepscope.core.session import Session  # noqa: E402
+from stepscope.pytorch import collectives, native  # noqa: E402
+
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux")
+                       or shutil.which(os.environ.get("CXX", "c++")) is None,
+                       reason="no C++ compiler"),
+    pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")]
+
+PROGRAM = textwrap.dedent("""
+    import json, sys, time, torch, torch.distributed as dist, stepscope
+    from stepscope.pytorch import collectives
+    run_dir, mode = sys.argv[1], sys.argv[2]
+    collectives.USE_PG_HOOKS = None if mode == "hooks" else False
+    prof = stepscope.Profiler(dir=run_dir, run_id=mode, schedule=None, report=False,
+                              use_env=False, host_metrics=False, torch=True)
+    prof.start()
+    dist.init_process_group("gloo", init_method=f"file://{run_dir}/store-{mode}", rank=0,
+                            world_size=1)
+    tracer = next(h.collectives for h in prof.hooks if hasattr(h, "collectives"))
+    spans = []  # (before the call, after its wait) of each async op
+    for n in (1000, 10, 3):
+        t0 = time.perf_counter_ns()
+        dist.all_reduce(torch.ones(n), async_op=True).wait()
+        spans.append(time.perf_counter_ns() - t0)
+    dist.all_reduce(torch.ones(2))  # synchronous: ends when the call returns
+    prof._sess.flush()  # the stamped ones are written before it takes the synchronous one
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    model(torch.ones(3, 4)).sum().backward()  # DDP's all-reduce of 10 floats, from C++
+    prof.step()
+    prof.stop()
+    dist.destroy_process_group()
+    print(json.dumps({"stamps": tracer._stamps is not None, "spans": spans,
+                      "waiting": len(tracer._waiting), "failures": tracer.failures}))
+""")
+
+
+def _run(tmp_path, mode: str, env: dict) -> tuple[dict, list[dict], object]:
+    script = tmp_path / "c.py"
+    script.write_text(PROGRAM)
+    run_dir = tmp_path / env.get("STEPSCOPE_PURE_PYTHON", "native")
+    run_dir.mkdir(exist_ok=True)
+    r = subprocess.run([sys.executable, str(script), str(run_dir), mode], capture_output=True,
+                       text=True, timeout=120, env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "stepscope" not in r.stderr, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    d = tq.db(run_dir / mode / "rank0.summary.pftrace")
+    return out, tq.slices(d, "s.category = 'communication'"), d
+
+
+def _described(d, slices: list[dict]) -> list[tuple]:
+    return [(s["name"],) + tuple(tq.args(d, s["arg_set_id"]).get(k)
+                                 for k in ("bytes", "dtype", "group_size", "completion"))
+            for s in slices]
+
+
+@pytest.mark.parametrize("mode", ["hooks", "python"])
+def test_native_stamps_give_the_slices_of_the_done_callbacks(tmp_path, native_cache, mode):
+    """Through the process-group hooks and through the path of a torch without them, one
+    program's ops read the same with the completion stamped in C++ as with Python's done
+    callbacks; each async op's slice lies inside its call-to-wait span. A flush taken while
+    stamped ops wait to be written writes them first (else the synchronous op's slice, written
+    at once, would come first and push theirs after it)."""
+    if mode == "hooks" and not hasattr(dist.ProcessGroup, "register_pre_hook"):
+        pytest.skip("this torch has no process-group hooks")
+    env = dict(os.environ, STEPSCOPE_CACHE_DIR=str(native_cache))
+    out, slices, d = _run(tmp_path, mode, env)
+    assert out["stamps"] and out["waiting"] == 0 and out["failures"] == 0
+    got = _described(d, slices)
+    assert got[:4] == [("allreduce", "4000", "float32", "1", None),
+                       ("allreduce", "40", "float32", "1", None),
+                       ("allreduce", "12", "float32", "1", None),
+                       ("allreduce", "8", "float32", "1", None)], got
+    assert got[-1] == ("allreduce", "40", "float32", "1", None), got  # DDP's, from C++
+    for s, span in zip(slices, out["spans"], strict=False):
+        assert 0 < s["dur"] <= span, (s, span)
+    py_out, py_slices, py_d = _run(tmp_path, mode, dict(env, STEPSCOPE_PURE_PYTHON="1"))
+    assert not py_out["stamps"]
+    assert _described(py_d, py_slices) == got
+
+
+PROMPT = textwrap.dedent("""
+    import sys, time, torch, torch.distributed as dist, stepscope
+    run_dir = sys.argv[1]
+    dist.init_process_group("gloo", init_method=f"file://{run_dir}/store", rank=0, world_size=1)
+    prof = stepscope.Profiler(dir=run_dir, run_id="p", schedule=None, report=False,
+                              use_env=False, host_metrics=False, torch=True)
+    prof.start()
+    dist.all_reduce(torch.ones(4))
+    sys.setswitchinterval(2.0)  # the program's Python keeps the GIL for 2 s at a time
+    polls = []
+    for _ in range(3):
+        work = dist.all_reduce(torch.ones(4), async_op=True)
+        t0 = time.monotonic()
+        while not work.is_completed() and time.monotonic() - t0 < 1.0:
+            pass
+        polls.append(time.monotonic() - t0)
+        work.wait()
+    sys.setswitchinterval(0.005)
+    prof.stop()
+    dist.destroy_process_group()
+    print(max(polls))
+""")
+
+
+def test_a_completion_does_not_wait_for_the_programs_python(tmp_path, native_cache):
+    """gloo marks a work complete after its future's callbacks ran. A Python done callback
+    needs the GIL, which a program polling ``is_completed()`` in Python holds for the switch
+    interval (2 s here): its poll times out at 1 s. Stamped in C++, the work completes at once."""
+    script = tmp_path / "p.py"
+    script.write_text(PROMPT)
+    env = dict(os.environ, STEPSCOPE_CACHE_DIR=str(native_cache))
+    polls = {}
+    for name, extra in (("native", {}), ("python", {"STEPSCOPE_PURE_PYTHON": "1"})):
+        (tmp_path / name).mkdir()
+        r = subprocess.run([sys.executable, str(script), str(tmp_path / name)],
+                           capture_output=True, text=True, timeout=120, env={**env, **extra})
+        assert r.returncode == 0, r.stderr[-3000:]
+        polls[name] = float(r.stdout.strip().splitlines()[-1])
+    assert polls["native"] < 0.5 and polls["python"] >= 1.0, polls
+
+
+class _OtherWork:
+    """A work of another kind than torch's C++ ``Work`` (a backend written in Python)."""
+
+    def __init__(self):
+        self.fut = torch.futures.Future()
+
+    def get_future(self):
+        return self.fut
+
+
+def test_works_the_build_cannot_stamp(tmp_path, native_cache, monkeypatch):
+    """A work that is no C++ ``Work`` turns the stamps off for good (done callbacks from then
+    on, its slice written at its completion); a ``Work`` without a future (gloo's send/recv)
+    ends when issued."""
+    monkeypatch.setenv("STEPSCOPE_CACHE_DIR", str(native_cache))
+    mod = native.load()
+    assert hasattr(mod, "watch")
+    sess = Session(tmp_path / "t.pftrace").start()
+    tracer = collectives.CollectiveTracer(sess)
+    tracer._stamps = mod
+    t0 = time.perf_counter_ns()
+    tracer._finish((t0, "SEND", 8, "float32"), torch._C._distributed_c10d.Work(), 2, "0")
+    assert tracer.count == 1 and tracer._stamps is mod and not tracer._waiting
+    other = _OtherWork()
+    tracer._finish((t0, "ALLREDUCE", 16, "float32"), other, 2, "0")
+    assert tracer._stamps is None and tracer.count == 1 and not tracer._waiting
+    other.fut.set_result(None)
+    assert tracer.count == 2 and tracer.failures == 0
+    sess.stop()
+    d = tq.db(tmp_path / "t.pftrace")
+    got = [(s["name"], tq.args(d, s["arg_set_id"]).get("completion"))
+           for s in tq.slices(d, "s.category = 'communication'")]
+    assert sorted(got) == [("allreduce", None), ("send", "issued")]

@@ -24,7 +24,8 @@ For a small MLP step and a small CNN step (forward, backward, SGD step; one intr
 * ``--device cuda`` (on a GPU): table 1 alone, with the models on the GPU, stepscope's detail
   windows with its CUPTI tracer on (``gpu=True``: kernels, memcpys, launches) and torch.profiler
   with CPU and CUDA activities: the same comparison where both record the device too (steps
-  are launch-bound; each timed block ends with a device synchronize);
+  are launch-bound; each timed block ends with a device synchronize); and table 1b, the same
+  runs' parts: operators alone (stepscope without CUPTI, torch.profiler with CPU activity only);
 * table 3: CPU time (all threads) stepscope adds per gloo all-reduce (world size 1, 16 floats,
   waited for), through the process groups' hooks, with the completion stamped in C++ (the
   native module) and by a Python done callback, and, as on a torch without the hooks (2.11),
@@ -111,13 +112,16 @@ def untraced(make, steps: int) -> float:
 READER: set[str] = set()  # how the detail windows read torch's events
 
 
-def stepscope_run(make, steps: int, detail: bool, out: Path) -> tuple[float, int]:
-    """ns per step (start to stop, window-end conversion included) and detail bytes."""
+def stepscope_run(make, steps: int, detail: bool, out: Path, gpu: bool | None = None
+                  ) -> tuple[float, int]:
+    """ns per step (start to stop, window-end conversion included) and detail bytes.
+    ``gpu``: CUPTI on (None: where the models run on the GPU)."""
     m, x, y = make()
     loop(m, x, y, 5)
     sched = (0, steps) if detail else None
     prof = stepscope.Profiler(dir=out, schedule=sched, host_metrics=False, report=False,
-                              use_env=False, torch=True, gpu=DEVICE == "cuda")
+                              use_env=False, torch=True,
+                              gpu=DEVICE == "cuda" if gpu is None else gpu)
     prof.start()
     t0 = time.perf_counter_ns()  # summary: the steps alone (start/stop are once per run)
     loop(m, x, y, steps, prof)
@@ -132,13 +136,16 @@ def stepscope_run(make, steps: int, detail: bool, out: Path) -> tuple[float, int
     return ns, size
 
 
-def torch_profiler_run(make, steps: int, out: Path) -> tuple[float, int]:
+def torch_profiler_run(make, steps: int, out: Path, cuda: bool | None = None
+                       ) -> tuple[float, int]:
+    """ns per step and JSON bytes; ``cuda``: CUDA activity on (None: where the models run on
+    the GPU)."""
     m, x, y = make()
     loop(m, x, y, 5)
     path = out / "trace.json"
     t0 = time.perf_counter_ns()
     acts = [torch.profiler.ProfilerActivity.CPU]
-    if DEVICE == "cuda":
+    if DEVICE == "cuda" if cuda is None else cuda:
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=acts, record_shapes=True) as p:
         loop(m, x, y, steps)
@@ -313,7 +320,7 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             print(json.dumps(collective_cost(Path(tmp), args.collective_cost == "hooks")))
         return
-    rows = []
+    rows, part_rows = [], []
     for name, make, steps in (("MLP", mlp, args.steps_mlp), ("CNN", cnn, args.steps_cnn)):
         res: dict[str, list] = {"base": [], "summary": [], "detail": [], "tp": [],
                                 "dbytes": [], "tbytes": []}
@@ -329,11 +336,21 @@ def main(argv: list[str] | None = None) -> None:
                 ns, size = torch_profiler_run(make, steps, Path(tmp))
                 res["tp"].append(ns)
                 res["tbytes"].append(size / steps)
+                if DEVICE == "cuda":  # the parts: operators alone, torch's CPU activity alone
+                    parts = res.setdefault("parts", {"ops": [], "tp_cpu": []})
+                    parts["ops"].append(stepscope_run(make, steps, True, Path(tmp) / "o",
+                                                      gpu=False)[0])
+                    parts["tp_cpu"].append(torch_profiler_run(make, steps, Path(tmp),
+                                                              cuda=False)[0])
         # times: the fastest run (load spikes only ever add time); bytes: the median
         if args.direct_only:
             res = {k: v or [0.0] for k, v in res.items()}
+        parts = res.pop("parts", None)
         med = {k: (statistics.median(v) if "bytes" in k else min(v)) for k, v in res.items()}
         base = med["base"]
+        if parts:
+            part_rows.append((name, *((min(v) - base) / 1e3 for v in parts.values()),
+                              (med["detail"] - base) / 1e3, (med["tp"] - base) / 1e3))
         rows.append((name, steps, base / 1e3,
                      100 * (med["summary"] - base) / base,
                      (med["detail"] - base) / 1e3, 100 * (med["detail"] - base) / base,
@@ -351,6 +368,13 @@ def main(argv: list[str] | None = None) -> None:
         print("  ".join([f"{r[0]:>13}", f"{r[1]:>13}"] + [f"{v:>13.2f}" for v in r[2:8]]
                         + [f"{r[8]:>13.0f}", f"{r[9]:>13.0f}", f"{r[10]:>13.1f}"]))
     if DEVICE == "cuda":  # tables 2 and 3 are CPU-side costs: measured without a GPU
+        print("\n1b) where a GPU window's cost lies: µs added per step, operators alone "
+              "(stepscope gpu=False; torch.profiler CPU activity only) and with the device "
+              "(CUPTI; CUDA activity), fastest of the same runs")
+        head = ("model", "ops only", "torch CPU only", "ops + CUPTI", "torch CPU+CUDA")
+        print("  ".join(f"{h:>15}" for h in head))
+        for r in part_rows:
+            print("  ".join([f"{r[0]:>15}"] + [f"{v:>15.1f}" for v in r[1:]]))
         return
     steps_us = {r[0]: r[2] for r in rows}
     print(f"\n2) summary level measured directly: CPU µs stepscope adds per step (main thread: "

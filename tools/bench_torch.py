@@ -252,17 +252,18 @@ def summary_cost_in_processes(step_on: str | None) -> tuple[list[float], float, 
 COLLECTIVE_PAIRS = 7  # table 3
 
 
-def collective_cost(out: Path, pg_hooks: bool, n: int = 2000, pairs: int = COLLECTIVE_PAIRS
-                    ) -> tuple[float, float, bool]:
+def collective_cost(out: Path, pg_hooks: bool, stamps: bool = True, n: int = 2000,
+                    pairs: int = COLLECTIVE_PAIRS) -> tuple[float, float, bool]:
     """(untraced CPU µs per all-reduce, the median over ``pairs`` pairs of blocks of ``n`` ops
     of what the profiler adds, whether the native module stamped the completions): the
     process's CPU time, so what runs on gloo's thread counts. ``pg_hooks=False`` takes the path
-    of a torch without process-group hooks."""
+    of a torch without process-group hooks; ``stamps=False``, Python's done callbacks."""
     import torch.distributed as dist
 
     from stepscope.pytorch import collectives
 
     collectives.USE_PG_HOOKS = None if pg_hooks else False
+    collectives.USE_STAMPS = None if stamps else False
     dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=0, world_size=1)
     t = torch.ones(16)
 
@@ -318,7 +319,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.collective_cost:  # one process of table 3
         with tempfile.TemporaryDirectory() as tmp:
-            print(json.dumps(collective_cost(Path(tmp), args.collective_cost == "hooks")))
+            path, _, completion = args.collective_cost.partition(":")
+            print(json.dumps(collective_cost(Path(tmp), path == "hooks",
+                                             stamps=completion != "callback")))
         return
     rows, part_rows = [], []
     for name, make, steps in (("MLP", mlp, args.steps_mlp), ("CNN", cnn, args.steps_cnn)):
@@ -403,19 +406,17 @@ def main(argv: list[str] | None = None) -> None:
           "without, in a fresh process per path")
     head = ("path", "completion", "untraced us", "stepscope us")
     print("  ".join(f"{h:>24}" for h in head))
-    for label, path, pure in (("process-group hooks", "hooks", False),
-                              ("process-group hooks", "hooks", True),
-                              ("Python fn + c10d kernel", "python", False)):
-        env = dict(os.environ, STEPSCOPE_PURE_PYTHON="1") if pure else None
+    for label, path in (("process-group hooks", "hooks"),
+                        ("process-group hooks", "hooks:callback"),
+                        ("Python fn + c10d kernel", "python")):
         r = subprocess.run([sys.executable, __file__, "--collective-cost", path],
-                           capture_output=True, text=True, env=env)
+                           capture_output=True, text=True)
         if r.returncode:
             sys.exit(f"bench_torch: the table-3 process failed:\n{r.stderr[-3000:]}")
         base, added, stamped = json.loads(r.stdout.splitlines()[-1])
-        how = ("stamped in C++" if stamped else "Python callback" if path == "hooks"
-               else "on return (sync)")
-        if not stamped and not pure and path == "hooks":
-            how += " (not built)"
+        how = ("on return (sync)" if path == "python" else "stamped in C++" if stamped
+               else "Python callback" if path.endswith("callback")
+               else "Python callback (not built)")
         print("  ".join([f"{label:>24}", f"{how:>24}", f"{base:>24.1f}", f"{added:>24.1f}"]))
 
 

@@ -30,8 +30,9 @@ pytestmark = [
 PROGRAM = textwrap.dedent("""
     import json, sys, time, torch, torch.distributed as dist, stepscope
     from stepscope.pytorch import collectives
-    run_dir, mode = sys.argv[1], sys.argv[2]
+    run_dir, mode, completion = sys.argv[1], sys.argv[2], sys.argv[3]
     collectives.USE_PG_HOOKS = None if mode == "hooks" else False
+    collectives.USE_STAMPS = None if completion == "stamps" else False
     prof = stepscope.Profiler(dir=run_dir, run_id=mode, schedule=None, report=False,
                               use_env=False, host_metrics=False, torch=True)
     prof.start()
@@ -55,13 +56,13 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def _run(tmp_path, mode: str, env: dict) -> tuple[dict, list[dict], object]:
+def _run(tmp_path, mode: str, completion: str, env: dict) -> tuple[dict, list[dict], object]:
     script = tmp_path / "c.py"
     script.write_text(PROGRAM)
-    run_dir = tmp_path / env.get("STEPSCOPE_PURE_PYTHON", "native")
+    run_dir = tmp_path / completion
     run_dir.mkdir(exist_ok=True)
-    r = subprocess.run([sys.executable, str(script), str(run_dir), mode], capture_output=True,
-                       text=True, timeout=120, env=env)  # fmt: skip
+    r = subprocess.run([sys.executable, str(script), str(run_dir), mode, completion],
+                       capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert "stepscope" not in r.stderr, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
@@ -85,7 +86,7 @@ def test_native_stamps_give_the_slices_of_the_done_callbacks(tmp_path, native_ca
     if mode == "hooks" and not hasattr(dist.ProcessGroup, "register_pre_hook"):
         pytest.skip("this torch has no process-group hooks")
     env = dict(os.environ, STEPSCOPE_CACHE_DIR=str(native_cache))
-    out, slices, d = _run(tmp_path, mode, env)
+    out, slices, d = _run(tmp_path, mode, "stamps", env)
     assert out["stamps"] and out["waiting"] == 0 and out["failures"] == 0
     got = _described(d, slices)
     assert got[:4] == [("allreduce", "4000", "float32", "1", None),
@@ -95,14 +96,16 @@ def test_native_stamps_give_the_slices_of_the_done_callbacks(tmp_path, native_ca
     assert got[-1] == ("allreduce", "40", "float32", "1", None), got  # DDP's, from C++
     for s, span in zip(slices, out["spans"], strict=False):
         assert 0 < s["dur"] <= span, (s, span)
-    py_out, py_slices, py_d = _run(tmp_path, mode, dict(env, STEPSCOPE_PURE_PYTHON="1"))
+    py_out, py_slices, py_d = _run(tmp_path, mode, "callback", env)
     assert not py_out["stamps"]
     assert _described(py_d, py_slices) == got
 
 
 PROMPT = textwrap.dedent("""
     import sys, time, torch, torch.distributed as dist, stepscope
+    from stepscope.pytorch import collectives
     run_dir = sys.argv[1]
+    collectives.USE_STAMPS = None if sys.argv[2] == "stamps" else False
     dist.init_process_group("gloo", init_method=f"file://{run_dir}/store", rank=0, world_size=1)
     prof = stepscope.Profiler(dir=run_dir, run_id="p", schedule=None, report=False,
                               use_env=False, host_metrics=False, torch=True)
@@ -132,13 +135,13 @@ def test_a_completion_does_not_wait_for_the_programs_python(tmp_path, native_cac
     script.write_text(PROMPT)
     env = dict(os.environ, STEPSCOPE_CACHE_DIR=str(native_cache))
     polls = {}
-    for name, extra in (("native", {}), ("python", {"STEPSCOPE_PURE_PYTHON": "1"})):
-        (tmp_path / name).mkdir()
-        r = subprocess.run([sys.executable, str(script), str(tmp_path / name)],
-                           capture_output=True, text=True, timeout=120, env={**env, **extra})
+    for completion in ("stamps", "callback"):
+        (tmp_path / completion).mkdir()
+        r = subprocess.run([sys.executable, str(script), str(tmp_path / completion), completion],
+                           capture_output=True, text=True, timeout=120, env=env)
         assert r.returncode == 0, r.stderr[-3000:]
-        polls[name] = float(r.stdout.strip().splitlines()[-1])
-    assert polls["native"] < 0.5 and polls["python"] >= 1.0, polls
+        polls[completion] = float(r.stdout.strip().splitlines()[-1])
+    assert polls["stamps"] < 0.5 and polls["callback"] >= 1.0, polls
 
 
 class _OtherWork:
@@ -153,24 +156,31 @@ class _OtherWork:
 
 def test_works_the_build_cannot_stamp(tmp_path, native_cache, monkeypatch):
     """A work that is no C++ ``Work`` turns the stamps off for good (done callbacks from then
-    on, its slice written at its completion); a ``Work`` without a future (gloo's send/recv)
-    ends when issued."""
+    on, its slice written at its completion; works stamped before still drain); a ``Work``
+    without a future (gloo's send/recv) ends when issued."""
     monkeypatch.setenv("STEPSCOPE_CACHE_DIR", str(native_cache))
     mod = native.load()
     assert hasattr(mod, "watch")
     sess = Session(tmp_path / "t.pftrace").start()
     tracer = collectives.CollectiveTracer(sess)
-    tracer._stamps = mod
+    tracer._stamps, tracer._watching = mod, True
     t0 = time.perf_counter_ns()
     tracer._finish((t0, "SEND", 8, "float32"), torch._C._distributed_c10d.Work(), 2, "0")
-    assert tracer.count == 1 and tracer._stamps is mod and not tracer._waiting
+    assert tracer.count == 1 and tracer._watching and not tracer._waiting
+    # a real work stamped before the switch still drains after it
+    fut = torch.futures.Future()
+    stamped = torch._C._distributed_c10d._create_work_from_future(fut)
+    tracer._finish((t0, "BROADCAST", 4, "float32"), stamped, 2, "0")
+    assert len(tracer._waiting) == 1
     other = _OtherWork()
     tracer._finish((t0, "ALLREDUCE", 16, "float32"), other, 2, "0")
-    assert tracer._stamps is None and tracer.count == 1 and not tracer._waiting
+    assert not tracer._watching and tracer.count == 1 and len(tracer._waiting) == 1
     other.fut.set_result(None)
-    assert tracer.count == 2 and tracer.failures == 0
+    fut.set_result(None)
+    tracer.drain()
+    assert tracer.count == 3 and tracer.failures == 0 and not tracer._waiting
     sess.stop()
     d = tq.db(tmp_path / "t.pftrace")
     got = [(s["name"], tq.args(d, s["arg_set_id"]).get("completion"))
            for s in tq.slices(d, "s.category = 'communication'")]
-    assert sorted(got) == [("allreduce", None), ("send", "issued")]
+    assert sorted(got) == [("allreduce", None), ("broadcast", None), ("send", "issued")]

@@ -23,7 +23,7 @@ once for a synchronous op. The completion:
   (``work_done.cpp``): a C++ callback on the work's future, on the gloo or NCCL thread that
   completes it, notes the time and the op's slot without the GIL; the slices are written at the
   next flush (a flush hook, so they never come after a flush that took later events), at stop,
-  or when ``DRAIN_AT`` ops wait. About 13 µs of CPU per small gloo all-reduce, against 54
+  or when ``DRAIN_AT`` ops wait. About 18 µs of CPU per small gloo all-reduce, against 84
   through a Python callback (``tools/bench_torch.py``, table 3);
 * else a **Python done callback** on the future. It needs the GIL: while the program's own
   Python holds it (torch's ops release it), the op's end, and gloo's marking the work complete,
@@ -70,6 +70,9 @@ from .. import _schema as S
 HOOK_ID = 0x5EC0  # our pre/post hook id on each process group
 # torch has ProcessGroup pre/post hooks (None: look at start; tests set False to try the fallback)
 USE_PG_HOOKS: bool | None = None
+# completions stamped by the native module (None: where it is built; tests and benchmarks set
+# False to compare with the done callbacks)
+USE_STAMPS: bool | None = None
 
 # the Python functions wrapped without those hooks: name -> (op, index of the input tensor(s))
 _PY_COLLECTIVES = {
@@ -158,8 +161,10 @@ class CollectiveTracer:
         self._inside = threading.local()  # .on: this thread is in a wrapped Python function
         self._library: Any = None  # our c10d kernels (torch without process-group hooks)
         # the native module's watch()/drain() (works' completion stamped in C++), else None:
-        # done callbacks in Python
+        # done callbacks in Python; _watching: new works are stamped (off after a work the
+        # module cannot read, while those stamped before still drain)
         self._stamps: Any = None
+        self._watching = False
         self._waiting: dict[int, tuple] = {}  # slot -> (opened, group size, group name)
         self._on = False
         self.pg_hooks: bool | None = None  # ProcessGroup hooks used (else Python functions)
@@ -175,8 +180,9 @@ class CollectiveTracer:
         self._on = True
         from . import native
 
-        mod = native.load()  # built by `stepscope build-torch` (None: not built, not wanted)
+        mod = native.load() if USE_STAMPS is not False else None  # (None: not built)
         self._stamps = mod if hasattr(mod, "watch") else None
+        self._watching = self._stamps is not None
         if self._stamps is not None:
             # before each flush takes the emitter's events: a slice written after a flush
             # that took later ones would be clamped forward
@@ -442,19 +448,18 @@ class CollectiveTracer:
         if work is None:
             self._write(opened, time.perf_counter_ns(), size, group, issued=issued)
             return
-        stamps = self._stamps
-        if stamps is not None:  # the completion stamped in C++, written at the next drain
+        if self._watching:  # the completion stamped in C++, written at the next drain
             slot = next(_SLOTS)
             self._waiting[slot] = (opened, size, group)
             try:
-                stamps.watch(work, slot)
+                self._stamps.watch(work, slot)
             except RuntimeError:  # gloo send/recv: no future
                 del self._waiting[slot]
                 self._write(opened, time.perf_counter_ns(), size, group, issued=True)
                 return
             except TypeError:  # a work this build cannot read: done callbacks from now on
                 del self._waiting[slot]
-                self._stamps = None
+                self._watching = False
             else:
                 if len(self._waiting) > DRAIN_AT:
                     self.drain()

@@ -139,6 +139,14 @@ def _input_size(x: Any) -> tuple[int, str]:
     return nbytes, dtype
 
 
+def _completed(work: Any) -> bool:
+    """The work's future has its value (gloo marks the work itself complete later)."""
+    try:
+        return bool(work.get_future().done())
+    except Exception:
+        return False
+
+
 def _dtype_name(dtype: Any) -> str:
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
@@ -165,7 +173,8 @@ class CollectiveTracer:
         # module cannot read, while those stamped before still drain)
         self._stamps: Any = None
         self._watching = False
-        self._waiting: dict[int, tuple] = {}  # slot -> (opened, group size, group name)
+        # slot -> (opened, group size, group name, work)
+        self._waiting: dict[int, tuple] = {}
         self._on = False
         self.pg_hooks: bool | None = None  # ProcessGroup hooks used (else Python functions)
         self.count = 0  # ops written
@@ -198,7 +207,7 @@ class CollectiveTracer:
 
     def stop(self) -> None:
         self._on = False
-        self.drain()  # the works completed by now; later ones are not written
+        self._drain_completed()
         if self.drain in self.sess.flush_hooks:
             self.sess.flush_hooks.remove(self.drain)
         for owner, name, original in reversed(self._patched):
@@ -450,7 +459,7 @@ class CollectiveTracer:
             return
         if self._watching:  # the completion stamped in C++, written at the next drain
             slot = next(_SLOTS)
-            self._waiting[slot] = (opened, size, group)
+            self._waiting[slot] = (opened, size, group, work)
             try:
                 self._stamps.watch(work, slot)
             except RuntimeError:  # gloo send/recv: no future
@@ -471,6 +480,19 @@ class CollectiveTracer:
             return
         fut.add_done_callback(
             lambda _f: self._write(opened, time.perf_counter_ns(), size, group))
+
+    def _drain_completed(self, grace_s: float = 0.05) -> None:
+        """Write every op whose work has completed by now (those still running are not
+        written). A future wakes its waiters before it runs its callbacks, so a program that has
+        just waited for one (DDP's last gradient all-reduce before a stop) can be ahead of its
+        stamp: stamps whose future is done get up to ``grace_s`` to arrive (without it, 1 of 5
+        2-rank runs lost that op)."""
+        self.drain()
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(
+                _completed(entry[3]) for entry in list(self._waiting.values())):
+            time.sleep(0.001)
+            self.drain()
 
     def drain(self) -> None:
         """Write the ops whose works the native module stamped complete since the last drain

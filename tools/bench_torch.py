@@ -27,8 +27,9 @@ For a small MLP step and a small CNN step (forward, backward, SGD step; one intr
   are launch-bound; each timed block ends with a device synchronize); and table 1b, the same
   runs' parts: operators alone (stepscope without CUPTI, torch.profiler with CPU activity only);
 * table 3: CPU time (all threads) stepscope adds per gloo all-reduce (world size 1, 16 floats,
-  waited for), through the process groups' hooks, with the completion stamped in C++ (the
-  native module) and by a Python done callback, and, as on a torch without the hooks (2.11),
+  waited for), through the process groups' hooks, in C++ (the native module) and in Python
+  (``collectives.USE_STAMPS = False``: Python hooks and done callbacks), and, as on a torch
+  without the hooks (2.11),
   through the wrapped Python function and our kernel on the c10d op; pairs of blocks with and
   without the profiler in a fresh process each.
 
@@ -253,9 +254,10 @@ COLLECTIVE_PAIRS = 7  # table 3
 
 
 def collective_cost(out: Path, pg_hooks: bool, stamps: bool = True, n: int = 2000,
-                    pairs: int = COLLECTIVE_PAIRS) -> tuple[float, float, bool]:
+                    pairs: int = COLLECTIVE_PAIRS) -> tuple[float, float, str]:
     """(untraced CPU µs per all-reduce, the median over ``pairs`` pairs of blocks of ``n`` ops
-    of what the profiler adds, whether the native module stamped the completions): the
+    of what the profiler adds, what the native module did: "C++ hooks", "stamped in C++" or
+    "" for nothing): the
     process's CPU time, so what runs on gloo's thread counts. ``pg_hooks=False`` takes the path
     of a torch without process-group hooks; ``stamps=False``, Python's done callbacks."""
     import torch.distributed as dist
@@ -274,7 +276,7 @@ def collective_cost(out: Path, pg_hooks: bool, stamps: bool = True, n: int = 200
         return time.process_time_ns() - c0
 
     block(n // 4)
-    bases, adds, stamped = [], [], False
+    bases, adds, native = [], [], ""
     for r in range(pairs):
         prof = stepscope.Profiler(dir=out / f"c{r}", schedule=None, host_metrics=False,
                                   report=False, use_env=False, torch=True)
@@ -284,14 +286,17 @@ def collective_cost(out: Path, pg_hooks: bool, stamps: bool = True, n: int = 200
                 prof.start()
                 block(n // 4)
                 traced = block(n)
-                stamped = prof.hooks[0].collectives._stamps is not None  # noqa: SLF001
+                tracer = prof.hooks[0].collectives
+                native = ("C++ hooks" if tracer._groups  # noqa: SLF001
+                          else "stamped in C++" if tracer._stamps is not None  # noqa: SLF001
+                          else "")
                 prof.stop()
             else:
                 base = block(n)
         bases.append(base / n / 1e3)
         adds.append((traced - base) / n / 1e3)
     dist.destroy_process_group()
-    return statistics.median(bases), statistics.median(adds), stamped
+    return statistics.median(bases), statistics.median(adds), native
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -404,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n3) collectives: CPU µs (all threads) per gloo all-reduce of 16 floats, world size 1, "
           f"waited for; the median of {COLLECTIVE_PAIRS} pairs of 2000-op blocks, with and "
           "without, in a fresh process per path")
-    head = ("path", "completion", "untraced us", "stepscope us")
+    head = ("path", "how", "untraced us", "stepscope us")
     print("  ".join(f"{h:>24}" for h in head))
     for label, path in (("process-group hooks", "hooks"),
                         ("process-group hooks", "hooks:callback"),
@@ -413,10 +418,9 @@ def main(argv: list[str] | None = None) -> None:
                            capture_output=True, text=True)
         if r.returncode:
             sys.exit(f"bench_torch: the table-3 process failed:\n{r.stderr[-3000:]}")
-        base, added, stamped = json.loads(r.stdout.splitlines()[-1])
-        how = ("on return (sync)" if path == "python" else "stamped in C++" if stamped
-               else "Python callback" if path.endswith("callback")
-               else "Python callback (not built)")
+        base, added, native = json.loads(r.stdout.splitlines()[-1])
+        how = ("on return (sync)" if path == "python" else native
+               or ("Python hooks" if path.endswith("callback") else "Python (not built)"))
         print("  ".join([f"{label:>24}", f"{how:>24}", f"{base:>24.1f}", f"{added:>24.1f}"]))
 
 

@@ -1,6 +1,7 @@
-"""Collectives' completion stamped in C++ by the native module (``work_done.cpp``, built by
-``stepscope build-torch``): the same slices as through Python done callbacks, each ending when
-its work completed, and no wait for the GIL on gloo's thread."""
+"""Collectives through the native module (built by ``stepscope build-torch``): completions
+stamped in C++ (``work_done.cpp``) and, on a torch with process-group hooks, the hooks
+themselves in C++ (``collective_hooks.cpp``). The same slices as through Python's hooks and
+done callbacks, each ending when its work completed, and no wait for the GIL on gloo's thread."""
 
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ PROGRAM = textwrap.dedent("""
     prof.stop()
     dist.destroy_process_group()
     print(json.dumps({"stamps": tracer._stamps is not None, "spans": spans,
+                      "native_hooks": bool(tracer._groups),
                       "waiting": len(tracer._waiting), "failures": tracer.failures}))
 """)
 
@@ -88,6 +90,7 @@ def test_native_stamps_give_the_slices_of_the_done_callbacks(tmp_path, native_ca
     env = dict(os.environ, STEPSCOPE_CACHE_DIR=str(native_cache))
     out, slices, d = _run(tmp_path, mode, "stamps", env)
     assert out["stamps"] and out["waiting"] == 0 and out["failures"] == 0
+    assert out["native_hooks"] == (mode == "hooks")  # the hooks themselves in C++ there
     got = _described(d, slices)
     assert got[:4] == [("allreduce", "4000", "float32", "1", None),
                        ("allreduce", "40", "float32", "1", None),
@@ -97,7 +100,7 @@ def test_native_stamps_give_the_slices_of_the_done_callbacks(tmp_path, native_ca
     for s, span in zip(slices, out["spans"], strict=False):
         assert 0 < s["dur"] <= span, (s, span)
     py_out, py_slices, py_d = _run(tmp_path, mode, "callback", env)
-    assert not py_out["stamps"]
+    assert not py_out["stamps"] and not py_out["native_hooks"]
     assert _described(py_d, py_slices) == got
 
 

@@ -14,11 +14,11 @@ def add_parsers(subparsers: Any) -> None:
         help="compile the native module (torch's profiler events, collectives' completions) "
         "for the installed torch",
         description="Compile stepscope's native module against the installed torch (a C++ "
-        "compiler and torch's headers; about 20 s), into stepscope's cache directory "
+        "compiler and torch's headers; about 20-60 s), into stepscope's cache directory "
         "(STEPSCOPE_CACHE_DIR, else ~/.cache/stepscope). Detail windows with operators then "
         "cost less than torch.profiler (without it they read torch's events through its "
-        "Python API), and collectives' completions are stamped in C++ (without it, a Python "
-        "callback per op). Run it again after upgrading torch.",
+        "Python API), and collectives are hooked in C++ (without it, Python hooks and a "
+        "Python callback per op). Run it again after upgrading torch.",
     )
     p.add_argument("--verbose", action="store_true", help="print the compiler's command")
     p.set_defaults(func=_build)

@@ -17,15 +17,22 @@ What torch 2.14 offers, and what each covers:
 Each op is one slice on a ``collectives`` track under the rank's process (overlapping async ops
 take sibling tracks of that name), category ``communication`` (so the ``distributed`` summary's
 communication, overlap and straggler columns count it), from the pre-hook to completion, or at
-once for a synchronous op. The completion:
+once for a synchronous op. Where ``stepscope build-torch`` has built the native module:
 
-* **stamped in C++** where ``stepscope build-torch`` has built the native module
-  (``work_done.cpp``): a C++ callback on the work's future, on the gloo or NCCL thread that
-  completes it, notes the time and the op's slot without the GIL; the slices are written at the
-  next flush (a flush hook, so they never come after a flush that took later events), at stop,
-  or when ``DRAIN_AT`` ops wait. About 18 µs of CPU per small gloo all-reduce, against 84
-  through a Python callback (``tools/bench_torch.py``, table 3);
-* else a **Python done callback** on the future. It needs the GIL: while the program's own
+* **the hooks themselves are C++** (``collective_hooks.cpp``, torch with hooks): the pre-hook
+  notes the op, the post-hook puts a C++ callback on its work's future, which notes the
+  completion on the gloo or NCCL thread; no Python and no GIL per op, about 1-3 µs of CPU per
+  small gloo all-reduce against 80-90 through Python hooks and callbacks
+  (``tools/bench_torch.py``, table 3);
+* else (torch without hooks: the paths below) **the completion is stamped in C++**
+  (``work_done.cpp``): a C++ callback on the work's future notes the time under the op's slot.
+
+Either way the slices are written at the next flush (a flush hook, so they never come after a
+flush that took later events), at stop (waiting up to 50 ms for the stamps of works whose future
+is done: a future wakes its waiters before it runs its callbacks), or when ``DRAIN_AT`` stamped
+ops wait. Without the native module:
+
+* a **Python done callback** on the future. It needs the GIL: while the program's own
   Python holds it (torch's ops release it), the op's end, and gloo's marking the work complete,
   wait up to the switch interval (5 ms). A watcher thread waiting on the futures without the GIL
   removed that wait but cost a GIL handover more per op (DDP steps of 4.6 gloo all-reduces took
@@ -116,10 +123,12 @@ _DISPATCH_OPS = {
 # the slots under which the native module stamps completions (one count for every tracer of
 # the process: a stamp from a work that completed after its tracer stopped matches no later one)
 _SLOTS = itertools.count()
+_GROUP_IDS = itertools.count()  # the C++ hooks' group ids, likewise for every tracer
 DRAIN_AT = 256  # works stamped but not yet written: drained at once beyond this (no step ends)
 
 _DTYPE_NAMES: dict[Any, str] = {}
 _HOOK_NAMES: dict[Any, str] = {}  # the hooks' HookOpName -> its name
+_HOOK_CODES: dict[int, str] = {}  # a HookOpName's value -> its name (the C++ hooks' ops)
 
 
 def _input_size(x: Any) -> tuple[int, str]:
@@ -137,6 +146,13 @@ def _input_size(x: Any) -> tuple[int, str]:
         elif isinstance(t, (list, tuple)):
             todo.extend(reversed(t))
     return nbytes, dtype
+
+
+def _hook_code_name(code: int) -> str:
+    """The name of a ``HookOpName`` value (the C++ hooks give the value)."""
+    from torch._C import _distributed_c10d as c10d
+
+    return c10d.HookOpName(code).name
 
 
 def _completed(work: Any) -> bool:
@@ -173,6 +189,8 @@ class CollectiveTracer:
         # module cannot read, while those stamped before still drain)
         self._stamps: Any = None
         self._watching = False
+        self._native_hooks = False  # process groups hooked in C++ (hook_group/take_ops)
+        self._groups: dict[int, tuple[int, str]] = {}  # the C++ hooks' group id -> size, name
         # slot -> (opened, group size, group name, work)
         self._waiting: dict[int, tuple] = {}
         self._on = False
@@ -192,6 +210,7 @@ class CollectiveTracer:
         mod = native.load() if USE_STAMPS is not False else None  # (None: not built)
         self._stamps = mod if hasattr(mod, "watch") else None
         self._watching = self._stamps is not None
+        self._native_hooks = hasattr(self._stamps, "hook_group")
         if self._stamps is not None:
             # before each flush takes the emitter's events: a slice written after a flush
             # that took later ones would be clamped forward
@@ -419,6 +438,19 @@ class CollectiveTracer:
         except Exception:
             size, gname = 0, ""
         gid = id(pg)
+        if self._native_hooks:  # no Python per op: the ops are taken at each flush
+            try:
+                group_id = next(_GROUP_IDS)
+                self._groups[group_id] = (size, gname)
+                self._stamps.hook_group(pg, HOOK_ID, group_id)
+                self._hooked[gid] = pg
+                return True
+            except TypeError:  # a group this build cannot read: Python hooks from now on
+                self._native_hooks = False
+            except Exception as exc:
+                print(f"stepscope: cannot hook process group {gname!r} ({exc!r})",
+                      file=sys.stderr)
+                return False
 
         def pre(a: Any) -> None:
             try:
@@ -489,8 +521,9 @@ class CollectiveTracer:
         2-rank runs lost that op)."""
         self.drain()
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(
-                _completed(entry[3]) for entry in list(self._waiting.values())):
+        while time.monotonic() < deadline and (
+                any(_completed(entry[3]) for entry in list(self._waiting.values()))
+                or self._groups and self._stamps.in_flight() > 0):  # (the C++ hooks' works)
             time.sleep(0.001)
             self.drain()
 
@@ -498,18 +531,27 @@ class CollectiveTracer:
         """Write the ops whose works the native module stamped complete since the last drain
         (at every flush, at stop, and beyond ``DRAIN_AT`` waiting; from any thread)."""
         stamps = self._stamps
-        if stamps is None or not self._waiting:
+        if stamps is None:
             return
         try:
-            pairs = array("q", stamps.drain())  # slot, completion ns, slot, ...
+            pairs = array("q", stamps.drain() if self._waiting else b"")
+            ops = stamps.take_ops() if self._groups else ()
         except Exception:
             self.failures += 1
             return
         waiting = self._waiting
-        for i in range(0, len(pairs), 2):
+        for i in range(0, len(pairs), 2):  # slot, completion ns, slot, ...
             entry = waiting.pop(pairs[i], None)
             if entry is not None:
                 self._write(entry[0], pairs[i + 1], entry[1], entry[2])
+        for t0, t1, code, nbytes, dtype, group, issued in ops:
+            if group not in self._groups:  # an earlier tracer's op that ended after its stop
+                continue
+            op = _HOOK_CODES.get(code)
+            if op is None:
+                op = _HOOK_CODES[code] = _hook_code_name(code)
+            size, gname = self._groups[group]
+            self._write((t0, op, nbytes, dtype), t1, size, gname, issued=bool(issued))
 
     # -- output -------------------------------------------------------------------------------
     def _write(self, opened: tuple, t_end: int, size: int, group: str,

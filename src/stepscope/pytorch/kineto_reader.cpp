@@ -11,8 +11,9 @@
 //   release()  free the held result on a native thread (joined by the next take() or join())
 //   join()     wait for that free (at exit: a free must not outlive the interpreter)
 //
-// The module also holds work_done.cpp's watch() and drain(): collectives' completion times
-// stamped in C++ (stepscope/pytorch/collectives.py).
+// The module also holds work_done.cpp's watch() and drain() (collectives' completion times
+// stamped in C++) and collective_hooks.cpp's hook_group() and take_ops() (process groups'
+// hooks in C++), for stepscope/pytorch/collectives.py.
 #include <Python.h>
 
 #include <torch/csrc/autograd/profiler_kineto.h>
@@ -206,11 +207,13 @@ static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_stepscope_kineto",
                              "collectives' completion stamps", -1,
                              methods};
 
-extern PyMethodDef work_done_methods[];  // work_done.cpp
+extern PyMethodDef work_done_methods[];         // work_done.cpp
+extern PyMethodDef collective_hooks_methods[];  // collective_hooks.cpp
 
 PyMODINIT_FUNC PyInit__stepscope_kineto() {
   PyObject* m = PyModule_Create(&module);
-  if (m != nullptr && PyModule_AddFunctions(m, work_done_methods) < 0) {
+  if (m != nullptr && (PyModule_AddFunctions(m, work_done_methods) < 0 ||
+                       PyModule_AddFunctions(m, collective_hooks_methods) < 0)) {
     Py_DECREF(m);
     return nullptr;
   }

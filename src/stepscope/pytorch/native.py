@@ -1,8 +1,9 @@
-"""The native module: the reader of torch's profiler events (``kineto_reader.cpp``) and the
-collectives' completion stamps (``work_done.cpp``): built, found, loaded.
+"""The native module: the reader of torch's profiler events (``kineto_reader.cpp``), the
+collectives' completion stamps (``work_done.cpp``) and process groups' hooks in C++
+(``collective_hooks.cpp``): built, found, loaded.
 
 It is compiled against the installed torch by ``stepscope build-torch`` (a C++ compiler and
-torch's headers, ~20 s), never on import or while a program runs: a compile there would slow the
+torch's headers, 20-60 s), never on import or while a program runs: a compile there would slow the
 program down and write files it did not ask for. The build lands in stepscope's cache directory
 (``STEPSCOPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/stepscope``, else ``~/.cache/stepscope``)
 under a name keyed by the source, torch's exact build and place, and the Python ABI, so a torch
@@ -28,8 +29,10 @@ from typing import Any
 
 MODULE = "_stepscope_kineto"
 SOURCE = Path(__file__).with_name("kineto_reader.cpp")
-# its sources: the reader, and collectives' completion stamps (``watch``/``drain``)
-SOURCES = (SOURCE, Path(__file__).with_name("work_done.cpp"))
+# its sources: the reader, collectives' completion stamps (``watch``/``drain``) and process
+# groups' hooks in C++ (``hook_group``/``take_ops``)
+SOURCES = (SOURCE, Path(__file__).with_name("work_done.cpp"),
+           Path(__file__).with_name("collective_hooks.cpp"))
 _loaded: dict[str, ModuleType | None] = {}  # path -> module (None: it failed to load)
 
 

@@ -110,8 +110,9 @@ def _compile_command(torch: Any, out: str, std: str) -> list[str]:
     # torch.utils.cpp_extension's include_paths() without its import (which warns about CUDA)
     root = os.path.dirname(torch.__file__)
     lib, inc = os.path.join(root, "lib"), os.path.join(root, "include")
-    # work_done.cpp reads torch's Python Work objects through pybind11, whose internals must be
-    # torch's own: a torch that says how it built them (before pybind11 3) has them named alike
+    # work_done.cpp and collective_hooks.cpp read torch's Python objects (Work, ProcessGroup)
+    # through pybind11, whose internals must be torch's own: a torch that says how it built
+    # them (before pybind11 3) has them named alike
     pybind = [f'-DPYBIND11_{k}="{getattr(torch._C, f"_PYBIND11_{k}")}"'
               for k in ("COMPILER_TYPE", "STDLIB", "BUILD_ABI")
               if hasattr(torch._C, f"_PYBIND11_{k}")]

@@ -119,7 +119,7 @@ PROMPT = textwrap.dedent("""
     for _ in range(3):
         work = dist.all_reduce(torch.ones(4), async_op=True)
         t0 = time.monotonic()
-        while not work.is_completed() and time.monotonic() - t0 < 1.0:
+        while not work.is_completed() and time.monotonic() - t0 < 1.5:
             pass
         polls.append(time.monotonic() - t0)
         work.wait()
@@ -133,7 +133,8 @@ PROMPT = textwrap.dedent("""
 def test_a_completion_does_not_wait_for_the_programs_python(tmp_path, native_cache):
     """gloo marks a work complete after its future's callbacks ran. A Python done callback
     needs the GIL, which a program polling ``is_completed()`` in Python holds for the switch
-    interval (2 s here): its poll times out at 1 s. Stamped in C++, the work completes at once."""
+    interval (2 s here): its poll times out at 1.5 s. Stamped in C++, the work completes at
+    once."""
     script = tmp_path / "p.py"
     script.write_text(PROMPT)
     env = dict(os.environ, STEPSCOPE_CACHE_DIR=str(native_cache))
@@ -144,7 +145,8 @@ def test_a_completion_does_not_wait_for_the_programs_python(tmp_path, native_cac
                            capture_output=True, text=True, timeout=120, env=env)
         assert r.returncode == 0, r.stderr[-3000:]
         polls[completion] = float(r.stdout.strip().splitlines()[-1])
-    assert polls["stamps"] < 0.5 and polls["callback"] >= 1.0, polls
+    # (a second for the stamps: a loaded machine may keep gloo's thread waiting that long)
+    assert polls["stamps"] < 1.0 and polls["callback"] >= 1.5, polls
 
 
 class _OtherWork:

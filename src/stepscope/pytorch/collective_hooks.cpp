@@ -17,11 +17,8 @@
 #include <Python.h>
 
 #if __has_include(<torch/csrc/distributed/c10d/Hooks.hpp>)
-#include <pybind11/pybind11.h>
 #include <torch/csrc/distributed/c10d/Hooks.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-
-#include <time.h>
 
 #include <atomic>
 #include <cctype>
@@ -33,9 +30,11 @@
 #include <utility>
 #include <vector>
 
-PYBIND11_DECLARE_HOLDER_TYPE(T, c10::intrusive_ptr<T>, true);
+#include "c10d_glue.h"
 
 namespace {
+
+using stepscope_c10d::monotonic_ns;
 
 struct Op {
   int64_t t0 = 0, t1 = 0, name = 0, nbytes = 0, group = 0, issued = 0;
@@ -51,12 +50,6 @@ struct Ops {
 Ops* const g_ops = new Ops();
 constexpr size_t kMaxOpen = 100000;  // pre-hooks without their post-hook (a failed issue)
 std::atomic<int64_t> g_in_flight{0};  // callbacks added, not yet run
-
-int64_t monotonic_ns() {  // the clock of Python's time.perf_counter_ns() on Linux
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
 
 void finish(Op op) {
   std::lock_guard<std::mutex> lock(g_ops->mu);
@@ -121,7 +114,7 @@ PyObject* hook_group(PyObject*, PyObject* args) {
   PyObject* obj;
   long long hook_id, group;
   if (!PyArg_ParseTuple(args, "OLL", &obj, &hook_id, &group)) return nullptr;
-  try {
+  const bool ok = stepscope_c10d::from_python([&] {
     auto pg = pybind11::handle(obj).cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
     const int64_t g = group;
     // nothing may throw into the collective: an op the hooks cannot note is left out
@@ -148,13 +141,8 @@ PyObject* hook_group(PyObject*, PyObject* args) {
       } catch (...) {
       }
     });
-  } catch (const pybind11::cast_error& e) {
-    PyErr_SetString(PyExc_TypeError, e.what());
-    return nullptr;
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-    return nullptr;
-  }
+  });
+  if (!ok) return nullptr;
   Py_RETURN_NONE;
 }
 

@@ -33,6 +33,7 @@ SOURCE = Path(__file__).with_name("kineto_reader.cpp")
 # groups' hooks in C++ (``hook_group``/``take_ops``)
 SOURCES = (SOURCE, Path(__file__).with_name("work_done.cpp"),
            Path(__file__).with_name("collective_hooks.cpp"))
+HEADERS = (Path(__file__).with_name("c10d_glue.h"),)  # what the last two share
 _loaded: dict[str, ModuleType | None] = {}  # path -> module (None: it failed to load)
 
 
@@ -57,7 +58,7 @@ def _torch_key(torch: Any) -> str:
 
 def _hash(torch: Any) -> str:
     # the torch install's place too: the build links its libraries there
-    parts = (*(src.read_bytes() for src in SOURCES), torch.__version__,
+    parts = (*(src.read_bytes() for src in SOURCES + HEADERS), torch.__version__,
              str(torch.version.git_version),
              os.path.dirname(os.path.abspath(torch.__file__)),
              str(torch._C._GLIBCXX_USE_CXX11_ABI), sysconfig.get_config_var("EXT_SUFFIX"),  # noqa: SLF001

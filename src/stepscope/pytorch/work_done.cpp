@@ -14,19 +14,15 @@
 #include <Python.h>
 
 #if __has_include(<torch/csrc/distributed/c10d/Work.hpp>)
-#include <pybind11/pybind11.h>
-#include <torch/csrc/distributed/c10d/Work.hpp>
-
-#include <time.h>
-
 #include <cstdint>
 #include <mutex>
 #include <vector>
 
-// torch's Python objects hold their C++ objects by intrusive_ptr (torch/csrc/utils/pybind.h)
-PYBIND11_DECLARE_HOLDER_TYPE(T, c10::intrusive_ptr<T>, true);
+#include "c10d_glue.h"
 
 namespace {
+
+using stepscope_c10d::monotonic_ns;
 
 struct Stamps {
   std::mutex mu;
@@ -35,25 +31,15 @@ struct Stamps {
 // Never freed: a callback may run on a backend's thread while the process exits.
 Stamps* const g_stamps = new Stamps();
 
-int64_t monotonic_ns() {  // the clock of Python's time.perf_counter_ns() on Linux
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
 PyObject* watch(PyObject*, PyObject* args) {
   PyObject* obj;
   long long slot;
   if (!PyArg_ParseTuple(args, "OL", &obj, &slot)) return nullptr;
   c10::intrusive_ptr<c10::ivalue::Future> fut;
-  try {
-    auto work = pybind11::handle(obj).cast<c10::intrusive_ptr<c10d::Work>>();
-    fut = work->getFuture();  // gloo's send/recv: none (throws)
-  } catch (const pybind11::cast_error& e) {
-    PyErr_SetString(PyExc_TypeError, e.what());
-    return nullptr;
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
+  if (!stepscope_c10d::from_python([&] {
+        auto work = pybind11::handle(obj).cast<c10::intrusive_ptr<c10d::Work>>();
+        fut = work->getFuture();  // gloo's send/recv: none (throws)
+      })) {
     return nullptr;
   }
   // runs at once where the future has completed already; the GIL is not needed

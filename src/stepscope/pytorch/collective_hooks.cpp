@@ -1,5 +1,5 @@
 // Process groups' pre/post collective hooks in C++ (part of module _stepscope_kineto, built by
-// `stepscope build-torch`; torch with c10d/Hooks.hpp, 2.12 and later).
+// `stepscope build-torch`; a torch with c10d/Hooks.hpp: 2.14 has it, 2.11 does not).
 //
 // Why: hooks registered from Python run Python for every op on the thread that issues it (for
 // DDP, its reducer's: the GIL to take while the main thread runs), and a Python done callback

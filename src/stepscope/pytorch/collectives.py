@@ -77,8 +77,8 @@ from .. import _schema as S
 HOOK_ID = 0x5EC0  # our pre/post hook id on each process group
 # torch has ProcessGroup pre/post hooks (None: look at start; tests set False to try the fallback)
 USE_PG_HOOKS: bool | None = None
-# completions stamped by the native module (None: where it is built; tests and benchmarks set
-# False to compare with the done callbacks)
+# the native module's collectives: C++ hooks, completions stamped in C++ (None: where it is
+# built; tests and benchmarks set False to compare with Python's hooks and done callbacks)
 USE_STAMPS: bool | None = None
 
 # the Python functions wrapped without those hooks: name -> (op, index of the input tensor(s))

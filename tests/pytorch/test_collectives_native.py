@@ -40,12 +40,12 @@ PROGRAM = textwrap.dedent("""
     dist.init_process_group("gloo", init_method=f"file://{run_dir}/store-{mode}", rank=0,
                             world_size=1)
     tracer = next(h.collectives for h in prof.hooks if hasattr(h, "collectives"))
-    spans = []  # (before the call, after its wait) of each async op
+    spans = []  # each async op's ns from before its call to after its wait
     for n in (1000, 10, 3):
         t0 = time.perf_counter_ns()
         dist.all_reduce(torch.ones(n), async_op=True).wait()
         spans.append(time.perf_counter_ns() - t0)
-    dist.all_reduce(torch.ones(2))  # synchronous: ends when the call returns
+    dist.all_reduce(torch.ones(2))  # synchronous
     prof._sess.flush()  # the stamped ones are written before it takes the synchronous one
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
     model(torch.ones(3, 4)).sum().backward()  # DDP's all-reduce of 10 floats, from C++

@@ -127,8 +127,7 @@ _GROUP_IDS = itertools.count()  # the C++ hooks' group ids, likewise for every t
 DRAIN_AT = 256  # works stamped but not yet written: drained at once beyond this (no step ends)
 
 _DTYPE_NAMES: dict[Any, str] = {}
-_HOOK_NAMES: dict[Any, str] = {}  # the hooks' HookOpName -> its name
-_HOOK_CODES: dict[int, str] = {}  # a HookOpName's value -> its name (the C++ hooks' ops)
+_HOOK_NAMES: dict[int, str] = {}  # a HookOpName's value -> its name (see _hook_name)
 
 
 def _input_size(x: Any) -> tuple[int, str]:
@@ -148,11 +147,15 @@ def _input_size(x: Any) -> tuple[int, str]:
     return nbytes, dtype
 
 
-def _hook_code_name(code: int) -> str:
-    """The name of a ``HookOpName`` value (the C++ hooks give the value)."""
-    from torch._C import _distributed_c10d as c10d
+def _hook_name(code: int) -> str:
+    """The name of a ``HookOpName`` value (the Python hooks' ``int(args.name)``, the C++
+    hooks' value), looked up once: pybind's ``.name`` walks the enum's entries (~6 µs)."""
+    name = _HOOK_NAMES.get(code)
+    if name is None:
+        from torch._C import _distributed_c10d as c10d
 
-    return c10d.HookOpName(code).name
+        name = _HOOK_NAMES[code] = c10d.HookOpName(code).name
+    return name
 
 
 def _completed(work: Any) -> bool:
@@ -456,10 +459,7 @@ class CollectiveTracer:
             try:
                 t = time.perf_counter_ns()
                 nbytes, dtype = _input_size(a.input_tensors)
-                op = _HOOK_NAMES.get(a.name)  # the enum's .name costs a walk of its entries
-                if op is None:
-                    op = _HOOK_NAMES[a.name] = a.name.name
-                self._open[gid, a.op_id] = (t, op, nbytes, dtype)
+                self._open[gid, a.op_id] = (t, _hook_name(int(a.name)), nbytes, dtype)
             except Exception:
                 self.failures += 1
 
@@ -494,10 +494,8 @@ class CollectiveTracer:
             self._waiting[slot] = (opened, size, group, work)
             try:
                 self._stamps.watch(work, slot)
-            except RuntimeError:  # gloo send/recv: no future
+            except RuntimeError:  # gloo send/recv: no future (ended when issued, below)
                 del self._waiting[slot]
-                self._write(opened, time.perf_counter_ns(), size, group, issued=True)
-                return
             except TypeError:  # a work this build cannot read: done callbacks from now on
                 del self._waiting[slot]
                 self._watching = False
@@ -547,11 +545,9 @@ class CollectiveTracer:
         for t0, t1, code, nbytes, dtype, group, issued in ops:
             if group not in self._groups:  # an earlier tracer's op that ended after its stop
                 continue
-            op = _HOOK_CODES.get(code)
-            if op is None:
-                op = _HOOK_CODES[code] = _hook_code_name(code)
             size, gname = self._groups[group]
-            self._write((t0, op, nbytes, dtype), t1, size, gname, issued=bool(issued))
+            self._write((t0, _hook_name(code), nbytes, dtype), t1, size, gname,
+                        issued=bool(issued))
 
     # -- output -------------------------------------------------------------------------------
     def _write(self, opened: tuple, t_end: int, size: int, group: str,

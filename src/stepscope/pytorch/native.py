@@ -28,12 +28,11 @@ from types import ModuleType
 from typing import Any
 
 MODULE = "_stepscope_kineto"
-SOURCE = Path(__file__).with_name("kineto_reader.cpp")
 # its sources: the reader, collectives' completion stamps (``watch``/``drain``) and process
-# groups' hooks in C++ (``hook_group``/``take_ops``)
-SOURCES = (SOURCE, Path(__file__).with_name("work_done.cpp"),
-           Path(__file__).with_name("collective_hooks.cpp"))
-HEADERS = (Path(__file__).with_name("c10d_glue.h"),)  # what the last two share
+# groups' hooks in C++ (``hook_group``/``take_ops``), and what the last two share
+SOURCES = tuple(Path(__file__).with_name(name) for name in
+                ("kineto_reader.cpp", "work_done.cpp", "collective_hooks.cpp"))
+HEADERS = (Path(__file__).with_name("c10d_glue.h"),)
 _loaded: dict[str, ModuleType | None] = {}  # path -> module (None: it failed to load)
 
 

@@ -95,6 +95,60 @@ class Emitter:
         (self._batch_bulk if self._batch is not None else self._bulk).append(
             (cts, order, tie, seq, idx, list(blobs)))
 
+    def completes_columns(self, ts, dur, bases: list[tuple], base, int_args: dict | None = None,
+                          flows=None, tflows=None, flow_lists: dict | None = None) -> None:
+        """Whole slices in bulk, as ``complete`` orders them: slice ``i`` takes its name,
+        category, track and args from ``bases[base[i]]`` (``(name, category, track, args)``),
+        plus its own int args (``int_args``: name → column), flow and terminating flow
+        (``flows[i]``, ``tflows[i]``: 0 for none; ``flow_lists[i]``: all of slice ``i``'s
+        flows, where it has several). A converter of thousands of records that repeat a few
+        kinds (GPU kernels, CUDA calls) builds no object per slice; the writer encodes each
+        base once per file and the rest in numpy."""
+        n = len(base)
+        if n == 0:
+            return
+        names = tuple(int_args or ())
+        ints = (np.stack([np.asarray(int_args[k], dtype=np.int64) for k in names], axis=1)
+                if names else None)
+        eids = [(_recorder.event_id(name, (cat,) if cat else ()), track, args)
+                for name, cat, track, args in bases]
+        track_of = np.array([b[2] for b in bases], dtype=np.int64)[np.asarray(base)]
+        tracks, end_of = np.unique(track_of, return_inverse=True)
+        ends = [Blob(END, 0, self.level, t) for t in tracks.tolist()]
+        ts = np.asarray(ts, dtype=np.int64)
+        dur = np.maximum(np.asarray(dur, dtype=np.int64), 0)
+        for lo in range(0, n, _recorder.SERIES_MAX):
+            sl = slice(lo, lo + _recorder.SERIES_MAX)
+            lists = {i - lo: v for i, v in flow_lists.items() if lo <= i < sl.stop} if (
+                flow_lists) else None
+            series = _recorder.BlobSeries(
+                BEGIN, self.level, eids, np.asarray(base)[sl], names,
+                None if ints is None else ints[sl], None,
+                None if flows is None else np.asarray(flows)[sl],
+                None if tflows is None else np.asarray(tflows)[sl], lists)  # fmt: skip
+            m = len(series)
+            # the series at blob 0, event i's index carrying i + 1 above SERIES_SHIFT; ends
+            begin_idx = (np.arange(1, m + 1, dtype=np.int64) << _recorder.SERIES_SHIFT)
+            self.completes_indexed(ts[sl], dur[sl], [series, *ends], begin_idx,
+                                   1 + end_of.ravel()[sl])
+
+    def counters_columns(self, ts, tracks, values) -> None:
+        """Counter samples in bulk (ordered as ``counter`` orders them): ``values[i]`` on
+        ``tracks[i]`` at ``ts[i]``."""
+        ts = np.asarray(ts, dtype=np.int64)
+        uniq, base = np.unique(np.asarray(tracks, dtype=np.int64), return_inverse=True)
+        bases = [(0, t, None) for t in uniq.tolist()]
+        values = np.asarray(values, dtype=np.float64)
+        for lo in range(0, len(ts), _recorder.SERIES_MAX):
+            sl = slice(lo, lo + _recorder.SERIES_MAX)
+            series = _recorder.BlobSeries(COUNTER, self.level, bases, base.ravel()[sl],
+                                          values=values[sl])
+            m = len(series)
+            seq = np.fromiter(itertools.islice(self._count, m), dtype=np.int64, count=m)
+            (self._batch_bulk if self._batch is not None else self._bulk).append(
+                (ts[sl], np.ones(m, dtype=np.int64), np.zeros(m, dtype=np.int64), seq,
+                 np.arange(1, m + 1, dtype=np.int64) << _recorder.SERIES_SHIFT, [series]))
+
     def instant(self, ts: int, name: str, track: int, category: str | None = None,
                 args: dict | None = None) -> None:
         eid = _recorder.event_id(name, (category,) if category else ())
@@ -105,7 +159,8 @@ class Emitter:
 
     def take_columns(self) -> tuple[np.ndarray, np.ndarray, list[Blob]]:
         """The events so far in time order: (timestamps, each one's index into the blobs,
-        blobs)."""
+        blobs). The event ``i`` of a blob series (``*_columns``) has the series' index plus
+        ``i + 1 << SERIES_SHIFT``."""
         keys, idx, blobs = self._take()
         return keys[0], idx, blobs
 

@@ -346,9 +346,9 @@ class Session:
         self.drops.written()
         for sink in self.sinks:
             self._pipeline.send(sink)
-        for _, codes, _ in emitted:
-            for k in set(codes[codes < 0].tolist()):  # (a blob may serve many events)
-                _recorder.blobs.pop(-k, None)
+        for _, codes, _ in emitted:  # (a blob may serve many events)
+            for k in np.unique(-codes[codes < 0] & _recorder.BLOB_ID_MASK).tolist():
+                _recorder.blobs.pop(k, None)
 
     def _run_flush_hooks(self) -> None:
         for hook in list(self.flush_hooks):
@@ -386,7 +386,9 @@ class Session:
                 self.drops.add(len(ts))
             elif len(ts):  # one blob id per blob, shared by all its events and files
                 ids = -np.array([_recorder.register_blob(b) for b in blobs], dtype=np.int64)
-                emitted.append((em, ids[idx], ts))
+                # a series' events: its id, each one's number above SERIES_SHIFT kept
+                high = (idx >> _recorder.SERIES_SHIFT) << _recorder.SERIES_SHIFT
+                emitted.append((em, ids[idx & _recorder.BLOB_ID_MASK] - high, ts))
         return emitted
 
     def _encode_threads(self, chunk: np.ndarray, discard_detail: bool) -> None:

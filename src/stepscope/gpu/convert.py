@@ -86,6 +86,7 @@ class FlowPlan:
 
     terminating: list[list[list[int] | None]]
     by_correlation: dict[int, list[int]]
+    terminating_ids: list[np.ndarray] = field(default_factory=list)  # the same; 0 for none
 
     @property
     def arrows(self) -> int:
@@ -119,6 +120,19 @@ def assign_lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         heapq.heappush(free, (int(e[i]), lane))
     lanes[order] = out
     return lanes
+
+
+def distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the first row of each distinct row, each row's distinct number), numbered in order of
+    first appearance: a dict of tuples, several times cheaper than ``np.unique(axis=0)``, which
+    sorts the rows as opaque bytes."""
+    index: dict[tuple, int] = {}
+    n = len(rows)
+    inv = np.fromiter((index.setdefault(r, len(index)) for r in map(tuple, rows.tolist())),
+                      dtype=np.int64, count=n)
+    first = np.full(len(index), n, dtype=np.int64)
+    np.minimum.at(first, inv, np.arange(n, dtype=np.int64))
+    return first, inv
 
 
 _demangled: dict[str, str] = {}
@@ -279,7 +293,7 @@ class GpuTraceConverter:
         plan = self.flow_plan(
             (batch.kernels, batch.memcpys, batch.memsets, batch.syncs), api_corr
         )
-        k_flows, m_flows, s_flows, y_flows = plan.terminating
+        _, m_flows, s_flows, y_flows = plan.terminating
         st.flows = plan.arrows
         context_device = self._context_devices(batch)
 
@@ -293,29 +307,31 @@ class GpuTraceConverter:
             cats = np.where(batch.kernel_is_communication(), 1, 0)
             cat_names = (_schema.CAT_KERNEL, _schema.CAT_COMMUNICATION)
             est = self._estimates(k)
-            tracks = self._device_tracks(k)
-            cols = zip(
-                (k["start"] + off).tolist(), (k["end"] - k["start"]).tolist(),
-                k["name"].tolist(), tracks, cats.tolist(),
-                k["grid_x"].tolist(), k["grid_y"].tolist(), k["grid_z"].tolist(),
-                k["block_x"].tolist(), k["block_y"].tolist(), k["block_z"].tolist(),
-                k["registers"].tolist(), k["static_smem"].tolist(), k["dynamic_smem"].tolist(),
-                np.round(est.blocks_per_sm, 6).tolist(), np.round(est.warps_per_sm, 6).tolist(),
-                np.round(est.est_achieved_occupancy, 6).tolist(), k["correlation"].tolist(),
-                k_flows, k["graph_id"].tolist(), k["graph_node_id"].tolist(), strict=False,
-            )  # fmt: skip
+            tracks = np.asarray(self._device_tracks(k), dtype=np.int64)
+            # a kernel's name, place and args but its correlation id repeat every step: one
+            # base per distinct set (the estimates follow from the launch and the device)
+            fixed = np.stack([k["name"], tracks, cats, k["grid_x"], k["grid_y"], k["grid_z"],
+                              k["block_x"], k["block_y"], k["block_z"], k["registers"],
+                              k["static_smem"], k["dynamic_smem"], k["graph_id"],
+                              k["graph_node_id"]], axis=1).astype(np.int64)  # fmt: skip
+            first, base = distinct_rows(fixed)
+            bps, wps, occ = (np.round(a[first], 6).tolist() for a in (
+                est.blocks_per_sm, est.warps_per_sm, est.est_achieved_occupancy))
             gx, gy, gz = _schema.ARG_GRID
             bx, by, bz = _schema.ARG_BLOCK
-            for (ts, dur, nid, trk, cat, x, y, z, u, v, w, regs, ss, ds, bps, wps, occ, corr,
-                 fl, gid, gnode) in cols:  # fmt: skip
+            bases = []
+            for j, row in enumerate(fixed[first].tolist()):
+                nid, trk, cat, x, y, z, u, v, w, regs, ss, ds, gid, gnode = row
                 args = {gx: x, gy: y, gz: z, bx: u, by: v, bz: w, _schema.ARG_REGISTERS: regs,
                         _schema.ARG_SHARED_STATIC: ss, _schema.ARG_SHARED_DYNAMIC: ds,
-                        _schema.ARG_BLOCKS_PER_SM: bps, _schema.ARG_WARPS_PER_SM: wps,
-                        _schema.ARG_OCCUPANCY: occ, _schema.ARG_CORRELATION: corr}  # fmt: skip
+                        _schema.ARG_BLOCKS_PER_SM: bps[j], _schema.ARG_WARPS_PER_SM: wps[j],
+                        _schema.ARG_OCCUPANCY: occ[j]}  # fmt: skip
                 if gid:
                     args[_schema.ARG_GRAPH_ID], args[_schema.ARG_GRAPH_NODE_ID] = gid, gnode
-                em.complete(ts, dur, names[nid], trk, cat_names[cat], args,
-                            terminating_flow_ids=fl)  # fmt: skip
+                bases.append((names[nid], cat_names[cat], trk, args))
+            em.completes_columns(k["start"] + off, k["end"] - k["start"], bases, base,
+                                 {_schema.ARG_CORRELATION: k["correlation"]},
+                                 tflows=plan.terminating_ids[0])  # fmt: skip
 
         # memcpy
         m = batch.memcpys
@@ -386,18 +402,19 @@ class GpuTraceConverter:
             if not table.size:
                 continue
             st.api_calls += int(table.size)
-            tracks = self._api_tracks(table)
-            starts = plan.by_correlation
-            for ts, du, trk, cbid, corr in zip(
-                (table["start"] + off).tolist(), (table["end"] - table["start"]).tolist(),
-                tracks, table["cbid"].tolist(), table["correlation"].tolist(), strict=False,
-            ):  # fmt: skip
-                name = self.api_names.get((driver, cbid)) or api_name(cbid, driver=driver)
-                em.complete(
-                    ts, du, name, trk, cat,
-                    {_schema.ARG_CORRELATION: corr, _schema.ARG_CBID: cbid},
-                    flow_ids=starts.get(corr),
-                )  # fmt: skip
+            tracks = np.asarray(self._api_tracks(table), dtype=np.int64)
+            keys = np.stack([tracks, table["cbid"].astype(np.int64)], axis=1)
+            first, base = distinct_rows(keys)
+            bases = [(self.api_names.get((driver, cbid)) or api_name(cbid, driver=driver), cat,
+                      trk, {_schema.ARG_CBID: cbid}) for trk, cbid in keys[first].tolist()]
+            lists = list(map(plan.by_correlation.get, table["correlation"].tolist()))
+            first = np.fromiter((f[0] if f else 0 for f in lists), dtype=np.uint64,
+                                count=len(lists))
+            em.completes_columns(
+                table["start"] + off, table["end"] - table["start"], bases, base,
+                {_schema.ARG_CORRELATION: table["correlation"]}, flows=first,
+                flow_lists={i: f for i, f in enumerate(lists) if f and len(f) > 1},
+            )  # fmt: skip
 
         if batch.dropped or left_out:
             rng = batch.time_range()
@@ -470,7 +487,9 @@ class GpuTraceConverter:
                       for f, lk in zip(fids.tolist(), linked.tolist(), strict=True)]  # fmt: skip
         bounds = np.cumsum([0] + [t.size for t in tables]).tolist()
         terminating = [per_record[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-        return FlowPlan(terminating, by_corr)
+        ids = np.where(linked, fids, np.uint64(0))
+        return FlowPlan(terminating, by_corr,
+                        [ids[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
 
     def _context_devices(self, batch: ActivityBatch) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -533,6 +552,9 @@ class GpuTraceConverter:
         est = self._estimates(k)
         n = 0
         out: dict[int, BucketMetrics] = {}
+        sample_ts: list[np.ndarray] = []
+        sample_values: list[np.ndarray] = []
+        sample_tracks: list[np.ndarray] = []
         for d in np.unique(k["device"]).tolist():
             sel = k["device"] == d
             bm = bucket_metrics(
@@ -540,15 +562,18 @@ class GpuTraceConverter:
                 est.est_achieved_occupancy[sel], edges,
             )  # fmt: skip
             out[d] = bm
-            ts = (edges + self.offset_ns).tolist()
+            ts = edges + self.offset_ns
             for which, values in (
                 (_schema.COUNTER_GPU_UTILIZATION, bm.utilization),
                 (_schema.COUNTER_GPU_SM_EFFICIENCY, bm.sm_efficiency),
                 (_schema.COUNTER_GPU_OCCUPANCY, np.nan_to_num(bm.achieved_occupancy)),
             ):
                 trk = self.counter_track(d, which)
-                for t, v in zip(ts, (values * 100.0).tolist(), strict=False):
-                    self._cem.counter(t, trk, v)
-                self._cem.counter(ts[-1], trk, 0.0)  # back to idle after the window
+                m = min(len(values), len(ts))
+                sample_ts.append(np.append(ts[:m], ts[-1]))  # back to idle after the window
+                sample_values.append(np.append(values[:m] * 100.0, 0.0))
+                sample_tracks.append(np.full(m + 1, trk, dtype=np.int64))
                 n += len(ts)
+        self._cem.counters_columns(np.concatenate(sample_ts), np.concatenate(sample_tracks),
+                                   np.concatenate(sample_values))
         return n, out

@@ -259,6 +259,65 @@ class Blob:
         self.name = name  # inline (not interned) name, for names used once
 
 
+# --- blob series: a converter's columns ----------------------------------------------------------
+# Event i of the series parked as blob k has the code -(k + ((i + 1) << SERIES_SHIFT)): one blob
+# stands for up to SERIES_MAX events (blob ids stay below 1 << SERIES_SHIFT: a trillion blobs).
+SERIES_SHIFT = 40
+SERIES_MAX = 1 << 22
+BLOB_ID_MASK = (1 << SERIES_SHIFT) - 1
+
+
+class BlobSeries:
+    """Many events of one kind as columns: event ``i`` is the blob of ``bases[base[i]]``
+    (``(eid, track, args)``) plus its own int args (``int_names`` valued ``ints[i]``), counter
+    value ``values[i]``, flow ``flows[i]`` and terminating flow ``tflows[i]`` (uint64, 0 for
+    none; ``flow_lists[i]``, where given, holds all of event ``i``'s flows instead). A converter
+    of thousands of records (GPU kernels, CUDA calls, counter samples) builds no object per
+    event: it parks one series, its events' codes name it (``SERIES_SHIFT``), and the writer
+    encodes each base once per sequence and the rest in numpy (``write.encoder``)."""
+
+    __slots__ = ("kind", "level", "bases", "base", "int_names", "ints", "values", "flows",
+                 "tflows", "flow_lists")
+
+    def __init__(self, kind: int, level: int, bases: list[tuple], base: Any,
+                 int_names: tuple[str, ...] = (), ints: Any = None, values: Any = None,
+                 flows: Any = None, tflows: Any = None,
+                 flow_lists: dict[int, list[int]] | None = None):
+        self.kind = kind
+        self.level = level
+        self.bases = bases
+        self.base = np.asarray(base, dtype=np.int64)
+        self.int_names = tuple(int_names)
+        n = len(self.base)
+        if n > SERIES_MAX:
+            raise ValueError(f"a blob series holds at most {SERIES_MAX} events, not {n}")
+        self.ints = (np.asarray(ints, dtype=np.int64).reshape(n, len(self.int_names))
+                     if self.int_names else None)
+        self.values = None if values is None else np.asarray(values, dtype=np.float64)
+        self.flows = None if flows is None else np.asarray(flows, dtype=np.uint64)
+        self.tflows = None if tflows is None else np.asarray(tflows, dtype=np.uint64)
+        self.flow_lists = flow_lists or None
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def blob(self, i: int) -> Blob:
+        """Event ``i`` as a plain blob (the writer's encoding of the series equals it)."""
+        eid, track, args = self.bases[int(self.base[i])]
+        if self.int_names:
+            args = {**(args or {}), **dict(zip(self.int_names, self.ints[i].tolist(),
+                                               strict=True))}
+        flows = tflows = None
+        if self.flow_lists is not None and i in self.flow_lists:
+            flows = self.flow_lists[i]
+        elif self.flows is not None and self.flows[i]:
+            flows = [int(self.flows[i])]
+        if self.tflows is not None and self.tflows[i]:
+            tflows = [int(self.tflows[i])]
+        return Blob(self.kind, eid, self.level, track, args, flows, tflows,
+                    None if self.values is None else float(self.values[i]))
+
+
 class NumberedBegin(Blob):
     """A begin named ``prefix + str(n) + suffix`` with the one int arg ``{arg: n}`` (the
     profiler's ``step N``), one per use: made by a one-field call on the recording thread;

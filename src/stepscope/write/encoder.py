@@ -4,7 +4,8 @@ Each event becomes ``TracePacket{timestamp: delta, <template bytes>}`` where the
 everything but the timestamp (sequence id, flags, the TrackEvent). Events of one kind share a
 template, so a batch is: varint lengths and deltas computed with numpy, then one gather/scatter
 of template bytes. Python runs once per distinct template, not once per event; only blobs
-(events with arguments, explicit tracks, flows, counter values) are encoded one by one.
+(events with arguments, explicit tracks, flows, counter values) are encoded one by one, and the
+events of a blob series (a converter's columns) in one loop over their varying parts.
 """
 
 from __future__ import annotations
@@ -17,11 +18,15 @@ import numpy as np
 from ..format import wire as w
 from ..record.recorder import (
     BEGIN,
+    BLOB_ID_MASK,
     COUNTER,
     END,
     INSTANT,
+    SERIES_SHIFT,
     Blob,
+    BlobSeries,
     NumberedBegin,
+    blobs,
     counter_value,
     fast,
     kinds,
@@ -382,6 +387,137 @@ def numbered_events(interner: Interner, cls: type[NumberedBegin], numbers: np.nd
         except UnicodeEncodeError:
             pass
     return [prefix + blob_event(interner, cls(n)) for n in numbers.tolist()]
+
+
+def blob_templates(interner: Interner, prefix: bytes, keys: np.ndarray) -> list[bytes]:
+    """``prefix`` + the TrackEvent field of each blob event, by its code's magnitude (blob id,
+    or series event: see ``recorder.SERIES_SHIFT``); a blob that is gone or cannot be encoded
+    gives ``prefix`` alone: an empty packet, never a corrupt or lost file."""
+    keys = np.asarray(keys, dtype=np.int64)
+    k = keys & BLOB_ID_MASK
+    item = (keys >> SERIES_SHIFT) - 1
+    out = [prefix] * len(keys)
+    plain = np.flatnonzero(item < 0)
+    for p, b in zip(plain.tolist(), map(blobs.get, k[plain].tolist()), strict=True):
+        if b is not None:
+            try:
+                out[p] = prefix + blob_event(interner, b)
+            except Exception:
+                pass
+    at = np.flatnonzero(item >= 0)
+    if at.size:
+        for key in np.unique(k[at]).tolist():
+            sel = at[k[at] == key]
+            s = blobs.get(key)
+            if s is None:
+                continue
+            try:
+                parts = series_templates(interner, prefix, s, item[sel])
+            except Exception:
+                continue
+            for p, t in zip(sel.tolist(), parts, strict=True):
+                out[p] = t
+    return out
+
+
+def _scatter(out: np.ndarray, pos: np.ndarray, seg: bytes) -> None:
+    """``seg`` at each position ``pos`` of ``out``."""
+    if seg and len(pos):
+        out[pos[:, None] + np.arange(len(seg))] = np.frombuffer(seg, dtype=np.uint8)
+
+
+def _put_fixed64(out: np.ndarray, pos: np.ndarray, values: np.ndarray) -> None:
+    if len(pos):
+        out[pos[:, None] + np.arange(8)] = values.astype("<u8" if values.dtype.kind in "iu"
+                                                         else "<f8").view(np.uint8).reshape(-1, 8)
+
+
+def series_templates(interner: Interner, prefix: bytes, s: BlobSeries, items: np.ndarray
+                     ) -> list[bytes]:
+    """``prefix`` + the TrackEvent field of events ``items`` of ``s``: the bytes
+    ``blob_event`` gives for ``s.blob(i)`` (field for field: type, name, categories, track;
+    counter value; the base's args, the event's int args; flows; terminating flows). Each base
+    is encoded once; the rest are numpy passes over the events. Events with several flows
+    (a graph launch's), or a base with args beside counter values, go through ``blob_event``."""
+    items = np.asarray(items, dtype=np.int64)
+    kind = s.kind
+    ub, inv = np.unique(s.base[items], return_inverse=True)
+    inv = inv.ravel()
+    values = None if s.values is None else s.values[items]
+    head_of: list[bytes] = []
+    args_of: list[bytes] = []
+    for b in ub.tolist():
+        eid, track, args = s.bases[b]
+        key = (kind, eid, track, True)
+        head_of.append(interner.heads.get(key) or _event_head(interner, kind, eid, track, True))
+        args_of.append(debug_annotations(interner, args) if args else b"")
+    slow = np.zeros(len(items), dtype=bool)
+    if s.flow_lists is not None:
+        slow = np.isin(items, np.fromiter(s.flow_lists, dtype=np.int64))
+    if values is not None and any(args_of):
+        slow[:] = True
+    fast = np.flatnonzero(~slow)
+    out: list[bytes] = [b""] * len(items)
+    for p in np.flatnonzero(slow).tolist():
+        out[p] = prefix + blob_event(interner, s.blob(int(items[p])))
+    if not fast.size:
+        return out
+    it, binv = items[fast], inv[fast]
+    n = len(it)
+    base_bytes = [h + a for h, a in zip(head_of, args_of, strict=True)]
+    body = np.array([len(x) for x in base_bytes], dtype=np.int64)[binv]
+    if values is not None:
+        body += len(_DOUBLE_COUNTER_TAG) + 8
+    heads = [_int_arg_head(interner, k) for k in s.int_names]
+    ints = s.ints[it].astype(np.uint64) if heads else None
+    arg_len = []
+    for j, h in enumerate(heads):
+        a = len(h) + varint_len(ints[:, j])
+        arg_len.append(a)
+        body += len(_DA_TAG) + varint_len(a.astype(np.uint64)) + a
+    fl = None if s.flows is None else s.flows[it]
+    tf = None if s.tflows is None else s.tflows[it]
+    if fl is not None:
+        body += (len(_FLOW_TAG) + 8) * (fl != 0)
+    if tf is not None:
+        body += (len(_TFLOW_TAG) + 8) * (tf != 0)
+    blen = varint_len(body.astype(np.uint64))
+    size = len(prefix) + len(_TE_TAG) + blen + body
+    start = np.zeros(n, dtype=np.int64)
+    np.cumsum(size[:-1], out=start[1:])
+    buf = np.empty(int(start[-1] + size[-1]), dtype=np.uint8)
+    _scatter(buf, start, prefix + _TE_TAG)
+    pos = start + len(prefix) + len(_TE_TAG)
+    _put_varints(buf, pos, body, blen)
+    pos = pos + blen
+    for u, seg in enumerate(base_bytes):
+        sel = np.flatnonzero(binv == u)
+        _scatter(buf, pos[sel], seg)
+    pos = pos + np.array([len(x) for x in base_bytes], dtype=np.int64)[binv]
+    if values is not None:  # (a counter's value comes before its args: it has none here)
+        _scatter(buf, pos, _DOUBLE_COUNTER_TAG)
+        _put_fixed64(buf, pos + len(_DOUBLE_COUNTER_TAG), values[fast])
+        pos = pos + len(_DOUBLE_COUNTER_TAG) + 8
+    for j, h in enumerate(heads):
+        a = arg_len[j]
+        al = varint_len(a.astype(np.uint64))
+        _scatter(buf, pos, _DA_TAG)
+        _put_varints(buf, pos + len(_DA_TAG), a, al)
+        pos = pos + len(_DA_TAG) + al
+        _scatter(buf, pos, h)
+        _put_varints(buf, pos + len(h), ints[:, j], a - len(h))
+        pos = pos + a
+    for col, tag in ((fl, _FLOW_TAG), (tf, _TFLOW_TAG)):
+        if col is not None:
+            sel = np.flatnonzero(col != 0)
+            _scatter(buf, pos[sel], tag)
+            _put_fixed64(buf, pos[sel] + len(tag), col[sel])
+            pos = pos + (len(tag) + 8) * (col != 0)
+    data = buf.tobytes()
+    ends = (start + size).tolist()
+    for p, a, e in zip(fast.tolist(), start.tolist(), ends, strict=True):
+        out[p] = data[a:e]
+    return out
 
 
 def blob_event(interner: Interner, blob: Blob) -> bytes:

@@ -33,7 +33,7 @@ from ..record.recorder import (
     register_blob,
     warn_once,
 )
-from .encoder import Interner, assemble, blob_event, numbered_events, packet, track_event
+from .encoder import Interner, assemble, blob_templates, numbered_events, packet, track_event
 
 _PREFIX_FLAGS = w.f_varint(w.PKT_SEQUENCE_FLAGS, w.SEQ_NEEDS_INCREMENTAL_STATE)
 MAIN_SEQUENCE = 1
@@ -239,13 +239,7 @@ class Sink:
             # ride on the batch's first packet, whatever the order of encoding)
             uniq, inv = np.unique(codes[bi], return_inverse=True)
             tidx[bi] = len(templates) + inv
-            prefix, interner = seq.prefix, seq.interner
-            for b in map(blobs.get, (-uniq).tolist()):
-                try:
-                    body = blob_event(interner, b) if b is not None else b""
-                except Exception:  # a value that cannot be encoded: an empty packet, not a
-                    body = b""  # corrupt or lost file
-                templates.append(prefix + body)
+            templates.extend(blob_templates(seq.interner, seq.prefix, -uniq))
         interned = seq.interner.take_pending()
         if interned:  # definitions ride on the batch's first packet
             templates.append(interned + templates[tidx[0]])

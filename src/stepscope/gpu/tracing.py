@@ -110,7 +110,7 @@ class GpuTracing:
         *,
         activity: bool = True,
         nvml: bool = True,
-        nvml_interval_s: float = 0.1,
+        nvml_interval_s: float | None = None,
         bucket_ns: int | None = None,
         buffer_bytes: int = 8 << 20,
         max_records: int = 2_000_000,
@@ -131,7 +131,7 @@ class GpuTracing:
         self.tracer = tracer or CuptiTracer(
             buffer_bytes=buffer_bytes, max_records=max_records, log_level=log_level
         )
-        self.sampler = (
+        self.sampler = (  # (None: nvml.INTERVAL_S)
             NvmlSampler(sess, interval_s=nvml_interval_s, log_level=log_level) if nvml else None
         )
         self._devices = devices

@@ -110,18 +110,23 @@ def untraced(make, steps: int) -> float:
     return (time.perf_counter_ns() - t0) / steps
 
 
+# table 1b's runs → labels (the last three on a GPU only)
+PARTS = {"ss": "stepscope", "tp": "torch.profiler", "ss_ops": "ss ops only",
+         "ss_cupti": "ss CUPTI only", "tp_cpu": "torch CPU only"}
 READER: set[str] = set()  # how the detail windows read torch's events
 
 
-def stepscope_run(make, steps: int, detail: bool, out: Path, gpu: bool | None = None
-                  ) -> tuple[float, int]:
-    """ns per step (start to stop, window-end conversion included) and detail bytes.
-    ``gpu``: CUPTI on (None: where the models run on the GPU)."""
+def stepscope_run(make, steps: int, detail: bool, out: Path, gpu: bool | None = None,
+                  ops: bool = True) -> tuple[float, int, float]:
+    """ns per step (start to stop, window-end conversion included), detail bytes, and ns per
+    step of the loop alone (the window's end left out). ``gpu``: CUPTI on (None: where the
+    models run on the GPU); ``ops``: the torch integration on."""
     m, x, y = make()
     loop(m, x, y, 5)
-    sched = (0, steps) if detail else None
+    # a window past the loop's last step: it ends in stop(), apart from the loop's time
+    sched = (0, steps + 1) if detail else None
     prof = stepscope.Profiler(dir=out, schedule=sched, host_metrics=False, report=False,
-                              use_env=False, torch=True,
+                              use_env=False, torch=ops,
                               gpu=DEVICE == "cuda" if gpu is None else gpu)
     prof.start()
     t0 = time.perf_counter_ns()  # summary: the steps alone (start/stop are once per run)
@@ -132,15 +137,15 @@ def stepscope_run(make, steps: int, detail: bool, out: Path, gpu: bool | None = 
     # file's close, counted too, as torch.profiler's export is
     ns = ((time.perf_counter_ns() if detail else t1) - t0) / steps
     size = sum(os.path.getsize(f) for f in files if ".detail." in f.name)
-    if detail:
+    if detail and ops:
         READER.add(next(h.ops.last_reader for h in prof.hooks if hasattr(h, "ops")))
-    return ns, size
+    return ns, size, (t1 - t0) / steps
 
 
 def torch_profiler_run(make, steps: int, out: Path, cuda: bool | None = None
-                       ) -> tuple[float, int]:
-    """ns per step and JSON bytes; ``cuda``: CUDA activity on (None: where the models run on
-    the GPU)."""
+                       ) -> tuple[float, int, float]:
+    """ns per step, JSON bytes, and ns per step of the loop alone (the profiler's stop, export
+    and free left out); ``cuda``: CUDA activity on (None: where the models run on the GPU)."""
     m, x, y = make()
     loop(m, x, y, 5)
     path = out / "trace.json"
@@ -150,13 +155,14 @@ def torch_profiler_run(make, steps: int, out: Path, cuda: bool | None = None
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=acts, record_shapes=True) as p:
         loop(m, x, y, steps)
+        t1 = time.perf_counter_ns()
     p.export_chrome_trace(str(path))
     # its result sits in a reference cycle, which a later cyclic GC pass frees on the
     # program's time; stepscope frees its own at the window's end: both counted (a timed
     # gc.collect() would add a sweep of torch's whole heap, 150+ ms here, to the profiler)
     p.profiler.kineto_results = None
     ns = (time.perf_counter_ns() - t0) / steps
-    return ns, path.stat().st_size
+    return ns, path.stat().st_size, (t1 - t0) / steps
 
 
 PROCESSES, PAIRS = 3, 11  # table 2: pairs of blocks in each of several fresh processes
@@ -338,27 +344,32 @@ def main(argv: list[str] | None = None) -> None:
                 if args.direct_only:
                     continue
                 res["summary"].append(stepscope_run(make, steps, False, Path(tmp) / "s")[0])
-                ns, size = stepscope_run(make, steps, True, Path(tmp) / "d")
+                ns, size, loop_ns = stepscope_run(make, steps, True, Path(tmp) / "d")
                 res["detail"].append(ns)
                 res["dbytes"].append(size / steps)
-                ns, size = torch_profiler_run(make, steps, Path(tmp))
+                parts = res.setdefault("parts", {k: [] for k in PARTS})
+                parts["ss"].append((ns, loop_ns))
+                ns, size, loop_ns = torch_profiler_run(make, steps, Path(tmp))
                 res["tp"].append(ns)
                 res["tbytes"].append(size / steps)
-                if DEVICE == "cuda":  # the parts: operators alone, torch's CPU activity alone
-                    parts = res.setdefault("parts", {"ops": [], "tp_cpu": []})
-                    parts["ops"].append(stepscope_run(make, steps, True, Path(tmp) / "o",
-                                                      gpu=False)[0])
-                    parts["tp_cpu"].append(torch_profiler_run(make, steps, Path(tmp),
-                                                              cuda=False)[0])
+                parts["tp"].append((ns, loop_ns))
+                if DEVICE == "cuda":  # the parts: operators alone, CUPTI alone, torch's CPU
+                    run = stepscope_run(make, steps, True, Path(tmp) / "o", gpu=False)
+                    parts["ss_ops"].append((run[0], run[2]))
+                    run = stepscope_run(make, steps, True, Path(tmp) / "c", ops=False)
+                    parts["ss_cupti"].append((run[0], run[2]))
+                    run = torch_profiler_run(make, steps, Path(tmp), cuda=False)
+                    parts["tp_cpu"].append((run[0], run[2]))
         # times: the fastest run (load spikes only ever add time); bytes: the median
         if args.direct_only:
             res = {k: v or [0.0] for k, v in res.items()}
-        parts = res.pop("parts", None)
+        parts = res.pop("parts", {})
         med = {k: (statistics.median(v) if "bytes" in k else min(v)) for k, v in res.items()}
         base = med["base"]
-        if parts:
-            part_rows.append((name, *((min(v) - base) / 1e3 for v in parts.values()),
-                              (med["detail"] - base) / 1e3, (med["tp"] - base) / 1e3))
+        # each part: (µs the loop adds per step, µs of the stop/window end per step), fastest
+        part_rows.append((name, *(((min(r[1] for r in v) - base) / 1e3,
+                                   min(r[0] - r[1] for r in v) / 1e3)
+                                  for k in PARTS if (v := parts.get(k)))))
         rows.append((name, steps, base / 1e3,
                      100 * (med["summary"] - base) / base,
                      (med["detail"] - base) / 1e3, 100 * (med["detail"] - base) / base,
@@ -375,14 +386,17 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows if not args.direct_only else ():
         print("  ".join([f"{r[0]:>13}", f"{r[1]:>13}"] + [f"{v:>13.2f}" for v in r[2:8]]
                         + [f"{r[8]:>13.0f}", f"{r[9]:>13.0f}", f"{r[10]:>13.1f}"]))
-    if DEVICE == "cuda":  # tables 2 and 3 are CPU-side costs: measured without a GPU
-        print("\n1b) where a GPU window's cost lies: µs added per step, operators alone "
-              "(stepscope gpu=False; torch.profiler CPU activity only) and with the device "
-              "(CUPTI; CUDA activity), fastest of the same runs")
-        head = ("model", "ops only", "torch CPU only", "ops + CUPTI", "torch CPU+CUDA")
-        print("  ".join(f"{h:>15}" for h in head))
+    if not args.direct_only:
+        labels = [PARTS[k] for k in PARTS if DEVICE == "cuda" or k in ("ss", "tp")]
+        print("\n1b) where a window's cost lies: µs added per step by the loop (recording) and "
+              "by the window's end or the profiler's stop (conversion, file or export, free), "
+              "fastest of the same runs" + ("; stepscope's parts: operators alone (gpu=False), "
+                                            "CUPTI alone (torch=False); torch.profiler's: CPU "
+                                            "activity alone" if DEVICE == "cuda" else ""))
+        print(f"{'model':>6}" + "".join(f"{lb + ' loop/end':>26}" for lb in labels))
         for r in part_rows:
-            print("  ".join([f"{r[0]:>15}"] + [f"{v:>15.1f}" for v in r[1:]]))
+            print(f"{r[0]:>6}" + "".join(f"{f'{a:.1f} / {b:.1f}':>26}" for a, b in r[1:]))
+    if DEVICE == "cuda":  # tables 2 and 3 are CPU-side costs: measured without a GPU
         return
     steps_us = {r[0]: r[2] for r in rows}
     print(f"\n2) summary level measured directly: CPU µs stepscope adds per step (main thread: "

@@ -31,24 +31,25 @@ pytestmark = [
 PROGRAM = textwrap.dedent("""
     import json, sys, time, torch, torch.distributed as dist, stepscope
     from stepscope.pytorch import collectives
-    run_dir, mode, completion = sys.argv[1], sys.argv[2], sys.argv[3]
+    run_dir, mode, completion, backend = sys.argv[1:5]
+    dev = "cuda" if backend == "nccl" else "cpu"
     collectives.USE_PG_HOOKS = None if mode == "hooks" else False
     collectives.USE_STAMPS = None if completion == "stamps" else False
     prof = stepscope.Profiler(dir=run_dir, run_id=mode, schedule=None, report=False,
                               use_env=False, host_metrics=False, torch=True)
     prof.start()
-    dist.init_process_group("gloo", init_method=f"file://{run_dir}/store-{mode}", rank=0,
+    dist.init_process_group(backend, init_method=f"file://{run_dir}/store-{mode}", rank=0,
                             world_size=1)
     tracer = next(h.collectives for h in prof.hooks if hasattr(h, "collectives"))
     spans = []  # each async op's ns from before its call to after its wait
     for n in (1000, 10, 3):
         t0 = time.perf_counter_ns()
-        dist.all_reduce(torch.ones(n), async_op=True).wait()
+        dist.all_reduce(torch.ones(n, device=dev), async_op=True).wait()
         spans.append(time.perf_counter_ns() - t0)
-    dist.all_reduce(torch.ones(2))  # synchronous
+    dist.all_reduce(torch.ones(2, device=dev))  # synchronous
     prof._sess.flush()  # the stamped ones are written before it takes the synchronous one
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
-    model(torch.ones(3, 4)).sum().backward()  # DDP's all-reduce of 10 floats, from C++
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2).to(dev))
+    model(torch.ones(3, 4, device=dev)).sum().backward()  # DDP's all-reduce of 10 floats
     prof.step()
     prof.stop()
     dist.destroy_process_group()
@@ -58,12 +59,13 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def _run(tmp_path, mode: str, completion: str, env: dict) -> tuple[dict, list[dict], object]:
+def _run(tmp_path, mode: str, completion: str, env: dict, backend: str = "gloo"
+         ) -> tuple[dict, list[dict], object]:
     script = tmp_path / "c.py"
     script.write_text(PROGRAM)
     run_dir = tmp_path / completion
     run_dir.mkdir(exist_ok=True)
-    r = subprocess.run([sys.executable, str(script), str(run_dir), mode, completion],
+    r = subprocess.run([sys.executable, str(script), str(run_dir), mode, completion, backend],
                        capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert "stepscope" not in r.stderr, r.stderr
@@ -78,6 +80,30 @@ def _described(d, slices: list[dict]) -> list[tuple]:
             for s in slices]
 
 
+def _same_slices_stamped_and_called_back(tmp_path, native_cache, mode: str,
+                                         backend: str = "gloo") -> None:
+    env = dict(os.environ, STEPSCOPE_CACHE_DIR=str(native_cache))
+    out, slices, d = _run(tmp_path, mode, "stamps", env, backend)
+    assert out["stamps"] and out["waiting"] == 0 and out["failures"] == 0
+    assert out["native_hooks"] == (mode == "hooks")  # the hooks themselves in C++ there
+    got = _described(d, slices)
+    # the program's four; DDP's from C++: at construction the parameters' count (one int64),
+    # their shapes (6 int64) and values (10 floats), then the gradients' all-reduce
+    assert got == [("allreduce", "4000", "float32", "1", None),
+                   ("allreduce", "40", "float32", "1", None),
+                   ("allreduce", "12", "float32", "1", None),
+                   ("allreduce", "8", "float32", "1", None),
+                   ("allgather", "8", "int64", "1", None),
+                   ("broadcast", "48", "int64", "1", None),
+                   ("broadcast", "40", "float32", "1", None),
+                   ("allreduce", "40", "float32", "1", None)], got
+    for s, span in zip(slices, out["spans"], strict=False):
+        assert 0 < s["dur"] <= span, (s, span)
+    py_out, py_slices, py_d = _run(tmp_path, mode, "callback", env, backend)
+    assert not py_out["stamps"] and not py_out["native_hooks"]
+    assert _described(py_d, py_slices) == got
+
+
 @pytest.mark.parametrize("mode", ["hooks", "python"])
 def test_native_stamps_give_the_slices_of_the_done_callbacks(tmp_path, native_cache, mode):
     """Through the process-group hooks and through the path of a torch without them, one
@@ -87,21 +113,20 @@ def test_native_stamps_give_the_slices_of_the_done_callbacks(tmp_path, native_ca
     at once, would come first and push theirs after it)."""
     if mode == "hooks" and not hasattr(dist.ProcessGroup, "register_pre_hook"):
         pytest.skip("this torch has no process-group hooks")
-    env = dict(os.environ, STEPSCOPE_CACHE_DIR=str(native_cache))
-    out, slices, d = _run(tmp_path, mode, "stamps", env)
-    assert out["stamps"] and out["waiting"] == 0 and out["failures"] == 0
-    assert out["native_hooks"] == (mode == "hooks")  # the hooks themselves in C++ there
-    got = _described(d, slices)
-    assert got[:4] == [("allreduce", "4000", "float32", "1", None),
-                       ("allreduce", "40", "float32", "1", None),
-                       ("allreduce", "12", "float32", "1", None),
-                       ("allreduce", "8", "float32", "1", None)], got
-    assert got[-1] == ("allreduce", "40", "float32", "1", None), got  # DDP's, from C++
-    for s, span in zip(slices, out["spans"], strict=False):
-        assert 0 < s["dur"] <= span, (s, span)
-    py_out, py_slices, py_d = _run(tmp_path, mode, "callback", env)
-    assert not py_out["stamps"] and not py_out["native_hooks"]
-    assert _described(py_d, py_slices) == got
+    _same_slices_stamped_and_called_back(tmp_path, native_cache, mode)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["hooks", "python"])
+def test_nccl_ops_stamped_in_cpp(tmp_path, native_cache, mode):
+    """The same program on one GPU with NCCL: its futures are CUDA futures, completed when
+    the op is issued on the stream (the kernels from CUPTI are the device-side truth), and the
+    C++ stamp, or hooks, read NCCL's works as they read gloo's."""
+    if not torch.cuda.is_available() or not dist.is_nccl_available():
+        pytest.skip("no CUDA device or no NCCL")
+    if mode == "hooks" and not hasattr(dist.ProcessGroup, "register_pre_hook"):
+        pytest.skip("this torch has no process-group hooks")
+    _same_slices_stamped_and_called_back(tmp_path, native_cache, mode, "nccl")
 
 
 PROMPT = textwrap.dedent("""

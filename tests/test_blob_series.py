@@ -22,8 +22,9 @@ OTHER = _recorder.event_id("cudaLaunchKernel", ("cuda_runtime",))
 
 def test_series_events_encode_as_their_blobs():
     """Byte for byte what ``blob_event`` writes for each event as a plain blob: bases with and
-    without args, int args of every varint length and negative, single flows, several flows
-    (a graph launch's, through the per-event path), terminating flows, counter values."""
+    without args, int args of every varint length and negative, float args, single flows,
+    several flows (a graph launch's, through the per-event path), terminating flows, counter
+    values."""
     bases = [(EID, 5, {"grid": 3, "occupancy": 0.5, "kind": "a"}), (OTHER, 6, None),
              (EID, 300, {"grid": 1})]
     ints = [[0, 1], [127, 128], [-2, 1 << 40], [(1 << 63) - 1, -(1 << 63)], [16384, 5]]
@@ -31,12 +32,16 @@ def test_series_events_encode_as_their_blobs():
                              ("correlation", "cbid"), ints,
                              flows=[0, 7, 0, (1 << 64) - 1, 3], tflows=[9, 0, 0, 0, 1 << 62],
                              flow_lists={2: [4, 5, 6]})
+    floats = _recorder.BlobSeries(_recorder.BEGIN, LEVEL_DETAIL, bases[:2], [0, 1, 0],
+                                  ("bytes",), [[8], [1 << 20], [0]], tflows=[0, 3, 0],
+                                  float_names=("bandwidth", "ratio"),
+                                  floats=[[1.5, -0.0], [float("inf"), 1e-300], [0.1, 2.0]])
     counters = _recorder.BlobSeries(_recorder.COUNTER, LEVEL_DETAIL, [(0, 5, None), (0, 7, None)],
                                     [0, 1, 1], values=[1.5, -2.0, float("nan")])
     with_args = _recorder.BlobSeries(_recorder.COUNTER, LEVEL_DETAIL, [(0, 5, {"unit": "x"})],
                                      [0, 0], values=[1.0, 2.0])
     interner = _encoder.Interner()
-    for series in (s, counters, with_args):
+    for series in (s, floats, counters, with_args):
         got = _encoder.series_templates(interner, b"\x50\x07", series, np.arange(len(series)))
         want = [b"\x50\x07" + _encoder.blob_event(interner, series.blob(i))
                 for i in range(len(series))]
@@ -64,6 +69,7 @@ def _write(path, columns: bool, now: int) -> None:
     flows = np.array([0, 21, 0, 0, 23, 24, 0], dtype=np.uint64)
     tflows = np.array([31, 0, 0, 0, 0, 0, 37], dtype=np.uint64)
     lists = {2: [41, 42]}
+    bw = dur / 7.0
     sess = Session(path).start()
     em = sess.emitter(clock="realtime", level=LEVEL_DETAIL)
     a, b = sess.new_track("stream 7"), sess.new_track("CUDA API")
@@ -75,14 +81,15 @@ def _write(path, columns: bool, now: int) -> None:
     values = np.array([10.0, 20.0, 0.0, 35.5])
     if columns:
         em.completes_columns(ts, dur, bases, base, {"correlation": corr}, flows=flows,
-                             tflows=tflows, flow_lists=lists)
+                             tflows=tflows, flow_lists=lists, float_args={"bandwidth": bw})
         em.counters_columns(cts, np.full(4, ctr), values)
     else:
         for i in range(len(ts)):
             name, cat, track, args = bases[base[i]]
             f = lists.get(i) or ([int(flows[i])] if flows[i] else None)
             em.complete(int(ts[i]), int(dur[i]), name, track, cat,
-                        {**(args or {}), "correlation": int(corr[i])}, flow_ids=f,
+                        {**(args or {}), "correlation": int(corr[i]),
+                         "bandwidth": float(bw[i])}, flow_ids=f,
                         terminating_flow_ids=[int(tflows[i])] if tflows[i] else None)
         for t, v in zip(cts.tolist(), values.tolist(), strict=True):
             em.counter(t, ctr, v)

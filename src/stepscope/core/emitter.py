@@ -96,10 +96,12 @@ class Emitter:
             (cts, order, tie, seq, idx, list(blobs)))
 
     def completes_columns(self, ts, dur, bases: list[tuple], base, int_args: dict | None = None,
-                          flows=None, tflows=None, flow_lists: dict | None = None) -> None:
+                          flows=None, tflows=None, flow_lists: dict | None = None,
+                          float_args: dict | None = None) -> None:
         """Whole slices in bulk, as ``complete`` orders them: slice ``i`` takes its name,
         category, track and args from ``bases[base[i]]`` (``(name, category, track, args)``),
-        plus its own int args (``int_args``: name → column), flow and terminating flow
+        plus its own int and float args (``int_args``, ``float_args``: name → column, written
+        after the base's args in that order), flow and terminating flow
         (``flows[i]``, ``tflows[i]``: 0 for none; ``flow_lists[i]``: all of slice ``i``'s
         flows, where it has several). A converter of thousands of records that repeat a few
         kinds (GPU kernels, CUDA calls) builds no object per slice; the writer encodes each
@@ -110,6 +112,9 @@ class Emitter:
         names = tuple(int_args or ())
         ints = (np.stack([np.asarray(int_args[k], dtype=np.int64) for k in names], axis=1)
                 if names else None)
+        fnames = tuple(float_args or ())
+        floats = (np.stack([np.asarray(float_args[k], dtype=np.float64) for k in fnames],
+                           axis=1) if fnames else None)
         eids = [(_recorder.event_id(name, (cat,) if cat else ()), track, args)
                 for name, cat, track, args in bases]
         track_of = np.array([b[2] for b in bases], dtype=np.int64)[np.asarray(base)]
@@ -125,7 +130,8 @@ class Emitter:
                 BEGIN, self.level, eids, np.asarray(base)[sl], names,
                 None if ints is None else ints[sl], None,
                 None if flows is None else np.asarray(flows)[sl],
-                None if tflows is None else np.asarray(tflows)[sl], lists)  # fmt: skip
+                None if tflows is None else np.asarray(tflows)[sl], lists, fnames,
+                None if floats is None else floats[sl])  # fmt: skip
             m = len(series)
             # the series at blob 0, event i's index carrying i + 1 above SERIES_SHIFT; ends
             begin_idx = (np.arange(1, m + 1, dtype=np.int64) << _recorder.SERIES_SHIFT)

@@ -81,12 +81,16 @@ def flow_ids_for(correlation: np.ndarray, pid: int, *, rank: int = 0,
 
 @dataclass
 class FlowPlan:
-    """Flows of one batch: the terminating id (or None) per device record, table by table, and
-    the ids each launching API call starts (one per record it launched)."""
+    """Flows of one batch: the terminating id (0 for none) per device record, table by table,
+    and the ids each launching API call starts (one per record it launched)."""
 
-    terminating: list[list[list[int] | None]]
+    terminating_ids: list[np.ndarray]
     by_correlation: dict[int, list[int]]
-    terminating_ids: list[np.ndarray] = field(default_factory=list)  # the same; 0 for none
+
+    @property
+    def terminating(self) -> list[list[list[int] | None]]:
+        """The terminating ids as lists (None for none)."""
+        return [[[f] if f else None for f in ids.tolist()] for ids in self.terminating_ids]
 
     @property
     def arrows(self) -> int:
@@ -123,16 +127,19 @@ def assign_lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 
 def distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the first row of each distinct row, each row's distinct number), numbered in order of
-    first appearance: a dict of tuples, several times cheaper than ``np.unique(axis=0)``, which
-    sorts the rows as opaque bytes."""
-    index: dict[tuple, int] = {}
+    """(the first row of each distinct row, each row's distinct number) of an int matrix: one
+    stable lexsort of its columns (``np.unique(axis=0)`` sorts the rows as opaque bytes, several
+    times slower)."""
     n = len(rows)
-    inv = np.fromiter((index.setdefault(r, len(index)) for r in map(tuple, rows.tolist())),
-                      dtype=np.int64, count=n)
-    first = np.full(len(index), n, dtype=np.int64)
-    np.minimum.at(first, inv, np.arange(n, dtype=np.int64))
-    return first, inv
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    order = np.lexsort(rows.T[::-1])
+    s = rows[order]
+    new = np.ones(n, dtype=bool)
+    new[1:] = (s[1:] != s[:-1]).any(axis=1)
+    inv = np.empty(n, dtype=np.int64)
+    inv[order] = np.cumsum(new) - 1
+    return order[new], inv  # (stable: the first of each group is its earliest row)
 
 
 _demangled: dict[str, str] = {}
@@ -293,7 +300,6 @@ class GpuTraceConverter:
         plan = self.flow_plan(
             (batch.kernels, batch.memcpys, batch.memsets, batch.syncs), api_corr
         )
-        _, m_flows, s_flows, y_flows = plan.terminating
         st.flows = plan.arrows
         context_device = self._context_devices(batch)
 
@@ -333,43 +339,48 @@ class GpuTraceConverter:
                                  {_schema.ARG_CORRELATION: k["correlation"]},
                                  tflows=plan.terminating_ids[0])  # fmt: skip
 
-        # memcpy
+        # memcpy: one base per (stream, kinds, graph node); bytes, bandwidth, correlation vary
         m = batch.memcpys
         if m.size:
             st.memcpys = int(m.size)
             dur = m["end"] - m["start"]
-            bw = np.round(m["bytes"] / np.maximum(dur, 1), 4)  # bytes/ns == GB/s
-            for ts, d, trk, nbytes, ck, sk, dk, b, corr, fl, gid, gnode in zip(
-                (m["start"] + off).tolist(), dur.tolist(), self._device_tracks(m),
-                m["bytes"].tolist(), m["copy_kind"].tolist(), m["src_kind"].tolist(),
-                m["dst_kind"].tolist(), bw.tolist(), m["correlation"].tolist(), m_flows,
-                m["graph_id"].tolist(), m["graph_node_id"].tolist(), strict=False,
-            ):  # fmt: skip
+            keys = np.stack([np.asarray(self._device_tracks(m), dtype=np.int64),
+                             m["copy_kind"], m["src_kind"], m["dst_kind"], m["graph_id"],
+                             m["graph_node_id"]], axis=1).astype(np.int64)  # fmt: skip
+            first, base = distinct_rows(keys)
+            bases = []
+            for trk, ck, sk, dk, gid, gnode in keys[first].tolist():
                 kind = COPY_KIND_NAMES.get(ck, str(ck))
                 src = MEMORY_KIND_NAMES.get(sk, str(sk))
                 dst = MEMORY_KIND_NAMES.get(dk, str(dk))
-                args = {_schema.ARG_BYTES: nbytes, _schema.ARG_COPY_KIND: kind,
-                        _schema.ARG_SRC_KIND: src, _schema.ARG_DST_KIND: dst,
-                        _schema.ARG_BANDWIDTH: b, _schema.ARG_CORRELATION: corr}  # fmt: skip
+                args = {_schema.ARG_COPY_KIND: kind, _schema.ARG_SRC_KIND: src,
+                        _schema.ARG_DST_KIND: dst}  # fmt: skip
                 if gid:
                     args[_schema.ARG_GRAPH_ID], args[_schema.ARG_GRAPH_NODE_ID] = gid, gnode
-                em.complete(ts, d, f"Memcpy {kind} ({src} -> {dst})", trk, _schema.CAT_MEMCPY,
-                            args, terminating_flow_ids=fl)  # fmt: skip
+                bases.append((f"Memcpy {kind} ({src} -> {dst})", _schema.CAT_MEMCPY, trk, args))
+            em.completes_columns(
+                m["start"] + off, dur, bases, base,
+                {_schema.ARG_BYTES: m["bytes"], _schema.ARG_CORRELATION: m["correlation"]},
+                tflows=plan.terminating_ids[1],
+                float_args={_schema.ARG_BANDWIDTH:  # bytes/ns == GB/s
+                            np.round(m["bytes"] / np.maximum(dur, 1), 4)},
+            )  # fmt: skip
 
         # memset
         s = batch.memsets
         if s.size:
             st.memsets = int(s.size)
-            for ts, d, trk, nbytes, corr, fl, gid, gnode in zip(
-                (s["start"] + off).tolist(), (s["end"] - s["start"]).tolist(),
-                self._device_tracks(s), s["bytes"].tolist(), s["correlation"].tolist(), s_flows,
-                s["graph_id"].tolist(), s["graph_node_id"].tolist(), strict=False,
-            ):  # fmt: skip
-                args = {_schema.ARG_BYTES: nbytes, _schema.ARG_CORRELATION: corr}
-                if gid:
-                    args[_schema.ARG_GRAPH_ID], args[_schema.ARG_GRAPH_NODE_ID] = gid, gnode
-                em.complete(ts, d, "Memset", trk, _schema.CAT_MEMSET, args,
-                            terminating_flow_ids=fl)  # fmt: skip
+            keys = np.stack([np.asarray(self._device_tracks(s), dtype=np.int64), s["graph_id"],
+                             s["graph_node_id"]], axis=1).astype(np.int64)  # fmt: skip
+            first, base = distinct_rows(keys)
+            bases = [("Memset", _schema.CAT_MEMSET, trk,
+                      {_schema.ARG_GRAPH_ID: gid, _schema.ARG_GRAPH_NODE_ID: gnode} if gid
+                      else None) for trk, gid, gnode in keys[first].tolist()]
+            em.completes_columns(
+                s["start"] + off, s["end"] - s["start"], bases, base,
+                {_schema.ARG_BYTES: s["bytes"], _schema.ARG_CORRELATION: s["correlation"]},
+                tflows=plan.terminating_ids[2],
+            )  # fmt: skip
 
         # synchronization
         y = batch.syncs
@@ -381,18 +392,19 @@ class GpuTraceConverter:
             for d in np.unique(dev).tolist():
                 sel = dev == d
                 lanes[sel] = assign_lanes(y["start"][sel], y["end"][sel])
-            for ts, du, d, lane, typ, stream, corr, fl in zip(
-                (y["start"] + off).tolist(), (y["end"] - y["start"]).tolist(), dev.tolist(),
-                lanes.tolist(), y["type"].tolist(), y["stream"].tolist(),
-                y["correlation"].tolist(), y_flows, strict=False,
-            ):  # fmt: skip
-                args = {_schema.ARG_SYNC_TYPE: SYNC_TYPE_NAMES.get(typ, str(typ)),
-                        _schema.ARG_CORRELATION: corr}  # fmt: skip
+            keys = np.stack([dev, lanes, y["type"], y["stream"]], axis=1).astype(np.int64)
+            first, base = distinct_rows(keys)
+            bases = []
+            for d, lane, typ, stream in keys[first].tolist():
+                args = {_schema.ARG_SYNC_TYPE: SYNC_TYPE_NAMES.get(typ, str(typ))}
                 if stream != INVALID_ID:
                     args[_schema.ARG_STREAM] = stream
-                name = SYNC_TYPE_NAMES.get(typ, "Synchronize")
-                trk = self._lane_track(self.sync_track(d), d, lane)
-                em.complete(ts, du, name, trk, _schema.CAT_SYNC, args, terminating_flow_ids=fl)
+                bases.append((SYNC_TYPE_NAMES.get(typ, "Synchronize"), _schema.CAT_SYNC,
+                              self._lane_track(self.sync_track(d), d, lane), args))
+            em.completes_columns(
+                y["start"] + off, y["end"] - y["start"], bases, base,
+                {_schema.ARG_CORRELATION: y["correlation"]}, tflows=plan.terminating_ids[3],
+            )  # fmt: skip
 
         # runtime / driver API calls on the launching thread
         for table, driver, cat in (
@@ -483,13 +495,10 @@ class GpuTraceConverter:
         by_corr: dict[int, list[int]] = {}
         for c, f in zip(sc[lo].tolist(), fids[order][lo].tolist(), strict=True):
             by_corr.setdefault(c, []).append(f)
-        per_record = [[f] if lk else None
-                      for f, lk in zip(fids.tolist(), linked.tolist(), strict=True)]  # fmt: skip
         bounds = np.cumsum([0] + [t.size for t in tables]).tolist()
-        terminating = [per_record[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
         ids = np.where(linked, fids, np.uint64(0))
-        return FlowPlan(terminating, by_corr,
-                        [ids[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+        return FlowPlan([ids[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)],
+                        by_corr)
 
     def _context_devices(self, batch: ActivityBatch) -> dict[int, int]:
         out: dict[int, int] = {}

@@ -269,7 +269,8 @@ BLOB_ID_MASK = (1 << SERIES_SHIFT) - 1
 
 class BlobSeries:
     """Many events of one kind as columns: event ``i`` is the blob of ``bases[base[i]]``
-    (``(eid, track, args)``) plus its own int args (``int_names`` valued ``ints[i]``), counter
+    (``(eid, track, args)``) plus its own int and float args (``int_names`` valued ``ints[i]``,
+    ``float_names`` valued ``floats[i]``), counter
     value ``values[i]``, flow ``flows[i]`` and terminating flow ``tflows[i]`` (uint64, 0 for
     none; ``flow_lists[i]``, where given, holds all of event ``i``'s flows instead). A converter
     of thousands of records (GPU kernels, CUDA calls, counter samples) builds no object per
@@ -277,12 +278,13 @@ class BlobSeries:
     encodes each base once per sequence and the rest in numpy (``write.encoder``)."""
 
     __slots__ = ("kind", "level", "bases", "base", "int_names", "ints", "values", "flows",
-                 "tflows", "flow_lists")
+                 "tflows", "flow_lists", "float_names", "floats")
 
     def __init__(self, kind: int, level: int, bases: list[tuple], base: Any,
                  int_names: tuple[str, ...] = (), ints: Any = None, values: Any = None,
                  flows: Any = None, tflows: Any = None,
-                 flow_lists: dict[int, list[int]] | None = None):
+                 flow_lists: dict[int, list[int]] | None = None,
+                 float_names: tuple[str, ...] = (), floats: Any = None):
         self.kind = kind
         self.level = level
         self.bases = bases
@@ -297,6 +299,9 @@ class BlobSeries:
         self.flows = None if flows is None else np.asarray(flows, dtype=np.uint64)
         self.tflows = None if tflows is None else np.asarray(tflows, dtype=np.uint64)
         self.flow_lists = flow_lists or None
+        self.float_names = tuple(float_names)
+        self.floats = (np.asarray(floats, dtype=np.float64).reshape(n, len(self.float_names))
+                       if self.float_names else None)
 
     def __len__(self) -> int:
         return len(self.base)
@@ -306,6 +311,9 @@ class BlobSeries:
         eid, track, args = self.bases[int(self.base[i])]
         if self.int_names:
             args = {**(args or {}), **dict(zip(self.int_names, self.ints[i].tolist(),
+                                               strict=True))}
+        if self.float_names:
+            args = {**(args or {}), **dict(zip(self.float_names, self.floats[i].tolist(),
                                                strict=True))}
         flows = tflows = None
         if self.flow_lists is not None and i in self.flow_lists:

@@ -286,6 +286,16 @@ def _int_arg_head(interner: Interner, k) -> bytes:
     return head
 
 
+def _double_arg_head(interner: Interner, k) -> bytes:
+    """A DebugAnnotation's body up to its double value: the interned name, the double tag."""
+    cache = interner.arg_cache
+    head = cache.get((k, float))
+    if head is None:
+        head = cache[(k, float)] = (_DA_NAME_IID_TAG + _varint(interner.arg_name(str(k)))
+                                    + _DA_DOUBLE_TAG)
+    return head
+
+
 def _annotation(interner: Interner, k, v) -> bytes:
     """One ``debug_annotations`` field: interned name, typed value."""
     body = _DA_NAME_IID_TAG + _varint(interner.arg_name(str(k))) + debug_value(interner, v)
@@ -436,7 +446,8 @@ def series_templates(interner: Interner, prefix: bytes, s: BlobSeries, items: np
                      ) -> list[bytes]:
     """``prefix`` + the TrackEvent field of events ``items`` of ``s``: the bytes
     ``blob_event`` gives for ``s.blob(i)`` (field for field: type, name, categories, track;
-    counter value; the base's args, the event's int args; flows; terminating flows). Each base
+    counter value; the base's args, the event's int then float args; flows; terminating
+    flows). Each base
     is encoded once; the rest are numpy passes over the events. Events with several flows
     (a graph launch's), or a base with args beside counter values, go through ``blob_event``."""
     items = np.asarray(items, dtype=np.int64)
@@ -475,6 +486,9 @@ def series_templates(interner: Interner, prefix: bytes, s: BlobSeries, items: np
         a = len(h) + varint_len(ints[:, j])
         arg_len.append(a)
         body += len(_DA_TAG) + varint_len(a.astype(np.uint64)) + a
+    fheads = [_double_arg_head(interner, k) for k in s.float_names]
+    for h in fheads:
+        body += len(_DA_TAG) + len(_varint(len(h) + 8)) + len(h) + 8
     fl = None if s.flows is None else s.flows[it]
     tf = None if s.tflows is None else s.tflows[it]
     if fl is not None:
@@ -507,6 +521,11 @@ def series_templates(interner: Interner, prefix: bytes, s: BlobSeries, items: np
         _scatter(buf, pos, h)
         _put_varints(buf, pos + len(h), ints[:, j], a - len(h))
         pos = pos + a
+    for j, h in enumerate(fheads):
+        seg = _DA_TAG + _varint(len(h) + 8) + h
+        _scatter(buf, pos, seg)
+        _put_fixed64(buf, pos + len(seg), s.floats[it, j])
+        pos = pos + len(seg) + 8
     for col, tag in ((fl, _FLOW_TAG), (tf, _TFLOW_TAG)):
         if col is not None:
             sel = np.flatnonzero(col != 0)

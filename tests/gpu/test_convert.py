@@ -331,3 +331,29 @@ def test_a_tiny_bucket_is_widened_to_a_bounded_count(tmp_path):
     assert util[1][0] - util[0][0] == 10_000_000
     assert len(util) == 100 + 1  # one per bucket, then back to idle at the last edge
     assert [v for _, v in util] == [100.0] * 50 + [0.0] * 51
+
+
+def test_every_memset_and_sync_as_its_record(converted, fixture):
+    """Each memset and synchronization record, found by its correlation id: its stamps, name,
+    track and args (these are written as columns, a shared base per stream and kind)."""
+    from stepscope.gpu.records import INVALID_ID, SYNC_TYPE_NAMES
+
+    tr, _, _ = converted
+    b = fixture.batch
+    by_corr = {(s.category, s.args["correlation_id"]): s for s in tr.slices
+               if s.category in ("memset", "sync")}
+    assert len(by_corr) == b.memsets.size + b.syncs.size == 36 + 51
+    for r in b.memsets:
+        s = by_corr["memset", int(r["correlation"])]
+        assert (s.ts, s.dur, s.name) == (int(r["start"]), int(r["end"] - r["start"]), "Memset")
+        assert s.args == {"bytes": int(r["bytes"]), "correlation_id": int(r["correlation"])}
+        assert tr.track_name(s.track) == f"stream {int(r['stream'])}"
+    for r in b.syncs:
+        s = by_corr["sync", int(r["correlation"])]
+        name = SYNC_TYPE_NAMES[int(r["type"])]
+        assert (s.ts, s.dur, s.name) == (int(r["start"]), int(r["end"] - r["start"]), name)
+        want = {"sync_type": name, "correlation_id": int(r["correlation"])}
+        if r["stream"] != INVALID_ID:  # (an event's synchronization has no stream)
+            want["stream"] = int(r["stream"])
+        assert s.args == want
+        assert tr.track_name(s.track) == "sync"

@@ -110,8 +110,10 @@ def test_columns_write_the_trace_of_single_events(tmp_path):
 
 def test_a_series_past_its_size_limit_is_split(tmp_path, monkeypatch):
     """Event numbers ride above ``SERIES_SHIFT`` in the code, up to ``SERIES_MAX`` a series:
-    more are cut into several series, written as one."""
+    more are cut into several series, written as one; the writer encodes a series
+    ``SERIES_CHUNK`` events at a time."""
     monkeypatch.setattr(_recorder, "SERIES_MAX", 3)
+    monkeypatch.setattr(_encoder, "SERIES_CHUNK", 2)
     now = time.time_ns()  # (the realtime clock: stamps near now)
     _write(tmp_path / "one.pftrace", False, now)
     _write(tmp_path / "cols.pftrace", True, now)

@@ -5,7 +5,7 @@ everything but the timestamp (sequence id, flags, the TrackEvent). Events of one
 template, so a batch is: varint lengths and deltas computed with numpy, then one gather/scatter
 of template bytes. Python runs once per distinct template, not once per event; only blobs
 (events with arguments, explicit tracks, flows, counter values) are encoded one by one, and the
-events of a blob series (a converter's columns) in one loop over their varying parts.
+events of a blob series (a converter's columns) in numpy passes over their varying parts.
 """
 
 from __future__ import annotations
@@ -399,6 +399,9 @@ def numbered_events(interner: Interner, cls: type[NumberedBegin], numbers: np.nd
     return [prefix + blob_event(interner, cls(n)) for n in numbers.tolist()]
 
 
+SERIES_CHUNK = 16384  # events of a series encoded per numpy pass
+
+
 def blob_templates(interner: Interner, prefix: bytes, keys: np.ndarray) -> list[bytes]:
     """``prefix`` + the TrackEvent field of each blob event, by its code's magnitude (blob id,
     or series event: see ``recorder.SERIES_SHIFT``); a blob that is gone or cannot be encoded
@@ -421,12 +424,14 @@ def blob_templates(interner: Interner, prefix: bytes, keys: np.ndarray) -> list[
             s = blobs.get(key)
             if s is None:
                 continue
-            try:
-                parts = series_templates(interner, prefix, s, item[sel])
-            except Exception:
-                continue
-            for p, t in zip(sel.tolist(), parts, strict=True):
-                out[p] = t
+            for lo in range(0, len(sel), SERIES_CHUNK):  # (bounded scratch memory)
+                part = sel[lo:lo + SERIES_CHUNK]
+                try:
+                    bodies = series_templates(interner, prefix, s, item[part])
+                except Exception:
+                    continue
+                for p, t in zip(part.tolist(), bodies, strict=True):
+                    out[p] = t
     return out
 
 
@@ -447,9 +452,10 @@ def series_templates(interner: Interner, prefix: bytes, s: BlobSeries, items: np
     """``prefix`` + the TrackEvent field of events ``items`` of ``s``: the bytes
     ``blob_event`` gives for ``s.blob(i)`` (field for field: type, name, categories, track;
     counter value; the base's args, the event's int then float args; flows; terminating
-    flows). Each base
-    is encoded once; the rest are numpy passes over the events. Events with several flows
-    (a graph launch's), or a base with args beside counter values, go through ``blob_event``."""
+    flows). Each base is encoded once; the rest are numpy passes over the events, whose index
+    arrays take about (longest base) x 8 bytes per event: ``blob_templates`` passes at most
+    ``SERIES_CHUNK`` events at a time. Events with several flows (a graph launch's), or a base
+    with args beside counter values, go through ``blob_event``."""
     items = np.asarray(items, dtype=np.int64)
     kind = s.kind
     ub, inv = np.unique(s.base[items], return_inverse=True)

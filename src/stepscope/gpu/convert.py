@@ -81,11 +81,14 @@ def flow_ids_for(correlation: np.ndarray, pid: int, *, rank: int = 0,
 
 @dataclass
 class FlowPlan:
-    """Flows of one batch: the terminating id (0 for none) per device record, table by table,
-    and the ids each launching API call starts (one per record it launched)."""
+    """Flows of one batch as columns: the terminating id (0 for none) per device record, table
+    by table; and per launching correlation id (sorted) its records' ids, in start order, as
+    ``starts[offsets[j]:offsets[j + 1]]``."""
 
     terminating_ids: list[np.ndarray]
-    by_correlation: dict[int, list[int]]
+    launchers: np.ndarray  # correlation ids that launched linked records, sorted
+    offsets: np.ndarray
+    starts: np.ndarray  # uint64
 
     @property
     def terminating(self) -> list[list[list[int] | None]]:
@@ -93,9 +96,31 @@ class FlowPlan:
         return [[[f] if f else None for f in ids.tolist()] for ids in self.terminating_ids]
 
     @property
+    def by_correlation(self) -> dict[int, list[int]]:
+        """Launching correlation id → the ids its call starts."""
+        ids, cuts = self.starts.tolist(), self.offsets.tolist()
+        return {c: ids[a:b] for c, a, b in zip(self.launchers.tolist(), cuts[:-1], cuts[1:],
+                                               strict=True)}
+
+    @property
     def arrows(self) -> int:
         """One per linked device record (each is in exactly one launch call's list)."""
-        return sum(len(ids) for ids in self.by_correlation.values())
+        return len(self.starts)
+
+    def launched(self, corr: np.ndarray) -> tuple[np.ndarray, dict[int, list[int]]]:
+        """For API calls of correlation ids ``corr``: the first id each starts (0 for none),
+        and, for the calls that start several (graph launches), index → all of them."""
+        corr = np.asarray(corr, dtype=np.int64)
+        first = np.zeros(len(corr), dtype=np.uint64)
+        if not len(self.launchers) or not len(corr):
+            return first, {}
+        j = np.minimum(np.searchsorted(self.launchers, corr), len(self.launchers) - 1)
+        hit = self.launchers[j] == corr
+        first[hit] = self.starts[self.offsets[j[hit]]]
+        count = np.where(hit, self.offsets[j + 1] - self.offsets[j], 0)
+        ids, cuts = self.starts.tolist(), self.offsets.tolist()
+        several = {int(i): ids[cuts[j[i]]:cuts[j[i] + 1]] for i in np.flatnonzero(count > 1)}
+        return first, several
 
 
 def assign_lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -419,13 +444,11 @@ class GpuTraceConverter:
             first, base = distinct_rows(keys)
             bases = [(self.api_names.get((driver, cbid)) or api_name(cbid, driver=driver), cat,
                       trk, {_schema.ARG_CBID: cbid}) for trk, cbid in keys[first].tolist()]
-            lists = list(map(plan.by_correlation.get, table["correlation"].tolist()))
-            first = np.fromiter((f[0] if f else 0 for f in lists), dtype=np.uint64,
-                                count=len(lists))
+            first, several = plan.launched(table["correlation"])
             em.completes_columns(
                 table["start"] + off, table["end"] - table["start"], bases, base,
                 {_schema.ARG_CORRELATION: table["correlation"]}, flows=first,
-                flow_lists={i: f for i, f in enumerate(lists) if f and len(f) > 1},
+                flow_lists=several,
             )  # fmt: skip
 
         if batch.dropped or left_out:
@@ -492,13 +515,14 @@ class GpuTraceConverter:
             seq = (self._extra_flows + np.arange(n_extra)) & 0xFFFFFFFF
             fids[order[extra]] = flow_ids_for(seq, self.pid, rank=self.rank, tag=_EXTRA_FLOW_TAG)
             self._extra_flows += n_extra
-        by_corr: dict[int, list[int]] = {}
-        for c, f in zip(sc[lo].tolist(), fids[order][lo].tolist(), strict=True):
-            by_corr.setdefault(c, []).append(f)
+        lc, lf = sc[lo], fids[order][lo]  # linked, by correlation then start
+        head = np.ones(lc.size, dtype=bool)
+        head[1:] = lc[1:] != lc[:-1]
+        offsets = np.append(np.flatnonzero(head), lc.size).astype(np.int64)
         bounds = np.cumsum([0] + [t.size for t in tables]).tolist()
         ids = np.where(linked, fids, np.uint64(0))
         return FlowPlan([ids[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)],
-                        by_corr)
+                        lc[head], offsets, lf.astype(np.uint64))
 
     def _context_devices(self, batch: ActivityBatch) -> dict[int, int]:
         out: dict[int, int] = {}

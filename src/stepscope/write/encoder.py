@@ -510,9 +510,10 @@ def series_templates(interner: Interner, prefix: bytes, s: BlobSeries, items: np
     pos = start + len(prefix) + len(_TE_TAG)
     _put_varints(buf, pos, body, blen)
     pos = pos + blen
+    by_base = np.argsort(binv, kind="stable")
+    cuts = np.searchsorted(binv[by_base], np.arange(len(base_bytes) + 1)).tolist()
     for u, seg in enumerate(base_bytes):
-        sel = np.flatnonzero(binv == u)
-        _scatter(buf, pos[sel], seg)
+        _scatter(buf, pos[by_base[cuts[u]:cuts[u + 1]]], seg)
     pos = pos + np.array([len(x) for x in base_bytes], dtype=np.int64)[binv]
     if values is not None:  # (a counter's value comes before its args: it has none here)
         _scatter(buf, pos, _DOUBLE_COUNTER_TAG)

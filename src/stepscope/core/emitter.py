@@ -90,10 +90,15 @@ class Emitter:
         order[1::2] = np.where(e > t, 0, 2)  # a zero-length slice ends after it begins
         tie[0::2], tie[1::2] = -e, -t
         idx[0::2], idx[1::2] = begin_idx, end_idx
-        # 2n sequence numbers in one C call (atomic under the GIL): consecutive
-        seq = np.fromiter(itertools.islice(self._count, 2 * n), dtype=np.int64, count=2 * n)
+        self._add_bulk(cts, order, tie, idx, list(blobs))
+
+    def _add_bulk(self, ts, order, tie, idx, blobs: list) -> None:
+        """One bulk chunk: its events' sequence numbers taken in one C call (atomic under the
+        GIL: consecutive)."""
+        m = len(ts)
+        seq = np.fromiter(itertools.islice(self._count, m), dtype=np.int64, count=m)
         (self._batch_bulk if self._batch is not None else self._bulk).append(
-            (cts, order, tie, seq, idx, list(blobs)))
+            (ts, order, tie, seq, idx, blobs))
 
     def completes_columns(self, ts, dur, bases: list[tuple], base, int_args: dict | None = None,
                           flows=None, tflows=None, flow_lists: dict | None = None,
@@ -150,10 +155,9 @@ class Emitter:
             series = _recorder.BlobSeries(COUNTER, self.level, bases, base.ravel()[sl],
                                           values=values[sl])
             m = len(series)
-            seq = np.fromiter(itertools.islice(self._count, m), dtype=np.int64, count=m)
-            (self._batch_bulk if self._batch is not None else self._bulk).append(
-                (ts[sl], np.ones(m, dtype=np.int64), np.zeros(m, dtype=np.int64), seq,
-                 np.arange(1, m + 1, dtype=np.int64) << _recorder.SERIES_SHIFT, [series]))
+            self._add_bulk(ts[sl], np.ones(m, dtype=np.int64), np.zeros(m, dtype=np.int64),
+                           np.arange(1, m + 1, dtype=np.int64) << _recorder.SERIES_SHIFT,
+                           [series])
 
     def instant(self, ts: int, name: str, track: int, category: str | None = None,
                 args: dict | None = None) -> None:

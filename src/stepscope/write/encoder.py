@@ -482,7 +482,8 @@ def series_templates(interner: Interner, prefix: bytes, s: BlobSeries, items: np
     it, binv = items[fast], inv[fast]
     n = len(it)
     base_bytes = [h + a for h, a in zip(head_of, args_of, strict=True)]
-    body = np.array([len(x) for x in base_bytes], dtype=np.int64)[binv]
+    base_len = np.array([len(x) for x in base_bytes], dtype=np.int64)
+    body = base_len[binv]
     if values is not None:
         body += len(_DOUBLE_COUNTER_TAG) + 8
     heads = [_int_arg_head(interner, k) for k in s.int_names]
@@ -510,11 +511,11 @@ def series_templates(interner: Interner, prefix: bytes, s: BlobSeries, items: np
     pos = start + len(prefix) + len(_TE_TAG)
     _put_varints(buf, pos, body, blen)
     pos = pos + blen
-    by_base = np.argsort(binv, kind="stable")
-    cuts = np.searchsorted(binv[by_base], np.arange(len(base_bytes) + 1)).tolist()
-    for u, seg in enumerate(base_bytes):
-        _scatter(buf, pos[by_base[cuts[u]:cuts[u + 1]]], seg)
-    pos = pos + np.array([len(x) for x in base_bytes], dtype=np.int64)[binv]
+    base_off = np.zeros(len(base_bytes), dtype=np.int64)
+    np.cumsum(base_len[:-1], out=base_off[1:])
+    _put_templates(buf, pos, binv, base_bytes, np.frombuffer(b"".join(base_bytes), np.uint8),
+                   base_len[binv], base_off)
+    pos = pos + base_len[binv]
     if values is not None:  # (a counter's value comes before its args: it has none here)
         _scatter(buf, pos, _DOUBLE_COUNTER_TAG)
         _put_fixed64(buf, pos + len(_DOUBLE_COUNTER_TAG), values[fast])

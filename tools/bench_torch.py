@@ -29,9 +29,10 @@ For a small MLP step and a small CNN step (forward, backward, SGD step; one intr
 * table 3: CPU time (all threads) stepscope adds per gloo all-reduce (world size 1, 16 floats,
   waited for), through the process groups' hooks, in C++ (the native module) and in Python
   (``collectives.USE_STAMPS = False``: Python hooks and done callbacks), and, as on a torch
-  without the hooks (2.11),
-  through the wrapped Python function and our kernel on the c10d op; pairs of blocks with and
-  without the profiler in a fresh process each.
+  without the hooks (2.11), through the wrapped Python function and our kernel on the c10d op,
+  in C++ and in Python, called as the program calls ``dist.all_reduce`` and as DDP's reducer
+  calls the process group's method from C++ (``ProcessGroup.allreduce``: the kernel alone);
+  pairs of blocks with and without the profiler in a fresh process each.
 
 The detail windows read torch's events with the native reader when ``stepscope build-torch``
 has built it for this torch, else through torch's Python API (about 1.5x torch.profiler's cost
@@ -259,13 +260,14 @@ def summary_cost_in_processes(step_on: str | None) -> tuple[list[float], float, 
 COLLECTIVE_PAIRS = 7  # table 3
 
 
-def collective_cost(out: Path, pg_hooks: bool, stamps: bool = True, n: int = 2000,
-                    pairs: int = COLLECTIVE_PAIRS) -> tuple[float, float, str]:
+def collective_cost(out: Path, pg_hooks: bool, stamps: bool = True, via_group: bool = False,
+                    n: int = 2000, pairs: int = COLLECTIVE_PAIRS) -> tuple[float, float, str]:
     """(untraced CPU µs per all-reduce, the median over ``pairs`` pairs of blocks of ``n`` ops
-    of what the profiler adds, what the native module did: "C++ hooks", "stamped in C++" or
-    "" for nothing): the
-    process's CPU time, so what runs on gloo's thread counts. ``pg_hooks=False`` takes the path
-    of a torch without process-group hooks; ``stamps=False``, Python's done callbacks."""
+    of what the profiler adds, what the native module did: "C++ hooks", "C++ kernels",
+    "stamped in C++" or "" for nothing): the process's CPU time, so what runs on gloo's thread
+    counts. ``pg_hooks=False`` takes the path of a torch without process-group hooks;
+    ``stamps=False``, Python's done callbacks (and kernels); ``via_group``: the op issued by
+    the process group's method, not ``dist.all_reduce``."""
     import torch.distributed as dist
 
     from stepscope.pytorch import collectives
@@ -274,11 +276,16 @@ def collective_cost(out: Path, pg_hooks: bool, stamps: bool = True, n: int = 200
     collectives.USE_STAMPS = None if stamps else False
     dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=0, world_size=1)
     t = torch.ones(16)
+    group = dist.distributed_c10d._get_default_group()  # noqa: SLF001
 
     def block(k: int) -> int:
         c0 = time.process_time_ns()
-        for _ in range(k):
-            dist.all_reduce(t)
+        if via_group:
+            for _ in range(k):
+                group.allreduce([t]).wait()
+        else:
+            for _ in range(k):
+                dist.all_reduce(t)
         return time.process_time_ns() - c0
 
     block(n // 4)
@@ -293,7 +300,8 @@ def collective_cost(out: Path, pg_hooks: bool, stamps: bool = True, n: int = 200
                 block(n // 4)
                 traced = block(n)
                 tracer = prof.hooks[0].collectives
-                native = ("C++ hooks" if tracer._groups  # noqa: SLF001
+                native = ("C++ hooks" if tracer._native_hooks  # noqa: SLF001
+                          else "C++ kernels" if tracer._ops_seen is not None  # noqa: SLF001
                           else "stamped in C++" if tracer._stamps is not None  # noqa: SLF001
                           else "")
                 prof.stop()
@@ -330,9 +338,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.collective_cost:  # one process of table 3
         with tempfile.TemporaryDirectory() as tmp:
-            path, _, completion = args.collective_cost.partition(":")
+            path, completion, via = (args.collective_cost + "::").split(":")[:3]
             print(json.dumps(collective_cost(Path(tmp), path == "hooks",
-                                             stamps=completion != "callback")))
+                                             stamps=completion != "callback",
+                                             via_group=via == "group")))
         return
     rows, part_rows = [], []
     for name, make, steps in (("MLP", mlp, args.steps_mlp), ("CNN", cnn, args.steps_cnn)):
@@ -425,16 +434,22 @@ def main(argv: list[str] | None = None) -> None:
           "without, in a fresh process per path")
     head = ("path", "how", "untraced us", "stepscope us")
     print("  ".join(f"{h:>24}" for h in head))
+    hooks = hasattr(dist.ProcessGroup, "register_pre_hook")
     for label, path in (("process-group hooks", "hooks"),
                         ("process-group hooks", "hooks:callback"),
-                        ("Python fn + c10d kernel", "python")):
+                        ("Python fn + c10d kernel", "python"),
+                        ("Python fn + c10d kernel", "python:callback"),
+                        ("ProcessGroup method", "python::group"),
+                        ("ProcessGroup method", "python:callback:group")):
+        if path.startswith("hooks") and not hooks:
+            continue  # (this torch has none)
         r = subprocess.run([sys.executable, __file__, "--collective-cost", path],
                            capture_output=True, text=True)
         if r.returncode:
             sys.exit(f"bench_torch: the table-3 process failed:\n{r.stderr[-3000:]}")
         base, added, native = json.loads(r.stdout.splitlines()[-1])
-        how = ("on return (sync)" if path == "python" else native
-               or ("Python hooks" if path.endswith("callback") else "Python (not built)"))
+        how = native or ("Python hooks" if path.startswith("hooks") else "Python kernels")
+        how += "" if "callback" in path or native else " (not built)"
         print("  ".join([f"{label:>24}", f"{how:>24}", f"{base:>24.1f}", f"{added:>24.1f}"]))
 
 

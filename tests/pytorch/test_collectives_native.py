@@ -51,10 +51,12 @@ PROGRAM = textwrap.dedent("""
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2).to(dev))
     model(torch.ones(3, 4, device=dev)).sum().backward()  # DDP's all-reduce of 10 floats
     prof.step()
+    kernels = tracer._ops_seen is not None  # (while the profiler runs)
     prof.stop()
     dist.destroy_process_group()
     print(json.dumps({"stamps": tracer._stamps is not None, "spans": spans,
-                      "native_hooks": bool(tracer._groups),
+                      "native_hooks": tracer._native_hooks and bool(tracer._owners),
+                      "native_kernels": kernels,
                       "waiting": len(tracer._waiting), "failures": tracer.failures}))
 """)
 
@@ -85,7 +87,8 @@ def _same_slices_stamped_and_called_back(tmp_path, native_cache, mode: str,
     env = dict(os.environ, STEPSCOPE_CACHE_DIR=str(native_cache))
     out, slices, d = _run(tmp_path, mode, "stamps", env, backend)
     assert out["stamps"] and out["waiting"] == 0 and out["failures"] == 0
-    assert out["native_hooks"] == (mode == "hooks")  # the hooks themselves in C++ there
+    # the hooks themselves in C++ there; else our kernels on the c10d ops are C++
+    assert (out["native_hooks"], out["native_kernels"]) == (mode == "hooks", mode == "python")
     got = _described(d, slices)
     # the program's four; DDP's from C++: at construction the parameters' count (one int64),
     # their shapes (6 int64) and values (10 floats), then the gradients' all-reduce
@@ -100,7 +103,7 @@ def _same_slices_stamped_and_called_back(tmp_path, native_cache, mode: str,
     for s, span in zip(slices, out["spans"], strict=False):
         assert 0 < s["dur"] <= span, (s, span)
     py_out, py_slices, py_d = _run(tmp_path, mode, "callback", env, backend)
-    assert not py_out["stamps"] and not py_out["native_hooks"]
+    assert not py_out["stamps"] and not py_out["native_hooks"] and not py_out["native_kernels"]
     assert _described(py_d, py_slices) == got
 
 

@@ -1,11 +1,13 @@
 """Collectives on a torch without ProcessGroup pre/post hooks (2.11, as an H100 image here ships):
 torch.distributed's Python functions are wrapped and a kernel of ours sits on the c10d ops'
-Autograd key instead. Forced here on a torch that has the hooks, so both paths run on the same
-program and give the same slices."""
+Autograd key instead, in Python or, where ``stepscope build-torch`` has built the native module,
+in C++. Forced here on a torch that has the hooks, so every path runs on the same program and
+gives the same slices."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -36,6 +38,8 @@ PROGRAM = textwrap.dedent("""
     dist.barrier()
     group = dist.new_group([0])
     dist.all_reduce(torch.ones(3), dist.ReduceOp.SUM, group)  # the group by position: 12 bytes
+    with torch.inference_mode():  # no autograd key: no kernel of ours sees it, 28 bytes
+        dist.all_reduce(torch.ones(7))
     dist.all_gather_into_tensor(output_tensor=torch.empty(2), input_tensor=torch.ones(2))  # 8
     # the c10d op itself, its arguments by name: 12 bytes
     torch.ops.c10d.broadcast_(tensors=[torch.ones(3)], root_rank=0, root_tensor=0, timeout=-1,
@@ -45,6 +49,8 @@ PROGRAM = textwrap.dedent("""
     model(torch.ones(3, 4)).sum().backward()
     prof.step()
     hooked = torch._C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", "Autograd")
+    tracer = next(h.collectives for h in prof.hooks if hasattr(h, "collectives"))
+    print("kernels in C++:", tracer._ops_seen is not None)
     prof.stop()
     # our c10d kernels are there while the profiler runs, and only then
     assert hooked == (mode != "hooks")
@@ -56,16 +62,32 @@ PROGRAMS_OWN = [  # (op, bytes, dtype, group) of the program's own calls, in ord
     ("allreduce", "4000", "float32", "0"), ("allreduce", "80", "float64", "0"),
     ("broadcast", "20", "int32", "0"), ("allgather", "64", "float32", "0"),
     ("barrier", "0", None, "0"), ("allreduce", "12", "float32", "1"),
-    ("allgather", "8", "float32", "0"), ("broadcast", "12", "float32", "0"),
+    ("allreduce", "28", "float32", "0"), ("allgather", "8", "float32", "0"),
+    ("broadcast", "12", "float32", "0"),
 ]  # fmt: skip
 
 
-def _ops(tmp_path, mode: str) -> tuple[list[tuple], str]:
+@pytest.fixture(params=["python", "cpp"])
+def kernels(request) -> tuple[dict, bool]:
+    """Where our kernels on the c10d ops are: (the environment of a program, True where it has
+    them in C++ (the native module built), False in Python (none built))."""
+    if request.param == "python":
+        return dict(os.environ), False
+    if (not sys.platform.startswith("linux")
+            or shutil.which(os.environ.get("CXX", "c++")) is None):
+        pytest.skip("no C++ compiler")
+    cache = str(request.getfixturevalue("native_cache"))
+    return dict(os.environ, STEPSCOPE_CACHE_DIR=cache), True
+
+
+def _ops(tmp_path, mode: str, kernels: tuple[dict, bool]) -> tuple[list[tuple], str]:
     script = tmp_path / "c.py"
     script.write_text(PROGRAM)
+    env, in_cpp = kernels
     r = subprocess.run([sys.executable, str(script), str(tmp_path), mode], capture_output=True,
-                       text=True, timeout=120)  # fmt: skip
+                       text=True, timeout=120, env=env)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
+    assert f"kernels in C++: {in_cpp and mode != 'hooks'}" in r.stdout, r.stdout
     d = tq.db(tmp_path / mode / "rank0.summary.pftrace")
     out = []
     for s in tq.slices(d, "s.category = 'communication'"):
@@ -75,15 +97,18 @@ def _ops(tmp_path, mode: str) -> tuple[list[tuple], str]:
     return out, r.stderr
 
 
-def test_without_hooks_every_collective_is_recorded_as_the_hooks_do(tmp_path):
-    ops, err = _ops(tmp_path, "python")
+def test_without_hooks_every_collective_is_recorded_as_the_hooks_do(tmp_path, kernels):
+    """Every op once, as the hooks record it: the program's own calls (through the wrapped
+    functions, the c10d op called by name, an op on inference tensors that no kernel sees) and
+    DDP's from C++; our kernels are on the ops while the profiler runs, and only then."""
+    ops, err = _ops(tmp_path, "python", kernels)
     assert ops[: len(PROGRAMS_OWN)] == PROGRAMS_OWN, ops
     # DDP's own, issued in C++: its construction's checks and its gradients' all-reduce, last
     assert ops[-1] == ("allreduce", "40", "float32", "0"), ops
     assert "stepscope" not in err, err
     if not hasattr(dist.ProcessGroup, "register_pre_hook"):
         return  # this torch has no hooks to compare with
-    hooked, err = _ops(tmp_path, "hooks")
+    hooked, err = _ops(tmp_path, "hooks", kernels)
     assert hooked == ops and "stepscope" not in err
 
 
@@ -177,13 +202,13 @@ TWO_RANKS = textwrap.dedent("""
 """)
 
 
-def test_without_hooks_ddp_still_averages_the_gradients_of_both_ranks(tmp_path):
+def test_without_hooks_ddp_still_averages_the_gradients_of_both_ranks(tmp_path, kernels):
     """Our kernel hands DDP's all-reduce on: each step's gradients are the mean of both ranks'
     own, and each rank records its 3 all-reduces of 10 floats."""
     script = tmp_path / "two.py"
     script.write_text(TWO_RANKS)
     procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path), str(rank)],
-                              env=dict(os.environ, RANK=str(rank), WORLD_SIZE="2"),
+                              env=dict(kernels[0], RANK=str(rank), WORLD_SIZE="2"),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in (0, 1)]  # fmt: skip
     logs = [p.communicate(timeout=120)[0] for p in procs]

@@ -1,5 +1,6 @@
-// What work_done.cpp and collective_hooks.cpp share: torch's c10d objects read from Python
-// through pybind11, the clock of their stamps, and C++ errors turned into Python ones.
+// What work_done.cpp, collective_ops.cpp, collective_hooks.cpp and c10d_kernels.cpp share:
+// torch's c10d objects read from Python through pybind11, the clock of their stamps, C++ errors
+// turned into Python ones, and the list of finished ops that the C++ hooks and kernels fill.
 #pragma once
 
 #include <Python.h>
@@ -10,6 +11,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <string>
 
 // torch's Python objects hold their C++ objects by intrusive_ptr (torch/csrc/utils/pybind.h)
 PYBIND11_DECLARE_HOLDER_TYPE(T, c10::intrusive_ptr<T>, true);
@@ -36,5 +38,23 @@ bool from_python(F&& f) {
   }
   return false;
 }
+
+// One collective op noted in C++ (collective_ops.cpp keeps them until take_ops()).
+struct Op {
+  int64_t t0 = 0, t1 = 0;  // issued, completed (CLOCK_MONOTONIC ns)
+  int64_t name = 0;        // the op's code: a HookOpName (hooks) or the profiler's index (kernels)
+  int64_t nbytes = 0;      // its input tensors' bytes
+  int64_t owner = 0;       // the profiler's id of who noted it (a hooked group, the kernels)
+  int64_t issued = 0;      // 1: it has no completion to wait for and ended when issued
+  int64_t size = 0;        // its process group's size and name
+  std::string group;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;  // its first input tensor's
+};
+
+void add_input(Op& op, const at::Tensor& t);  // (throws for a sparse tensor)
+void finish(Op op);                           // it ended at op.t1
+// it ends when the work's future completes (a C++ callback, on the backend's thread), or now
+// with `issued` set where the work has no future (gloo's send/recv)
+void finish_at_completion(Op op, const c10::intrusive_ptr<c10d::Work>& work);
 
 }  // namespace stepscope_c10d

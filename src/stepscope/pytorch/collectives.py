@@ -24,8 +24,10 @@ once for a synchronous op. Where ``stepscope build-torch`` has built the native 
   completion on the gloo or NCCL thread; no Python and no GIL per op, about 1-3 µs of CPU per
   small gloo all-reduce against 80-90 through Python hooks and callbacks
   (``tools/bench_torch.py``, table 3);
-* else (torch without hooks: the paths below) **the completion is stamped in C++**
-  (``work_done.cpp``): a C++ callback on the work's future notes the time under the op's slot.
+* else (torch without hooks: the paths below) **our kernels on the c10d ops are C++**
+  (``c10d_kernels.cpp``), which note the op and its completion as the C++ hooks do, and for
+  the ops only a Python function saw, **the completion is stamped in C++** (``work_done.cpp``):
+  a C++ callback on the work's future notes the time under the op's slot.
 
 Either way the slices are written at the next flush (a flush hook, so they never come after a
 flush that took later events), at stop (waiting up to 50 ms for the stamps of works whose future
@@ -48,18 +50,22 @@ before their first collective's step ends miss those first ops). A hook id of ou
 **Older torch** (no ``ProcessGroup.register_pre_hook``: 2.11, the version an H100 image here
 ships, has none): two paths together give the same slices and args.
 
-* The Python collective functions of ``torch.distributed`` are wrapped (the outermost call only,
-  where one calls another): the program's own calls and FSDP2's.
-* A Python kernel of ours on the ``Autograd`` dispatch key of each ``c10d::`` op (``allreduce_``,
+* A kernel of ours on the ``Autograd`` dispatch key of each ``c10d::`` op (``allreduce_``,
   ``_allgather_base_``...: every ``ProcessGroup`` method goes through the dispatcher since torch
-  2.0, and these ops have no autograd kernel of their own) records the ops that the Python
-  functions did not issue, such as DDP's gradient all-reduces from its C++ reducer, then hands
-  the op on below autograd. No other op passes through it: outside collectives it costs nothing.
-  Ops on tensors without autograd keys (made in ``inference_mode``) skip that key; the
-  program's own calls of them still pass through the wrapped Python functions. Not seen:
-  functional collectives (``torch.distributed._functional_collectives``, which DTensor and
-  compiled code use), whose own kernels issue the c10d op below the Autograd key (the hooks see
-  them).
+  2.0, and these ops have no autograd kernel of their own) notes the op, such as DDP's gradient
+  all-reduces from its C++ reducer, then hands it on below autograd. No other op passes
+  through it: outside collectives it costs nothing. Where the native module is built it is C++
+  (``c10d_kernels.cpp``: no Python and no GIL per op, its ops taken at each flush as the C++
+  hooks' are) and notes every op that reaches it; else it is Python, and notes only the ops
+  the Python functions below did not issue.
+* The Python collective functions of ``torch.distributed`` are wrapped (the outermost call only,
+  where one calls another): the program's own calls and FSDP2's. Beside the C++ kernel they
+  record only the ops it did not see (it counts those it noted on the calling thread): ops on
+  tensors without autograd keys (made in ``inference_mode``) skip that key.
+
+Not seen: functional collectives (``torch.distributed._functional_collectives``, which DTensor
+and compiled code use), whose own kernels issue the c10d op below the Autograd key (the hooks
+see them).
 """
 
 from __future__ import annotations
@@ -193,7 +199,11 @@ class CollectiveTracer:
         self._stamps: Any = None
         self._watching = False
         self._native_hooks = False  # process groups hooked in C++ (hook_group/take_ops)
-        self._groups: dict[int, tuple[int, str]] = {}  # the C++ hooks' group id -> size, name
+        # who noted the ops take_ops() gives (a group's C++ hooks, our C++ kernels) -> the name
+        # of an op's code; an op of another owner is an earlier tracer's
+        self._owners: dict[int, Any] = {}
+        # the C++ kernels' count of ops noted on the calling thread (None: not in C++)
+        self._ops_seen: Any = None
         # slot -> (opened, group size, group name, work)
         self._waiting: dict[int, tuple] = {}
         self._on = False
@@ -213,7 +223,6 @@ class CollectiveTracer:
         mod = native.load() if USE_STAMPS is not False else None  # (None: not built)
         self._stamps = mod if hasattr(mod, "watch") else None
         self._watching = self._stamps is not None
-        self._native_hooks = hasattr(self._stamps, "hook_group")
         if self._stamps is not None:
             # before each flush takes the emitter's events: a slice written after a flush
             # that took later ones would be clamped forward
@@ -221,14 +230,18 @@ class CollectiveTracer:
         self.pg_hooks = USE_PG_HOOKS
         if self.pg_hooks is None:
             self.pg_hooks = hasattr(dist.ProcessGroup, "register_pre_hook")
+        self._native_hooks = self.pg_hooks and hasattr(self._stamps, "hook_group")
         if not self.pg_hooks:
-            self._wrap_python_collectives(dist)
             self._register_dispatch_kernels()
+            self._wrap_python_collectives(dist)
         self._patch_creators(dist)
         self.watch_new_groups()
 
     def stop(self) -> None:
         self._on = False
+        if self._ops_seen is not None:  # our C++ kernels: no op noted from here on
+            self._stamps.unhook_ops()
+            self._ops_seen = None
         self._drain_completed()
         if self.drain in self.sess.flush_hooks:
             self.sess.flush_hooks.remove(self.drain)
@@ -278,10 +291,12 @@ class CollectiveTracer:
 
     def _wrap_python_collectives(self, dist: Any) -> None:
         """Without process-group hooks: each Python collective function, in ``torch.distributed``
-        and ``distributed_c10d`` alike, times its call (to its work's completion when async)."""
+        and ``distributed_c10d`` alike, times its call (to its work's completion when async).
+        Where our kernels are C++, they note the ops and the function only those they did not
+        see (on tensors without autograd keys)."""
         import torch.distributed.distributed_c10d as c10d
 
-        tracer, inside = self, self._inside
+        tracer, inside, seen = self, self._inside, self._ops_seen
         for name, (op, arg) in _PY_COLLECTIVES.items():
             original = getattr(c10d, name, None)
             if original is None:
@@ -300,8 +315,11 @@ class CollectiveTracer:
                         return original(*args, **kwargs)  # one called by another: the outer
                     inside.on = True
                     try:
+                        noted = seen() if seen is not None else 0
                         t0 = time.perf_counter_ns()
                         work = original(*args, **kwargs)
+                        if seen is not None and seen() != noted:
+                            return work  # the C++ kernels noted it
                     finally:
                         inside.on = False
                     tracer._python_done(t0, op, sig, source, args, kwargs, work)
@@ -317,14 +335,15 @@ class CollectiveTracer:
 
     def _register_dispatch_kernels(self) -> None:
         """Without process-group hooks: our kernel on the ``Autograd`` key of each ``c10d::``
-        op records the ops no wrapped Python function issued (DDP's reducer), then redispatches
-        below autograd, as the dispatcher would have done without it."""
+        op records the ops (DDP's reducer's too), then redispatches below autograd, as the
+        dispatcher would have done without it. In C++ where the native module is built
+        (``c10d_kernels.cpp``: no Python per op), else in Python, where it records only the ops
+        no wrapped Python function issued."""
         import torch
 
         lib = None
         try:
-            lib = torch.library.Library("c10d", "IMPL")
-            below = torch._C._after_autograd_keyset  # noqa: SLF001
+            specs = []  # (name, op, index of the input argument or None, of the group)
             for name, op in _DISPATCH_OPS.items():
                 qualified = f"c10d::{name}"
                 if not torch._C._dispatch_has_kernel(qualified):  # noqa: SLF001  (older torch)
@@ -333,9 +352,19 @@ class CollectiveTracer:
                        for key in ("Autograd", "AutogradCPU", "AutogradCUDA")):
                     continue  # torch has its own there: left alone
                 overload = getattr(torch.ops.c10d, name).default
-                kernel = self._make_kernel(overload, op, below)
-                if kernel is not None:
-                    lib.impl(name, kernel, "Autograd", with_keyset=True)
+                arguments = [a.name for a in overload._schema.arguments]  # noqa: SLF001
+                if "process_group" not in arguments:
+                    continue  # another torch's op of that name: left alone
+                inputs = [i for i, a in enumerate(arguments) if a.startswith("input")]
+                source = None if op == "BARRIER" else inputs[0] if inputs else 0
+                specs.append((name, op, source, arguments.index("process_group"), overload))
+            if self._native_kernels(specs):
+                return
+            lib = torch.library.Library("c10d", "IMPL")
+            below = torch._C._after_autograd_keyset  # noqa: SLF001
+            for name, op, source, where, overload in specs:
+                lib.impl(name, self._make_kernel(overload, op, source, where, below),
+                         "Autograd", with_keyset=True)
         except Exception as exc:
             if lib is not None:
                 lib._destroy()  # noqa: SLF001  (none of ours left half-registered)
@@ -346,15 +375,28 @@ class CollectiveTracer:
             return
         self._library = lib
 
-    def _make_kernel(self, overload: Any, op: str, below: Any) -> Any:
-        """The kernel of one op (None where its schema has no process group: another torch's
-        op of that name, left alone)."""
-        arguments = [a.name for a in overload._schema.arguments]  # noqa: SLF001
-        if "process_group" not in arguments:
-            return None
-        inputs = [i for i, a in enumerate(arguments) if a.startswith("input")]
-        source = None if op == "BARRIER" else inputs[0] if inputs else 0
-        where = arguments.index("process_group")
+    def _native_kernels(self, specs: list[tuple]) -> bool:
+        """Our kernels registered in C++ (True), where the native module has them."""
+        if not hasattr(self._stamps, "hook_ops"):
+            return False
+        owner = next(_GROUP_IDS)
+        codes = [op for _, op, *_ in specs]
+        try:
+            self._stamps.hook_ops([(name, i, -1 if source is None else source, where)
+                                   for i, (name, _, source, where, _) in enumerate(specs)],
+                                  owner)
+        except Exception as exc:
+            print(f"stepscope: the C++ kernels on the c10d ops failed ({exc!r}); recording "
+                  "collectives through Python's", file=sys.stderr)
+            return False
+        self._owners[owner] = codes.__getitem__
+        self._ops_seen = self._stamps.ops_seen
+        return True
+
+    def _make_kernel(self, overload: Any, op: str, source: int | None, where: int,
+                     below: Any) -> Any:
+        """The Python kernel of one op: ``source`` and ``where`` index its input tensor(s) and
+        its process group among its arguments."""
         tracer, inside = self, self._inside
 
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
@@ -443,9 +485,9 @@ class CollectiveTracer:
         gid = id(pg)
         if self._native_hooks:  # no Python per op: the ops are taken at each flush
             try:
-                group_id = next(_GROUP_IDS)
-                self._groups[group_id] = (size, gname)
-                self._stamps.hook_group(pg, HOOK_ID, group_id)
+                owner = next(_GROUP_IDS)
+                self._stamps.hook_group(pg, HOOK_ID, owner)
+                self._owners[owner] = _hook_name
                 self._hooked[gid] = pg
                 return True
             except TypeError:  # a group this build cannot read: Python hooks from now on
@@ -521,7 +563,7 @@ class CollectiveTracer:
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and (
                 any(_completed(entry[3]) for entry in list(self._waiting.values()))
-                or self._groups and self._stamps.in_flight() > 0):  # (the C++ hooks' works)
+                or self._owners and self._stamps.in_flight() > 0):  # (the C++ hooks' works)
             time.sleep(0.001)
             self.drain()
 
@@ -533,7 +575,7 @@ class CollectiveTracer:
             return
         try:
             pairs = array("q", stamps.drain() if self._waiting else b"")
-            ops = stamps.take_ops() if self._groups else ()
+            ops = stamps.take_ops() if self._owners else ()
         except Exception:
             self.failures += 1
             return
@@ -542,11 +584,11 @@ class CollectiveTracer:
             entry = waiting.pop(pairs[i], None)
             if entry is not None:
                 self._write(entry[0], pairs[i + 1], entry[1], entry[2])
-        for t0, t1, code, nbytes, dtype, group, issued in ops:
-            if group not in self._groups:  # an earlier tracer's op that ended after its stop
+        for t0, t1, code, nbytes, dtype, owner, issued, size, gname in ops:
+            name_of = self._owners.get(owner)
+            if name_of is None:  # an earlier tracer's op that ended after its stop
                 continue
-            size, gname = self._groups[group]
-            self._write((t0, _hook_name(code), nbytes, dtype), t1, size, gname,
+            self._write((t0, name_of(code), nbytes, dtype), t1, size, gname,
                         issued=bool(issued))
 
     # -- output -------------------------------------------------------------------------------

@@ -208,12 +208,16 @@ static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_stepscope_kineto",
                              methods};
 
 extern PyMethodDef work_done_methods[];         // work_done.cpp
+extern PyMethodDef collective_ops_methods[];    // collective_ops.cpp
 extern PyMethodDef collective_hooks_methods[];  // collective_hooks.cpp
+extern PyMethodDef c10d_kernels_methods[];      // c10d_kernels.cpp
 
 PyMODINIT_FUNC PyInit__stepscope_kineto() {
   PyObject* m = PyModule_Create(&module);
   if (m != nullptr && (PyModule_AddFunctions(m, work_done_methods) < 0 ||
-                       PyModule_AddFunctions(m, collective_hooks_methods) < 0)) {
+                       PyModule_AddFunctions(m, collective_ops_methods) < 0 ||
+                       PyModule_AddFunctions(m, collective_hooks_methods) < 0 ||
+                       PyModule_AddFunctions(m, c10d_kernels_methods) < 0)) {
     Py_DECREF(m);
     return nullptr;
   }

@@ -1,6 +1,7 @@
 """The native module: the reader of torch's profiler events (``kineto_reader.cpp``), the
-collectives' completion stamps (``work_done.cpp``) and process groups' hooks in C++
-(``collective_hooks.cpp``): built, found, loaded.
+collectives' completion stamps (``work_done.cpp``) and the collectives noted in C++
+(``collective_ops.cpp``) by process groups' hooks (``collective_hooks.cpp``) or by our kernels on
+the c10d ops (``c10d_kernels.cpp``): built, found, loaded.
 
 It is compiled against the installed torch by ``stepscope build-torch`` (a C++ compiler and
 torch's headers, 20-60 s), never on import or while a program runs: a compile there would slow the
@@ -28,11 +29,14 @@ from types import ModuleType
 from typing import Any
 
 MODULE = "_stepscope_kineto"
-# its sources: the reader, collectives' completion stamps (``watch``/``drain``) and process
-# groups' hooks in C++ (``hook_group``/``take_ops``), and what the last two share
-SOURCES = tuple(Path(__file__).with_name(name) for name in
-                ("kineto_reader.cpp", "work_done.cpp", "collective_hooks.cpp"))
-HEADERS = (Path(__file__).with_name("c10d_glue.h"),)
+# what is compiled: the reader and the collectives' files as one unit (``c10d_unit.cpp``)
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("kineto_reader.cpp", "c10d_unit.cpp"))
+# what that unit includes: collectives' completion stamps (``watch``/``drain``), the ops noted in
+# C++ (``take_ops``) by process groups' hooks (``hook_group``) or by our kernels on the c10d ops
+# (``hook_ops``), and what those four share
+INCLUDED = tuple(Path(__file__).with_name(name) for name in
+                 ("work_done.cpp", "collective_ops.cpp", "collective_hooks.cpp",
+                  "c10d_kernels.cpp", "c10d_glue.h"))
 _loaded: dict[str, ModuleType | None] = {}  # path -> module (None: it failed to load)
 
 
@@ -57,7 +61,7 @@ def _torch_key(torch: Any) -> str:
 
 def _hash(torch: Any) -> str:
     # the torch install's place too: the build links its libraries there
-    parts = (*(src.read_bytes() for src in SOURCES + HEADERS), torch.__version__,
+    parts = (*(src.read_bytes() for src in SOURCES + INCLUDED), torch.__version__,
              str(torch.version.git_version),
              os.path.dirname(os.path.abspath(torch.__file__)),
              str(torch._C._GLIBCXX_USE_CXX11_ABI), sysconfig.get_config_var("EXT_SUFFIX"),  # noqa: SLF001

@@ -3,7 +3,7 @@
 //
 // Why: every ProcessGroup method goes through the dispatcher (torch >= 2.0), and the c10d ops
 // have no autograd kernel of their own, so a kernel there sees each op, including those DDP's
-// reducer issues from C++. A Python kernel cost ~28 µs of CPU per op (boxing the arguments to
+// reducer issues from C++. A Python kernel cost 20-50 µs of CPU per op (boxing the arguments to
 // Python, the GIL, reading the tensors and the group); this one notes the op, hands it on below
 // autograd as the dispatcher would have done without it, and puts a C++ callback on its work's
 // future (collective_ops.cpp): no Python and no GIL per op.

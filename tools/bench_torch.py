@@ -29,9 +29,9 @@ For a small MLP step and a small CNN step (forward, backward, SGD step; one intr
 * table 3: CPU time (all threads) stepscope adds per gloo all-reduce (world size 1, 16 floats,
   waited for), through the process groups' hooks, in C++ (the native module) and in Python
   (``collectives.USE_STAMPS = False``: Python hooks and done callbacks), and, as on a torch
-  without the hooks (2.11), through the wrapped Python function and our kernel on the c10d op,
-  in C++ and in Python, called as the program calls ``dist.all_reduce`` and as DDP's reducer
-  calls the process group's method from C++ (``ProcessGroup.allreduce``: the kernel alone);
+  without the hooks (2.11), through our kernel on the c10d op, in C++ and in Python, called as
+  the program calls ``dist.all_reduce`` and as DDP's reducer calls the process group's method
+  from C++ (``ProcessGroup.allreduce``, "pg method");
   pairs of blocks with and without the profiler in a fresh process each.
 
 The detail windows read torch's events with the native reader when ``stepscope build-torch``
@@ -301,7 +301,7 @@ def collective_cost(out: Path, pg_hooks: bool, stamps: bool = True, via_group: b
                 traced = block(n)
                 tracer = prof.hooks[0].collectives
                 native = ("C++ hooks" if tracer._native_hooks  # noqa: SLF001
-                          else "C++ kernels" if tracer._ops_seen is not None  # noqa: SLF001
+                          else "C++ kernels" if tracer._native_kernels  # noqa: SLF001
                           else "stamped in C++" if tracer._stamps is not None  # noqa: SLF001
                           else "")
                 prof.stop()
@@ -437,10 +437,10 @@ def main(argv: list[str] | None = None) -> None:
     hooks = hasattr(dist.ProcessGroup, "register_pre_hook")
     for label, path in (("process-group hooks", "hooks"),
                         ("process-group hooks", "hooks:callback"),
-                        ("Python fn + c10d kernel", "python"),
-                        ("Python fn + c10d kernel", "python:callback"),
-                        ("ProcessGroup method", "python::group"),
-                        ("ProcessGroup method", "python:callback:group")):
+                        ("c10d kernel", "python"),
+                        ("c10d kernel", "python:callback"),
+                        ("c10d kernel, pg method", "python::group"),
+                        ("c10d kernel, pg method", "python:callback:group")):
         if path.startswith("hooks") and not hooks:
             continue  # (this torch has none)
         r = subprocess.run([sys.executable, __file__, "--collective-cost", path],

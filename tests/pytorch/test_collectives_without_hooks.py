@@ -1,8 +1,7 @@
 """Collectives on a torch without ProcessGroup pre/post hooks (2.11, as an H100 image here ships):
-torch.distributed's Python functions are wrapped and a kernel of ours sits on the c10d ops'
-Autograd key instead, in Python or, where ``stepscope build-torch`` has built the native module,
-in C++. Forced here on a torch that has the hooks, so every path runs on the same program and
-gives the same slices."""
+a kernel of ours sits on the c10d ops' BackendSelect key instead, in Python or, where
+``stepscope build-torch`` has built the native module, in C++. Forced here on a torch that has
+the hooks, so every path runs on the same program and gives the same slices."""
 
 from __future__ import annotations
 
@@ -38,8 +37,12 @@ PROGRAM = textwrap.dedent("""
     dist.barrier()
     group = dist.new_group([0])
     dist.all_reduce(torch.ones(3), dist.ReduceOp.SUM, group)  # the group by position: 12 bytes
-    with torch.inference_mode():  # no autograd key: no kernel of ours sees it, 28 bytes
+    with torch.inference_mode():  # no autograd key (an Autograd kernel would miss it): 28 bytes
         dist.all_reduce(torch.ones(7))
+    # a functional collective (DTensor's, compiled code's): its kernel issues the c10d op below
+    # the Autograd key; 20 bytes
+    from torch.distributed import _functional_collectives as fc
+    fc.wait_tensor(fc.all_reduce(torch.ones(5), "sum", dist.group.WORLD))
     dist.all_gather_into_tensor(output_tensor=torch.empty(2), input_tensor=torch.ones(2))  # 8
     # the c10d op itself, its arguments by name: 12 bytes
     torch.ops.c10d.broadcast_(tensors=[torch.ones(3)], root_rank=0, root_tensor=0, timeout=-1,
@@ -48,13 +51,13 @@ PROGRAM = textwrap.dedent("""
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
     model(torch.ones(3, 4)).sum().backward()
     prof.step()
-    hooked = torch._C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", "Autograd")
+    hooked = torch._C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", "BackendSelect")
     tracer = next(h.collectives for h in prof.hooks if hasattr(h, "collectives"))
-    print("kernels in C++:", tracer._ops_seen is not None)
+    print("kernels in C++:", tracer._native_kernels)
     prof.stop()
     # our c10d kernels are there while the profiler runs, and only then
     assert hooked == (mode != "hooks")
-    assert not torch._C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", "Autograd")
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", "BackendSelect")
     dist.destroy_process_group()
 """)
 
@@ -62,8 +65,8 @@ PROGRAMS_OWN = [  # (op, bytes, dtype, group) of the program's own calls, in ord
     ("allreduce", "4000", "float32", "0"), ("allreduce", "80", "float64", "0"),
     ("broadcast", "20", "int32", "0"), ("allgather", "64", "float32", "0"),
     ("barrier", "0", None, "0"), ("allreduce", "12", "float32", "1"),
-    ("allreduce", "28", "float32", "0"), ("allgather", "8", "float32", "0"),
-    ("broadcast", "12", "float32", "0"),
+    ("allreduce", "28", "float32", "0"), ("allreduce", "20", "float32", "0"),
+    ("allgather", "8", "float32", "0"), ("broadcast", "12", "float32", "0"),
 ]  # fmt: skip
 
 
@@ -98,9 +101,10 @@ def _ops(tmp_path, mode: str, kernels: tuple[dict, bool]) -> tuple[list[tuple], 
 
 
 def test_without_hooks_every_collective_is_recorded_as_the_hooks_do(tmp_path, kernels):
-    """Every op once, as the hooks record it: the program's own calls (through the wrapped
-    functions, the c10d op called by name, an op on inference tensors that no kernel sees) and
-    DDP's from C++; our kernels are on the ops while the profiler runs, and only then."""
+    """Every op once, as the hooks record it: the program's own calls (torch.distributed's
+    functions, an op on inference tensors, a functional collective, the c10d op called by
+    name) and DDP's from C++; our kernels are on the ops while the profiler runs, and only
+    then."""
     ops, err = _ops(tmp_path, "python", kernels)
     assert ops[: len(PROGRAMS_OWN)] == PROGRAMS_OWN, ops
     # DDP's own, issued in C++: its construction's checks and its gradients' all-reduce, last
@@ -139,16 +143,16 @@ def test_the_step_end_probe_follows_is_initialized(tmp_path):
 def test_every_op_name_of_the_hooks_is_named_as_its_op():
     """The hooks name one op by the C++ entry that issued it on torch 2.15
     (``all_gather_into_tensor`` is ``ALLGATHER_BASE`` there, ``ALLGATHER`` on 2.14): every name
-    this torch's hooks can give is written as the op's plain name, the one the Python functions'
-    path writes for the same call."""
+    this torch's hooks can give is written as the op's plain name, the one our c10d kernels
+    write for the same call."""
     hook_names = getattr(torch._C._distributed_c10d, "HookOpName", None)
     if hook_names is None:
         pytest.skip("this torch has no process-group hooks")
-    from stepscope.pytorch.collectives import _OP_NAMES, _PY_COLLECTIVES
+    from stepscope.pytorch.collectives import _DISPATCH_OPS, _OP_NAMES
 
     names = {m: _OP_NAMES.get(m) for m in hook_names.__members__}
     assert None not in names.values(), [m for m, n in names.items() if n is None]
-    plain = {_OP_NAMES[op] for op, _ in _PY_COLLECTIVES.values()}
+    plain = {_OP_NAMES[op] for op in _DISPATCH_OPS.values()}
     assert set(names.values()) <= plain | {"split", "new_window", "unknown"}
     for member, name in names.items():  # the one its name holds
         assert name.replace("_", "") in member.lower().replace("_", ""), member

@@ -24,10 +24,11 @@ once for a synchronous op. Where ``stepscope build-torch`` has built the native 
   completion on the gloo or NCCL thread; no Python and no GIL per op, about 1-3 µs of CPU per
   small gloo all-reduce against 80-90 through Python hooks and callbacks
   (``tools/bench_torch.py``, table 3);
-* else (torch without hooks: the paths below) **our kernels on the c10d ops are C++**
-  (``c10d_kernels.cpp``), which note the op and its completion as the C++ hooks do, and for
-  the ops only a Python function saw, **the completion is stamped in C++** (``work_done.cpp``):
-  a C++ callback on the work's future notes the time under the op's slot.
+* else (torch without hooks: the path below) **our kernels on the c10d ops are C++**
+  (``c10d_kernels.cpp``), which note the op and its completion as the C++ hooks do;
+* and where either cannot read an object of this torch's (a ``TypeError``: Python hooks or
+  kernels from then on), **the completion is stamped in C++** (``work_done.cpp``): a C++
+  callback on the work's future notes the time under the op's slot.
 
 Either way the slices are written at the next flush (a flush hook, so they never come after a
 flush that took later events), at stop (waiting up to 50 ms for the stamps of works whose future
@@ -48,29 +49,22 @@ with the arg ``completion: "issued"``. Process groups are hooked when the integr
 before their first collective's step ends miss those first ops). A hook id of our own per group.
 
 **Older torch** (no ``ProcessGroup.register_pre_hook``: 2.11, the version an H100 image here
-ships, has none): two paths together give the same slices and args.
-
-* A kernel of ours on the ``Autograd`` dispatch key of each ``c10d::`` op (``allreduce_``,
-  ``_allgather_base_``...: every ``ProcessGroup`` method goes through the dispatcher since torch
-  2.0, and these ops have no autograd kernel of their own) notes the op, such as DDP's gradient
-  all-reduces from its C++ reducer, then hands it on below autograd. No other op passes
-  through it: outside collectives it costs nothing. Where the native module is built it is C++
-  (``c10d_kernels.cpp``: no Python and no GIL per op, its ops taken at each flush as the C++
-  hooks' are) and notes every op that reaches it; else it is Python, and notes only the ops
-  the Python functions below did not issue.
-* The Python collective functions of ``torch.distributed`` are wrapped (the outermost call only,
-  where one calls another): the program's own calls and FSDP2's. Beside the C++ kernel they
-  record only the ops it did not see (it counts those it noted on the calling thread): ops on
-  tensors without autograd keys (made in ``inference_mode``) skip that key.
-
-Not seen: functional collectives (``torch.distributed._functional_collectives``, which DTensor
-and compiled code use), whose own kernels issue the c10d op below the Autograd key (the hooks
-see them).
+ships, has none): a kernel of ours on the ``BackendSelect`` dispatch key of each ``c10d::`` op
+(``allreduce_``, ``_allgather_base_``...) gives the same slices and args. Every
+``ProcessGroup`` method goes through the dispatcher since torch 2.0, so the kernel sees each op
+that reaches a process group: the program's calls, DDP's gradient all-reduces from its C++
+reducer, FSDP's, and functional collectives (``torch.distributed._functional_collectives``,
+which DTensor and compiled code use). ``BackendSelect`` is in every thread's included keys and
+no guard of torch's excludes it (the Autograd key, which ``inference_mode`` tensors and the
+functional collectives' own kernels skip, would miss ops); the c10d ops have no kernel there of
+their own. The kernel notes the op, then hands it on to the key below, as the dispatcher would
+have done without it. No other op passes through it: outside collectives it costs nothing.
+Where the native module is built the kernel is C++ (``c10d_kernels.cpp``: no Python and no GIL
+per op, its ops taken at each flush as the C++ hooks' are), else Python.
 """
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import sys
 import threading
@@ -81,21 +75,12 @@ from typing import Any
 from .. import _schema as S
 
 HOOK_ID = 0x5EC0  # our pre/post hook id on each process group
+KEY = "BackendSelect"  # the dispatch key of our c10d kernels (torch without those hooks)
 # torch has ProcessGroup pre/post hooks (None: look at start; tests set False to try the fallback)
 USE_PG_HOOKS: bool | None = None
 # the native module's collectives: C++ hooks, completions stamped in C++ (None: where it is
 # built; tests and benchmarks set False to compare with Python's hooks and done callbacks)
 USE_STAMPS: bool | None = None
-
-# the Python functions wrapped without those hooks: name -> (op, index of the input tensor(s))
-_PY_COLLECTIVES = {
-    "all_reduce": ("ALLREDUCE", 0), "broadcast": ("BROADCAST", 0), "reduce": ("REDUCE", 0),
-    "all_gather": ("ALLGATHER", 1), "all_gather_into_tensor": ("ALLGATHER", 1),
-    "reduce_scatter": ("REDUCE_SCATTER", 1), "reduce_scatter_tensor": ("REDUCE_SCATTER", 1),
-    "all_to_all": ("ALLTOALL", 1), "all_to_all_single": ("ALLTOALL", 1),
-    "gather": ("GATHER", 0), "scatter": ("SCATTER", 1), "barrier": ("BARRIER", None),
-    "send": ("SEND", 0), "recv": ("RECV", 0), "isend": ("SEND", 0), "irecv": ("RECV", 0),
-}  # fmt: skip
 
 # the hooks' op names (torch's HookOpName) -> the op's name in the args. torch 2.15 names one
 # op by the C++ entry that issued it (all_gather_into_tensor is ALLGATHER_BASE there, ALLGATHER
@@ -191,7 +176,6 @@ class CollectiveTracer:
         self._lanes: list[tuple[int, int]] = []  # (track, end of its last slice)
         self._hooked: dict[int, Any] = {}  # id(pg) -> pg
         self._patched: list[tuple[Any, str, Any]] = []
-        self._inside = threading.local()  # .on: this thread is in a wrapped Python function
         self._library: Any = None  # our c10d kernels (torch without process-group hooks)
         # the native module's watch()/drain() (works' completion stamped in C++), else None:
         # done callbacks in Python; _watching: new works are stamped (off after a work the
@@ -202,12 +186,11 @@ class CollectiveTracer:
         # who noted the ops take_ops() gives (a group's C++ hooks, our C++ kernels) -> the name
         # of an op's code; an op of another owner is an earlier tracer's
         self._owners: dict[int, Any] = {}
-        # the C++ kernels' count of ops noted on the calling thread (None: not in C++)
-        self._ops_seen: Any = None
+        self._native_kernels = False  # our kernels on the c10d ops are C++ (hook_ops)
         # slot -> (opened, group size, group name, work)
         self._waiting: dict[int, tuple] = {}
         self._on = False
-        self.pg_hooks: bool | None = None  # ProcessGroup hooks used (else Python functions)
+        self.pg_hooks: bool | None = None  # ProcessGroup hooks used (else our c10d kernels)
         self.count = 0  # ops written
         self.failures = 0
 
@@ -233,15 +216,14 @@ class CollectiveTracer:
         self._native_hooks = self.pg_hooks and hasattr(self._stamps, "hook_group")
         if not self.pg_hooks:
             self._register_dispatch_kernels()
-            self._wrap_python_collectives(dist)
         self._patch_creators(dist)
         self.watch_new_groups()
 
     def stop(self) -> None:
         self._on = False
-        if self._ops_seen is not None:  # our C++ kernels: no op noted from here on
+        if self._native_kernels:  # our C++ kernels: no op noted from here on
             self._stamps.unhook_ops()
-            self._ops_seen = None
+            self._native_kernels = False
         self._drain_completed()
         if self.drain in self.sess.flush_hooks:
             self.sess.flush_hooks.remove(self.drain)
@@ -289,56 +271,11 @@ class CollectiveTracer:
                 self._patched.append((owner, name, original))
                 setattr(owner, name, wrapper)
 
-    def _wrap_python_collectives(self, dist: Any) -> None:
-        """Without process-group hooks: each Python collective function, in ``torch.distributed``
-        and ``distributed_c10d`` alike, times its call (to its work's completion when async).
-        Where our kernels are C++, they note the ops and the function only those they did not
-        see (on tensors without autograd keys)."""
-        import torch.distributed.distributed_c10d as c10d
-
-        tracer, inside, seen = self, self._inside, self._ops_seen
-        for name, (op, arg) in _PY_COLLECTIVES.items():
-            original = getattr(c10d, name, None)
-            if original is None:
-                continue
-
-            def make(original: Any, op: str, arg: int | None) -> Any:
-                try:  # the input and the group by name, given by position or keyword alike
-                    sig = inspect.signature(original)
-                    names = list(sig.parameters)
-                    source = names[arg] if arg is not None and arg < len(names) else None
-                except (TypeError, ValueError):
-                    sig, source = None, None
-
-                def collective(*args: Any, **kwargs: Any) -> Any:
-                    if getattr(inside, "on", False) or not tracer._on:
-                        return original(*args, **kwargs)  # one called by another: the outer
-                    inside.on = True
-                    try:
-                        noted = seen() if seen is not None else 0
-                        t0 = time.perf_counter_ns()
-                        work = original(*args, **kwargs)
-                        if seen is not None and seen() != noted:
-                            return work  # the C++ kernels noted it
-                    finally:
-                        inside.on = False
-                    tracer._python_done(t0, op, sig, source, args, kwargs, work)
-                    return work
-
-                collective.__wrapped__ = original  # type: ignore[attr-defined]
-                collective.__doc__ = original.__doc__
-                collective.__name__ = original.__name__
-                return collective
-
-            wrapper = make(original, op, arg)
-            self._install((c10d, dist), name, original, wrapper)
-
     def _register_dispatch_kernels(self) -> None:
-        """Without process-group hooks: our kernel on the ``Autograd`` key of each ``c10d::``
-        op records the ops (DDP's reducer's too), then redispatches below autograd, as the
-        dispatcher would have done without it. In C++ where the native module is built
-        (``c10d_kernels.cpp``: no Python per op), else in Python, where it records only the ops
-        no wrapped Python function issued."""
+        """Without process-group hooks: our kernel on the ``BackendSelect`` key of each
+        ``c10d::`` op records the op, then redispatches to the key below, as the dispatcher
+        would have done without it. In C++ where the native module is built
+        (``c10d_kernels.cpp``: no Python per op), else in Python."""
         import torch
 
         lib = None
@@ -348,8 +285,7 @@ class CollectiveTracer:
                 qualified = f"c10d::{name}"
                 if not torch._C._dispatch_has_kernel(qualified):  # noqa: SLF001  (older torch)
                     continue
-                if any(torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key)  # noqa: SLF001
-                       for key in ("Autograd", "AutogradCPU", "AutogradCUDA")):
+                if torch._C._dispatch_has_kernel_for_dispatch_key(qualified, KEY):  # noqa: SLF001
                     continue  # torch has its own there: left alone
                 overload = getattr(torch.ops.c10d, name).default
                 arguments = [a.name for a in overload._schema.arguments]  # noqa: SLF001
@@ -358,24 +294,23 @@ class CollectiveTracer:
                 inputs = [i for i, a in enumerate(arguments) if a.startswith("input")]
                 source = None if op == "BARRIER" else inputs[0] if inputs else 0
                 specs.append((name, op, source, arguments.index("process_group"), overload))
-            if self._native_kernels(specs):
+            if self._register_native_kernels(specs):
                 return
             lib = torch.library.Library("c10d", "IMPL")
-            below = torch._C._after_autograd_keyset  # noqa: SLF001
+            below = torch._C._dispatch_keyset_full_after(KEY)  # noqa: SLF001
             for name, op, source, where, overload in specs:
-                lib.impl(name, self._make_kernel(overload, op, source, where, below),
-                         "Autograd", with_keyset=True)
+                lib.impl(name, self._make_kernel(overload, op, source, where, below), KEY,
+                         with_keyset=True)
         except Exception as exc:
             if lib is not None:
                 lib._destroy()  # noqa: SLF001  (none of ours left half-registered)
             print(f"stepscope: torch {torch.__version__} has no process-group hooks and its "
-                  f"c10d ops cannot be hooked ({exc!r}): collectives are recorded from "
-                  "torch.distributed's Python functions only (DDP's gradient all-reduces, "
-                  "issued in C++, are not)", file=sys.stderr)
+                  f"c10d ops cannot be hooked ({exc!r}): no collectives are recorded",
+                  file=sys.stderr)
             return
         self._library = lib
 
-    def _native_kernels(self, specs: list[tuple]) -> bool:
+    def _register_native_kernels(self, specs: list[tuple]) -> bool:
         """Our kernels registered in C++ (True), where the native module has them."""
         if not hasattr(self._stamps, "hook_ops"):
             return False
@@ -384,23 +319,23 @@ class CollectiveTracer:
         try:
             self._stamps.hook_ops([(name, i, -1 if source is None else source, where)
                                    for i, (name, _, source, where, _) in enumerate(specs)],
-                                  owner)
+                                  owner, KEY)
         except Exception as exc:
             print(f"stepscope: the C++ kernels on the c10d ops failed ({exc!r}); recording "
                   "collectives through Python's", file=sys.stderr)
             return False
         self._owners[owner] = codes.__getitem__
-        self._ops_seen = self._stamps.ops_seen
+        self._native_kernels = True
         return True
 
     def _make_kernel(self, overload: Any, op: str, source: int | None, where: int,
                      below: Any) -> Any:
         """The Python kernel of one op: ``source`` and ``where`` index its input tensor(s) and
         its process group among its arguments."""
-        tracer, inside = self, self._inside
+        tracer = self
 
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
-            if getattr(inside, "on", False) or not tracer._on:
+            if not tracer._on:
                 return overload.redispatch(keyset & below, *args, **kwargs)
             t0 = time.perf_counter_ns()
             out = overload.redispatch(keyset & below, *args, **kwargs)
@@ -431,28 +366,6 @@ class CollectiveTracer:
         except Exception:
             self.failures += 1
 
-    def _python_done(self, t0: int, op: str, sig: Any, source: str | None, args: tuple,
-                     kwargs: dict, work: Any) -> None:
-        """One wrapped call returned: its slice now, or when its work completes. ``source``:
-        the name of the parameter holding the input tensor(s)."""
-        try:
-            import torch.distributed as dist
-
-            given = sig.bind_partial(*args, **kwargs).arguments if sig is not None else kwargs
-            nbytes, dtype = _input_size(given.get(source) if source is not None else None)
-            group = given.get("group")
-            size = dist.get_world_size(group)
-            if group is None:  # the default group, named as its hooks would see it
-                from torch.distributed import distributed_c10d as c10d
-
-                group = c10d._get_default_group()  # noqa: SLF001
-            gname = getattr(group, "group_name", "") or ""
-            if not hasattr(work, "get_future"):  # None: a synchronous call
-                work = None
-            self._finish((t0, op, nbytes, dtype), work, size, gname)
-        except Exception:
-            self.failures += 1
-
     def watch_new_groups(self) -> None:
         """Hook the process groups made since the last call (cheap: a dict walk)."""
         if not self._on:
@@ -461,7 +374,7 @@ class CollectiveTracer:
 
         if not dist.is_initialized():
             return
-        if not self.pg_hooks:  # the Python functions and the c10d ops are hooked instead
+        if not self.pg_hooks:  # the c10d ops are hooked instead
             return
         from torch.distributed import distributed_c10d as c10d
 

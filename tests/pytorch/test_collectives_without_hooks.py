@@ -5,6 +5,7 @@ the hooks, so every path runs on the same program and gives the same slices."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -222,3 +223,57 @@ def test_without_hooks_ddp_still_averages_the_gradients_of_both_ranks(tmp_path, 
         grads = [tq.args(d, s["arg_set_id"]) for s in tq.slices(d, "s.category = 'communication'")
                  if s["name"] == "allreduce"]
         assert [(a["bytes"], a["group_size"]) for a in grads] == [("40", "2")] * 3, grads
+
+
+RESTARTS = textwrap.dedent("""
+    import json, sys, threading, time, torch, torch.distributed as dist, stepscope
+    from stepscope.pytorch import collectives
+    run_dir = sys.argv[1]
+    collectives.USE_PG_HOOKS = False
+    dist.init_process_group("gloo", init_method=f"file://{run_dir}/store", rank=0, world_size=1)
+    group = dist.distributed_c10d._get_default_group()
+    done = threading.Event()
+
+    def issue():  # as DDP's reducer does, from another thread, all along
+        t = torch.ones(16)
+        while not done.is_set():
+            group.allreduce([t]).wait()
+
+    threads = [threading.Thread(target=issue) for _ in range(2)]
+    for th in threads:
+        th.start()
+    runs = []
+    for i in range(10):
+        prof = stepscope.Profiler(dir=run_dir, run_id=f"r{i}", schedule=None, report=False,
+                                  use_env=False, host_metrics=False, torch=True)
+        prof.start()
+        time.sleep(0.02)
+        tracer = next(h.collectives for h in prof.hooks if hasattr(h, "collectives"))
+        prof.stop()
+        runs.append((tracer.count, tracer.failures))
+    done.set()
+    for th in threads:
+        th.join()
+    dist.destroy_process_group()
+    print(json.dumps(runs))
+""")
+
+
+def test_the_profiler_starts_and_stops_while_other_threads_issue_collectives(tmp_path,
+                                                                              kernels):
+    """Our kernels are registered and removed 10 times while two threads issue all-reduces
+    through them: the program never fails, no op is misread, each run writes whole ops, and
+    an op that completes after its run stopped is counted in no run's file."""
+    script = tmp_path / "restarts.py"
+    script.write_text(RESTARTS)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
+                       text=True, timeout=180, env=kernels[0])
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(runs) == 10 and all(failures == 0 for _, failures in runs), runs
+    assert all(count > 0 for count, _ in runs), runs
+    d = tq.db(tmp_path / "r9" / "rank0.summary.pftrace")
+    ops = [tq.args(d, s["arg_set_id"]) for s in tq.slices(d, "s.category = 'communication'")]
+    assert len(ops) == runs[-1][0]
+    assert {(a["op"], a["bytes"], a["dtype"], a["group_size"]) for a in ops} == {
+        ("allreduce", "64", "float32", "1")}

@@ -190,6 +190,7 @@ class CollectiveTracer:
         # slot -> (opened, group size, group name, work)
         self._waiting: dict[int, tuple] = {}
         self._on = False
+        self._closed = False  # stopped and drained: a done callback after that writes nothing
         self.pg_hooks: bool | None = None  # ProcessGroup hooks used (else our c10d kernels)
         self.count = 0  # ops written
         self.failures = 0
@@ -200,7 +201,7 @@ class CollectiveTracer:
 
         if not dist.is_available():
             return
-        self._on = True
+        self._on, self._closed = True, False
         from . import native
 
         mod = native.load() if USE_STAMPS is not False else None  # (None: not built)
@@ -240,6 +241,7 @@ class CollectiveTracer:
             except Exception:
                 pass
         self._hooked.clear()
+        self._closed = True
 
     def _patch_creators(self, dist: Any) -> None:
         import torch.distributed.distributed_c10d as c10d
@@ -508,6 +510,8 @@ class CollectiveTracer:
     def _write(self, opened: tuple, t_end: int, size: int, group: str,
                issued: bool = False) -> None:
         """One op's slice (from any thread: gloo/NCCL threads run the done callbacks)."""
+        if self._closed:  # its work completed after the tracer stopped: not in this run
+            return
         try:
             t0, op, nbytes, dtype = opened
             name = _OP_NAMES.get(op, op.lower())

@@ -63,7 +63,8 @@ def test_every_file_of_both_ranks_and_their_workers(run):
 @pytest.mark.parametrize("rank", [0, 1])
 def test_ddp_allreduce_from_cpp_as_communication_ranges(run, rank):
     """Seen through the process groups' hooks, or on a torch without them (2.11) through our
-    kernel on the c10d ops' Autograd key."""
+    kernel on the c10d ops' BackendSelect key; the last step's all-reduce too, whose done
+    callback may come after the program's stop() began."""
     d = tq.db(run / f"rank{rank}.summary.pftrace")
     steps = tq.slices(d, "s.category = 'step'")
     assert len(steps) == STEPS

@@ -189,8 +189,10 @@ class CollectiveTracer:
         self._native_kernels = False  # our kernels on the c10d ops are C++ (hook_ops)
         # slot -> (opened, group size, group name, work)
         self._waiting: dict[int, tuple] = {}
+        self._called_back: dict[int, Any] = {}  # slot -> work whose Python callback is to come
         self._on = False
-        self._closed = False  # stopped and drained: a done callback after that writes nothing
+        # stopped, its last ops waited for: a done callback after that is in no run's file
+        self._closed = False
         self.pg_hooks: bool | None = None  # ProcessGroup hooks used (else our c10d kernels)
         self.count = 0  # ops written
         self.failures = 0
@@ -465,19 +467,26 @@ class CollectiveTracer:
         except RuntimeError:  # gloo send/recv: no future
             self._write(opened, time.perf_counter_ns(), size, group, issued=True)
             return
-        fut.add_done_callback(
-            lambda _f: self._write(opened, time.perf_counter_ns(), size, group))
+        key = next(_SLOTS)
+        self._called_back[key] = work
+
+        def done(_fut: Any) -> None:
+            self._write(opened, time.perf_counter_ns(), size, group)
+            self._called_back.pop(key, None)  # (after the write: stop() waits for it)
+
+        fut.add_done_callback(done)
 
     def _drain_completed(self, grace_s: float = 0.05) -> None:
         """Write every op whose work has completed by now (those still running are not
         written). A future wakes its waiters before it runs its callbacks, so a program that has
         just waited for one (DDP's last gradient all-reduce before a stop) can be ahead of its
-        stamp: stamps whose future is done get up to ``grace_s`` to arrive (without it, 1 of 5
-        2-rank runs lost that op)."""
+        stamp or its Python done callback: those whose future is done get up to ``grace_s`` to
+        arrive (without it, 1 of 5 2-rank runs lost that op)."""
         self.drain()
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and (
                 any(_completed(entry[3]) for entry in list(self._waiting.values()))
+                or any(_completed(work) for work in list(self._called_back.values()))
                 or self._owners and self._stamps.in_flight() > 0):  # (the C++ hooks' works)
             time.sleep(0.001)
             self.drain()

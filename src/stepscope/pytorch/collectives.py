@@ -177,9 +177,10 @@ class CollectiveTracer:
         self._hooked: dict[int, Any] = {}  # id(pg) -> pg
         self._patched: list[tuple[Any, str, Any]] = []
         self._library: Any = None  # our c10d kernels (torch without process-group hooks)
-        # the native module's watch()/drain() (works' completion stamped in C++), else None:
-        # done callbacks in Python; _watching: new works are stamped (off after a work the
-        # module cannot read, while those stamped before still drain)
+        # the native module (its watch()/drain(): works' completion stamped in C++; its C++
+        # hooks and kernels, whose ops take_ops() gives), else None: done callbacks in Python;
+        # _watching: new works are stamped (off after a work the module cannot read, while
+        # those stamped before still drain)
         self._stamps: Any = None
         self._watching = False
         self._native_hooks = False  # process groups hooked in C++ (hook_group/take_ops)
@@ -217,10 +218,11 @@ class CollectiveTracer:
         if self.pg_hooks is None:
             self.pg_hooks = hasattr(dist.ProcessGroup, "register_pre_hook")
         self._native_hooks = self.pg_hooks and hasattr(self._stamps, "hook_group")
-        if not self.pg_hooks:
+        if self.pg_hooks:  # each new group hooked as it is made
+            self._patch_creators(dist)
+            self.watch_new_groups()
+        else:  # every op of every group passes our kernels
             self._register_dispatch_kernels()
-        self._patch_creators(dist)
-        self.watch_new_groups()
 
     def stop(self) -> None:
         self._on = False

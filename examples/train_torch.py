@@ -10,7 +10,8 @@ DDP (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; any launcher that
 
 The loop has no ``step()`` calls: ``Profiler(step_on="optimizer")`` makes a step per optimizer
 step, the DataLoader's waits and its workers' fetches are recorded, the detail windows hold every
-aten operator with its input shapes, and DDP's gradient allreduces are communication ranges.
+aten operator with its input shapes, and DDP's gradient allreduces are collective ranges (the
+``collectives`` table).
 The same script runs untouched under ``stepscope run -- python examples/train_torch.py``
 (then drop the ``Profiler`` lines, or keep them: the outer profiler wins).
 """

@@ -28,6 +28,9 @@ CAT_SYNC = "sync"  # CUDA synchronization records
 CAT_RUNTIME = "cuda_runtime"  # CUDA runtime API calls on the launching thread
 CAT_DRIVER = "cuda_driver"  # CUDA driver API calls on the launching thread
 CAT_GPU_RANGE = "gpu_range"  # GPU-side ranges timed with CUDA events (no CUPTI)
+# a torch.distributed op on the host, issue to completion: not device activity (a gloo op runs
+# on the CPU, an NCCL op's kernel is a 'communication' slice of its own)
+CAT_COLLECTIVE = "collective"
 CAT_STEPSCOPE = "stepscope"  # the profiler's own bookkeeping (dropped events, sampler cost)
 
 # Step phases by convention (any other name is allowed and reported as-is).
@@ -156,7 +159,6 @@ GPU_RANGE_TRACK_NAME = "CUDA events"  # "CUDA events (stream <ptr>)" under the G
 CAT_TORCH_OP = "torch_op"  # an operator from torch's profiler (aten::mm, autograd nodes)
 CAT_RECORD_FUNCTION = "record_function"  # torch.profiler.record_function ranges
 CAT_DATALOADER_WORKER = "dataloader_worker"  # fetch/__getitem__/collate in a DataLoader worker
-CAT_COLLECTIVE = CAT_COMMUNICATION  # torch.distributed collectives (host side, issue to completion)
 ARG_INPUT_SHAPES = "input_shapes"  # an operator's input shapes, "[[64, 64], [64]]"
 ARG_INPUT_DTYPES = "input_dtypes"  # an operator's input dtypes, "float, float"
 ARG_OP = "op"  # a collective's op: allreduce, broadcast, send, ...
@@ -164,6 +166,12 @@ ARG_BYTES = "bytes"  # a collective's input bytes
 ARG_DTYPE = "dtype"
 ARG_GROUP_SIZE = "group_size"
 ARG_GROUP = "group"  # the process group's name
+# where a collective's slice ends other than at its completion: absent = at its completion
+ARG_COMPLETION = "completion"
+COMPLETION_ISSUED = "issued"  # no completion to wait for (gloo's send/recv): ended when issued
+# enqueued on a device stream (NCCL: its work's future completes when the op is issued); the
+# device's 'communication' kernel is its time
+COMPLETION_STREAM = "stream"
 COLLECTIVES_TRACK_NAME = "collectives"  # child tracks of the rank's process, one per lane
 WORKER_THREAD_NAME = "DataLoader worker {worker} (pid {pid})"  # a thread of the rank's process
 WORKER_FILE = "rank{rank}.summary.worker{worker}-{pid}.pftrace"  # merged with the rank's summary

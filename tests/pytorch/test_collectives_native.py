@@ -5,6 +5,7 @@ done callbacks, each ending when its work completed, and no wait for the GIL on 
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import shutil
@@ -73,7 +74,7 @@ def _run(tmp_path, mode: str, completion: str, env: dict, backend: str = "gloo"
     assert "stepscope" not in r.stderr, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     d = tq.db(run_dir / mode / "rank0.summary.pftrace")
-    return out, tq.slices(d, "s.category = 'communication'"), d
+    return out, tq.slices(d, "s.category = 'collective'"), d
 
 
 def _described(d, slices: list[dict]) -> list[tuple]:
@@ -91,15 +92,17 @@ def _same_slices_stamped_and_called_back(tmp_path, native_cache, mode: str,
     assert (out["native_hooks"], out["native_kernels"]) == (mode == "hooks", mode == "python")
     got = _described(d, slices)
     # the program's four; DDP's from C++: at construction the parameters' count (one int64),
-    # their shapes (6 int64) and values (10 floats), then the gradients' all-reduce
-    assert got == [("allreduce", "4000", "float32", "1", None),
-                   ("allreduce", "40", "float32", "1", None),
-                   ("allreduce", "12", "float32", "1", None),
-                   ("allreduce", "8", "float32", "1", None),
-                   ("allgather", "8", "int64", "1", None),
-                   ("broadcast", "48", "int64", "1", None),
-                   ("broadcast", "40", "float32", "1", None),
-                   ("allreduce", "40", "float32", "1", None)], got
+    # their shapes (6 int64) and values (10 floats), then the gradients' all-reduce. NCCL's
+    # end when enqueued on their stream (its kernels have their time)
+    end = "stream" if backend == "nccl" else None
+    assert got == [("allreduce", "4000", "float32", "1", end),
+                   ("allreduce", "40", "float32", "1", end),
+                   ("allreduce", "12", "float32", "1", end),
+                   ("allreduce", "8", "float32", "1", end),
+                   ("allgather", "8", "int64", "1", end),
+                   ("broadcast", "48", "int64", "1", end),
+                   ("broadcast", "40", "float32", "1", end),
+                   ("allreduce", "40", "float32", "1", end)], got
     for s, span in zip(slices, out["spans"], strict=False):
         assert 0 < s["dur"] <= span, (s, span)
     py_out, py_slices, py_d = _run(tmp_path, mode, "callback", env, backend)
@@ -123,8 +126,8 @@ def test_native_stamps_give_the_slices_of_the_done_callbacks(tmp_path, native_ca
 @pytest.mark.parametrize("mode", ["hooks", "python"])
 def test_nccl_ops_stamped_in_cpp(tmp_path, native_cache, mode):
     """The same program on one GPU with NCCL: its futures are CUDA futures, completed when
-    the op is issued on the stream (the kernels from CUPTI are the device-side truth), and the
-    C++ stamp, or hooks, read NCCL's works as they read gloo's."""
+    the op is enqueued on its stream, so every op ends there with ``completion: stream`` (the
+    kernels from CUPTI are the device-side truth), through C++ and through Python alike."""
     if not torch.cuda.is_available() or not dist.is_nccl_available():
         pytest.skip("no CUDA device or no NCCL")
     if mode == "hooks" and not hasattr(dist.ProcessGroup, "register_pre_hook"):
@@ -198,15 +201,15 @@ def test_works_the_build_cannot_stamp(tmp_path, native_cache, monkeypatch):
     tracer = collectives.CollectiveTracer(sess)
     tracer._stamps, tracer._watching = mod, True
     t0 = time.perf_counter_ns()
-    tracer._finish((t0, "SEND", 8, "float32"), torch._C._distributed_c10d.Work(), 2, "0")
+    tracer._finish((t0, "SEND", 8, "float32", False), torch._C._distributed_c10d.Work(), 2, "0")
     assert tracer.count == 1 and tracer._watching and not tracer._waiting
     # a real work stamped before the switch still drains after it
     fut = torch.futures.Future()
     stamped = torch._C._distributed_c10d._create_work_from_future(fut)
-    tracer._finish((t0, "BROADCAST", 4, "float32"), stamped, 2, "0")
+    tracer._finish((t0, "BROADCAST", 4, "float32", False), stamped, 2, "0")
     assert len(tracer._waiting) == 1
     other = _OtherWork()
-    tracer._finish((t0, "ALLREDUCE", 16, "float32"), other, 2, "0")
+    tracer._finish((t0, "ALLREDUCE", 16, "float32", False), other, 2, "0")
     assert not tracer._watching and tracer.count == 1 and len(tracer._waiting) == 1
     other.fut.set_result(None)
     fut.set_result(None)
@@ -215,7 +218,7 @@ def test_works_the_build_cannot_stamp(tmp_path, native_cache, monkeypatch):
     sess.stop()
     d = tq.db(tmp_path / "t.pftrace")
     got = [(s["name"], tq.args(d, s["arg_set_id"]).get("completion"))
-           for s in tq.slices(d, "s.category = 'communication'")]
+           for s in tq.slices(d, "s.category = 'collective'")]
     assert sorted(got) == [("allreduce", None), ("broadcast", None), ("send", "issued")]
 
 
@@ -234,7 +237,7 @@ def test_a_stamp_that_comes_after_its_waiter_is_still_written_at_stop(tmp_path, 
     fut = torch.futures.Future()
     fut.add_done_callback(lambda _f: time.sleep(0.02))  # runs before our stamp
     work = torch._C._distributed_c10d._create_work_from_future(fut)
-    tracer._finish((time.perf_counter_ns(), "ALLREDUCE", 64, "float32"), work, 2, "0")
+    tracer._finish((time.perf_counter_ns(), "ALLREDUCE", 64, "float32", False), work, 2, "0")
     setter = threading.Thread(target=fut.set_result, args=(None,))
     setter.start()
     while not fut.done():
@@ -245,3 +248,105 @@ def test_a_stamp_that_comes_after_its_waiter_is_still_written_at_stop(tmp_path, 
     setter.join()
     assert tracer.count == 1 and not tracer._waiting
     sess.stop()
+
+
+def _device_work(done: bool):
+    """A c10d ``Work`` whose future has a device (``cpu:0`` stands for CUDA's here), complete
+    at once (as NCCL's, enqueued on a stream) or not."""
+    fut = torch.futures.Future(devices=["cpu:0"])
+    if done:
+        fut.set_result(torch.ones(1))
+    return torch._C._distributed_c10d._create_work_from_future(fut)
+
+
+@pytest.mark.parametrize("stamps", [True, False])
+def test_a_device_streams_op_ends_when_issued(tmp_path, native_cache, monkeypatch, stamps):
+    """NCCL completes an op's future when it enqueues the op on its stream: the host slice ends
+    there with ``completion: stream`` (its kernel has its time), in C++ (a future with devices,
+    complete when its op returns) and in Python (by the op's input tensor being on a device,
+    the future complete); an op whose future completes later is timed to it."""
+    monkeypatch.setenv("STEPSCOPE_CACHE_DIR", str(native_cache))
+    sess = Session(tmp_path / "t.pftrace").start()
+    tracer = collectives.CollectiveTracer(sess)
+    tracer._stamps, tracer._watching = (native.load(), True) if stamps else (None, False)
+    if stamps:
+        mod = tracer._stamps
+        assert mod.watch(_device_work(True), -1) is True  # no stamp to come
+        assert mod.watch(_device_work(False), -2) is False
+        done = torch.futures.Future()
+        done.set_result(None)
+        assert mod.watch(torch._C._distributed_c10d._create_work_from_future(done), -3) is False
+        assert sorted(array.array("q", mod.drain())[::2]) == [-3]
+    t0 = time.perf_counter_ns()
+    on_device = not stamps  # (C++ reads the future's devices, Python the input's)
+    tracer._finish((t0, "ALLREDUCE", 16, "float32", on_device), _device_work(True), 2, "0")
+    assert tracer.count == 1 and not tracer._waiting
+    later = torch.futures.Future()  # a device's op whose future completes after it returned
+    tracer._finish((t0, "BROADCAST", 8, "float32", on_device),
+                   torch._C._distributed_c10d._create_work_from_future(later), 2, "0")
+    assert tracer.count == 1
+    time.sleep(0.01)
+    later.set_result(None)
+    tracer.drain()
+    assert tracer.count == 2 and tracer.failures == 0
+    sess.stop()
+    d = tq.db(tmp_path / "t.pftrace")
+    got = {s["name"]: (tq.args(d, s["arg_set_id"]).get("completion"), s["dur"])
+           for s in tq.slices(d, "s.category = 'collective'")}
+    assert got["allreduce"][0] == "stream" and got["allreduce"][1] < 10_000_000
+    assert got["broadcast"][0] is None and got["broadcast"][1] >= 10_000_000
+
+
+DEVICE_BACKEND = textwrap.dedent("""
+    import json, os, sys, torch, torch.distributed as dist, stepscope
+    import torch._C._distributed_c10d as c10d
+    from stepscope.pytorch import collectives
+    run_dir, mode, completion = sys.argv[1:4]
+    collectives.USE_PG_HOOKS = None if mode == "hooks" else False
+    collectives.USE_STAMPS = None if completion == "stamps" else False
+
+    class DeviceStreamBackend(c10d.Backend):
+        # as NCCL's: each op's work has a future with a device, complete when the op returns
+        def allreduce(self, tensors, opts=None):
+            fut = torch.futures.Future(devices=["cpu:0"])
+            fut.set_result(tensors)
+            return c10d._create_work_from_future(fut)
+
+    dist.Backend.register_backend("devstream", lambda store, rank, size, timeout:
+                                  DeviceStreamBackend(rank, size), devices=["cpu"])
+    dist.init_process_group("devstream", init_method=f"file://{run_dir}/store", rank=0,
+                            world_size=1)
+    prof = stepscope.Profiler(dir=run_dir, run_id="r", schedule=None, report=False,
+                              use_env=False, host_metrics=False, torch=True)
+    prof.start()
+    dist.all_reduce(torch.ones(4), async_op=True).wait()
+    dist.all_reduce(torch.ones(2))
+    tracer = next(h.collectives for h in prof.hooks if hasattr(h, "collectives"))
+    native = tracer._native_hooks or tracer._native_kernels
+    prof.stop()
+    print(json.dumps({"native": native, "failures": tracer.failures}))
+""")
+
+
+@pytest.mark.parametrize("mode", ["hooks", "python"])
+def test_a_device_backends_ops_through_the_cpp_hooks_and_kernels(tmp_path, native_cache, mode):
+    """A backend whose futures are a device's, complete when the op returns (NCCL's kind): the
+    C++ hooks and kernels end its ops there (``completion: stream``). (Python's paths go by
+    the input tensor, on a device: test_a_device_streams_op_ends_when_issued; a callback on
+    this stand-in's ``cpu:0`` future cannot run, as torch has no stream pool for the CPU.)"""
+    if mode == "hooks" and not hasattr(dist.ProcessGroup, "register_pre_hook"):
+        pytest.skip("this torch has no process-group hooks")
+    try:
+        torch._C._distributed_c10d.Backend(0, 1)
+    except TypeError:
+        pytest.skip("this torch's c10d Backend cannot be subclassed in Python")
+    script = tmp_path / "b.py"
+    script.write_text(DEVICE_BACKEND)
+    env = dict(os.environ, STEPSCOPE_CACHE_DIR=str(native_cache))
+    r = subprocess.run([sys.executable, str(script), str(tmp_path), mode, "stamps"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"native": True, "failures": 0}
+    d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
+    assert _described(d, tq.slices(d, "s.category = 'collective'")) == [
+        ("allreduce", "16", "float32", "1", "stream"), ("allreduce", "8", "float32", "1", "stream")]

@@ -94,7 +94,7 @@ def _ops(tmp_path, mode: str, kernels: tuple[dict, bool]) -> tuple[list[tuple], 
     assert f"kernels in C++: {in_cpp and mode != 'hooks'}" in r.stdout, r.stdout
     d = tq.db(tmp_path / mode / "rank0.summary.pftrace")
     out = []
-    for s in tq.slices(d, "s.category = 'communication'"):
+    for s in tq.slices(d, "s.category = 'collective'"):
         a = tq.args(d, s["arg_set_id"])
         assert (a["op"], a["group_size"]) == (s["name"], "1")
         out.append((a["op"], a["bytes"], a.get("dtype"), a["group"]))
@@ -220,7 +220,7 @@ def test_without_hooks_ddp_still_averages_the_gradients_of_both_ranks(tmp_path, 
     assert [p.returncode for p in procs] == [0, 0], logs
     for rank in (0, 1):
         d = tq.db(tmp_path / "two" / f"rank{rank}.summary.pftrace")
-        grads = [tq.args(d, s["arg_set_id"]) for s in tq.slices(d, "s.category = 'communication'")
+        grads = [tq.args(d, s["arg_set_id"]) for s in tq.slices(d, "s.category = 'collective'")
                  if s["name"] == "allreduce"]
         assert [(a["bytes"], a["group_size"]) for a in grads] == [("40", "2")] * 3, grads
 
@@ -273,7 +273,7 @@ def test_the_profiler_starts_and_stops_while_other_threads_issue_collectives(tmp
     assert len(runs) == 10 and all(failures == 0 for _, failures in runs), runs
     assert all(count > 0 for count, _ in runs), runs
     d = tq.db(tmp_path / "r9" / "rank0.summary.pftrace")
-    ops = [tq.args(d, s["arg_set_id"]) for s in tq.slices(d, "s.category = 'communication'")]
+    ops = [tq.args(d, s["arg_set_id"]) for s in tq.slices(d, "s.category = 'collective'")]
     assert len(ops) == runs[-1][0]
     assert {(a["op"], a["bytes"], a["dtype"], a["group_size"]) for a in ops} == {
         ("allreduce", "64", "float32", "1")}

@@ -61,14 +61,14 @@ def test_every_file_of_both_ranks_and_their_workers(run):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_ddp_allreduce_from_cpp_as_communication_ranges(run, rank):
+def test_ddp_allreduce_from_cpp_as_collective_ranges(run, rank):
     """Seen through the process groups' hooks, or on a torch without them (2.11) through our
     kernel on the c10d ops' BackendSelect key; the last step's all-reduce too, whose done
     callback may come after the program's stop() began."""
     d = tq.db(run / f"rank{rank}.summary.pftrace")
     steps = tq.slices(d, "s.category = 'step'")
     assert len(steps) == STEPS
-    comm = tq.slices(d, "s.category = 'communication'")
+    comm = tq.slices(d, "s.category = 'collective'")
     allreduce = [c for c in comm if c["name"] == "allreduce"]
     assert len(allreduce) == STEPS  # one gradient bucket per step, from DDP's C++ reducer
     for c in allreduce:
@@ -77,7 +77,7 @@ def test_ddp_allreduce_from_cpp_as_communication_ranges(run, rank):
             "group_size": "2", "group": "0"}
         assert c["dur"] > 0
     tracks = tq.rows(d, "SELECT DISTINCT t.name FROM slice s JOIN track t ON t.id = s.track_id "
-                        "WHERE s.category = 'communication'")
+                        "WHERE s.category = 'collective'")
     assert tracks == [{"name": "collectives"}]
     # the distributed summary's communication column is the union of those ranges in the steps
     from stepscope.analysis import summaries
@@ -96,6 +96,19 @@ def test_ddp_allreduce_from_cpp_as_communication_ranges(run, rank):
             covered += b - end
             end = b
     assert row["communication_ns"] == covered > 0
+    # host activity, not the device's: no GPU split, no GPU time, no kernels on a CPU run
+    assert (row["computation_ns"], row["overlap_ns"], row["other_ns"]) == (None, None, None)
+    assert all(r["gpu_total_ns"] is None for r in summaries.table(d, "model").rows)
+    assert not summaries.table(d, "kernels")
+    assert not any("busy" in r["name"] for r in summaries.table(d, "device").rows)
+    by_op = {r["name"]: r for r in summaries.table(d, "collectives").rows}
+    durs = [c["dur"] for c in allreduce]
+    assert {k: by_op["allreduce"][k] for k in ("calls", "bytes", "timed", "total_ns", "max_ns",
+                                                "min_ns")} == {
+        "calls": STEPS, "bytes": STEPS * PARAM_BYTES, "timed": STEPS, "total_ns": sum(durs),
+        "max_ns": max(durs), "min_ns": min(durs)}
+    assert by_op["allreduce"]["bytes_per_s"] == pytest.approx(STEPS * PARAM_BYTES * 1e9
+                                                              / sum(durs), rel=1e-12)
 
 
 def test_dataloader_worker_fetches_in_their_own_files(run):

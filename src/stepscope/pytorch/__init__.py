@@ -10,7 +10,7 @@ torch (:func:`attach_on_import`). Each part lives in its own module:
   (Kineto, CPU activity only, input shapes on), converted in bulk at the window's end;
 * :mod:`.ranges` — ``record_function`` and ``torch.cuda.nvtx`` ranges as summary-level ranges;
 * :mod:`.collectives` — ``torch.distributed`` collectives and p2p ops (DDP's and FSDP's from C++
-  too) as ``communication`` ranges from issue to completion;
+  too) as ``collective`` ranges from issue to completion;
 * :mod:`.workers` — DataLoader worker processes: their fetches in a file of their own;
 * :mod:`.steps` — steps from optimizer steps, data-loader waits from DataLoader iteration;
 * :mod:`.memory` — CUDA allocator counters at each step end.

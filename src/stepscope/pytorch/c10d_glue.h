@@ -45,7 +45,9 @@ struct Op {
   int64_t name = 0;        // the op's code: a HookOpName (hooks) or the profiler's index (kernels)
   int64_t nbytes = 0;      // its input tensors' bytes
   int64_t owner = 0;       // the profiler's id of who noted it (a hooked group, the kernels)
-  int64_t issued = 0;      // 1: it has no completion to wait for and ended when issued
+  // where t1 is: 0 its completion; 1 it has no completion to wait for and ended when issued;
+  // 2 it was enqueued on a device stream (NCCL), whose future completed when it was issued
+  int64_t ended = 0;
   int64_t size = 0;        // its process group's size and name
   std::string group;
   c10::ScalarType dtype = c10::ScalarType::Undefined;  // its first input tensor's
@@ -54,7 +56,15 @@ struct Op {
 void add_input(Op& op, const at::Tensor& t);  // (throws for a sparse tensor)
 void finish(Op op);                           // it ended at op.t1
 // it ends when the work's future completes (a C++ callback, on the backend's thread), or now
-// with `issued` set where the work has no future (gloo's send/recv)
+// with `ended` set where the work has no future (gloo's send/recv) or is a device stream's
 void finish_at_completion(Op op, const c10::intrusive_ptr<c10d::Work>& work);
+
+// A future of a device (its devices() set: CUDA's, NCCL's) that is complete right when its op
+// is issued: the backend enqueued the op on a device stream and completed the future at once
+// (ProcessGroupNCCL does); the op's time is its kernel's, not the future's. gloo's future,
+// also on CUDA tensors, completes on gloo's thread when the op is done.
+inline bool on_stream(const c10::ivalue::Future& fut) {
+  return !fut.devices().empty() && fut.completed();
+}
 
 }  // namespace stepscope_c10d

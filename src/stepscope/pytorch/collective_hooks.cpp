@@ -46,7 +46,7 @@ void post(int64_t owner, const c10d::PostHookArgs& a) {
   }
   if (!a.work) {  // a synchronous op: it ended when issued
     op.t1 = stepscope_c10d::monotonic_ns();
-    op.issued = 1;
+    op.ended = 1;
     stepscope_c10d::finish(std::move(op));
     return;
   }

@@ -2,8 +2,8 @@
 // note, kept here until the profiler takes them (part of module _stepscope_kineto).
 //
 //   take_ops()   the ops finished since the last call: a list of tuples (start ns, end ns, op
-//                code, input bytes, dtype name, owner, ended when issued: 0/1, group size,
-//                group name)
+//                code, input bytes, dtype name, owner, where the end is (Op::ended), group
+//                size, group name)
 //   in_flight()  works whose completion callback has not run yet
 #define PY_SSIZE_T_CLEAN  // take_ops() builds "s#" values
 #include <Python.h>
@@ -72,9 +72,9 @@ void finish_at_completion(Op op, const c10::intrusive_ptr<c10d::Work>& work) {
     fut = work->getFuture();
   } catch (const std::exception&) {  // gloo's send/recv: no future
   }
-  if (!fut) {
+  if (!fut || on_stream(*fut)) {
     op.t1 = monotonic_ns();
-    op.issued = 1;
+    op.ended = fut ? 2 : 1;
     finish(std::move(op));
     return;
   }
@@ -106,7 +106,7 @@ PyObject* take_ops(PyObject*, PyObject*) {
         "(LLLLs#LLLs#)", static_cast<long long>(op.t0), static_cast<long long>(op.t1),
         static_cast<long long>(op.name), static_cast<long long>(op.nbytes), dt.data(),
         static_cast<Py_ssize_t>(dt.size()), static_cast<long long>(op.owner),
-        static_cast<long long>(op.issued), static_cast<long long>(op.size), op.group.data(),
+        static_cast<long long>(op.ended), static_cast<long long>(op.size), op.group.data(),
         static_cast<Py_ssize_t>(op.group.size()));
     if (item == nullptr) {
       Py_DECREF(out);

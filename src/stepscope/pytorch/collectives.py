@@ -1,4 +1,4 @@
-"""``torch.distributed`` collectives and point-to-point ops as ``communication`` ranges.
+"""``torch.distributed`` collectives and point-to-point ops as ``collective`` ranges.
 
 What torch 2.14 offers, and what each covers:
 
@@ -15,9 +15,12 @@ What torch 2.14 offers, and what each covers:
 * Wrapping the Python API (``dist.all_reduce``...): misses DDP/FSDP's C++ calls. Not used.
 
 Each op is one slice on a ``collectives`` track under the rank's process (overlapping async ops
-take sibling tracks of that name), category ``communication`` (so the ``distributed`` summary's
-communication, overlap and straggler columns count it), from the pre-hook to completion, or at
-once for a synchronous op. Where ``stepscope build-torch`` has built the native module:
+take sibling tracks of that name), category ``collective``: host activity, not the device's (a
+gloo op runs on the CPU; an NCCL op's kernel, from CUPTI, is a ``communication`` slice of its
+own), from the pre-hook to completion, or at once for a synchronous op. The ``distributed``
+summary's communication column counts the ops timed to their completion, and the
+``collectives`` summary lists them. Where ``stepscope build-torch`` has built the native
+module:
 
 * **the hooks themselves are C++** (``collective_hooks.cpp``, torch with hooks): the pre-hook
   notes the op, the post-hook puts a C++ callback on its work's future, which notes the
@@ -43,8 +46,18 @@ ops wait. Without the native module:
 Args: ``op``, ``bytes`` (input tensors), ``dtype``, ``group_size``, ``group``. Summary level:
 every op of the run, not only those of detail windows.
 
-Limits: works that have no future (gloo's send/recv) end at their post-hook, i.e. when issued,
-with the arg ``completion: "issued"``. Process groups are hooked when the integration starts, when
+Where a slice does not end at its op's completion, the arg ``completion`` says so:
+
+* ``"issued"``: works that have no future (gloo's send/recv) end at their post-hook;
+* ``"stream"``: a device backend's op (NCCL's) is enqueued on a CUDA stream, and its work's
+  future is a device future that the backend completes right when the op is issued (its
+  waiters then wait on the stream, not on the host). A future that has devices and is complete
+  when its op returns is taken for such an op (c10d_glue.h's ``on_stream``; the Python paths,
+  which see no future's devices, go by the op's input tensor being on a device): it ends there,
+  and its time is its kernel's (CUPTI's, in detail windows). gloo completes its futures on its
+  own thread when the op is done, CUDA tensors or not.
+
+Limits: process groups are hooked when the integration starts, when
 ``init_process_group``/``new_group`` return, and at each step end (groups made another way
 before their first collective's step ends miss those first ops). A hook id of our own per group.
 
@@ -117,25 +130,29 @@ _SLOTS = itertools.count()
 _GROUP_IDS = itertools.count()  # the C++ hooks' group ids, likewise for every tracer
 DRAIN_AT = 256  # works stamped but not yet written: drained at once beyond this (no step ends)
 
+# the C++ ops' end (c10d_glue.h's Op::ended) -> S.ARG_COMPLETION's value
+_ENDED = (None, S.COMPLETION_ISSUED, S.COMPLETION_STREAM)
+
 _DTYPE_NAMES: dict[Any, str] = {}
 _HOOK_NAMES: dict[int, str] = {}  # a HookOpName's value -> its name (see _hook_name)
 
 
-def _input_size(x: Any) -> tuple[int, str]:
-    """(bytes, the first tensor's dtype) of an op's input: a tensor, a list of them or a list of
-    lists (the three paths see one op's input alike)."""
+def _input_size(x: Any) -> tuple[int, str, bool]:
+    """(bytes, the first tensor's dtype, whether it is on a device) of an op's input: a tensor,
+    a list of them or a list of lists (the three paths see one op's input alike)."""
     from torch import Tensor
 
-    nbytes, dtype = 0, ""
+    nbytes, dtype, on_device = 0, "", False
     todo = [x]
     while todo:
         t = todo.pop()
         if isinstance(t, Tensor):
             nbytes += t.nbytes
-            dtype = dtype or _dtype_name(t.dtype)
+            if not dtype:
+                dtype, on_device = _dtype_name(t.dtype), t.device.type != "cpu"
         elif isinstance(t, (list, tuple)):
             todo.extend(reversed(t))
-    return nbytes, dtype
+    return nbytes, dtype, on_device
 
 
 def _hook_name(code: int) -> str:
@@ -357,7 +374,7 @@ class CollectiveTracer:
             from torch._C import _distributed_c10d as c10d
 
             x = args[source] if source is not None and source < len(args) else None
-            nbytes, dtype = _input_size(x)
+            nbytes, dtype, on_device = _input_size(x)
             pg = args[where] if where < len(args) else None
             if pg is not None and not isinstance(pg, c10d.ProcessGroup):
                 pg = c10d.ProcessGroup.unbox(pg)
@@ -368,7 +385,7 @@ class CollectiveTracer:
                 work = None
             elif not isinstance(work, c10d.Work):
                 work = c10d.Work.unbox(work)
-            self._finish((t0, op, nbytes, dtype), work, size, gname)
+            self._finish((t0, op, nbytes, dtype, on_device), work, size, gname)
         except Exception:
             self.failures += 1
 
@@ -419,8 +436,8 @@ class CollectiveTracer:
         def pre(a: Any) -> None:
             try:
                 t = time.perf_counter_ns()
-                nbytes, dtype = _input_size(a.input_tensors)
-                self._open[gid, a.op_id] = (t, _hook_name(int(a.name)), nbytes, dtype)
+                nbytes, dtype, on_device = _input_size(a.input_tensors)
+                self._open[gid, a.op_id] = (t, _hook_name(int(a.name)), nbytes, dtype, on_device)
             except Exception:
                 self.failures += 1
 
@@ -429,7 +446,7 @@ class CollectiveTracer:
                 opened = self._open.pop((gid, a.op_id), None)
                 if opened is None:
                     return
-                self._finish(opened, a.work, size, gname, issued=True)
+                self._finish(opened, a.work, size, gname, S.COMPLETION_ISSUED)
             except Exception:
                 self.failures += 1
 
@@ -443,31 +460,40 @@ class CollectiveTracer:
         return True
 
     def _finish(self, opened: tuple, work: Any, size: int, group: str,
-                issued: bool = False) -> None:
+                completion: str | None = None) -> None:
         """The op's slice when its work completes (a done callback), or now: an op without a
-        work is synchronous (``issued``: the hooks give none, and it ended when issued); gloo's
-        send/recv have a work without a future and end when issued."""
+        work is synchronous (``completion``: the hooks give none, and it ended when issued);
+        gloo's send/recv have a work without a future and end when issued; a device stream's op
+        (NCCL) ends when issued, its future complete then (see the module's docstring)."""
         if work is None:
-            self._write(opened, time.perf_counter_ns(), size, group, issued=issued)
+            self._write(opened, time.perf_counter_ns(), size, group, completion)
             return
         if self._watching:  # the completion stamped in C++, written at the next drain
             slot = next(_SLOTS)
             self._waiting[slot] = (opened, size, group, work)
             try:
-                self._stamps.watch(work, slot)
+                stream = self._stamps.watch(work, slot)
             except RuntimeError:  # gloo send/recv: no future (ended when issued, below)
                 del self._waiting[slot]
             except TypeError:  # a work this build cannot read: done callbacks from now on
                 del self._waiting[slot]
                 self._watching = False
             else:
-                if len(self._waiting) > DRAIN_AT:
+                if stream:  # (no stamp to come)
+                    del self._waiting[slot]
+                    self._write(opened, time.perf_counter_ns(), size, group,
+                                S.COMPLETION_STREAM)
+                elif len(self._waiting) > DRAIN_AT:
                     self.drain()
                 return
         try:
             fut = work.get_future()
         except RuntimeError:  # gloo send/recv: no future
-            self._write(opened, time.perf_counter_ns(), size, group, issued=True)
+            self._write(opened, time.perf_counter_ns(), size, group, S.COMPLETION_ISSUED)
+            return
+        if opened[4] and fut.done():  # a device stream's op (by its input: Python sees no
+            # future's devices; a barrier, with none, waits for its callback)
+            self._write(opened, time.perf_counter_ns(), size, group, S.COMPLETION_STREAM)
             return
         key = next(_SLOTS)
         self._called_back[key] = work
@@ -510,21 +536,21 @@ class CollectiveTracer:
             entry = waiting.pop(pairs[i], None)
             if entry is not None:
                 self._write(entry[0], pairs[i + 1], entry[1], entry[2])
-        for t0, t1, code, nbytes, dtype, owner, issued, size, gname in ops:
+        for t0, t1, code, nbytes, dtype, owner, ended, size, gname in ops:
             name_of = self._owners.get(owner)
             if name_of is None:  # an earlier tracer's op that ended after its stop
                 continue
-            self._write((t0, name_of(code), nbytes, dtype), t1, size, gname,
-                        issued=bool(issued))
+            self._write((t0, name_of(code), nbytes, dtype), t1, size, gname, _ENDED[ended])
 
     # -- output -------------------------------------------------------------------------------
     def _write(self, opened: tuple, t_end: int, size: int, group: str,
-               issued: bool = False) -> None:
-        """One op's slice (from any thread: gloo/NCCL threads run the done callbacks)."""
+               completion: str | None = None) -> None:
+        """One op's slice (from any thread: gloo/NCCL threads run the done callbacks), ended at
+        its completion, or (``completion``) where S.ARG_COMPLETION says."""
         if self._closed:  # its work completed after the tracer stopped: not in this run
             return
         try:
-            t0, op, nbytes, dtype = opened
+            t0, op, nbytes, dtype = opened[:4]
             name = _OP_NAMES.get(op, op.lower())
             args: dict[str, Any] = {S.ARG_OP: name, S.ARG_BYTES: nbytes,
                                     S.ARG_GROUP_SIZE: size}
@@ -532,8 +558,8 @@ class CollectiveTracer:
                 args[S.ARG_DTYPE] = dtype
             if group:
                 args[S.ARG_GROUP] = group
-            if issued:
-                args["completion"] = "issued"
+            if completion:
+                args[S.ARG_COMPLETION] = completion
             track = self._lane(t0, t_end)
             self.em.complete(t0, t_end - t0, name, track, S.CAT_COLLECTIVE, args)
             self.count += 1

@@ -8,7 +8,9 @@
 // the op's slot into a list, GIL-free; the profiler takes the list at step ends.
 //
 //   watch(work, slot)  stamp the time `work` completes, under `slot` (TypeError: not a
-//                      c10d Work this module can read; RuntimeError: the work has no future)
+//                      c10d Work this module can read; RuntimeError: the work has no future);
+//                      True, and no stamp to come, where it is a device stream's op
+//                      (c10d_glue.h's on_stream: its time is its kernel's)
 //   drain()            the (slot, CLOCK_MONOTONIC ns) pairs stamped since the last drain, as
 //                      int64 bytes
 #include <Python.h>
@@ -42,6 +44,7 @@ PyObject* watch(PyObject*, PyObject* args) {
       })) {
     return nullptr;
   }
+  if (stepscope_c10d::on_stream(*fut)) Py_RETURN_TRUE;
   // runs at once where the future has completed already; the GIL is not needed
   fut->addCallback([slot = static_cast<int64_t>(slot)](c10::ivalue::Future&) {
     const int64_t t = monotonic_ns();
@@ -49,7 +52,7 @@ PyObject* watch(PyObject*, PyObject* args) {
     g_stamps->pairs.push_back(slot);
     g_stamps->pairs.push_back(t);
   });
-  Py_RETURN_NONE;
+  Py_RETURN_FALSE;
 }
 
 PyObject* drain(PyObject*, PyObject*) {

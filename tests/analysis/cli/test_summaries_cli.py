@@ -62,6 +62,7 @@ def test_json_with_filters_and_sort(trace, capsys):
         ("Step", 3000),
         ("Kernels", 500),
         ("Communication", 500),
+        ("Collectives", 210),
     ]
     assert [r["name"] for r in data["kernels"]["rows"]] == ["gemm", "ncclAllReduce"]
 

@@ -50,11 +50,13 @@ def test_detail_rows_are_relative_ms(files):
         ["step 1", "201", "0.0", "0.0015"],
         ["gemm", "stream 7", "0.0001", "0.0006"],
         ["ncclAllReduce", "stream 8", "0.0005", "0.001"],
+        ["allreduce", "collectives", "0.0009", "0.0011"],
         ["step 2", "201", "0.0015", "0.003"],
+        ["send", "collectives", "0.002", "0.00201"],
     ]
     with open(out / f"{STAMP}_detail_0.csv", newline="") as f:
         rows = list(csv.reader(f))
-    assert len(rows) - 1 == 26  # rank 0: 16 main-thread + 2 worker + 8 device slices
+    assert len(rows) - 1 == 27  # rank 0: 16 main-thread + 2 worker + 8 device + 1 collective
     assert rows[1] == ["step 1", "101", "0.0", "0.001"]
 
 
@@ -68,6 +70,8 @@ def test_summary_stats(files):
         ["step", "0.001500", "0.000000", "0.001500", "0.001500", "2", "0.003000"],
         ["gemm", "0.000500", "0.000000", "0.000500", "0.000500", "1", "0.000500"],
         ["ncclAllReduce", "0.000500", "0.000000", "0.000500", "0.000500", "1", "0.000500"],
+        ["allreduce", "0.000200", "0.000000", "0.000200", "0.000200", "1", "0.000200"],
+        ["send", "0.000010", "0.000000", "0.000010", "0.000010", "1", "0.000010"],
     ]
 
 

@@ -62,6 +62,8 @@ def test_overview_unions_never_double_count(db):
         "Communication": (2, 700),
         "Memcpy": (2, 140),
         "Memset": (1, 20),
+        # host side: rank 0's NCCL op [2740,2750); rank 1: [1900,2100), send [3000,3010)
+        "Collectives": (3, 220),
     }
     assert rows["Kernels"]["ratio"] == pytest.approx(930 / 5000)
     assert rows["Step"]["ratio"] == 1.0
@@ -77,6 +79,7 @@ def test_overview_unions_never_double_count(db):
         "Communication",
         "Memcpy",
         "Memset",
+        "Collectives",
     ]
 
 
@@ -342,12 +345,54 @@ def test_distributed_and_stragglers(db):
         )
         for k, r in rows.items()
     }
-    assert got == {0: (2, 1000, 2000, 330, 200, 0, 1470), 1: (2, 1500, 3000, 500, 500, 100, 2100)}
+    # rank 0's NCCL op [2740,2750) ended when enqueued ('stream'): not communication time (its
+    # kernel [2750,2950) is); rank 1's gloo op [1900,2100) is, with its kernel [1500,2000):
+    # [1500,2100) = 600, overlap with gemm [1100,1600) 100; its send ('issued') is not
+    assert got == {0: (2, 1000, 2000, 330, 200, 0, 1470), 1: (2, 1500, 3000, 500, 600, 100, 2000)}
     # median of 1000 and 1500 is 1250: rank 1 is 20% slower
     assert rows[1]["straggler"] and not rows[0]["straggler"]
     assert rows[1]["vs_median"] == pytest.approx(0.2)
     assert not any(r["straggler"] for r in S.table(db, "distributed", straggler_margin=0.25).rows)
     assert "stragglers" in t.notes[0] and t.notes[0].endswith(": 1")
+
+
+def test_distributed_of_ranks_without_device_time():
+    """No device slices: nothing to split the time with (computation, overlap, other None);
+    communication still from the collectives timed to completion, else None too."""
+    t = TraceDB()
+    r0 = t.process(10, "rank 0 (h)")
+    t.slice(t.thread(r0, 11, "main"), 0, 1000, "step 0", "step", {"step": 0})
+    lanes = [t.track("collectives", t.process_track(r0)) for _ in range(2)]
+    args = {"op": "allreduce", "bytes": 64}
+    t.slice(lanes[0], 100, 200, "allreduce", "collective", args)  # [100,300)
+    t.slice(lanes[1], 250, 150, "allreduce", "collective", args)  # [250,400): union 300
+    t.slice(lanes[0], 500, 10, "send", "collective", {**args, "completion": "issued"})
+    t.slice(lanes[0], 1100, 100, "allreduce", "collective", args)  # after the step
+    r1 = t.process(20, "rank 1 (h)")
+    t.slice(t.thread(r1, 21, "main"), 0, 1000, "step 0", "step", {"step": 0})
+    rows = by(S.table(t, "distributed").rows, "rank")
+    keys = ("frame_ns", "computation_ns", "communication_ns", "overlap_ns", "other_ns")
+    assert {r: tuple(rows[r][k] for k in keys) for r in rows} == {
+        0: (1000, None, 300, None, None), 1: (1000, None, None, None, None)}
+    # no device time anywhere: no GPU time, no kernel, no GPU busy row
+    assert not S.table(t, "kernels") and not S.table(t, "device")
+    by_op = by(S.table(t, "collectives").rows, "name")
+    assert (by_op["allreduce"]["calls"], by_op["allreduce"]["timed"],
+            by_op["allreduce"]["total_ns"], by_op["allreduce"]["bytes_per_s"]) == (
+        3, 3, 450, 3 * 64 * 1e9 / 450)
+
+
+def test_collectives_by_op(db):
+    """Every op counts in calls and bytes; the times are those of the ops timed to their
+    completion: rank 0's NCCL op ended when enqueued ('stream'), rank 1's send when issued."""
+    assert S.table(db, "collectives").rows == [
+        {"name": "allreduce", "calls": 2, "bytes": 4096 + 1000, "timed": 1, "total_ns": 200,
+         "avg_ns": 200, "max_ns": 200, "min_ns": 200, "bytes_per_s": 1000 * 1e9 / 200},
+        {"name": "send", "calls": 1, "bytes": 8, "timed": 0, "total_ns": None, "avg_ns": None,
+         "max_ns": None, "min_ns": None, "bytes_per_s": None},
+    ]
+    text = S.table(db, "collectives").render("text", unit="ns")
+    assert "4.66 GiB/s" in text  # 5e9 bytes/s = 4.657 GiB/s
 
 
 def test_step_range_filter(db):
@@ -365,6 +410,7 @@ def test_step_range_filter(db):
         "Communication": (1, 200),
         "Memcpy": (2, 140),
         "Memset": (1, 20),
+        "Collectives": (2, 20),  # rank 0's at 2740, rank 1's send at 3000 (gloo's at 1900: out)
     }
     assert rows["Communication"]["ratio"] == pytest.approx(200 / 2500)
     steps = S.table(db, "step_times", steps=(1, 2)).rows
@@ -378,6 +424,7 @@ def test_rank_and_thread_filters(db):
         "Step": 3000,
         "Kernels": 500,
         "Communication": 500,
+        "Collectives": 210,
     }
     rows = by(S.table(db, "overview", threads=["worker"]).rows, "kind")
     # host slices of other threads go; device slices stay; ratios still refer to the steps
@@ -470,8 +517,9 @@ def test_shared_base_gives_the_same_tables_and_cleans_up():
             assert t.rows == S.table(db, name, **kw).rows, (name, kw)
     with S.shared_base(db, summaries.Filters()) as base:
         assert base is not None
-        # rank 0: 26 slices; rank 1: 2 steps, 2 device, 1 bookkeeping (the unfinished one: out)
-        assert db.query("SELECT COUNT(*) AS n FROM temp.ss_slice") == [{"n": 31}]
+        # rank 0: 27 slices; rank 1: 2 steps, 2 device, 2 collectives, 1 bookkeeping (the
+        # unfinished one: out)
+        assert db.query("SELECT COUNT(*) AS n FROM temp.ss_slice") == [{"n": 34}]
     assert db.query("SELECT name FROM sqlite_temp_master") == []
     db.conn.execute("CREATE TEMP TABLE ss_frame(x)")  # a taken name: the CTEs are used
     with S.shared_base(db, summaries.Filters()) as base:

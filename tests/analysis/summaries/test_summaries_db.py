@@ -144,6 +144,10 @@ class TraceDB:
         )
 
 
+# a collective's args, as stepscope.pytorch writes them
+COLL_ARGS = {"op": "allreduce", "bytes": 4096, "dtype": "float32", "group_size": 2, "group": "0"}
+
+
 def scenario(streams_as_process_tracks: bool = False) -> TraceDB:
     """Two ranks, times in ns. See test_summaries.py for every number derived from it.
 
@@ -198,6 +202,9 @@ def scenario(streams_as_process_tracks: bool = False) -> TraceDB:
     db.slice(s7, 2850, 100, "Memcpy DtoH", "memcpy", {"bytes": 2000, "copy_kind": "DtoH"})
     db.slice(s7, 2960, 20, "Memset", "memset", {"bytes": 1000})
     db.slice(s7, 3100, 100, "gemm", "kernel")  # after the last step
+    # host collectives (not device activity): an NCCL op, ended when enqueued on its stream
+    coll = db.track("collectives", db.process_track(r0))
+    db.slice(coll, 2740, 10, "allreduce", "collective", dict(COLL_ARGS, completion="stream"))
     db.flow(l1, k1)
     db.flow(l2, k2)
     db.flow(l3, m1)
@@ -215,6 +222,11 @@ def scenario(streams_as_process_tracks: bool = False) -> TraceDB:
     db.slice(main1, 2500, 1500, "step 2", "step", {"step": 2})
     db.slice(s17, 1100, 500, "gemm", "kernel")
     db.slice(s18, 1500, 500, "ncclAllReduce", "communication")
+    # host collectives: a gloo op timed to its completion, a send ended when issued
+    coll1 = db.track("collectives", db.process_track(r1))
+    db.slice(coll1, 1900, 200, "allreduce", "collective", dict(COLL_ARGS, bytes=1000))
+    db.slice(coll1, 3000, 10, "send", "collective",
+             dict(COLL_ARGS, op="send", bytes=8, completion="issued"))
     pcpu = db.counter_track("host.process.cpu %", db.process_track(r1))
     db.counter(pcpu, 1500, 75.0)
     # an unfinished slice and profiler bookkeeping: ignored by every table

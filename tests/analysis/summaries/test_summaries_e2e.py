@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_summaries_db import scenario  # noqa: E402
+from test_summaries_db import COLL_ARGS, scenario  # noqa: E402
 
 from stepscope import _schema  # noqa: E402
 from stepscope.analysis import summaries  # noqa: E402
@@ -57,6 +57,10 @@ def write_rank(path: str, rank: int, t0: int) -> None:
             c(main, 2500, 1500, "step 2", "step", {"step": 2})
             c(s7, 1100, 500, "gemm", "kernel")
             c(s8, 1500, 500, "ncclAllReduce", "communication")
+            coll = sess.new_track("collectives", parent=sess.process_uuid)
+            c(coll, 1900, 200, "allreduce", "collective", dict(COLL_ARGS, bytes=1000))
+            c(coll, 3000, 10, "send", "collective",
+              dict(COLL_ARGS, op="send", bytes=8, completion="issued"))
             c(main, 1000, 5, "stepscope flush", "stepscope")
             ctr = sess.new_counter_track("host.process.cpu %", unit="%")
             em.counter(t0 + 1500, ctr, 75.0)
@@ -103,6 +107,8 @@ def _rank0(sess, em, main, c, t0: int) -> None:
     c(s7, 2850, 100, "Memcpy DtoH", "memcpy", {"bytes": 2000, "copy_kind": "DtoH"})
     c(s7, 2960, 20, "Memset", "memset", {"bytes": 1000})
     c(s7, 3100, 100, "gemm", "kernel")
+    coll = sess.new_track("collectives", parent=sess.process_uuid)
+    c(coll, 2740, 10, "allreduce", "collective", dict(COLL_ARGS, completion="stream"))
     ctr = sess.new_counter_track("host.cpu.user %", unit="%")
     for ts, v in ((1000, 10.0), (2000, 30.0), (3000, 50.0)):
         em.counter(t0 + ts, ctr, v)
@@ -196,7 +202,9 @@ def test_cntk_from_the_writer(db, tmp_path):
                          for name, thread, b, e in (("step 1", None, 0, 1500),
                                                     ("gemm", "stream 7", 100, 600),
                                                     ("ncclAllReduce", "stream 8", 500, 1000),
-                                                    ("step 2", None, 1500, 3000))]
+                                                    ("allreduce", "collectives", 900, 1100),
+                                                    ("step 2", None, 1500, 3000),
+                                                    ("send", "collectives", 2000, 2010))]
 
 
 def _first_snapshot(path: str, clocks: tuple[int, ...]) -> tuple[int, ...]:
@@ -253,7 +261,7 @@ def test_loaded_slice_base_is_the_cte_and_gives_the_same_tables(traces, expected
         loaded = db.conn.execute(f"SELECT {', '.join(_slicebase.SS_COLUMNS)} "
                                  f"FROM {_slicebase.SS_TABLE} WHERE {_slicebase.SS_BASE_ROWS} "
                                  "ORDER BY id").fetchall()
-        assert len(cte) == 31 and loaded == cte  # as test_summaries counts
+        assert len(cte) == 34 and loaded == cte  # as test_summaries counts
         assert db.query("SELECT type FROM sqlite_master WHERE name = 'slice'") == \
             [{"type": "view"}]  # over the slice base (test_importer: its other rows)
         kinds = dict(db.conn.execute(f"SELECT name, kind_id FROM {_slicebase.SS_TABLE} "

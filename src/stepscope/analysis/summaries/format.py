@@ -25,7 +25,8 @@ _TIME_DECIMALS = {"ns": 0, "us": 3, "ms": 3, "s": 6}
 # names under the key "unit" ("bytes", "bytes/s": binary units; anything else: 2 decimals).
 TEXT, INT, TIME, RATIO = "text", "int", "time", "ratio"
 FLOAT, BYTES, BOOL, MEASURE = "float", "bytes", "bool", "measure"
-_NUMERIC = {INT, TIME, RATIO, FLOAT, BYTES, MEASURE}
+BYTES_PER_S = "bytes/s"  # a rate, shown in binary units ("11.36 MiB/s")
+_NUMERIC = {INT, TIME, RATIO, FLOAT, BYTES, MEASURE, BYTES_PER_S}
 
 #: Default width limit of a text table: names are cut in the middle to keep within it.
 MAX_WIDTH = 200
@@ -298,6 +299,8 @@ def _cell(v: Any, kind: str, unit: str, div: int, row: dict[str, Any] | None = N
         return f"{100.0 * v:.2f}"
     if kind == BYTES:
         return format_bytes(v)
+    if kind == BYTES_PER_S:
+        return format_bytes(v) + "/s"
     if kind == MEASURE:
         u = (row or {}).get("unit")
         if u == "bytes":

@@ -144,11 +144,16 @@ def _operators(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
 def _distributed(rows: list[dict], straggler_margin: float = 0.10, **_: Any):
     """vs_median = mean step / median of the ranks' mean steps - 1; straggler when > margin.
 
-    Without any device time (no kernel, copy or set on any rank) computation, communication,
-    overlap and other are None: the split needs GPU data."""
-    keys = ("computation_ns", "communication_ns", "overlap_ns", "other_ns")
-    if not any(r.get(k) for r in rows for k in keys[:3]):
-        rows = [{**r, **dict.fromkeys(keys)} for r in rows]
+    A rank without device slices (no kernel, copy or set) has computation, overlap and other
+    None: the split needs GPU data; its communication is None too unless it has collectives
+    timed to their completion (gloo's, on the CPU)."""
+    rows = [dict(r) for r in rows]
+    for r in rows:
+        timed = r.pop("collectives", None)
+        if not r.pop("device_slices", None):
+            r.update(computation_ns=None, overlap_ns=None, other_ns=None)
+            if not timed:
+                r["communication_ns"] = None
     means = [r["avg_step_ns"] for r in rows if r.get("avg_step_ns") is not None]
     med = statistics.median(means) if means else None
     out = []

@@ -70,7 +70,7 @@ SS_NAME_INDEX = f"{SS_TABLE}_name"
 KIND_OF_CATEGORY = {sc.CAT_STEP: 0, sc.CAT_DATALOADER: 1, sc.CAT_RUNTIME: 7, sc.CAT_DRIVER: 7,
                     sc.CAT_SYNC: 8, sc.CAT_KERNEL: 9, sc.CAT_COMMUNICATION: 10,
                     sc.CAT_MEMCPY: 11, sc.CAT_MEMSET: 12, sc.CAT_GPU_RANGE: 13,
-                    sc.CAT_STEPSCOPE: None}
+                    sc.CAT_COLLECTIVE: 14, sc.CAT_STEPSCOPE: None}
 KIND_OF_PHASE = {sc.PHASE_DATALOADER: 1, sc.PHASE_FORWARD: 2, sc.PHASE_BACKWARD: 3,
                  sc.PHASE_OPTIMIZATION: 4}  # by _schema.phase_of(name): the spellings
 # _base.sql's placeholder phase_kind recognizes

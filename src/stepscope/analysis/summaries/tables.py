@@ -30,6 +30,7 @@ from ..sqlimage import file_of, open_file
 from .format import (
     BOOL,
     BYTES,
+    BYTES_PER_S,
     FLOAT,
     INT,
     MEASURE,
@@ -214,6 +215,18 @@ _SPECS: dict[str, _Spec] = {
             C("bandwidth_gbps", "Bandwidth (GB/s)", FLOAT),
         ),
     ),
+    "collectives": _Spec(
+        "Collectives",
+        "collectives",
+        (
+            C("name", "Op"),
+            C("calls", "Calls", INT),
+            C("bytes", "Bytes", BYTES),
+            C("timed", "Timed", INT),
+            *_TIME_STATS[1:],
+            C("bytes_per_s", "Bandwidth", BYTES_PER_S),
+        ),
+    ),
     "device": _Spec(
         "Device",
         "device",
@@ -388,7 +401,7 @@ def all_tables(
 # Report tables by their expected cost on a big trace, the heaviest first: with several
 # workers each takes the next one when it is free, so the long ones start at once.
 _COST_ORDER = ("overview", "operators", "model", "steps", "step_times", "distributed",
-               "device", "kernels", "memcpy")
+               "device", "kernels", "memcpy", "collectives")
 
 
 def _jobs(names: list[str]) -> list[list[str]]:

@@ -30,6 +30,9 @@
 --       Memcpy          category 'memcpy'          Memset         category 'memset'
 --       Synchronization category 'sync'            Runtime API    'cuda_runtime' / 'cuda_driver'
 --       GPU ranges      category 'gpu_range'       (none)         category 'stepscope'
+--       Collectives     category 'collective': torch.distributed ops on the host, issue to
+--                       completion (not device activity: gloo's run on the CPU, NCCL's kernels
+--                       are 'communication' slices of their own)
 --       User ranges     anything else (no category, 'nvtx', or a user's domain/category)
 --   * device activity (kind_id 9-12): kernel, communication, memcpy, memset slices; ss_device
 --     holds just those rows of ss_slice (the tables that only need device slices read it).
@@ -98,6 +101,7 @@ ss_kind AS (
   UNION ALL SELECT 7, 'Runtime API' UNION ALL SELECT 8, 'Synchronization'
   UNION ALL SELECT 9, 'Kernels' UNION ALL SELECT 10, 'Communication'
   UNION ALL SELECT 11, 'Memcpy' UNION ALL SELECT 12, 'Memset' UNION ALL SELECT 13, 'GPU ranges'
+  UNION ALL SELECT 14, 'Collectives'
 ),
 ss_track_sel AS (
   SELECT ti.track_id, ti.track_name, ti.upid, ti.utid, COALESCE(p.rank, ti.upid) AS rank
@@ -136,6 +140,7 @@ ss_slice AS (
            WHEN s.category = 'memcpy' THEN 11
            WHEN s.category = 'memset' THEN 12
            WHEN s.category = 'gpu_range' THEN 13
+           WHEN s.category = 'collective' THEN 14
            WHEN s.category = 'stepscope' THEN NULL
            ELSE 6
          END AS kind_id

@@ -6,15 +6,29 @@
 --   computation_ns   time inside the frame in which at least one compute kernel (category
 --                    'kernel') runs on any of the rank's streams.
 --   communication_ns time inside the frame in which at least one communication kernel
---                    (category 'communication', e.g. NCCL) runs.
+--                    (category 'communication', e.g. NCCL) runs or a torch.distributed op of the
+--                    rank (category 'collective', host side) is in flight, counting only the ops
+--                    whose slice ends at their completion (no debug.completion arg: gloo's;
+--                    NCCL's end when enqueued, their kernels have their time).
 --   overlap_ns       time inside the frame in which both run.
 --   other_ns         frame_ns - computation_ns - communication_ns + overlap_ns (neither runs).
+--   device_slices    the rank's device slices (kernels, copies, sets) in the selection, and
+--   collectives      its collectives timed to completion: without device slices computation,
+--                    overlap and other are NULL (no GPU data to split the time with), and
+--                    communication too without such collectives (summaries/post.py).
 {{base}},
+ds_coll AS (
+  SELECT s.upid, s.ts, s.end_ts FROM ss_slice s
+  WHERE s.kind_id = 14 AND NOT EXISTS (
+    SELECT 1 FROM args c WHERE c.arg_set_id = s.arg_set_id AND c.key = 'debug.completion')
+),
 ds_ev AS (
   SELECT upid, ts AS t, 1 AS dk, 0 AS dc, 0 AS df FROM ss_device WHERE category = 'kernel'
   UNION ALL SELECT upid, end_ts, -1, 0, 0 FROM ss_device WHERE category = 'kernel'
   UNION ALL SELECT upid, ts, 0, 1, 0 FROM ss_device WHERE category = 'communication'
   UNION ALL SELECT upid, end_ts, 0, -1, 0 FROM ss_device WHERE category = 'communication'
+  UNION ALL SELECT upid, ts, 0, 1, 0 FROM ds_coll
+  UNION ALL SELECT upid, end_ts, 0, -1, 0 FROM ds_coll
   UNION ALL SELECT upid, ts, 0, 0, 1 FROM ss_frame
   UNION ALL SELECT upid, end_ts, 0, 0, -1 FROM ss_frame
 ),
@@ -36,11 +50,18 @@ ds_sum AS (
 ),
 ds_steps AS (
   SELECT upid, COUNT(*) AS steps, AVG(dur) AS avg_step_ns FROM ss_step GROUP BY upid
+),
+ds_has AS (
+  SELECT upid, SUM(d) AS device_slices, SUM(c) AS collectives FROM (
+    SELECT upid, 1 AS d, 0 AS c FROM ss_device UNION ALL SELECT upid, 0, 1 FROM ds_coll)
+  GROUP BY upid
 )
 SELECT COALESCE(p.rank, d.upid) AS rank, p.process_name, COALESCE(st.steps, 0) AS steps,
        st.avg_step_ns, d.frame_ns, d.computation_ns, d.communication_ns, d.overlap_ns,
-       d.frame_ns - d.computation_ns - d.communication_ns + d.overlap_ns AS other_ns
+       d.frame_ns - d.computation_ns - d.communication_ns + d.overlap_ns AS other_ns,
+       COALESCE(h.device_slices, 0) AS device_slices, COALESCE(h.collectives, 0) AS collectives
 FROM ds_sum d
 LEFT JOIN ss_process p ON p.upid = d.upid
 LEFT JOIN ds_steps st ON st.upid = d.upid
+LEFT JOIN ds_has h ON h.upid = d.upid
 ORDER BY rank

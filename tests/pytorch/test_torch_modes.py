@@ -451,3 +451,39 @@ def test_the_first_wait_of_each_pass_starts_at_iter(tmp_path):
         assert second["ts"] >= w["ts"] + w["dur"] and second["dur"] < w["dur"]
     # the timer's reader cost: the same readings as the slices
     assert prof.timer.stats().reader_cost.max == max(w["dur"] for w in waits) / 1e9
+
+
+WINDOW = textwrap.dedent("""
+    import os, sys, torch, stepscope
+    prof = stepscope.Profiler(dir=sys.argv[1], run_id="k", schedule=(0, 1), report=False,
+                              use_env=False, host_metrics=False, torch=True)
+    prof.start()
+    torch.ones(4).sum()
+    prof.step()
+    prof.stop()
+    print("LEVEL", os.environ.get("KINETO_LOG_LEVEL"))
+""")
+
+
+def test_kineto_says_no_error_of_a_missing_gpu_driver_for_our_window(tmp_path):
+    """pip's torch on Linux is a CUDA build: on a machine without the NVIDIA driver Kineto logs
+    an ERROR line (gpuGetDeviceCount) when our first window starts it. Quiet there, unless the
+    program set Kineto's log level itself (then left as it is); the variable is not left set."""
+    from stepscope.pytorch import operators
+
+    if not torch.version.cuda or os.path.exists(operators.NVIDIA_DRIVER):
+        pytest.skip("a CPU build of torch, or a machine with the NVIDIA driver")
+    script = tmp_path / "w.py"
+    script.write_text(WINDOW)
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    for level, noisy in ((None, False), ("0", True)):
+        if level is not None:
+            env["KINETO_LOG_LEVEL"] = level
+        out = subprocess.run([sys.executable, str(script), str(tmp_path / str(level))], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert ("gpuGetDeviceCount" in out.stderr) == noisy, out.stderr
+        assert out.stdout.split("LEVEL")[1].strip() == str(level)
+        d = tq.db(tmp_path / str(level) / "k" / "rank0.detail.0.pftrace")
+        assert tq.slices(d, "s.name = 'aten::sum'")  # the window has its operators

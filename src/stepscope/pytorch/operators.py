@@ -32,6 +32,7 @@ window: an op lands inside the user range that encloses its call.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import threading
 import time
@@ -47,6 +48,26 @@ from .events import OpColumns
 
 _FLOW_TAG = 0x5E << 56  # operator flows: apart from the GPU converter's 0x5C/0x5D ids
 _EVAL = "autograd::engine::evaluate_function: "
+
+
+# where the NVIDIA kernel driver says its version (in containers too: the host's procfs)
+NVIDIA_DRIVER = "/proc/driver/nvidia/version"
+
+
+def quiet_kineto_without_a_driver() -> Any:
+    """On a CUDA build of torch (pip's default on Linux) on a machine without an NVIDIA driver,
+    Kineto logs ``ERROR: ... gpuGetDeviceCount failed with code 35`` when it starts, though
+    only CPU activity is asked for; our first window would start it, so the line would be
+    ours. Kineto reads ``KINETO_LOG_LEVEL`` once, when it starts: where the program set none
+    and there is no driver, it is set (5: above ERROR) for that start, then removed; the
+    returned function removes it. Elsewhere nothing changes."""
+    import torch
+
+    if ("KINETO_LOG_LEVEL" in os.environ or not torch.version.cuda
+            or os.path.exists(NVIDIA_DRIVER)):
+        return lambda: None
+    os.environ["KINETO_LOG_LEVEL"] = "5"
+    return lambda: os.environ.pop("KINETO_LOG_LEVEL", None)
 
 
 def clock_offset(samples: int = 7) -> tuple[int, int]:
@@ -162,7 +183,11 @@ class OperatorCapture:
         if self._on or self.foreign_profiler_active():
             return False
         cfg, acts = self.config(), self.activities()
-        ag._prepare_profiler(cfg, acts)  # noqa: SLF001
+        restore = quiet_kineto_without_a_driver()
+        try:
+            ag._prepare_profiler(cfg, acts)  # noqa: SLF001
+        finally:
+            restore()
         self._start = clock_offset()
         ag._enable_profiler(cfg, acts)  # noqa: SLF001
         self._on = True

@@ -13,6 +13,8 @@ counter value): a range is two events.
         python tools/bench_analysis.py --engine trace_processor --per-table
     python tools/bench_analysis.py --steps 20000 --ranges 0 --engine trace_processor
                                               # a profiler-like run: 20k steps, no user ranges
+    python tools/bench_analysis.py --collectives 4 --per-table
+                                              # and 4 torch.distributed ops per step
 
 The script puts the checkout's ``src`` first on ``sys.path`` itself (no PYTHONPATH needed).
 Each size runs in a fresh subprocess (this same file, so the same ``src``) so that peak memory
@@ -45,13 +47,15 @@ EVENTS_PER_STEP = 2 * (1 + 4 + 4 * RANGES_PER_PHASE) + 1
 
 
 def generate(path: str, n_events: int, ranges: int = RANGES_PER_PHASE,
-             steps: int | None = None) -> dict:
+             steps: int | None = None, collectives: int = 0) -> dict:
     """Write a trace of about ``n_events`` events with the stepscope writer (``ranges`` leaf
-    ranges per phase; ``steps``: that many steps, the worker thread then writing the rest)."""
+    ranges per phase; ``steps``: that many steps, the worker thread then writing the rest;
+    ``collectives``: that many torch.distributed ops per step in its Backward phase, as
+    stepscope.pytorch writes them, one in four ended when enqueued on a device stream)."""
     import stepscope
     from stepscope import _schema
 
-    per_step = 2 * (1 + 4 + 4 * ranges) + 1
+    per_step = 2 * (1 + 4 + 4 * ranges + collectives) + 1
     if steps is None:
         steps = max(1, n_events * 4 // (5 * per_step))  # 80 % main thread, 20 % worker
     worker_events = n_events - steps * per_step
@@ -65,9 +69,16 @@ def generate(path: str, n_events: int, ranges: int = RANGES_PER_PHASE,
         stop.set()
 
     # a buffer large enough that the writer never drops events while we generate them
-    with stepscope.trace(path, buffer_bytes=1 << 30):
+    with stepscope.trace(path, buffer_bytes=1 << 30) as sess:
         th = threading.Thread(target=worker, name="loader-worker")
         th.start()
+        em = sess.emitter(clock="monotonic", level=_schema.LEVEL_SUMMARY)
+        lane = sess.new_track(_schema.COLLECTIVES_TRACK_NAME)
+        ops = [{_schema.ARG_OP: "allreduce", _schema.ARG_BYTES: 1 << (10 + c % 12),
+                _schema.ARG_DTYPE: "float32", _schema.ARG_GROUP_SIZE: 8, _schema.ARG_GROUP: "0"}
+               for c in range(collectives)]
+        for c in range(0, collectives, 4):
+            ops[c][_schema.ARG_COMPLETION] = _schema.COMPLETION_STREAM
         for s in range(steps):
             with stepscope.annotate(_schema.STEP_NAME.format(step=s), category=_schema.CAT_STEP,
                                     args={_schema.ARG_STEP: s} if s % 100 == 0 else None):
@@ -76,6 +87,11 @@ def generate(path: str, n_events: int, ranges: int = RANGES_PER_PHASE,
                         for r in range(ranges):
                             with stepscope.annotate(f"op{r}"):
                                 pass
+                        if phase == _schema.PHASE_BACKWARD:
+                            for args in ops:
+                                t = time.perf_counter_ns()
+                                em.complete(t, 1000, args[_schema.ARG_OP], lane,
+                                            _schema.CAT_COLLECTIVE, args)
                 stepscope.counter("loss", 1.0 / (s + 1))
         th.join()
     return {"steps": steps, "write_s": time.perf_counter() - t0,
@@ -153,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
                          f"{RANGES_PER_PHASE})")
     ap.add_argument("--steps", type=int, help="steps per generated trace (default: 80%% of "
                     "the events on the main thread); the size is then at least the steps' events")
+    ap.add_argument("--collectives", type=int, default=0,
+                    help="torch.distributed ops per step (default 0), as stepscope.pytorch writes "
+                         "them")
     a = ap.parse_args(argv)
     if a.measure:
         print(json.dumps(measure(a.measure, not a.load_only, a.engine)))
@@ -186,9 +205,10 @@ def _run_sizes(a: argparse.Namespace, sizes: list[int], tmp: str) -> list[dict]:
     for n in sizes:
         shape = "" if (a.ranges, a.steps) == (RANGES_PER_PHASE, None) else \
             f"_r{a.ranges}_s{a.steps}"
+        shape += f"_c{a.collectives}" if a.collectives else ""
         path = os.path.join(tmp, f"bench_{n}{shape}.pftrace")
         if not os.path.exists(path):
-            info = generate(path, n, a.ranges, a.steps)
+            info = generate(path, n, a.ranges, a.steps, a.collectives)
             print(f"wrote {path}: {info['bytes'] / 1e6:.1f} MB in {info['write_s']:.1f} s",
                   file=sys.stderr)
         # the child's module-level sys.path.insert finds the same src: no PYTHONPATH needed

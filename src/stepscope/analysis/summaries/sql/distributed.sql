@@ -12,6 +12,12 @@
 --                    NCCL's end when enqueued, their kernels have their time).
 --   overlap_ns       time inside the frame in which both run.
 --   other_ns         frame_ns - computation_ns - communication_ns + overlap_ns (neither runs).
+--   how: one sweep over the rank's interval ends in time order; each start adds 1 to its
+--   counter (kernels, communication, frames), each end takes 1 off, and a time span counts
+--   where the counters it needs are > 0 up to the next event. The three counters travel
+--   packed in one integer (kernels + 2^20 * communication + 2^40 * frames: each stays in
+--   [0, 2^20) since it never goes below 0), so one running sum (in rows, not peers: between
+--   events at one instant the span is 0) gives all three.
 --   device_slices    the rank's device slices (kernels, copies, sets) in the selection, and
 --   collectives      its collectives timed to completion: without device slices computation,
 --                    overlap and other are NULL (no GPU data to split the time with), and
@@ -22,23 +28,22 @@ ds_coll AS (
   WHERE s.kind_id = 14 AND NOT EXISTS (
     SELECT 1 FROM args c WHERE c.arg_set_id = s.arg_set_id AND c.key = 'debug.completion')
 ),
-ds_ev AS (
-  SELECT upid, ts AS t, 1 AS dk, 0 AS dc, 0 AS df FROM ss_device WHERE category = 'kernel'
-  UNION ALL SELECT upid, end_ts, -1, 0, 0 FROM ss_device WHERE category = 'kernel'
-  UNION ALL SELECT upid, ts, 0, 1, 0 FROM ss_device WHERE category = 'communication'
-  UNION ALL SELECT upid, end_ts, 0, -1, 0 FROM ss_device WHERE category = 'communication'
-  UNION ALL SELECT upid, ts, 0, 1, 0 FROM ds_coll
-  UNION ALL SELECT upid, end_ts, 0, -1, 0 FROM ds_coll
-  UNION ALL SELECT upid, ts, 0, 0, 1 FROM ss_frame
-  UNION ALL SELECT upid, end_ts, 0, 0, -1 FROM ss_frame
+ds_ev AS (  -- each interval's start and end, its counter's step packed in one integer
+  SELECT upid, ts AS t, CASE category WHEN 'kernel' THEN 1 ELSE 1048576 END AS d
+  FROM ss_device WHERE category IN ('kernel', 'communication')
+  UNION ALL SELECT upid, end_ts, CASE category WHEN 'kernel' THEN -1 ELSE -1048576 END
+  FROM ss_device WHERE category IN ('kernel', 'communication')
+  UNION ALL SELECT upid, ts, 1048576 FROM ds_coll
+  UNION ALL SELECT upid, end_ts, -1048576 FROM ds_coll
+  UNION ALL SELECT upid, ts, 1099511627776 FROM ss_frame
+  UNION ALL SELECT upid, end_ts, -1099511627776 FROM ss_frame
 ),
-ds_run AS (
-  SELECT upid, t,
-         SUM(dk) OVER (PARTITION BY upid ORDER BY t) AS ck,
-         SUM(dc) OVER (PARTITION BY upid ORDER BY t) AS cc,
-         SUM(df) OVER (PARTITION BY upid ORDER BY t) AS cf,
-         LEAD(t) OVER (PARTITION BY upid ORDER BY t) AS nt
-  FROM ds_ev
+ds_run AS (  -- the counters from t to the next event (one running sum unpacked)
+  SELECT upid, t, nt, c & 1048575 AS ck, (c >> 20) & 1048575 AS cc, c >> 40 AS cf FROM (
+    SELECT upid, t,
+           SUM(d) OVER (PARTITION BY upid ORDER BY t ROWS UNBOUNDED PRECEDING) AS c,
+           LEAD(t) OVER (PARTITION BY upid ORDER BY t ROWS UNBOUNDED PRECEDING) AS nt
+    FROM ds_ev)
 ),
 ds_sum AS (
   SELECT upid,

@@ -57,18 +57,19 @@ dv_gpus AS (
   SELECT DISTINCT g.upid, COALESCE(p.rank, g.upid) AS rank, g.gpu_id, g.gpu_name
   FROM dv_gpu g LEFT JOIN ss_process p ON p.upid = g.upid
 ),
-dv_ev AS (
-  SELECT gpu_id, ts AS t, 1 AS dk, 0 AS df FROM dv_gpu
-  UNION ALL SELECT gpu_id, end_ts, -1, 0 FROM dv_gpu
-  UNION ALL SELECT g.gpu_id, f.ts, 0, 1 FROM ss_frame f JOIN dv_gpus g ON g.upid = f.upid
-  UNION ALL SELECT g.gpu_id, f.end_ts, 0, -1 FROM ss_frame f JOIN dv_gpus g ON g.upid = f.upid
+dv_ev AS (  -- as distributed.sql's sweep: kernels + 2^40 * frames in one running sum
+  SELECT gpu_id, ts AS t, 1 AS d FROM dv_gpu
+  UNION ALL SELECT gpu_id, end_ts, -1 FROM dv_gpu
+  UNION ALL SELECT g.gpu_id, f.ts, 1099511627776 FROM ss_frame f JOIN dv_gpus g ON g.upid = f.upid
+  UNION ALL SELECT g.gpu_id, f.end_ts, -1099511627776
+  FROM ss_frame f JOIN dv_gpus g ON g.upid = f.upid
 ),
 dv_run AS (
-  SELECT gpu_id, t,
-         SUM(dk) OVER (PARTITION BY gpu_id ORDER BY t) AS ck,
-         SUM(df) OVER (PARTITION BY gpu_id ORDER BY t) AS cf,
-         LEAD(t) OVER (PARTITION BY gpu_id ORDER BY t) AS nt
-  FROM dv_ev
+  SELECT gpu_id, t, nt, c & 1099511627775 AS ck, c >> 40 AS cf FROM (
+    SELECT gpu_id, t,
+           SUM(d) OVER (PARTITION BY gpu_id ORDER BY t ROWS UNBOUNDED PRECEDING) AS c,
+           LEAD(t) OVER (PARTITION BY gpu_id ORDER BY t ROWS UNBOUNDED PRECEDING) AS nt
+    FROM dv_ev)
 ),
 dv_busy AS (
   SELECT gpu_id,

@@ -140,3 +140,61 @@ def test_rank_file_names_read_back_as_written(tmp_path):
     assert sorted(p.name for p in find_inputs([tmp_path], "summary")) == sorted(
         os.path.basename(p) for p in inputs.whole)
     assert [p.name for p in find_inputs([tmp_path], "detail")] == ["rank3.detail.10.pftrace"]
+
+
+def _write_rank0(path, t0: int, window: bool) -> None:
+    """Rank 0 of a GPU run, as the profiler writes it: steps [0,1000) and [1000,2000) with
+    Forward/Backward phases and an NCCL all-reduce (host side, ended when enqueued) in the
+    summary file; the window of step 1 repeats step 1 with its device activity (CUPTI: only
+    in windows): gemm [1100,1300) and [1600,1700), an NCCL kernel [1500,1800)."""
+    from stepscope import _schema
+    from stepscope.core.session import Session
+
+    sess = Session(str(path), rank=0, process_name="rank 0 (h)").start()
+    try:
+        em = sess.emitter(clock="monotonic", level=_schema.LEVEL_SUMMARY)
+        main = sess.thread_track()
+        coll = sess.new_track(_schema.COLLECTIVES_TRACK_NAME)
+        nccl = {"op": "allreduce", "bytes": 64, "completion": "stream"}
+        for step in (0, 1) if not window else (1,):
+            base = step * 1000
+            em.complete(t0 + base, 1000, f"step {step}", main, "step", {"step": step})
+            em.complete(t0 + base, 400, "Forward", main, "phase")
+            em.complete(t0 + base + 400, 500, "Backward", main, "phase")
+            em.complete(t0 + base + 450, 10, "allreduce", coll, "collective", nccl)
+        if window:
+            gpu = sess.new_track("GPU 0 (H100)", parent=sess.process_uuid)
+            s7, s8 = (sess.new_track(f"stream {i}", parent=gpu) for i in (7, 8))
+            em.complete(t0 + 1100, 200, "gemm", s7, "kernel")
+            em.complete(t0 + 1600, 100, "gemm", s7, "kernel")
+            em.complete(t0 + 1500, 300, "ncclDevKernel_AllReduce", s8, "communication")
+    finally:
+        sess.stop()
+
+
+def test_a_gpu_runs_split_comes_from_its_windows(tmp_path, capsys):
+    """Device activity is in the detail windows only: the whole run's model and distributed
+    tables have no GPU time, so the windows' ones follow them. Step 1's window: computation
+    [1100,1300) + [1600,1700) = 300, communication (the NCCL kernel; the host op ended when
+    enqueued) [1500,1800) = 300, both [1600,1700) = 100, other 1000 - 300 - 300 + 100 = 500;
+    GPU time in Forward [1000,1400): 200, in Backward [1400,1900): [1500,1800) = 300."""
+    t0 = time.monotonic_ns()
+    _write_rank0(tmp_path / "rank0.summary.pftrace", t0, window=False)
+    _write_rank0(tmp_path / "rank0.detail.0.pftrace", t0, window=True)
+    data, _ = summary([str(tmp_path)], capsys)
+    whole, detail = data["distributed"], data["distributed_detail"]
+    assert [(r["steps"], r["computation_ms"], r["communication_ms"]) for r in whole["rows"]] == [
+        (2, None, None)]
+    assert detail["title"] == "Distributed (detail windows)"
+    keys = ("steps", "frame_ms", "computation_ms", "communication_ms", "overlap_ms", "other_ms")
+    assert [tuple(r[k] for k in keys) for r in detail["rows"]] == [
+        (1, 0.001, 0.0003, 0.0003, 0.0001, 0.0005)]
+    assert all(r["gpu_total_ms"] is None for r in data["model"]["rows"])
+    gpu = {r["phase"]: r["gpu_total_ms"] for r in data["model_detail"]["rows"]}
+    assert gpu == {"Forward": 0.0002, "Backward": 0.0003, "Others": 0.0}
+
+
+def test_a_cpu_runs_windows_add_no_gpu_tables(run_dir, capsys):
+    data, _ = summary([str(run_dir)], capsys)
+    assert data["model"]["title"] == "Model" and data["distributed"]["title"] == "Distributed"
+    assert "distributed_detail" not in data and "model_detail" not in data

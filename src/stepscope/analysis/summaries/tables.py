@@ -262,8 +262,12 @@ TABLES: tuple[str, ...] = tuple(_SPECS)
 #: The tables of a report when none are named: the per-step listing is left out.
 DEFAULT_TABLES: tuple[str, ...] = tuple(n for n in TABLES if n != "step_times")
 #: Tables of events the profiler records only in detail windows (user ranges, CUPTI activity):
-#: a run's summary files leave them empty, its detail files fill them.
-DETAIL_TABLES: tuple[str, ...] = ("operators", "kernels", "memcpy")
+#: a run's summary files leave them empty, its detail files fill them; and the tables whose GPU
+#: columns only the windows' CUPTI activity fills (the model's GPU time per phase, the
+#: distributed split into computation, communication and overlap).
+DETAIL_TABLES: tuple[str, ...] = ("operators", "kernels", "memcpy", "model", "distributed")
+# those of the second kind, and the column of theirs that only device activity fills
+_GPU_SPLIT = {"model": "gpu_total_ns", "distributed": "computation_ns"}
 
 _OPERATOR_THREAD_COLS = (
     C("rank", "Rank", INT),
@@ -498,15 +502,18 @@ def report(
 
 def with_detail(tables: dict[str, Table], detail: dict[str, Table],
                 files: int) -> dict[str, Table]:
-    """Whole-run ``tables`` with the detail tables (operators, kernels, memcpy) of a run's
-    ``files`` detail windows, computed apart (``detail``: their steps are not counted again).
+    """Whole-run ``tables`` with the detail tables (:data:`DETAIL_TABLES`) of a run's ``files``
+    detail windows, computed apart (``detail``: their steps are not counted again).
 
     A table the whole-run files left empty is replaced by the windows' one. A table they did
     fill (summary-level ranges: the user's, torch's ``record_function`` ones) keeps its
     whole-run rows, and the windows' table follows it as ``<name>_detail`` when the windows
     hold names it lacks (detail-level ranges, torch's operators): else a run with
-    ``record_function`` ranges would never show its operators. Either way titled
-    "(detail windows)"."""
+    ``record_function`` ranges would never show its operators. The model and distributed
+    tables follow so when the windows have the GPU time that the whole run lacks (device
+    activity is recorded in windows only): else a GPU run would never show its phases' GPU
+    time or its ranks' computation/communication split. Either way titled "(detail
+    windows)"."""
     note = (f"from {files} detail window file(s); the other tables cover the whole run "
             "(the summary files)")
     out: dict[str, Table] = {}
@@ -515,8 +522,12 @@ def with_detail(tables: dict[str, Table], detail: dict[str, Table],
         t = detail.get(n)
         if not t:
             continue
-        names = {r.get("name") for r in whole.rows}
-        if whole and all(r.get("name") in names for r in t.rows):
+        gpu = _GPU_SPLIT.get(n)
+        if gpu is not None:
+            if (any(r.get(gpu) is not None for r in whole.rows)
+                    or all(r.get(gpu) is None for r in t.rows)):
+                continue  # the whole run has GPU time, or the windows have none either
+        elif whole and {r.get("name") for r in t.rows} <= {r.get("name") for r in whole.rows}:
             continue  # nothing the whole-run table does not show
         t.title += " (detail windows)"
         t.notes.append(note)

@@ -7,7 +7,9 @@
 --                   others have no host-side time: gloo's send/recv end when issued
 --                   ('issued'), a device backend's op when it is enqueued on its stream
 --                   ('stream', NCCL's: its kernel, a 'communication' slice, has its time).
---   total_ns, avg_ns, max_ns, min_ns   of the timed ops' durations (NULL without any).
+--   total_ns, avg_ns, max_ns, min_ns   of the timed ops' durations, issue to completion (an
+--                   op queued behind earlier ones of its group waits in it: gloo runs a
+--                   group's ops one at a time); NULL without any.
 --   bytes_per_s     the timed ops' bytes / their total duration, in bytes per second: the
 --                   rate at which the ops moved their input, not the link's (no algorithm
 --                   factor such as a ring all-reduce's 2(n-1)/n).

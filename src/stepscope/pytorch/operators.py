@@ -52,6 +52,7 @@ _EVAL = "autograd::engine::evaluate_function: "
 
 # where the NVIDIA kernel driver says its version (in containers too: the host's procfs)
 NVIDIA_DRIVER = "/proc/driver/nvidia/version"
+_kineto_started = False  # by a window of ours in this process (it reads its level once)
 
 
 def quiet_kineto_without_a_driver() -> Any:
@@ -60,10 +61,12 @@ def quiet_kineto_without_a_driver() -> Any:
     only CPU activity is asked for; our first window would start it, so the line would be
     ours. Kineto reads ``KINETO_LOG_LEVEL`` once, when it starts: where the program set none
     and there is no driver, it is set (5: above ERROR) for that start, then removed; the
-    returned function removes it. Elsewhere nothing changes."""
+    returned function removes it. Elsewhere, and after the first window, nothing changes."""
     import torch
 
-    if ("KINETO_LOG_LEVEL" in os.environ or not torch.version.cuda
+    global _kineto_started
+    first, _kineto_started = not _kineto_started, True
+    if (not first or "KINETO_LOG_LEVEL" in os.environ or not torch.version.cuda
             or os.path.exists(NVIDIA_DRIVER)):
         return lambda: None
     os.environ["KINETO_LOG_LEVEL"] = "5"

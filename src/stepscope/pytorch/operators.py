@@ -36,6 +36,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -55,7 +56,7 @@ NVIDIA_DRIVER = "/proc/driver/nvidia/version"
 _kineto_started = False  # by a window of ours in this process (it reads its level once)
 
 
-def quiet_kineto_without_a_driver() -> Any:
+def quiet_kineto_without_a_driver() -> Callable[[], object]:
     """On a CUDA build of torch (pip's default on Linux) on a machine without an NVIDIA driver,
     Kineto logs ``ERROR: ... gpuGetDeviceCount failed with code 35`` when it starts, though
     only CPU activity is asked for; our first window would start it, so the line would be

@@ -15,9 +15,10 @@
 --   how: one sweep over the rank's interval ends in time order; each start adds 1 to its
 --   counter (kernels, communication, frames), each end takes 1 off, and a time span counts
 --   where the counters it needs are > 0 up to the next event. The three counters travel
---   packed in one integer (kernels + 2^20 * communication + 2^40 * frames: each stays in
---   [0, 2^20) since it never goes below 0), so one running sum (in rows, not peers: between
---   events at one instant the span is 0) gives all three.
+--   packed in one integer (kernels + 2^20 * communication + 2^40 * frames), so one running
+--   sum gives all three; it runs in rows, not peers: events at one instant come in any order
+--   and the spans between them are 0 long, so only the sum after an instant's last event is
+--   read, where each counter is in [0, 2^20) (never below 0, and no 2^20 intervals at once).
 --   device_slices    the rank's device slices (kernels, copies, sets) in the selection, and
 --   collectives      its collectives timed to completion: without device slices computation,
 --                    overlap and other are NULL (no GPU data to split the time with), and

@@ -368,6 +368,7 @@ def test_distributed_of_ranks_without_device_time():
     t.slice(lanes[1], 250, 150, "allreduce", "collective", args)  # [250,400): union 300
     t.slice(lanes[0], 500, 10, "send", "collective", {**args, "completion": "issued"})
     t.slice(lanes[0], 1100, 100, "allreduce", "collective", args)  # after the step
+    t.slice(lanes[1], 700, 0, "allreduce", "collective", args)  # 0 long: adds nothing
     r1 = t.process(20, "rank 1 (h)")
     t.slice(t.thread(r1, 21, "main"), 0, 1000, "step 0", "step", {"step": 0})
     rows = by(S.table(t, "distributed").rows, "rank")
@@ -379,7 +380,7 @@ def test_distributed_of_ranks_without_device_time():
     by_op = by(S.table(t, "collectives").rows, "name")
     assert (by_op["allreduce"]["calls"], by_op["allreduce"]["timed"],
             by_op["allreduce"]["total_ns"], by_op["allreduce"]["bytes_per_s"]) == (
-        3, 3, 450, 3 * 64 * 1e9 / 450)
+        4, 4, 450, 4 * 64 * 1e9 / 450)
 
 
 def test_collectives_by_op(db):

@@ -162,6 +162,9 @@ def _write_rank0(path, t0: int, window: bool) -> None:
             em.complete(t0 + base, 400, "Forward", main, "phase")
             em.complete(t0 + base + 400, 500, "Backward", main, "phase")
             em.complete(t0 + base + 450, 10, "allreduce", coll, "collective", nccl)
+        if not window:  # the host sampler's counters: summary level
+            cpu = sess.new_counter_track("host.process.cpu %", unit="%")
+            em.counter(t0 + 500, cpu, 40.0)
         if window:
             gpu = sess.new_track("GPU 0 (H100)", parent=sess.process_uuid)
             s7, s8 = (sess.new_track(f"stream {i}", parent=gpu) for i in (7, 8))
@@ -192,9 +195,13 @@ def test_a_gpu_runs_split_comes_from_its_windows(tmp_path, capsys):
     assert all(r["gpu_total_ms"] is None for r in data["model"]["rows"])
     gpu = {r["phase"]: r["gpu_total_ms"] for r in data["model_detail"]["rows"]}
     assert gpu == {"Forward": 0.0002, "Backward": 0.0003, "Others": 0.0}
+    # the GPU busy row: kernels or communication [1100,1300) + [1500,1800) of the 1000 step
+    assert [r["name"] for r in data["device"]["rows"]] == ["host.process.cpu %"]
+    assert [(r["name"], r["mean"]) for r in data["device_detail"]["rows"]] == [
+        ("GPU 0 (H100) kernel busy %", 50.0)]
 
 
 def test_a_cpu_runs_windows_add_no_gpu_tables(run_dir, capsys):
     data, _ = summary([str(run_dir)], capsys)
     assert data["model"]["title"] == "Model" and data["distributed"]["title"] == "Distributed"
-    assert "distributed_detail" not in data and "model_detail" not in data
+    assert not {"distributed_detail", "model_detail", "device_detail"} & set(data)

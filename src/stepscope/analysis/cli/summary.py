@@ -37,8 +37,8 @@ def add_parsers(subparsers: Any) -> None:
         metavar="PATH",
         help="trace files or profiler run directories (rank<N>.summary.pftrace give the "
         "tables, rank<N>.detail.<k>.pftrace windows add the operators, kernels and memcpy "
-        "tables, and the model and distributed ones with their GPU time; nothing is counted "
-        "twice)",
+        "tables, and the device, model and distributed ones with their GPU data; nothing is "
+        "counted twice)",
     )
     p.add_argument(
         "--table",
@@ -130,8 +130,9 @@ def run(args: argparse.Namespace) -> int:
     trace not named as a detail window) cover the whole run and give every table. Its
     ``rank<N>.detail.<k>.pftrace`` windows repeat the steps and phases of their window, so when
     whole-run files are given too they are loaded apart and only give the detail tables
-    (operators, kernels, memcpy: events recorded in detail windows; model and distributed with
-    the GPU time only windows have), titled "(detail windows)" (see ``_add_detail_tables``).
+    (operators, kernels, memcpy, device: events recorded in detail windows; model and
+    distributed with the GPU time only windows have), titled "(detail windows)" (see
+    ``_add_detail_tables``).
     Detail files alone give every table (windows never overlap)."""
     try:
         names, kw = _options(args)

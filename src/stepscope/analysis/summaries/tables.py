@@ -262,10 +262,12 @@ TABLES: tuple[str, ...] = tuple(_SPECS)
 #: The tables of a report when none are named: the per-step listing is left out.
 DEFAULT_TABLES: tuple[str, ...] = tuple(n for n in TABLES if n != "step_times")
 #: Tables of events the profiler records only in detail windows (user ranges, CUPTI activity):
-#: a run's summary files leave them empty, its detail files fill them; and the tables whose GPU
-#: columns only the windows' CUPTI activity fills (the model's GPU time per phase, the
-#: distributed split into computation, communication and overlap).
-DETAIL_TABLES: tuple[str, ...] = ("operators", "kernels", "memcpy", "model", "distributed")
+#: a run's summary files leave them empty, its detail files fill them; the device table's GPU
+#: busy rows, made from CUPTI's kernels; and the tables whose GPU columns only the windows'
+#: CUPTI activity fills (the model's GPU time per phase, the distributed split into
+#: computation, communication and overlap).
+DETAIL_TABLES: tuple[str, ...] = ("operators", "kernels", "memcpy", "device", "model",
+                                  "distributed")
 # those of the second kind, and the column of theirs that only device activity fills
 _GPU_SPLIT = {"model": "gpu_total_ns", "distributed": "computation_ns"}
 
@@ -509,7 +511,8 @@ def with_detail(tables: dict[str, Table], detail: dict[str, Table],
     fill (summary-level ranges: the user's, torch's ``record_function`` ones) keeps its
     whole-run rows, and the windows' table follows it as ``<name>_detail`` when the windows
     hold names it lacks (detail-level ranges, torch's operators): else a run with
-    ``record_function`` ranges would never show its operators. The model and distributed
+    ``record_function`` ranges would never show its operators (nor a GPU run the GPU busy rows
+    of its device table). The model and distributed
     tables follow so when the windows have the GPU time that the whole run lacks (device
     activity is recorded in windows only): else a GPU run would never show its phases' GPU
     time or its ranks' computation/communication split. Either way titled "(detail

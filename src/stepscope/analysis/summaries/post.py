@@ -156,21 +156,18 @@ def _distributed(rows: list[dict], straggler_margin: float = 0.10, **_: Any):
                 r["communication_ns"] = None
     means = [r["avg_step_ns"] for r in rows if r.get("avg_step_ns") is not None]
     med = statistics.median(means) if means else None
-    out = []
     for r in rows:
-        r = dict(r)
         a = r.get("avg_step_ns")
         r["vs_median"] = (a / med - 1.0) if (a is not None and med) else None
         r["straggler"] = bool(r["vs_median"] is not None and r["vs_median"] > straggler_margin)
-        out.append(r)
     notes = []
     if med is not None:
-        slow = [str(r["rank"]) for r in out if r["straggler"]]
+        slow = [str(r["rank"]) for r in rows if r["straggler"]]
         notes.append(
             f"stragglers (mean step > median by more than {straggler_margin:.0%}): "
             + (", ".join(slow) if slow else "none")
         )
-    return out, notes
+    return rows, notes
 
 
 POST = {

@@ -14,6 +14,7 @@ import os
 import pickle
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import weakref
@@ -324,7 +325,7 @@ def test_context_hook_calls_the_original_then_records_and_ends_even_where_exit_r
 
     class Capture:
         waiting = False
-        after_optimizer = None
+        idle_prefix = None
 
     class CM:
         def __init__(self, name):
@@ -373,11 +374,10 @@ def _context_hook_cases(CM, cap, log, opened):
             raise KeyError("body")
     assert log == ["enter", ("rest in", "b"), ("exit", KeyError)]
     log.clear()
-    cap.after_optimizer = "set"
     _recorder.set_state(False, False)
     with CM("a"):
         pass
-    assert log == ["enter", ("exit", None), ("rest out", "a")]  # not recording: no range
+    assert log == ["enter", ("exit", None)]  # not recording: no range (exit: never rest())
     with pytest.raises(TypeError):
         CM.__enter__(CM("a"), 1)
 
@@ -398,106 +398,184 @@ class _Named:
 @needs_fast
 @pytest.mark.parametrize("flags", [True, False], ids=["CaptureFlags", "attributes"])
 def test_context_hook_reads_the_capture_flags_as_fields_or_attributes(flags):
-    """RangeCapture's ``waiting`` and ``after_optimizer`` are struct fields of
+    """RangeCapture's ``waiting`` and ``idle_prefix`` are struct fields of
     ``_fast.CaptureFlags``, which the hook reads without an attribute lookup; any other capture
-    object is read through its attributes, with the same outcome (an unset flag included)."""
+    object is read through its attributes, with the same outcome (an unset flag included). In a
+    quiet step, a range begins with the profiler's ``_activity()`` unless its name starts with
+    a str ``idle_prefix``; with a step that is not quiet, the prefix is not read."""
     log: list = []
     Capture = type("Capture", (fast.CaptureFlags,) if flags else (), {})
     cap = Capture()
-    cap.waiting, cap.after_optimizer = False, None
+    cap.waiting, cap.idle_prefix = False, None
 
     class CM(_Named):
         pass
 
-    prof = fast.ProfilerCore()
-    prof._quiet = False
+    class Prof(fast.ProfilerCore):
+        def _activity_py(self):
+            log.append("activity")
+
+    prof = Prof()
+    prof._started, prof._stopped, prof._pending, prof._tentative = True, False, True, None
     o_enter, o_exit = CM.__enter__, CM.__exit__
-    args = (prof, cap, {"a": lambda: log.append("begin")}, lambda: log.append("end"),
-            threading.get_ident(), [], 1024)  # the profiler's thread: this one
+    chains = {n: (lambda n=n: log.append(n)) for n in ("a", "Optimizer.zero_grad#SGD.zero_grad")}
+    args = (prof, cap, chains, lambda: log.append("end"), threading.get_ident(), [], 1024)
     CM.__enter__ = fast.ContextHook(0, o_enter, lambda o: log.append("rest in"), *args)
     CM.__exit__ = fast.ContextHook(1, o_exit, lambda o: log.append("rest out"), *args)
     was = (_recorder.ON, _recorder.DETAIL)
     _recorder.set_state(True, False)
     try:
         runs = []
-        for setting in ({}, {"waiting": True}, {"waiting": False, "after_optimizer": "set"},
-                        {"waiting": None}):
+        for quiet, setting in ((False, {}), (False, {"waiting": True}), (False, {"waiting": None}),
+                               (True, {"waiting": False}), (True, {"idle_prefix": "Optimizer."}),
+                               (True, {"idle_prefix": 3}), (False, {"idle_prefix": None})):
+            prof._quiet = quiet
             for k, v in setting.items():
                 if v is None:
-                    delattr(cap, k)  # unset: read as waiting (the attribute's error cleared)
+                    delattr(cap, k)  # unset: read as waiting / an error (the hook's or Python's)
                 else:
                     setattr(cap, k, v)
-            with CM("a"):
-                pass
+            for name in ("a", "Optimizer.zero_grad#SGD.zero_grad"):
+                try:
+                    with CM(name):
+                        pass
+                except AttributeError:
+                    log.append("no idle_prefix")
             runs.append(log[:])
             log.clear()
     finally:
         _recorder.set_state(*was)
-    assert runs == [["begin", "end"], ["rest in"], ["begin", "end", "rest out"],
-                    ["rest in", "rest out"]]
+    z = "Optimizer.zero_grad#SGD.zero_grad"
+    assert runs == [["a", "end", z, "end"], ["rest in"] * 2, ["rest in"] * 2,
+                    ["activity", "a", "end", "activity", z, "end"],
+                    ["activity", "a", "end", z, "end"],
+                    ["activity", "a", "end", "activity", z, "end"],
+                    ["a", "end", z, "end"]]
 
 
 @needs_fast
-def test_context_hook_calls_after_optimizer_once_at_the_exit_of_a_range_named_with_the_prefix(
-        capsys):
-    """Where the capture is a ``CaptureFlags`` with a str ``after_prefix``, the exit hook itself
-    calls ``after_optimizer`` (taken: set to None first) at the exit of a range whose str name
-    starts with it, and leaves it set at other exits; a name that is not a str goes to rest().
-    Its failure is reported as the Python twin reports it (ranges.BOUNDARY_FAILED)."""
-    log: list = []
-    cap = type("Capture", (fast.CaptureFlags,), {})()
-    cap.waiting, cap.after_optimizer, cap.after_prefix = False, None, "Optimizer.step#"
+def test_context_hook_with_an_unset_idle_prefix_in_a_quiet_step_raises_as_the_attribute():
+    """An unset ``idle_prefix`` read for a quiet step raises AttributeError out of
+    ``__enter__`` (after torch's own ``__enter__``), as reading the attribute would."""
+    cap = fast.CaptureFlags()
+    cap.waiting = False
 
     class CM(_Named):
-        def __exit__(self, *exc):
-            log.append(("exit", cap.after_optimizer is None))
+        pass
 
     prof = fast.ProfilerCore()
-    prof._quiet = False
-    o_enter, o_exit = CM.__enter__, CM.__exit__
-    args = (prof, cap, {}, lambda: log.append("end"), threading.get_ident(), [], 1024)
-    CM.__enter__ = fast.ContextHook(0, o_enter, lambda o: None, *args)
-    CM.__exit__ = fast.ContextHook(1, o_exit, lambda o: log.append(("rest", o.name)), *args)
-
-    def after():
-        log.append(("after", cap.after_optimizer))
-
+    prof._quiet = True
+    args = (prof, cap, {"a": lambda: None}, lambda: None, threading.get_ident(), [], 1024)
+    CM.__enter__ = fast.ContextHook(0, CM.__enter__, lambda o: None, *args)
     was = (_recorder.ON, _recorder.DETAIL)
     _recorder.set_state(True, False)
     try:
-        cap.after_optimizer = after
-        for name in ("Optimizer.zero_grad#SGD.zero_grad", "Optimizer.step", 7,
-                     "Optimizer.step#SGD.step", "Optimizer.step#SGD.step"):
-            with CM(name):
-                pass
-        assert log == [("exit", False), ("exit", False), ("exit", False), ("rest", 7),
-                       ("exit", False), ("after", None), ("exit", True)]
-        assert cap.after_optimizer is None
-        log.clear()
-        cap.after_prefix = None  # no prefix: every exit with after_optimizer set is rest()'s
-        cap.after_optimizer = after
-        with CM("Optimizer.step#SGD.step"):
-            pass
-        assert log == [("exit", False), ("rest", "Optimizer.step#SGD.step")]
-        # a boundary that fails is one line on stderr and the program goes on; an interrupt
-        # goes through
-        cap.after_prefix, log[:] = "Optimizer.step#", []
-        for failure in (RuntimeError("no step"), KeyboardInterrupt()):
-            def failing(failure=failure):
-                raise failure
-
-            cap.after_optimizer = failing
-            try:
-                with CM("Optimizer.step#SGD.step"):
-                    pass
-            except KeyboardInterrupt:
-                log.append("interrupted")
-        assert log == [("exit", False), ("exit", False), "interrupted"]
-        from stepscope.pytorch.ranges import BOUNDARY_FAILED  # (imports no torch)
-
-        assert capsys.readouterr().err == BOUNDARY_FAILED.format(RuntimeError("no step")) + "\n"
+        with pytest.raises(AttributeError, match="idle_prefix"):
+            CM("a").__enter__()
     finally:
         _recorder.set_state(*was)
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["C", "pure-Python"])
+def test_at_top_calls_once_after_the_end_of_the_outermost_summary_range(pure, capsys):
+    """``summary_depth`` counts the summary begins and ends of the calling thread's chains
+    (detail ones and ends without a begin leave it as it is); ``at_top(fn)`` calls ``fn`` once,
+    after the end that brings the count to 0, on the thread that set it, and returns the call it
+    replaces; a failing call is one line on stderr, an interrupt goes through; ``reset_depth``
+    zeroes the count and drops the call. Both buffers alike."""
+    if pure:
+        rec = _pure_recorder()
+    else:
+        if _recorder.fast is None:
+            pytest.skip("no C extension")
+        rec = _recorder
+    begin = rec.chain(rec.code(5, 1, rec.BEGIN))
+    dbegin = rec.chain(rec.code(5, 0, rec.BEGIN))
+    end, dend = rec.end_summary, rec.end_detail
+    log: list = []
+    rec.reset_depth()
+    end()  # an end with no begin counted: still 0
+    assert rec.summary_depth() == 0
+    begin(), begin(), dbegin()
+    assert rec.summary_depth() == 2
+    assert rec.at_top(lambda: log.append(rec.summary_depth())) is None
+    dend(), end()
+    assert log == [] and rec.summary_depth() == 1
+    other: list = []
+    t = threading.Thread(target=lambda: (begin(), end(), other.append(rec.summary_depth())))
+    t.start()
+    t.join()
+    assert other == [0] and log == []  # another thread's ranges neither count nor call
+    end()
+    assert log == [0]
+    end(), begin(), end()
+    assert log == [0]  # once
+    begin()
+    first = rec.at_top(lambda: log.append("first"))
+    assert first is None and callable(rec.at_top(lambda: log.append("second")))
+    end()
+    assert log == [0, "second"]
+    begin()
+    rec.at_top(lambda: 1 / 0)
+    end()  # a failure: one line, and the program goes on
+    assert capsys.readouterr().err == rec.BOUNDARY_FAILED.format(ZeroDivisionError(
+        "division by zero")) + "\n"
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    begin()
+    rec.at_top(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        end()
+    begin(), begin()
+    rec.at_top(lambda: log.append("dropped"))
+    rec.reset_depth()
+    assert rec.summary_depth() == 0
+    end()
+    assert log == [0, "second"]
+
+
+def test_a_stale_build_without_the_range_count_is_not_used(tmp_path):
+    """A ``_fast`` built from older sources (an editable install not rebuilt) that lacks
+    ``summary_depth`` would fail at the first optimizer step: the recorder takes the
+    pure-Python twin instead, and a profiled run still works."""
+    code = textwrap.dedent("""
+        import sys, types
+        stale = types.ModuleType("stepscope._fast")
+        stale.THREAD_MARK = 7  # (marks, as the real build: only the range count is missing)
+        sys.modules["stepscope._fast"] = stale
+        import stepscope
+        from stepscope.record import recorder
+        assert recorder.fast is None and recorder.summary_depth() == 0
+        with stepscope.Profiler(dir=sys.argv[1], run_id="s", schedule=None, report=False,
+                                host_metrics=False, use_env=False, torch=False):
+            with stepscope.phase("Forward"):
+                assert recorder.summary_depth() == 1
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == "ok\n", out.stderr
+
+
+def _pure_recorder():
+    """A fresh copy of the recorder module with the pure-Python buffer (not the one in use)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("stepscope.record.recorder")
+    mod = importlib.util.module_from_spec(spec)
+    was = os.environ.get("STEPSCOPE_PURE_PYTHON")
+    os.environ["STEPSCOPE_PURE_PYTHON"] = "1"
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        if was is None:
+            del os.environ["STEPSCOPE_PURE_PYTHON"]
+        else:
+            os.environ["STEPSCOPE_PURE_PYTHON"] = was
+    assert mod.fast is None
+    return mod
 
 
 @needs_fast

@@ -19,7 +19,9 @@ Blocks, ``--steps`` steps each after a warm-up of the same loop (a quarter as lo
   ``opt.step()``/``opt.zero_grad()`` of a real SGD over one scalar (torch's ``Optimizer.step#``
   and ``zero_grad#`` ranges) and ``step()``, untraced;
 * ``skeleton, summary``: the same with the profiler on;
-* ``zero-code, summary``: no phases and no ``step()``: ``step_on="optimizer"``.
+* ``zero-code, summary``: no phases and no ``step()``: ``step_on="optimizer"``;
+* ``phases, zero-code``: the three phases without ``step()``, ``step_on="optimizer"`` (the
+  step ends after the phase "Optimization" around the optimizer step).
 
 The summary level's cost is ``traced - untraced``, in % of the MLP step. Instructions are not
 time: the ``est. cycles`` column adds what the simulated cache misses cost, with the weights of
@@ -43,7 +45,7 @@ import zlib
 from pathlib import Path
 
 BLOCKS = ("MLP step", "MLP step, summary", "skeleton", "skeleton, summary",
-          "zero-code, summary")
+          "zero-code, summary", "phases, zero-code")
 # callgrind's events with --cache-sim=yes, and their weights in its cycle estimate (CEst)
 _WEIGHTS = {"Ir": 1, "I1mr": 10, "D1mr": 10, "D1mw": 10, "ILmr": 100, "DLmr": 100, "DLmw": 100}
 
@@ -96,8 +98,8 @@ def child(steps: int, out: str) -> None:
         _mark()
         prof.stop()
 
-    def skeleton(phases: bool):
-        return lambda n, prof: bt._skeleton(sk_opt, n, prof, phases=phases)
+    def skeleton(phases: bool, steps: bool = True):
+        return lambda n, prof: bt._skeleton(sk_opt, n, prof, phases=phases, steps=steps)
 
     mlp(max(5, steps // 10))
     _mark()
@@ -110,6 +112,7 @@ def child(steps: int, out: str) -> None:
     traced(steps, None, "mlp", lambda n, prof: bt.loop(m, x, y, n, prof))  # MLP step, summary
     traced(steps, None, "summary", skeleton(True))  # skeleton, summary
     traced(steps, "optimizer", "zero", skeleton(False))  # zero-code, summary
+    traced(steps, "optimizer", "phased", skeleton(True, steps=False))  # phases, zero-code
 
 
 def _totals(path: str) -> tuple[int, int]:
@@ -148,13 +151,15 @@ def main(argv: list[str] | None = None) -> None:
         dumps = sorted(glob.glob(prefix + ".*"), key=lambda p: int(p.rsplit(".", 1)[1]))
         counts = [_totals(p) for p in dumps]
     # dumps: 1 import + warm-up, 2 MLP, 3 skeleton warm-up, 4 skeleton, then per traced block
-    # its warm-up (5, 7, 9) and the block (6, 8, 10)
-    want = {2: BLOCKS[0], 6: BLOCKS[1], 4: BLOCKS[2], 8: BLOCKS[3], 10: BLOCKS[4]}
-    if len(counts) != 10:
-        sys.exit(f"bench_instructions: {len(counts)} dumps, expected 10 (a stray marker call?)")
+    # its warm-up (5, 7, 9, 11) and the block (6, 8, 10, 12)
+    want = {2: BLOCKS[0], 6: BLOCKS[1], 4: BLOCKS[2], 8: BLOCKS[3], 10: BLOCKS[4],
+            12: BLOCKS[5]}
+    if len(counts) != 12:
+        sys.exit(f"bench_instructions: {len(counts)} dumps, expected 12 (a stray marker call?)")
     per = {name: [c / args.steps for c in counts[i - 1]] for i, name in want.items()}
     step = per[BLOCKS[0]]
-    untraced = {BLOCKS[1]: BLOCKS[0], BLOCKS[3]: BLOCKS[2], BLOCKS[4]: BLOCKS[2]}
+    untraced = {BLOCKS[1]: BLOCKS[0], BLOCKS[3]: BLOCKS[2], BLOCKS[4]: BLOCKS[2],
+                BLOCKS[5]: BLOCKS[2]}
     import torch
 
     print(f"torch {torch.__version__}, Python {sys.version.split()[0]}, {args.steps} steps per "

@@ -169,8 +169,10 @@ def torch_profiler_run(make, steps: int, out: Path, cuda: bool | None = None
 PROCESSES, PAIRS = 3, 11  # table 2: pairs of blocks in each of several fresh processes
 
 
-def _skeleton(opt: torch.optim.Optimizer, n: int, prof=None, phases: bool = True) -> None:
-    """The bench loop's calls that reach stepscope at summary level, with no model work."""
+def _skeleton(opt: torch.optim.Optimizer, n: int, prof=None, phases: bool = True,
+              steps: bool = True) -> None:
+    """The bench loop's calls that reach stepscope at summary level, with no model work
+    (``steps=False``: phases without ``step()``, the optimizer's hook makes the steps)."""
     phase = prof.phase if prof is not None and phases else None
     for _ in range(n):
         if phase is not None:
@@ -181,7 +183,8 @@ def _skeleton(opt: torch.optim.Optimizer, n: int, prof=None, phases: bool = True
             with phase("Optimization"):
                 opt.step()
                 opt.zero_grad(set_to_none=False)
-            prof.step()
+            if steps:
+                prof.step()
         else:
             opt.step()
             opt.zero_grad(set_to_none=False)

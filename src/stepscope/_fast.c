@@ -319,9 +319,66 @@ typedef struct {
     vectorcallfunc vectorcall;
 } EmitObject;
 
+/* The summary-level ranges open on each thread, as its Emit calls began and ended them (phases,
+ * record_function and captured nvtx ranges: every summary begin of a cached name and every
+ * summary end), so that a boundary the program did not place itself (the step driver's, after an
+ * optimizer step) is made where it cuts no range: at_top(fn) calls fn after the end that
+ * closes the calling thread's outermost one. An end with no begin counted (a begin recorded
+ * otherwise, a range begun before recording) leaves the count at 0. reset_depth() (a profiler's
+ * start) zeroes every thread's count, each at its next Emit. */
+static __thread __attribute__((tls_model("initial-exec"))) long depth = 0;
+static __thread __attribute__((tls_model("initial-exec"))) int64_t depth_seen = 0;
+static int64_t depth_epoch = 1;
+static PyObject *at_top_fn = NULL; /* (owned) called once, on thread at_top_ident */
+static long long at_top_ident = 0;
+
+static int boundary_failed(void);
+
+static inline long *thread_depth(void) {
+    if (depth_seen != depth_epoch) {
+        depth = 0;
+        depth_seen = depth_epoch;
+    }
+    return &depth;
+}
+
 static PyObject *emit_call(PyObject *self, PyObject *const *args, size_t nargsf,
                            PyObject *kwnames) {
-    put_now(((EmitObject *)self)->code);
+    int64_t code = ((EmitObject *)self)->code;
+    put_now(code);
+    if (code < 0 || !(code & 4)) Py_RETURN_NONE; /* (bit 2: LEVEL_SUMMARY) */
+    long *d = thread_depth();
+    if ((code & 3) == 0) { /* BEGIN */
+        ++*d;
+        Py_RETURN_NONE;
+    }
+    if ((code & 3) != 1 || *d == 0) Py_RETURN_NONE;
+    if (--*d == 0 && at_top_fn != NULL
+        && at_top_ident == (long long)PyThread_get_thread_ident()) {
+        PyObject *fn = at_top_fn; /* taken before the call: called once */
+        at_top_fn = NULL;
+        PyObject *r = PyObject_CallNoArgs(fn);
+        Py_DECREF(fn);
+        if (r == NULL && boundary_failed() < 0) return NULL;
+        Py_XDECREF(r);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *f_summary_depth(PyObject *self, PyObject *unused) {
+    return PyLong_FromLong(*thread_depth());
+}
+
+static PyObject *f_at_top(PyObject *self, PyObject *fn) {
+    PyObject *was = at_top_fn; /* (returned: the call it replaces, if one was still to come) */
+    at_top_fn = fn == Py_None ? NULL : Py_NewRef(fn);
+    at_top_ident = (long long)PyThread_get_thread_ident();
+    return was != NULL ? was : Py_NewRef(Py_None);
+}
+
+static PyObject *f_reset_depth(PyObject *self, PyObject *unused) {
+    depth_epoch++;
+    Py_CLEAR(at_top_fn);
     Py_RETURN_NONE;
 }
 
@@ -1160,7 +1217,7 @@ static PyTypeObject CoreType = {
 static struct {
     PyObject *step_end, *now, *locked, *timer_step, *start, *time, *step_py, *step_at,
         *step_write, *begin_step, *activity_py, *new_phase, *hook_failed, *phase_py, *gates,
-        *name, *waiting, *after;
+        *name, *waiting, *idle_prefix;
 } pn; /* interned attribute and method names (intern_names, at import) */
 
 static int intern_names(void) {
@@ -1171,7 +1228,7 @@ static int intern_names(void) {
     NAME(activity_py, "_activity_py") NAME(new_phase, "_new_phase")
     NAME(hook_failed, "_hook_failed") NAME(phase_py, "_phase_py")
     NAME(gates, "step_end_gates")
-    NAME(name, "name") NAME(waiting, "waiting") NAME(after, "after_optimizer")
+    NAME(name, "name") NAME(waiting, "waiting") NAME(idle_prefix, "idle_prefix")
 #undef NAME
     return 0;
 }
@@ -1629,28 +1686,26 @@ static PyObject *f_install_profiler(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* ---- CaptureFlags: the two flags of pytorch/ranges.py's RangeCapture the hook reads ---------
+/* ---- CaptureFlags: the flags of pytorch/ranges.py's RangeCapture the hook reads --------------
  *
- * The base of RangeCapture (with the C buffer): `waiting` and `after_optimizer` are attributes of
- * the same names for Python (member descriptors) and struct fields for the ContextHook, which
- * reads both on every range without an attribute lookup. */
+ * The base of RangeCapture (with the C buffer): `waiting` and `idle_prefix` are attributes for
+ * Python (member descriptors) and struct fields for the ContextHook, which reads them without an
+ * attribute lookup. */
 
 typedef struct {
     PyObject_HEAD
-    PyObject *waiting, *after_optimizer, *after_prefix;
+    PyObject *waiting, *idle_prefix;
 } FlagsObject;
 
 static int flags_traverse(FlagsObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->waiting);
-    Py_VISIT(self->after_optimizer);
-    Py_VISIT(self->after_prefix);
+    Py_VISIT(self->idle_prefix);
     return 0;
 }
 
 static int flags_clear(FlagsObject *self) {
     Py_CLEAR(self->waiting);
-    Py_CLEAR(self->after_optimizer);
-    Py_CLEAR(self->after_prefix);
+    Py_CLEAR(self->idle_prefix);
     return 0;
 }
 
@@ -1662,8 +1717,7 @@ static void flags_dealloc(FlagsObject *self) {
 
 static PyMemberDef flags_members[] = {
     {"waiting", T_OBJECT_EX, offsetof(FlagsObject, waiting), 0, NULL},
-    {"after_optimizer", T_OBJECT_EX, offsetof(FlagsObject, after_optimizer), 0, NULL},
-    {"after_prefix", T_OBJECT_EX, offsetof(FlagsObject, after_prefix), 0, NULL},
+    {"idle_prefix", T_OBJECT_EX, offsetof(FlagsObject, idle_prefix), 0, NULL},
     {NULL},
 };
 
@@ -1682,13 +1736,23 @@ static PyTypeObject FlagsType = {
 
 /* capture.<name> (a new reference): the struct's field where capture is a CaptureFlags (an
  * unset one raises AttributeError, as the attribute would), else the attribute */
-static PyObject *capture_flag(PyObject *capture, int after) {
+static PyObject *capture_flag(PyObject *capture, int idle) {
     if (PyObject_TypeCheck(capture, &FlagsType)) {
-        PyObject *v = after ? ((FlagsObject *)capture)->after_optimizer
-                            : ((FlagsObject *)capture)->waiting;
+        PyObject *v = idle ? ((FlagsObject *)capture)->idle_prefix
+                           : ((FlagsObject *)capture)->waiting;
         if (v != NULL) return Py_NewRef(v);
     }
-    return PyObject_GetAttr(capture, after ? pn.after : pn.waiting);
+    return PyObject_GetAttr(capture, idle ? pn.idle_prefix : pn.waiting);
+}
+
+/* 1 where obj's name (a str) starts with capture.idle_prefix (a str), else 0; -1 with an error */
+static int idle_range(PyObject *capture, PyObject *name) {
+    PyObject *prefix = capture_flag(capture, 1);
+    if (prefix == NULL) return -1;
+    int m = PyUnicode_CheckExact(prefix)
+        ? (int)PyUnicode_Tailmatch(name, prefix, 0, PY_SSIZE_T_MAX, -1) : 0;
+    Py_DECREF(prefix);
+    return m;
 }
 
 /* ---- ContextHook: a context manager's __enter__/__exit__ that also records a range ----------
@@ -1703,15 +1767,13 @@ static PyObject *capture_flag(PyObject *capture, int after) {
  *   cached in `by_name`, and not `capture.waiting` on the profiler's thread: the chain is
  *   called and obj appended to `opened`, after the profiler's _activity() where its step is
  *   quiet on that thread (its begin is written first: the range is work of the step; with
- *   step_on="optimizer" the first range of every step); otherwise rest(obj) (which appends it
- *   where it begins a range);
+ *   step_on="optimizer" the first range of every step), unless the name starts with
+ *   `capture.idle_prefix` (a str); otherwise rest(obj) (which appends it where it begins a
+ *   range);
  * - __exit__(obj, *exc): original(obj, *exc); then, whether it raised or not, obj is taken out
- *   of `opened` where it is there and the range ended (`end()`), while recording; where
- *   `capture.after_optimizer` is set: with a str obj.name and a CaptureFlags capture whose
- *   `after_prefix` is a str, after_optimizer is taken (set to None) and called where the name
- *   starts with the prefix (no Python frame of ours: the step driver hands over the
- *   profiler's C step() itself), an Exception it raises reported in one line and dropped,
- *   else rest(obj).
+ *   of `opened` where it is there and the range ended (`end()`), while recording (`rest` is
+ *   not called: the step driver's boundary after an optimizer step is made by the end itself,
+ *   see Emit's at_top).
  *
  * `opened`, a list the two hooks share, holds the objects whose range is open (a mark on
  * torch's object cost three attribute operations a range: a set, a read and a delete). It is
@@ -1749,36 +1811,41 @@ static PyObject *hook_enter(HookObject *h, PyObject *obj) {
         chain = PyDict_GetItemWithError(h->by_name, name); /* borrowed */
         common = chain != NULL && chain != Py_None;
     }
-    Py_XDECREF(name);
     if (PyErr_Occurred()) {
+        Py_XDECREF(name);
         Py_DECREF(result);
         return NULL;
     }
-    if (common && PyList_GET_SIZE(h->opened) >= h->max_open) return result; /* (see above) */
+    if (common && PyList_GET_SIZE(h->opened) >= h->max_open) { /* (see above) */
+        Py_DECREF(name);
+        return result;
+    }
     if (common) { /* a quiet step or a batch wait on the profiler's thread (see above) */
         int core = PyObject_TypeCheck(h->prof, &CoreType);
         int quiet = core ? truth(((CoreObject *)h->prof)->quiet) : 1;
         PyObject *w = quiet >= 0 ? capture_flag(h->capture, 0) : NULL;
         int waiting = w == NULL ? 1 : truth(w);
         Py_XDECREF(w);
-        if (keep_interrupts() < 0) {
-            Py_DECREF(result);
-            return NULL;
-        }
-        if ((quiet != 0 || waiting != 0)
+        int failed = keep_interrupts() < 0;
+        if (!failed && (quiet != 0 || waiting != 0)
             && (long long)PyThread_get_thread_ident() == h->main) {
-            if (core && quiet == 1 && waiting == 0) { /* the step's begin first, as phase() */
-                PyObject *r = prof_activity(h->prof, NULL);
-                if (r == NULL) {
-                    Py_DECREF(result);
-                    return NULL;
-                }
-                Py_DECREF(r);
+            if (core && quiet == 1 && waiting == 0) {
+                /* the step's begin first, as phase(); not for an idle range (see ranges.py) */
+                int idle = idle_range(h->capture, name);
+                PyObject *r = idle == 0 ? prof_activity(h->prof, NULL) : NULL;
+                failed = idle < 0 || (idle == 0 && r == NULL);
+                Py_XDECREF(r);
             } else {
                 common = 0;
             }
         }
+        if (failed) {
+            Py_DECREF(name);
+            Py_DECREF(result);
+            return NULL;
+        }
     }
+    Py_XDECREF(name);
     PyObject *r;
     if (common) {
         Py_INCREF(chain);
@@ -1799,9 +1866,9 @@ static PyObject *hook_enter(HookObject *h, PyObject *obj) {
     return result;
 }
 
-/* after_optimizer (the step boundary) failed: an Exception is reported in one line and dropped,
+/* at_top's call (the step boundary) failed: an Exception is reported in one line and dropped,
  * so the program's optimizer step goes on; an interrupt propagates. The line is
- * pytorch/ranges.py's BOUNDARY_FAILED, which its Python twin prints. */
+ * record/recorder.py's BOUNDARY_FAILED, which its Python twins print. */
 static int boundary_failed(void) {
     if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
     PyObject *type, *value, *tb;
@@ -1823,39 +1890,6 @@ static int hook_exit_rest(HookObject *h, PyObject *obj) {
         if (r == NULL) return -1;
         Py_DECREF(r);
     }
-    PyObject *after = capture_flag(h->capture, 1);
-    if (after == NULL) return -1;
-    if (after == Py_None) {
-        Py_DECREF(after);
-        return 0;
-    }
-    /* set: a str name and a CaptureFlags' after_prefix are matched here (the step driver's
-     * boundary at the end of torch's optimizer range), anything else is rest()'s */
-    PyObject *prefix = PyObject_TypeCheck(h->capture, &FlagsType)
-        ? ((FlagsObject *)h->capture)->after_prefix : NULL;
-    PyObject *name = prefix != NULL && PyUnicode_CheckExact(prefix)
-        ? PyObject_GetAttr(obj, pn.name) : NULL;
-    if (name != NULL && PyUnicode_CheckExact(name)) {
-        Py_ssize_t m = PyUnicode_Tailmatch(name, prefix, 0, PY_SSIZE_T_MAX, -1);
-        Py_DECREF(name);
-        if (m == 1) { /* taken before the call: the boundary is made once */
-            FlagsObject *f = (FlagsObject *)h->capture;
-            if (f->after_optimizer == after) Py_SETREF(f->after_optimizer, Py_NewRef(Py_None));
-            PyObject *r = PyObject_CallNoArgs(after);
-            Py_DECREF(after);
-            if (r == NULL) return boundary_failed();
-            Py_DECREF(r);
-            return 0;
-        }
-        Py_DECREF(after);
-        return m < 0 ? -1 : 0;
-    }
-    Py_XDECREF(name);
-    Py_DECREF(after);
-    if (keep_interrupts() < 0) return -1; /* (a name that raised: rest() reads it again) */
-    PyObject *r = PyObject_CallOneArg(h->rest, obj);
-    if (r == NULL) return -1;
-    Py_DECREF(r);
     return 0;
 }
 
@@ -1980,6 +2014,13 @@ static PyMethodDef module_methods[] = {
     {"size", f_size, METH_NOARGS, "int64 words recorded and not yet drained (3 per event)."},
     {"lost", f_lost, METH_NOARGS, "Events not stored for lack of memory."},
     {"clear", f_clear, METH_NOARGS, "Forget everything recorded."},
+    {"summary_depth", f_summary_depth, METH_NOARGS,
+     "The summary ranges open on the calling thread (as its Emit calls began and ended them)."},
+    {"at_top", f_at_top, METH_O,
+     "at_top(fn) -> the fn it replaces: call fn after the end that closes the calling "
+     "thread's outermost summary range (None: no call)."},
+    {"reset_depth", f_reset_depth, METH_NOARGS,
+     "Every thread's summary_depth to 0, and at_top's call dropped."},
     {"withdraw", f_withdraw, METH_VARARGS, "withdraw(code, ts, ident, null_code, lookback)."},
     {"set_mode", f_set_mode, METH_O, "set_mode(mode): 0 off, 1 record, 2 delegate."},
     {"set_recording", f_set_recording, METH_O,

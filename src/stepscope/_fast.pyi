@@ -103,14 +103,14 @@ class CaptureFlags:
     ``pytorch.ranges.RangeCapture``)."""
 
     waiting: Any
-    after_optimizer: Any
-    after_prefix: Any  # where a str: after_optimizer is called at the exit of a range so named
+    idle_prefix: Any  # where a str: a range so named does not open a quiet step (no _activity)
 
 class ContextHook:
     """``ContextHook(which, original, rest, prof, capture, by_name, end, main, opened,
     max_open)``: a class's ``__enter__`` (``which`` 0) or ``__exit__`` (1) that calls
-    ``original`` and then records the range's begin or end (``pytorch/ranges.py``; the other
-    cases go to ``rest``). ``opened``: the objects whose range is open, shared by the pair."""
+    ``original`` and then records the range's begin or end (``pytorch/ranges.py``; the begins
+    of other cases go to ``rest``; ``__exit__`` never calls it). ``opened``: the objects whose
+    range is open, shared by the pair."""
 
     def __init__(self, which: int, original: Callable[..., Any], rest: Callable[[Any], Any],
                  prof: Any, capture: Any, by_name: dict[str, Any], end: Callable[[], Any],
@@ -134,6 +134,18 @@ def lost() -> int:
 
 def clear() -> None:
     """Forget everything recorded."""
+
+def summary_depth() -> int:
+    """The summary ranges open on the calling thread, as its ``Emit`` calls began and ended
+    them (an end with none counted leaves 0)."""
+
+def at_top(fn: Callable[[], Any] | None, /) -> Callable[[], Any] | None:
+    """Call ``fn`` (once) after the ``Emit`` end that closes the calling thread's outermost
+    summary range; an Exception it raises is one line on stderr. None: no call. Returns the
+    call it replaces, if that was still to come."""
+
+def reset_depth() -> None:
+    """Every thread's ``summary_depth`` to 0 (at its next ``Emit``), ``at_top``'s call dropped."""
 
 def withdraw(code: int, ts: int, ident: int, null_code: int, lookback: int, /) -> bool:
     """Turn the recorded event (code, ts, ident) into ``null_code``, searching the last

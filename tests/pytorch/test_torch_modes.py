@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 
@@ -121,9 +122,11 @@ def test_optimizer_steps_without_a_loader_hold_their_ranges_across_flushes(tmp_p
 
 def test_zero_code_steps_run_no_python_of_the_capture_but_the_optimizer_hook(tmp_path):
     """With the C buffer, the step an optimizer step opens is begun by its first range in C
-    (the ContextHook calls the profiler's _activity where Python's enter_rest did): per step,
-    the only Python of stepscope is the optimizer post-hook that torch calls, and the ranges
-    still nest in the steps they belong to."""
+    (the ContextHook calls the profiler's _activity where Python's enter_rest did; torch's
+    zero_grad range does not begin it), and the boundary is made by the C end of torch's
+    Optimizer.step# range (_fast's at_top): per step, the only Python of stepscope is the
+    optimizer post-hook that torch calls, and the ranges still nest in the steps they belong
+    to."""
     from stepscope.record import recorder
 
     if recorder.fast is None:
@@ -151,10 +154,112 @@ def test_zero_code_steps_run_no_python_of_the_capture_but_the_optimizer_hook(tmp
     assert calls == {"_on_optimizer_step": 10}
     d = tq.db(tmp_path / "z" / "rank0.summary.pftrace")
     got = _nested(d, "step", "record_function")
-    assert [st["name"] for st, _ in got] == [f"step {k}" for k in range(14)]
+    assert [st["name"] for st, _ in got] == [f"step {k}" for k in range(13)]
     names = [[r["name"].split("#")[0] for r in inner] for _, inner in got]
-    assert names == [["Optimizer.step"]] + [["Optimizer.zero_grad", "Optimizer.step"]] * 12 + [
-        ["Optimizer.zero_grad"]]
+    assert names == [["Optimizer.step"]] + [["Optimizer.zero_grad", "Optimizer.step"]] * 12
+    # the tail after the 13th optimizer step, its zero_grad only, is no step of its own
+    tail = tq.slices(d, "s.category = 'record_function' AND s.depth = 0")
+    assert [r["name"].split("#")[0] for r in tail] == ["Optimizer.zero_grad"]
+    assert tail[0]["ts"] >= got[-1][0]["ts"] + got[-1][0]["dur"]
+    assert prof.timer.steps == 13
+
+
+PHASED_LOOP = textwrap.dedent("""
+    import contextlib, sys, torch, stepscope
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1))
+    opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    opt2 = torch.optim.SGD(model[1].parameters(), lr=0.1)
+    rf = torch.autograd.profiler.record_function
+    loop = sys.argv[2]
+    with stepscope.Profiler(dir=sys.argv[1], run_id="r", schedule=None, step_on="optimizer",
+                            host_metrics=False, report=False, use_env=False, torch=True) as prof:
+        with rf("train") if loop == "span" else contextlib.nullcontext():
+            for i in range(4):
+                with stepscope.phase("Forward"):
+                    loss = model(torch.randn(2, 4)).sum()
+                with stepscope.phase("Backward"):
+                    loss.backward()
+                if loop == "ranges":  # the program's own ranges around it, two deep
+                    with rf("update"):
+                        with stepscope.phase("Optimization"):
+                            opt.step()
+                        opt.zero_grad()
+                else:
+                    with stepscope.phase("Optimization"):
+                        opt.step()
+                        if loop == "two optimizers":
+                            opt2.step()
+                        opt.zero_grad()
+        print("STEPS", prof.timer.steps)
+""")
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["C", "pure-Python"])
+@pytest.mark.parametrize("loop", ["phases", "ranges", "two optimizers"])
+def test_an_optimizer_step_inside_the_programs_ranges_ends_its_step_after_them(tmp_path, loop,
+                                                                               pure):
+    """A loop without a DataLoader whose optimizer step is inside the program's ranges (the
+    phase "Optimization", a record_function around it): the step ends after the end of the
+    outermost, not at torch's Optimizer.step# exit, which cut the phase in two (its end closed
+    the step, and the phase's end the next step: 4 steps nested in one). So 4 iterations are 4
+    steps, one after another, each holding its phases whole, zero_grad included; two optimizer
+    steps in one phase end one step."""
+    d = _run_phased_loop(tmp_path, loop, pure)
+    steps = tq.slices(d, "s.category = 'step'")
+    assert [(st["name"], st["depth"]) for st in steps] == [(f"step {k}", 0) for k in range(4)]
+    for a, b in zip(steps, steps[1:], strict=False):
+        assert a["ts"] + a["dur"] == b["ts"]  # one after another
+
+    def children(sl: dict) -> list[dict]:
+        return tq.slices(d, f"s.parent_id = {sl['id']}")
+
+    last = "update" if loop == "ranges" else "Optimization"
+    for i, st in enumerate(steps):
+        kids = children(st)
+        assert [k["name"] for k in kids] == ["Forward", "Backward", last]
+        # the boundary: after the end of the last range, before the next Forward
+        assert kids[-1]["ts"] + kids[-1]["dur"] <= st["ts"] + st["dur"]
+        if i < 3:
+            assert st["ts"] + st["dur"] <= children(steps[i + 1])[0]["ts"]
+        if loop == "ranges":
+            inner = children(kids[-1])
+            assert [k["name"].split("#")[0] for k in inner] == ["Optimization",
+                                                                 "Optimizer.zero_grad"]
+            kids = inner
+        torch_ranges = children(kids[0]) if loop == "ranges" else children(kids[-1])
+        names = [k["name"].split("#")[0] for k in torch_ranges]
+        assert names == {"ranges": ["Optimizer.step"],
+                         "phases": ["Optimizer.step", "Optimizer.zero_grad"],
+                         "two optimizers": ["Optimizer.step"] * 2 + ["Optimizer.zero_grad"]}[loop]
+    # every range is in a step: none was cut
+    assert tq.rows(d, "SELECT count(*) AS n FROM slice s WHERE s.depth = 0")[0]["n"] == 4
+
+
+def _run_phased_loop(tmp_path, loop: str, pure: bool) -> Any:
+    script = tmp_path / "loop.py"
+    script.write_text(PHASED_LOOP)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
+               STEPSCOPE_PURE_PYTHON="1" if pure else "0")
+    out = subprocess.run([sys.executable, str(script), str(tmp_path), loop], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""
+    assert out.stdout.split("STEPS")[1].split() == ["4"]  # the step timer's count
+    return tq.db(tmp_path / "r" / "rank0.summary.pftrace")
+
+
+def test_a_range_around_the_whole_loop_leaves_a_step_per_iteration(tmp_path):
+    """A record_function around the whole loop never closes between optimizer steps: each
+    step ends at the next iteration's first module forward (the ranges cannot nest either
+    way), so 4 iterations are still 4 steps, not one, and each begins inside that
+    iteration's Forward phase, before its Backward."""
+    d = _run_phased_loop(tmp_path, "span", pure=False)
+    steps = tq.slices(d, "s.category = 'step'")
+    fwd, bwd = (tq.slices(d, f"s.name = '{n}'") for n in ("Forward", "Backward"))
+    assert [st["name"] for st in steps] == [f"step {k}" for k in range(4)]
+    assert len(fwd) == len(bwd) == 4
+    for st, f, b in zip(steps[1:], fwd[1:], bwd[1:], strict=True):
+        assert f["ts"] < st["ts"] < b["ts"]  # (begins only: the ends nest as they can)
 
 
 def test_loader_waits_stay_in_their_steps_across_flushes(tmp_path):

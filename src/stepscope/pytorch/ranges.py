@@ -36,7 +36,6 @@ see :mod:`.operators`); TorchScript-compiled ``record_function`` neither.
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Any
 
@@ -82,11 +81,8 @@ def recorded_names() -> set:
     return {name for name, cat in list(_chains) if cat == S.CAT_RECORD_FUNCTION} | _in_wait
 
 
-# the name torch gives every optimizer step's record_function range ("Optimizer.step#SGD.step")
-OPTIMIZER_RANGE_PREFIX = "Optimizer.step#"
-# the one line a failed step boundary prints (the program's optimizer step goes on); the C hook
-# (_fast.c, boundary_failed) prints the same
-BOUNDARY_FAILED = "stepscope: optimizer step boundary failed: {!r}"
+# the name torch gives every optimizer's zero_grad() range ("Optimizer.zero_grad#SGD.zero_grad")
+IDLE_RANGE_PREFIX = "Optimizer.zero_grad#"
 
 # at most this many record_function objects open at once (entered and not exited: a program
 # may enter one and drop it), else no new range begins (the C hooks get it too)
@@ -138,17 +134,16 @@ class RangeCapture(_Flags):
     def __init__(self, prof: Any) -> None:
         self.prof = prof
         self.waiting = False  # the profiler's thread is inside a DataLoader next() (steps.py)
+        # a range whose name starts so does not make a quiet step a step: torch's
+        # "Optimizer.zero_grad#" after an optimizer step, in a loop without a DataLoader, is
+        # no work of the step that opens there, so the last one leaves no step of its own
+        self.idle_prefix = IDLE_RANGE_PREFIX
         self._patched: list[tuple[Any, str, Any]] = []
         self._ids = _RangeIds()
         # the record_function objects whose range is open, in the order they were entered
         # (see _fast.c, ContextHook, and _take_open)
         self.opened: list[Any] = []
         self.installed = False
-        # called (once) after the end of torch's "Optimizer.step#..." range (the step driver's
-        # safe point for a step boundary in a loop without a DataLoader: the profiler's step());
-        # the C hook matches the prefix itself
-        self.after_optimizer: Any = None
-        self.after_prefix = OPTIMIZER_RANGE_PREFIX
 
     def start(self) -> None:
         import torch.autograd.profiler as ap
@@ -176,7 +171,9 @@ class RangeCapture(_Flags):
                     if len(_in_wait) < MAX_CACHED_NAMES and type(name) is str:
                         _in_wait.add(name)
                     return
-                prof._activity()  # noqa: SLF001
+                prefix = capture.idle_prefix
+                if not (type(name) is str and type(prefix) is str and name.startswith(prefix)):
+                    prof._activity()  # noqa: SLF001
             c = by_name.get(name) if type(name) is str else None
             if c is not None:
                 c()
@@ -186,23 +183,11 @@ class RangeCapture(_Flags):
                     by_name[name] = _chains.get((name, cat))
             opened.append(self)
 
-        def exit_rest(self: Any) -> None:
-            """After torch's ``__exit__`` and the range's end: a step boundary held back for
-            the end of torch's ``Optimizer.step#`` range (the step driver's)."""
-            prefix = capture.after_prefix  # (the field the C hook matches too)
-            if (capture.after_optimizer is not None and type(prefix) is str
-                    and str(self.name).startswith(prefix)):
-                after, capture.after_optimizer = capture.after_optimizer, None
-                try:
-                    after()
-                except Exception as exc:
-                    print(BOUNDARY_FAILED.format(exc), file=sys.stderr)
-
         if recorder.fast is not None:  # the common case of both in C (_fast.ContextHook)
             hook = recorder.fast.ContextHook
             args = (prof, capture, by_name, _end, main, opened, MAX_OPEN)
             __enter__ = hook(0, o_enter, enter_rest, *args)
-            __exit__ = hook(1, o_exit, exit_rest, *args)
+            __exit__ = hook(1, o_exit, recorder.noop, *args)  # (its rest is never called)
         else:
             def __enter__(self: Any) -> Any:
                 result = o_enter(self)
@@ -216,8 +201,6 @@ class RangeCapture(_Flags):
                 finally:
                     if _take_open(opened, self) and recorder.ON:
                         _end()
-                    if capture.after_optimizer is not None:
-                        exit_rest(self)
 
         self._patch(rf, "__enter__", __enter__)
         self._patch(rf, "__exit__", __exit__)

@@ -8,9 +8,14 @@
   Iteration inside ``prof.dataloader`` is left to it (no double count).
 * **Steps** with ``step_on="optimizer"``: torch's global optimizer step post-hook
   (``torch.optim.optimizer.register_optimizer_step_post_hook``) ends the step at every
-  ``optimizer.step()`` (several optimizers: one step each), at the next batch wait (or, in a
-  loop without a DataLoader, at the end of torch's ``Optimizer.step#`` range), where no range is
-  open. Step 0 starts at the first batch wait or module forward, not at ``Profiler.start()``
+  ``optimizer.step()`` (several optimizers: one step each), at the next batch wait, or, in a
+  loop without a DataLoader, after the end of torch's ``Optimizer.step#`` range, or of the
+  program's outermost range around it (its phase "Optimization", say: a boundary cuts no range
+  of the thread; several optimizer steps inside one such range end one step). Ranges that
+  span the loop (a record_function around it) cannot nest in steps: the step then ends at the
+  next iteration's first module forward. A step opened at a boundary that gets no work but
+  torch's ``Optimizer.zero_grad#`` range (the loop's tail after its last optimizer step) is no
+  step. Step 0 starts at the first batch wait or module forward, not at ``Profiler.start()``
   (under ``stepscope run`` that is interpreter start): the profiler leaves it pending
   (``start(open_step=False)``). The waits use the profiler's own wait recording
   (``Profiler._wait_begin``/``_wait_end``/``_wait_exhausted``, as ``prof.dataloader``): a step
@@ -29,7 +34,7 @@ import threading
 import time
 from typing import Any
 
-from .ranges import BOUNDARY_FAILED
+from ..record import recorder as rec
 
 
 class StepDriver:
@@ -46,14 +51,15 @@ class StepDriver:
         self.boundary_pending = False  # an optimizer step happened; the step ends at a safe point
         self.loader_seen = False
         self._epoch_ended = False
-        self.ranges: Any = None  # the RangeCapture, whose Optimizer.step# exit makes boundaries
-        # the boundary that exit makes: the class's step() (under step_on="auto" the instance's
-        # is the program's), bound once; with the C buffer a C method, so the hook calls it
-        # without a Python frame
+        self.ranges: Any = None  # the RangeCapture (torch's ranges nest in the steps)
+        # the boundary after an optimizer step: the class's step() (under step_on="auto" the
+        # instance's is the program's), bound once; with the C buffer a C method, so the range
+        # end that makes it (at_top) calls it without a Python frame
         self._boundary = type(prof).step.__get__(prof, type(prof))
 
     # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
+        rec.reset_depth()  # (ranges still open from an earlier profiler are no concern of ours)
         self._patch_loader()
         if self.mode in ("optimizer", "auto"):
             from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -66,8 +72,6 @@ class StepDriver:
 
     def stop(self) -> None:
         self.flush_boundary()
-        if self.ranges is not None:
-            self.ranges.after_optimizer = None
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -86,7 +90,12 @@ class StepDriver:
             self.prof.epoch()
 
     def _resume(self) -> None:
-        """A module forward: a pending step opens here (it has work)."""
+        """A module forward: a boundary still held back for the program's ranges around an
+        optimizer step is made here (they span the loop's iterations: nothing nests in them, so
+        the step ends as its next one begins); a pending step opens here (it has work)."""
+        if rec.at_top(None) is not None:
+            self.boundary_pending = True
+            self.flush_boundary()
         prof = self.prof
         if self._epoch_ended:
             self._new_epoch()
@@ -116,8 +125,12 @@ class StepDriver:
         self._auto_stepped = True
         if self.loader_seen:
             self.boundary_pending = True  # made at the next batch wait
-        elif self.ranges is not None and self.ranges.installed:
-            self.ranges.after_optimizer = self._boundary  # made at the Optimizer.step# exit
+            return
+        depth = rec.summary_depth()  # torch's Optimizer.step# range, and the program's around
+        if depth > 0:  # made after the end of the outermost (a C call; it replaces the
+            rec.at_top(self._boundary)  # boundary of an earlier optimizer step inside them)
+            if depth > 1:
+                self._watch_forward()  # ... or, where they span the loop, at the next forward
         else:
             self.boundary_pending = True
             self.flush_boundary()
@@ -125,16 +138,14 @@ class StepDriver:
     def flush_boundary(self) -> None:
         """Make the step boundary an optimizer step asked for, if it is still to be made (at a
         safe point: a batch wait, stop(), the program's first step() under "auto")."""
-        ranges = self.ranges
-        if ranges is not None and ranges.after_optimizer is not None:
-            ranges.after_optimizer = None  # (its range has not ended: made here instead)
+        if rec.at_top(None) is not None:  # (its ranges have not ended: made here instead)
             self.boundary_pending = True
         if self.boundary_pending:
             self.boundary_pending = False
             try:
                 self._boundary()
             except Exception as exc:
-                print(BOUNDARY_FAILED.format(exc), file=sys.stderr)
+                print(rec.BOUNDARY_FAILED.format(exc), file=sys.stderr)
 
     def _user_step(self, num_samples: float | None = None, epoch: int | None = None) -> None:
         """``step_on="auto"``: the program makes its own steps from its first call on."""

@@ -10,7 +10,9 @@ With the C extension ``_fast`` (built on Linux when a compiler is at hand), the 
 int64 array in C instead, as in viztracer: no Python int is made per event, and the writer takes
 raw bytes. Both buffers behave alike; ``STEPSCOPE_PURE_PYTHON=1`` forces the list. Without the
 extension, range begins are recorded by a chain of C callables built once per event kind
-(``next(map(extend, zip(repeat(code), iter(clock), iter(get_ident))))``): no Python frame runs.
+(``next(map(extend, zip(repeat(code), iter(clock), iter(get_ident))))``): no Python frame runs,
+but for a summary range's begin and end, which also count the thread's open summary ranges
+(``summary_depth``/``at_top``, as the C ``Emit`` does).
 
 Codes (see ``code()``): ``eid << 3 | level << 2 | kind`` for events whose name is in the event
 table, and ``-k`` for a "blob", an event with arguments or an explicit track whose description
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 import warnings
 from functools import partial
@@ -46,6 +49,10 @@ BEGIN, END, INSTANT = 0, 1, 2
 # Kinds that only exist as blobs:
 COUNTER = 3
 
+# a step boundary at_top called failed: one line, and the program goes on (_fast.c's
+# boundary_failed prints the same)
+BOUNDARY_FAILED = "stepscope: optimizer step boundary failed: {!r}"
+
 MAX_NAME_CHARS = 1024  # longer names are cut (with one warning): they would bloat every sequence
 
 
@@ -59,8 +66,9 @@ END_SUMMARY = code(0, LEVEL_SUMMARY, END)
 
 # --- the buffer ---------------------------------------------------------------------------------
 fast = load_extension("stepscope._fast")
-if fast is not None and getattr(fast, "THREAD_MARK", None) != THREAD:
-    fast = None  # a stale build that writes no thread marks: the pure-Python twin instead
+if fast is not None and (getattr(fast, "THREAD_MARK", None) != THREAD
+                         or not hasattr(fast, "summary_depth")):
+    fast = None  # a stale build (no thread marks, no range count): the pure-Python twin instead
 
 # True while a session records: summary-level events (steps, phases, counters) are kept.
 ON = False
@@ -70,6 +78,11 @@ DETAIL = False
 if fast is not None:
     _ext = fast.extend
     chain = fast.Emit  # chain(code)() records (code, now, thread ident); ignores arguments
+    # the summary ranges open on the calling thread, as its chains began and ended them, and
+    # at_top(fn): fn called after the end that closes the outermost (see _fast.c, Emit)
+    summary_depth = fast.summary_depth
+    at_top = fast.at_top
+    reset_depth = fast.reset_depth
     noop = fast.noop  # a C callable taking any arguments, returning None
     pending_words = fast.size  # int64 words recorded and not drained yet (3 per event)
     lost_events = fast.lost  # events not stored for lack of memory
@@ -87,11 +100,57 @@ else:
     events: list[int] = []
     _ext = events.extend
 
-    def chain(code_: int) -> partial:
-        """A zero-argument C callable that appends ``(code_, now, thread ident)`` atomically."""
+    def _chain(code_: int) -> partial:
         return partial(
             next, map(_ext, zip(repeat(code_), iter(perf_counter_ns, None),
                                 iter(get_ident, None))))
+
+    _depths = threading.local()  # .n: the thread's open summary ranges, .epoch: as of when
+    _depth_epoch = [1]
+    _at_top: list[Any] = [None, 0]  # (fn, its thread's ident)
+
+    def summary_depth() -> int:
+        d = _depths
+        if getattr(d, "epoch", 0) != _depth_epoch[0]:
+            d.n, d.epoch = 0, _depth_epoch[0]
+        return d.n
+
+    def at_top(fn: Any) -> Any:
+        was = _at_top[0]
+        _at_top[:] = [fn, get_ident()]
+        return was
+
+    def reset_depth() -> None:
+        _depth_epoch[0] += 1
+        _at_top[0] = None
+
+    def chain(code_: int) -> Any:
+        """A zero-argument callable that appends ``(code_, now, thread ident)`` atomically: a
+        chain of C callables, with a Python frame for a summary begin or end (the depth count
+        that ``at_top`` needs, as _fast.c's Emit keeps it)."""
+        put = _chain(code_)
+        if code_ < 0 or (code_ >> 2) & 1 != LEVEL_SUMMARY or code_ & 3 > END:
+            return put
+        if code_ & 3 == BEGIN:
+            def begin(*_: Any) -> None:
+                put()
+                _depths.n = summary_depth() + 1
+            return begin
+
+        def end(*_: Any) -> None:
+            put()
+            n = summary_depth()
+            if n == 0:
+                return
+            _depths.n = n - 1
+            fn = _at_top[0]
+            if n == 1 and fn is not None and _at_top[1] == get_ident():
+                _at_top[0] = None
+                try:
+                    fn()
+                except Exception as exc:  # (as _fast.c's boundary_failed)
+                    print(BOUNDARY_FAILED.format(exc), file=sys.stderr)
+        return end
 
     def pending_words() -> int:
         return len(events)

@@ -536,6 +536,48 @@ def test_at_top_calls_once_after_the_end_of_the_outermost_summary_range(pure, ca
     assert log == [0, "second"]
 
 
+@pytest.mark.parametrize("pure", [False, True], ids=["C", "pure-Python"])
+def test_before_top_is_called_before_each_outermost_begin_until_it_says_true(pure, capsys):
+    """``before_top(fn)``: ``fn(code)`` runs before the begin of each outermost summary range
+    of the thread that set it (not of nested ones, not of detail ones, not on another thread),
+    until it returns True; ``reset_depth`` drops it. Both buffers alike."""
+    if pure:
+        rec = _pure_recorder()
+    else:
+        if _recorder.fast is None:
+            pytest.skip("no C extension")
+        rec = _recorder
+    a, b = rec.code(5, 1, rec.BEGIN), rec.code(6, 1, rec.BEGIN)
+    begin_a, begin_b, dbegin = rec.chain(a), rec.chain(b), rec.chain(rec.code(5, 0, rec.BEGIN))
+    end = rec.end_summary
+    log: list = []
+    answers = iter([False, True])
+    rec.reset_depth()
+
+    def fn(code):
+        log.append((code, rec.summary_depth()))
+        return next(answers)
+
+    assert rec.before_top(fn) is None
+    dbegin()
+    begin_a(), begin_b(), end(), end()  # a: outermost (False: again); b: nested
+    t = threading.Thread(target=lambda: (begin_a(), end()))
+    t.start()
+    t.join()
+    begin_b(), end()  # True: no more
+    begin_a(), end()
+    assert log == [(a, 0), (b, 0)]
+    rec.before_top(lambda code: 1 / 0)
+    begin_a(), end()  # a failure: one line, the begin recorded all the same
+    assert capsys.readouterr().err == rec.BOUNDARY_FAILED.format(ZeroDivisionError(
+        "division by zero")) + "\n"
+    assert rec.summary_depth() == 0
+    rec.before_top(lambda code: log.append("dropped"))
+    rec.reset_depth()
+    begin_a(), end()
+    assert log == [(a, 0), (b, 0)]
+
+
 def test_a_stale_build_without_the_range_count_is_not_used(tmp_path):
     """A ``_fast`` built from older sources (an editable install not rebuilt) that lacks
     ``summary_depth`` would fail at the first optimizer step: the recorder takes the

@@ -323,14 +323,18 @@ typedef struct {
  * record_function and captured nvtx ranges: every summary begin of a cached name and every
  * summary end), so that a boundary the program did not place itself (the step driver's, after an
  * optimizer step) is made where it cuts no range: at_top(fn) calls fn after the end that
- * closes the calling thread's outermost one. An end with no begin counted (a begin recorded
- * otherwise, a range begun before recording) leaves the count at 0. reset_depth() (a profiler's
- * start) zeroes every thread's count, each at its next Emit. */
+ * closes the calling thread's outermost one; before_top(fn) calls fn(code) before each begin
+ * of an outermost one (no range open), until fn returns True. An end with no begin counted (a
+ * begin recorded otherwise, a range begun before recording) leaves the count at 0.
+ * reset_depth() (a profiler's start) zeroes every thread's count, each at its next Emit, and
+ * drops both calls. */
 static __thread __attribute__((tls_model("initial-exec"))) long depth = 0;
 static __thread __attribute__((tls_model("initial-exec"))) int64_t depth_seen = 0;
 static int64_t depth_epoch = 1;
 static PyObject *at_top_fn = NULL; /* (owned) called once, on thread at_top_ident */
 static long long at_top_ident = 0;
+static PyObject *before_top_fn = NULL; /* (owned) called on thread before_top_ident */
+static long long before_top_ident = 0;
 
 static int boundary_failed(void);
 
@@ -345,13 +349,28 @@ static inline long *thread_depth(void) {
 static PyObject *emit_call(PyObject *self, PyObject *const *args, size_t nargsf,
                            PyObject *kwnames) {
     int64_t code = ((EmitObject *)self)->code;
-    put_now(code);
-    if (code < 0 || !(code & 4)) Py_RETURN_NONE; /* (bit 2: LEVEL_SUMMARY) */
+    if (code < 0 || !(code & 4)) { /* (bit 2: LEVEL_SUMMARY) */
+        put_now(code);
+        Py_RETURN_NONE;
+    }
     long *d = thread_depth();
     if ((code & 3) == 0) { /* BEGIN */
+        if (*d == 0 && before_top_fn != NULL
+            && before_top_ident == (long long)PyThread_get_thread_ident()) {
+            PyObject *fn = Py_NewRef(before_top_fn);
+            PyObject *c = PyLong_FromLongLong(code);
+            PyObject *r = c != NULL ? PyObject_CallOneArg(fn, c) : NULL;
+            Py_XDECREF(c);
+            if (r == Py_True && before_top_fn == fn) Py_CLEAR(before_top_fn); /* taken */
+            Py_DECREF(fn);
+            if (r == NULL && boundary_failed() < 0) return NULL;
+            Py_XDECREF(r);
+        }
+        put_now(code);
         ++*d;
         Py_RETURN_NONE;
     }
+    put_now(code);
     if ((code & 3) != 1 || *d == 0) Py_RETURN_NONE;
     if (--*d == 0 && at_top_fn != NULL
         && at_top_ident == (long long)PyThread_get_thread_ident()) {
@@ -376,9 +395,17 @@ static PyObject *f_at_top(PyObject *self, PyObject *fn) {
     return was != NULL ? was : Py_NewRef(Py_None);
 }
 
+static PyObject *f_before_top(PyObject *self, PyObject *fn) {
+    PyObject *was = before_top_fn; /* (returned: the call it replaces) */
+    before_top_fn = fn == Py_None ? NULL : Py_NewRef(fn);
+    before_top_ident = (long long)PyThread_get_thread_ident();
+    return was != NULL ? was : Py_NewRef(Py_None);
+}
+
 static PyObject *f_reset_depth(PyObject *self, PyObject *unused) {
     depth_epoch++;
     Py_CLEAR(at_top_fn);
+    Py_CLEAR(before_top_fn);
     Py_RETURN_NONE;
 }
 
@@ -2019,8 +2046,11 @@ static PyMethodDef module_methods[] = {
     {"at_top", f_at_top, METH_O,
      "at_top(fn) -> the fn it replaces: call fn after the end that closes the calling "
      "thread's outermost summary range (None: no call)."},
+    {"before_top", f_before_top, METH_O,
+     "before_top(fn) -> the fn it replaces: call fn(code) before each begin of an outermost "
+     "summary range of the calling thread, until it returns True (None: no call)."},
     {"reset_depth", f_reset_depth, METH_NOARGS,
-     "Every thread's summary_depth to 0, and at_top's call dropped."},
+     "Every thread's summary_depth to 0, and at_top's and before_top's calls dropped."},
     {"withdraw", f_withdraw, METH_VARARGS, "withdraw(code, ts, ident, null_code, lookback)."},
     {"set_mode", f_set_mode, METH_O, "set_mode(mode): 0 off, 1 record, 2 delegate."},
     {"set_recording", f_set_recording, METH_O,

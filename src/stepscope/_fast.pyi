@@ -144,8 +144,14 @@ def at_top(fn: Callable[[], Any] | None, /) -> Callable[[], Any] | None:
     summary range; an Exception it raises is one line on stderr. None: no call. Returns the
     call it replaces, if that was still to come."""
 
+def before_top(fn: Callable[[int], Any] | None, /) -> Callable[[int], Any] | None:
+    """Call ``fn(code)`` before each ``Emit`` begin (of that code) of an outermost summary range
+    of the calling thread (none open), until it returns True; an Exception it raises is one
+    line on stderr. None: no call. Returns the call it replaces."""
+
 def reset_depth() -> None:
-    """Every thread's ``summary_depth`` to 0 (at its next ``Emit``), ``at_top``'s call dropped."""
+    """Every thread's ``summary_depth`` to 0 (at its next ``Emit``); the calls of ``at_top`` and
+    ``before_top`` dropped."""
 
 def withdraw(code: int, ts: int, ident: int, null_code: int, lookback: int, /) -> bool:
     """Turn the recorded event (code, ts, ident) into ``null_code``, searching the last

@@ -248,6 +248,59 @@ def _run_phased_loop(tmp_path, loop: str, pure: bool) -> Any:
     return tq.db(tmp_path / "r" / "rank0.summary.pftrace")
 
 
+LOADER_IN_A_PHASE = textwrap.dedent("""
+    import sys, torch, stepscope
+    from torch.utils.data import DataLoader, TensorDataset
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4)
+    with stepscope.Profiler(dir=sys.argv[1], run_id="r", schedule=None, step_on="optimizer",
+                            host_metrics=False, report=False, use_env=False, torch=True) as prof:
+        it = iter(loader)
+        while True:
+            with stepscope.phase("Dataloader"):
+                try:
+                    (x,) = next(it)
+                except StopIteration:
+                    break
+            with stepscope.phase("Forward"):
+                loss = model(x).sum()
+            with stepscope.phase("Backward"):
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+        print("STEPS", prof.timer.steps)
+""")
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["C", "pure-Python"])
+def test_a_batch_wait_inside_a_phase_opens_its_step_before_the_phase(tmp_path, pure):
+    """With a DataLoader, an optimizer step's boundary was made at the next batch wait: inside
+    the program's phase "Dataloader" around it, whose end then closed the step (4 steps nested
+    in one). It is made before that phase begins instead (torch's zero_grad range, which comes
+    first, stays in the step that ends): 4 batches are 4 steps of 4 ranges each, the wait in
+    its phase; the last pass's phase, which found the loader exhausted, is in no step."""
+    script = tmp_path / "loop.py"
+    script.write_text(LOADER_IN_A_PHASE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
+               STEPSCOPE_PURE_PYTHON="1" if pure else "0")
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert out.stdout.split("STEPS")[1].split() == ["4"]
+    d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
+    top = tq.slices(d, "s.depth = 0")
+    assert [t["name"] for t in top] == [f"step {k}" for k in range(4)] + ["Dataloader"]
+    for a, b in zip(top, top[1:-1], strict=False):
+        assert a["ts"] + a["dur"] == b["ts"]
+    for st in top[:4]:
+        kids = tq.slices(d, f"s.parent_id = {st['id']}")
+        assert [k["name"].split("#")[0] for k in kids] == [
+            "Dataloader", "Forward", "Backward", "Optimizer.step", "Optimizer.zero_grad"]
+        waits = tq.slices(d, f"s.parent_id = {kids[0]['id']} AND s.category = 'dataloader'")
+        assert len(waits) == 1
+
+
 def test_a_range_around_the_whole_loop_leaves_a_step_per_iteration(tmp_path):
     """A record_function around the whole loop never closes between optimizer steps: each
     step ends at the next iteration's first module forward (the ranges cannot nest either

@@ -8,14 +8,16 @@
   Iteration inside ``prof.dataloader`` is left to it (no double count).
 * **Steps** with ``step_on="optimizer"``: torch's global optimizer step post-hook
   (``torch.optim.optimizer.register_optimizer_step_post_hook``) ends the step at every
-  ``optimizer.step()`` (several optimizers: one step each), at the next batch wait, or, in a
-  loop without a DataLoader, after the end of torch's ``Optimizer.step#`` range, or of the
-  program's outermost range around it (its phase "Optimization", say: a boundary cuts no range
-  of the thread; several optimizer steps inside one such range end one step). Ranges that
-  span the loop (a record_function around it) cannot nest in steps: the step then ends at the
-  next iteration's first module forward. A step opened at a boundary that gets no work but
-  torch's ``Optimizer.zero_grad#`` range (the loop's tail after its last optimizer step) is no
-  step. Step 0 starts at the first batch wait or module forward, not at ``Profiler.start()``
+  ``optimizer.step()`` (several optimizers: one step each), where it cuts no range of the
+  thread: at the next batch wait, or before the next range the program begins with none open
+  (its phase "Dataloader" around the wait, say; torch's zero_grad range excepted); in a loop
+  without a DataLoader, after the end of torch's ``Optimizer.step#`` range, or of the
+  program's outermost range around it (its phase "Optimization", say; several optimizer steps
+  inside one such range end one step). Ranges that span the loop (a record_function around
+  it) cannot nest in steps: the step then ends at the next iteration's first module forward.
+  A step opened at a boundary that gets no work but torch's ``Optimizer.zero_grad#`` range
+  (the loop's tail after its last optimizer step) is no step. Step 0 starts at the first
+  batch wait or module forward, not at ``Profiler.start()``
   (under ``stepscope run`` that is interpreter start): the profiler leaves it pending
   (``start(open_step=False)``). The waits use the profiler's own wait recording
   (``Profiler._wait_begin``/``_wait_end``/``_wait_exhausted``, as ``prof.dataloader``): a step
@@ -124,7 +126,8 @@ class StepDriver:
             return
         self._auto_stepped = True
         if self.loader_seen:
-            self.boundary_pending = True  # made at the next batch wait
+            self.boundary_pending = True  # made at the next batch wait, or before the range
+            rec.before_top(self._before_range)  # of the program around it: its phase "Data"
             return
         depth = rec.summary_depth()  # torch's Optimizer.step# range, and the program's around
         if depth > 0:  # made after the end of the outermost (a C call; it replaces the
@@ -135,9 +138,20 @@ class StepDriver:
             self.boundary_pending = True
             self.flush_boundary()
 
+    def _before_range(self, code: int) -> bool:
+        """A range of the program begins, none open, after an optimizer step and before the
+        next batch wait: the step ends before it (True), unless it is torch's zero_grad."""
+        kind = rec.kinds[code >> 3] if 0 <= code >> 3 < len(rec.kinds) else None
+        prefix = self.ranges.idle_prefix if self.ranges is not None else None
+        if kind is not None and type(prefix) is str and kind.name.startswith(prefix):
+            return False
+        self.flush_boundary()
+        return True
+
     def flush_boundary(self) -> None:
         """Make the step boundary an optimizer step asked for, if it is still to be made (at a
         safe point: a batch wait, stop(), the program's first step() under "auto")."""
+        rec.before_top(None)
         if rec.at_top(None) is not None:  # (its ranges have not ended: made here instead)
             self.boundary_pending = True
         if self.boundary_pending:

@@ -78,10 +78,12 @@ DETAIL = False
 if fast is not None:
     _ext = fast.extend
     chain = fast.Emit  # chain(code)() records (code, now, thread ident); ignores arguments
-    # the summary ranges open on the calling thread, as its chains began and ended them, and
-    # at_top(fn): fn called after the end that closes the outermost (see _fast.c, Emit)
+    # the summary ranges open on the calling thread, as its chains began and ended them;
+    # at_top(fn): fn called after the end that closes the outermost; before_top(fn): fn(code)
+    # before each begin of an outermost one, until it returns True (see _fast.c, Emit)
     summary_depth = fast.summary_depth
     at_top = fast.at_top
+    before_top = fast.before_top
     reset_depth = fast.reset_depth
     noop = fast.noop  # a C callable taking any arguments, returning None
     pending_words = fast.size  # int64 words recorded and not drained yet (3 per event)
@@ -108,6 +110,7 @@ else:
     _depths = threading.local()  # .n: the thread's open summary ranges, .epoch: as of when
     _depth_epoch = [1]
     _at_top: list[Any] = [None, 0]  # (fn, its thread's ident)
+    _before_top: list[Any] = [None, 0]  # (fn, its thread's ident)
 
     def summary_depth() -> int:
         d = _depths
@@ -120,9 +123,14 @@ else:
         _at_top[:] = [fn, get_ident()]
         return was
 
+    def before_top(fn: Any) -> Any:
+        was = _before_top[0]
+        _before_top[:] = [fn, get_ident()]
+        return was
+
     def reset_depth() -> None:
         _depth_epoch[0] += 1
-        _at_top[0] = None
+        _at_top[0] = _before_top[0] = None
 
     def chain(code_: int) -> Any:
         """A zero-argument callable that appends ``(code_, now, thread ident)`` atomically: a
@@ -133,8 +141,16 @@ else:
             return put
         if code_ & 3 == BEGIN:
             def begin(*_: Any) -> None:
+                n = summary_depth()
+                fn = _before_top[0]
+                if n == 0 and fn is not None and _before_top[1] == get_ident():
+                    try:
+                        if fn(code_) is True and _before_top[0] is fn:
+                            _before_top[0] = None
+                    except Exception as exc:  # (as _fast.c's boundary_failed)
+                        print(BOUNDARY_FAILED.format(exc), file=sys.stderr)
                 put()
-                _depths.n = summary_depth() + 1
+                _depths.n = n + 1
             return begin
 
         def end(*_: Any) -> None:

@@ -483,12 +483,7 @@ def test_at_top_calls_once_after_the_end_of_the_outermost_summary_range(pure, ca
     after the end that brings the count to 0, on the thread that set it, and returns the call it
     replaces; a failing call is one line on stderr, an interrupt goes through; ``reset_depth``
     zeroes the count and drops the call. Both buffers alike."""
-    if pure:
-        rec = _pure_recorder()
-    else:
-        if _recorder.fast is None:
-            pytest.skip("no C extension")
-        rec = _recorder
+    rec = _recorder_of(pure)
     begin = rec.chain(rec.code(5, 1, rec.BEGIN))
     dbegin = rec.chain(rec.code(5, 0, rec.BEGIN))
     end, dend = rec.end_summary, rec.end_detail
@@ -541,12 +536,7 @@ def test_before_top_is_called_before_each_outermost_begin_until_it_says_true(pur
     """``before_top(fn)``: ``fn(code)`` runs before the begin of each outermost summary range
     of the thread that set it (not of nested ones, not of detail ones, not on another thread),
     until it returns True; ``reset_depth`` drops it. Both buffers alike."""
-    if pure:
-        rec = _pure_recorder()
-    else:
-        if _recorder.fast is None:
-            pytest.skip("no C extension")
-        rec = _recorder
+    rec = _recorder_of(pure)
     a, b = rec.code(5, 1, rec.BEGIN), rec.code(6, 1, rec.BEGIN)
     begin_a, begin_b, dbegin = rec.chain(a), rec.chain(b), rec.chain(rec.code(5, 0, rec.BEGIN))
     end = rec.end_summary
@@ -599,6 +589,16 @@ def test_a_stale_build_without_the_range_count_is_not_used(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout == "ok\n", out.stderr
+
+
+def _recorder_of(pure: bool):
+    """The recorder with the C buffer (the one in use; skipped without it), or a fresh copy with
+    the pure-Python one."""
+    if not pure:
+        if _recorder.fast is None:
+            pytest.skip("no C extension")
+        return _recorder
+    return _pure_recorder()
 
 
 def _pure_recorder():

@@ -346,8 +346,9 @@ class Session:
         self.drops.written()
         for sink in self.sinks:
             self._pipeline.send(sink)
-        for _, codes, _ in emitted:  # (a blob may serve many events)
-            for k in np.unique(-codes[codes < 0] & _recorder.BLOB_ID_MASK).tolist():
+        for _, codes, _ in emitted:  # (a blob may serve many events; a set, not np.unique,
+            # which imports numpy.ma on its first call: some 2 M instructions in a flush)
+            for k in set((-codes[codes < 0] & _recorder.BLOB_ID_MASK).tolist()):
                 _recorder.blobs.pop(k, None)
 
     def _run_flush_hooks(self) -> None:

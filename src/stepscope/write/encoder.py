@@ -419,7 +419,7 @@ def blob_templates(interner: Interner, prefix: bytes, keys: np.ndarray) -> list[
                 pass
     at = np.flatnonzero(item >= 0)
     if at.size:
-        for key in np.unique(k[at]).tolist():
+        for key in sorted(set(k[at].tolist())):  # (np.unique imports numpy.ma at first use)
             sel = at[k[at] == key]
             s = blobs.get(key)
             if s is None:

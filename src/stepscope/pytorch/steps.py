@@ -127,7 +127,7 @@ class StepDriver:
         self._auto_stepped = True
         if self.loader_seen:
             self.boundary_pending = True  # made at the next batch wait, or before the range
-            rec.before_top(self._before_range)  # of the program around it: its phase "Data"
+            rec.before_top(self._before_range)  # of the program around it ("Dataloader")
             return
         depth = rec.summary_depth()  # torch's Optimizer.step# range, and the program's around
         if depth > 0:  # made after the end of the outermost (a C call; it replaces the

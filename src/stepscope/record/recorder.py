@@ -12,7 +12,7 @@ raw bytes. Both buffers behave alike; ``STEPSCOPE_PURE_PYTHON=1`` forces the lis
 extension, range begins are recorded by a chain of C callables built once per event kind
 (``next(map(extend, zip(repeat(code), iter(clock), iter(get_ident))))``): no Python frame runs,
 but for a summary range's begin and end, which also count the thread's open summary ranges
-(``summary_depth``/``at_top``, as the C ``Emit`` does).
+(``summary_depth``, ``at_top``, ``before_top``, as the C ``Emit`` does).
 
 Codes (see ``code()``): ``eid << 3 | level << 2 | kind`` for events whose name is in the event
 table, and ``-k`` for a "blob", an event with arguments or an explicit track whose description

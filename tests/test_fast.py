@@ -568,6 +568,23 @@ def test_before_top_is_called_before_each_outermost_begin_until_it_says_true(pur
     assert log == [(a, 0), (b, 0)]
 
 
+@pytest.mark.parametrize("pure", [False, True], ids=["C", "pure-Python"])
+def test_thread_last_ts_is_the_latest_time_the_thread_recorded(pure):
+    """``thread_last_ts``: the latest timestamp the calling thread recorded (given times
+    included), not another thread's, and still after a drain took the events."""
+    rec = _recorder_of(pure)
+    before = rec.thread_last_ts()
+    rec._ext((rec.END_SUMMARY, before + 10**9, threading.get_ident()))  # (a given time)
+    t = threading.Thread(target=lambda: rec._ext((rec.END_SUMMARY, before + 10**12,
+                                                  threading.get_ident())))
+    t.start()
+    t.join()
+    assert rec.thread_last_ts() == before + 10**9
+    if pure:
+        rec.drain()
+        assert rec.thread_last_ts() == before + 10**9
+
+
 def test_a_stale_build_without_the_range_count_is_not_used(tmp_path):
     """A ``_fast`` built from older sources (an editable install not rebuilt) that lacks
     ``summary_depth`` would fail at the first optimizer step: the recorder takes the

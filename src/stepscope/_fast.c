@@ -74,6 +74,9 @@ static int grow(Py_ssize_t need) {
 static int64_t generation = 1; /* bumped by clear(): every thread marks itself again */
 /* initial-exec: a direct %fs access, not a __tls_get_addr call on every put() */
 static __thread __attribute__((tls_model("initial-exec"))) int64_t marked_generation = 0;
+/* the latest timestamp this thread recorded (thread_last_ts(): a time given for an event now,
+ * one read earlier, must not precede it: each thread's events stay in time order) */
+static __thread __attribute__((tls_model("initial-exec"))) int64_t last_ts = 0;
 
 static void mark_thread(void) {
     if (buf_len + 3 > buf_cap && grow(buf_len + 3) < 0) return; /* retried at the next event */
@@ -96,6 +99,7 @@ static inline void put(int64_t code, int64_t ts) {
     p[1] = ts;
     p[2] = (int64_t)PyThread_get_thread_ident();
     buf_len += 3;
+    if (ts > last_ts) last_ts = ts;
 }
 
 static inline void put_now(int64_t code) { put(code, now_ns()); }
@@ -135,6 +139,10 @@ static PyObject *f_extend(PyObject *self, PyObject *seq) {
     } else {
         memcpy(buf + buf_len, tmp, (size_t)n * sizeof(int64_t));
         buf_len += n;
+        const int64_t me = (int64_t)PyThread_get_thread_ident();
+        for (Py_ssize_t i = 0; i < n; i += 3)
+            if (tmp[i + 2] == me && tmp[i] != THREAD_MARK && tmp[i + 1] > last_ts)
+                last_ts = tmp[i + 1];
     }
     if (tmp != small) PyMem_Free(tmp);
     Py_RETURN_NONE;
@@ -154,6 +162,10 @@ static PyObject *f_drain(PyObject *self, PyObject *unused) {
 }
 
 static PyObject *f_size(PyObject *self, PyObject *unused) { return PyLong_FromSsize_t(buf_len); }
+
+static PyObject *f_thread_last_ts(PyObject *self, PyObject *unused) {
+    return PyLong_FromLongLong(last_ts);
+}
 
 static PyObject *f_lost(PyObject *self, PyObject *unused) { return PyLong_FromLongLong(lost); }
 
@@ -191,6 +203,8 @@ static void append_words(const int64_t *w, Py_ssize_t n) {
     }
     memcpy(buf + buf_len, w, (size_t)n * sizeof(int64_t));
     buf_len += n;
+    for (Py_ssize_t i = 1; i < n; i += 3)
+        if (w[i] > last_ts) last_ts = w[i];
 }
 
 /* A step boundary: the open step's placeholder (null_code, bts, bident) becomes its `begin`,
@@ -2039,6 +2053,8 @@ static PyMethodDef module_methods[] = {
     {"extend", f_extend, METH_O, "Append whole (code, ts, ident) triples."},
     {"drain", f_drain, METH_NOARGS, "Take all recorded events as native int64 bytes."},
     {"size", f_size, METH_NOARGS, "int64 words recorded and not yet drained (3 per event)."},
+    {"thread_last_ts", f_thread_last_ts, METH_NOARGS,
+     "The latest timestamp the calling thread recorded (0: none)."},
     {"lost", f_lost, METH_NOARGS, "Events not stored for lack of memory."},
     {"clear", f_clear, METH_NOARGS, "Forget everything recorded."},
     {"summary_depth", f_summary_depth, METH_NOARGS,

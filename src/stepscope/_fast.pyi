@@ -135,6 +135,10 @@ def lost() -> int:
 def clear() -> None:
     """Forget everything recorded."""
 
+def thread_last_ts() -> int:
+    """The latest timestamp the calling thread recorded (0: none): a time read earlier and
+    given for an event now must not precede it (each thread's events stay in time order)."""
+
 def summary_depth() -> int:
     """The summary ranges open on the calling thread, as its ``Emit`` calls began and ended
     them (an end with none counted leaves 0)."""

@@ -249,27 +249,32 @@ def _run_phased_loop(tmp_path, loop: str, pure: bool) -> Any:
 
 
 LOADER_IN_A_PHASE = textwrap.dedent("""
-    import sys, torch, stepscope
+    import sys, time, torch, stepscope
     from torch.utils.data import DataLoader, TensorDataset
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4)
+    around = []
     with stepscope.Profiler(dir=sys.argv[1], run_id="r", schedule=None, step_on="optimizer",
                             host_metrics=False, report=False, use_env=False, torch=True) as prof:
         it = iter(loader)
+        time.sleep(0.05)  # (workers starting, say)
         while True:
             with stepscope.phase("Dataloader"):
                 try:
                     (x,) = next(it)
                 except StopIteration:
                     break
+            t = time.perf_counter_ns()
             with stepscope.phase("Forward"):
+                around.append((t, time.perf_counter_ns()))
                 loss = model(x).sum()
             with stepscope.phase("Backward"):
                 loss.backward()
             opt.step()
             opt.zero_grad()
-        print("STEPS", prof.timer.steps)
+        print("STEPS", prof.timer.steps, "READER", prof.timer._r_max)
+    print("AROUND", *(f"{a},{b}" for a, b in around))
 """)
 
 
@@ -279,7 +284,11 @@ def test_a_batch_wait_inside_a_phase_opens_its_step_before_the_phase(tmp_path, p
     the program's phase "Dataloader" around it, whose end then closed the step (4 steps nested
     in one). It is made before that phase begins instead (torch's zero_grad range, which comes
     first, stays in the step that ends): 4 batches are 4 steps of 4 ranges each, the wait in
-    its phase; the last pass's phase, which found the loader exhausted, is in no step."""
+    its phase; the last pass's phase, which found the loader exhausted, is in no step. The
+    first wait starts at ``next()``, not at ``iter()`` 50 ms earlier: the phase was recorded
+    in between, and an earlier begin shifted every later event of the thread by those 50 ms
+    (the writer keeps a thread's times in order); the reader cost still counts from
+    ``iter()``."""
     script = tmp_path / "loop.py"
     script.write_text(LOADER_IN_A_PHASE)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
@@ -287,8 +296,16 @@ def test_a_batch_wait_inside_a_phase_opens_its_step_before_the_phase(tmp_path, p
     out = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stderr == "", out.stderr
-    assert out.stdout.split("STEPS")[1].split() == ["4"]
+    assert out.stdout.split("STEPS")[1].split()[0] == "4"
+    assert int(out.stdout.split("READER")[1].split()[0]) >= 50_000_000
+    around = [tuple(map(int, p.split(","))) for p in out.stdout.split("AROUND")[1].split()]
     d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
+    fwd = tq.slices(d, "s.name = 'Forward'")
+    assert len(fwd) == len(around) == 4
+    for f, (before, inside) in zip(fwd, around, strict=True):
+        # the clock the program read, to within the trace clock's conversion (a clock
+        # snapshot's two readings are some 100 ns apart): no shift (it was 50 ms)
+        assert before - 20_000 <= f["ts"] <= inside + 20_000
     top = tq.slices(d, "s.depth = 0")
     assert [t["name"] for t in top] == [f"step {k}" for k in range(4)] + ["Dataloader"]
     for a, b in zip(top, top[1:-1], strict=False):
@@ -298,7 +315,7 @@ def test_a_batch_wait_inside_a_phase_opens_its_step_before_the_phase(tmp_path, p
         assert [k["name"].split("#")[0] for k in kids] == [
             "Dataloader", "Forward", "Backward", "Optimizer.step", "Optimizer.zero_grad"]
         waits = tq.slices(d, f"s.parent_id = {kids[0]['id']} AND s.category = 'dataloader'")
-        assert len(waits) == 1
+        assert len(waits) == 1 and waits[0]["ts"] >= kids[0]["ts"]
 
 
 def test_a_range_around_the_whole_loop_leaves_a_step_per_iteration(tmp_path):

@@ -5,7 +5,10 @@
   the next batch as the profiler's ``dataloader.next`` slice and adds it to the step timer's
   reader cost, as ``prof.dataloader(loader)`` does; the first batch's wait starts where the
   iterator was made (``_BaseDataLoaderIter.__init__``: ``iter(loader)`` starts the workers).
-  Iteration inside ``prof.dataloader`` is left to it (no double count).
+  Where the thread recorded something between ``iter()`` and that ``next()`` (the program's
+  phase around ``next()``), the slice starts at ``next()``: a thread's events are written in
+  time order, and an earlier begin shifted all that followed. The reader cost still counts from
+  ``iter()``. Iteration inside ``prof.dataloader`` is left to it (no double count).
 * **Steps** with ``step_on="optimizer"``: torch's global optimizer step post-hook
   (``torch.optim.optimizer.register_optimizer_step_post_hook``) ends the step at every
   ``optimizer.step()`` (several optimizers: one step each), where it cuts no range of the
@@ -186,6 +189,7 @@ class StepDriver:
         wait_begin, wait_end = prof._wait_begin, prof._wait_end  # noqa: SLF001
         wait_exhausted = prof._wait_exhausted  # noqa: SLF001
         clock = time.perf_counter_ns
+        thread_last_ts = rec.thread_last_ts
         main = prof._thread  # noqa: SLF001
         cancel = self.mode in ("optimizer", "auto")
 
@@ -211,6 +215,11 @@ class StepDriver:
             t0 = self.__dict__.pop("_stepscope_made", None) if on_main else None
             if t0 is None:
                 t0 = clock()
+            reader_t0 = t0
+            if t0 < thread_last_ts():  # the thread recorded since iter() (the program's phase
+                t0 = clock()  # around next()): the slice starts here, as its events are in
+                # time order (an earlier begin would shift all that follows); the reader cost
+                # still counts from iter()
             placed = wait_begin(t0, ident, on_main)  # a pending step opens here (main thread)
             if on_main and driver.ranges is not None:
                 driver.ranges.waiting = True
@@ -230,7 +239,7 @@ class StepDriver:
                     driver.ranges.waiting = False
             t1 = clock()
             if on_main:
-                prof.timer.add_reader(t1 - t0)
+                prof.timer.add_reader(t1 - reader_t0)
             wait_end(placed, t0, t1, ident, on_main)
             return batch
 

@@ -82,6 +82,7 @@ if fast is not None:
     # at_top(fn): fn called after the end that closes the outermost; before_top(fn): fn(code)
     # before each begin of an outermost one, until it returns True (see _fast.c, Emit)
     summary_depth = fast.summary_depth
+    thread_last_ts = fast.thread_last_ts  # the latest time the calling thread recorded
     at_top = fast.at_top
     before_top = fast.before_top
     reset_depth = fast.reset_depth
@@ -117,6 +118,18 @@ else:
         if getattr(d, "epoch", 0) != _depth_epoch[0]:
             d.n, d.epoch = 0, _depth_epoch[0]
         return d.n
+
+    def thread_last_ts() -> int:
+        """The latest time the calling thread recorded (0: none; a scan of what is still in
+        the list, from its end, else what the last drains took: called once per pass of a
+        loader)."""
+        me, ev = get_ident(), events
+        for i in range(len(ev) - 3, -1, -3):
+            if ev[i + 2] == me and ev[i] != THREAD:
+                return ev[i + 1]
+        return _drained_last.get(me, 0)
+
+    _drained_last: dict[int, int] = {}  # thread ident -> the latest time a drain took
 
     def at_top(fn: Any) -> Any:
         was = _at_top[0]
@@ -188,6 +201,11 @@ else:
         n -= n % 3
         chunk = np.array(events[:n], dtype=np.int64)
         del events[:n]
+        ev = chunk.reshape(-1, 3)
+        ev = ev[ev[:, 0] != THREAD]
+        for ident in set(ev[:, 2].tolist()):  # (for thread_last_ts once the list is empty)
+            last = int(ev[ev[:, 2] == ident, 1].max())
+            _drained_last[ident] = max(_drained_last.get(ident, 0), last)
         return chunk
 
 

@@ -147,7 +147,7 @@ PROMPT = textwrap.dedent("""
     dist.all_reduce(torch.ones(4))
     sys.setswitchinterval(2.0)  # the program's Python keeps the GIL for 2 s at a time
     polls = []  # (done at the first look, seconds until done or 1.5)
-    for _ in range(10):
+    for _ in range(50):
         work = dist.all_reduce(torch.ones(4), async_op=True)
         t0 = time.monotonic()
         first = work.is_completed()
@@ -170,7 +170,8 @@ def test_a_completion_does_not_wait_for_the_programs_python(tmp_path, native_cac
     interval (2 s here): its poll times out at 1.5 s. Stamped in C++, the work completes at
     once. (A work gloo finished while the call was still returning, its callback run before
     the program took the GIL back, is done at the first look and says nothing of the wait:
-    the program tries again, up to 10 times, until one was not.)"""
+    the program tries again, up to 50 times, until one was not; where none was, as on a
+    loaded machine, the callback's side has nothing to show and the test is skipped.)"""
     script = tmp_path / "p.py"
     script.write_text(PROMPT)
     env = dict(os.environ, STEPSCOPE_CACHE_DIR=str(native_cache))
@@ -184,7 +185,9 @@ def test_a_completion_does_not_wait_for_the_programs_python(tmp_path, native_cac
     # (a second for the stamps: a loaded machine may keep gloo's thread waiting that long)
     assert max(t for _, t in polls["stamps"]) < 1.0, polls
     first, waited = polls["callback"][-1]
-    assert not first and waited >= 1.5, polls
+    if first:
+        pytest.skip("gloo completed all 50 ops before the program took the GIL back")
+    assert waited >= 1.5, polls
 
 
 class _OtherWork:

@@ -212,14 +212,13 @@ class StepDriver:
                     driver._new_epoch()
             # the first batch's wait starts where the iterator was made: creating it starts
             # the worker processes (reader cost, as prof.dataloader counts it)
-            t0 = self.__dict__.pop("_stepscope_made", None) if on_main else None
-            if t0 is None:
+            made = self.__dict__.pop("_stepscope_made", None) if on_main else None
+            t0 = reader_t0 = clock() if made is None else made
+            if made is not None and made < thread_last_ts():  # the thread recorded since
+                # iter() (the program's phase around next()): the slice starts here, as its
+                # events are in time order (an earlier begin would shift all that follows);
+                # the reader cost still counts from iter()
                 t0 = clock()
-            reader_t0 = t0
-            if t0 < thread_last_ts():  # the thread recorded since iter() (the program's phase
-                t0 = clock()  # around next()): the slice starts here, as its events are in
-                # time order (an earlier begin would shift all that follows); the reader cost
-                # still counts from iter()
             placed = wait_begin(t0, ident, on_main)  # a pending step opens here (main thread)
             if on_main and driver.ranges is not None:
                 driver.ranges.waiting = True

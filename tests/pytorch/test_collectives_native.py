@@ -298,13 +298,17 @@ def test_a_device_streams_op_ends_when_issued(tmp_path, native_cache, monkeypatc
     time.sleep(0.01)
     later.set_result(None)
     tracer.drain()
-    assert tracer.count == 2 and tracer.failures == 0
+    # no work: NCCL's synchronous op, enqueued on the current stream; a host's, done
+    tracer._finish((t0, "ALLGATHER", 8, "float32", True), None, 2, "0")
+    tracer._finish((t0, "REDUCE", 8, "float32", False), None, 2, "0")
+    assert tracer.count == 4 and tracer.failures == 0
     sess.stop()
     d = tq.db(tmp_path / "t.pftrace")
     got = {s["name"]: (tq.args(d, s["arg_set_id"]).get("completion"), s["dur"])
            for s in tq.slices(d, "s.category = 'collective'")}
     assert got["allreduce"][0] == "stream" and got["allreduce"][1] < 10_000_000
     assert got["broadcast"][0] is None and got["broadcast"][1] >= 10_000_000
+    assert got["allgather"][0] == "stream" and got["reduce"][0] is None
 
 
 DEVICE_BACKEND = textwrap.dedent("""
@@ -322,6 +326,10 @@ DEVICE_BACKEND = textwrap.dedent("""
             fut.set_result(tensors)
             return c10d._create_work_from_future(fut)
 
+        def broadcast(self, tensors, opts=None):  # a synchronous op done on the host: no work
+            assert not opts.asyncOp
+            return None
+
     dist.Backend.register_backend("devstream", lambda store, rank, size, timeout:
                                   DeviceStreamBackend(rank, size), devices=["cpu"])
     dist.init_process_group("devstream", init_method=f"file://{run_dir}/store", rank=0,
@@ -331,6 +339,7 @@ DEVICE_BACKEND = textwrap.dedent("""
     prof.start()
     dist.all_reduce(torch.ones(4), async_op=True).wait()
     dist.all_reduce(torch.ones(2))
+    dist.broadcast(torch.ones(3), 0)
     tracer = next(h.collectives for h in prof.hooks if hasattr(h, "collectives"))
     native = tracer._native_hooks or tracer._native_kernels
     prof.stop()
@@ -341,7 +350,9 @@ DEVICE_BACKEND = textwrap.dedent("""
 @pytest.mark.parametrize("mode", ["hooks", "python"])
 def test_a_device_backends_ops_through_the_cpp_hooks_and_kernels(tmp_path, native_cache, mode):
     """A backend whose futures are a device's, complete when the op returns (NCCL's kind): the
-    C++ hooks and kernels end its ops there (``completion: stream``). (Python's paths go by
+    C++ hooks and kernels end its ops there (``completion: stream``); a synchronous op on the
+    host that returns no work ended when it returned (``issued`` by the hooks, whose post-hook
+    runs then; the kernels' return is the op's). (Python's paths go by
     the input tensor, on a device: test_a_device_streams_op_ends_when_issued; a callback on
     this stand-in's ``cpu:0`` future cannot run, as torch has no stream pool for the CPU.)"""
     if mode == "hooks" and not hasattr(dist.ProcessGroup, "register_pre_hook"):
@@ -359,4 +370,5 @@ def test_a_device_backends_ops_through_the_cpp_hooks_and_kernels(tmp_path, nativ
     assert json.loads(r.stdout.strip().splitlines()[-1]) == {"native": True, "failures": 0}
     d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
     assert _described(d, tq.slices(d, "s.category = 'collective'")) == [
-        ("allreduce", "16", "float32", "1", "stream"), ("allreduce", "8", "float32", "1", "stream")]
+        ("allreduce", "16", "float32", "1", "stream"), ("allreduce", "8", "float32", "1", "stream"),
+        ("broadcast", "12", "float32", "1", "issued" if mode == "hooks" else None)]

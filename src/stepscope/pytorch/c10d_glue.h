@@ -48,6 +48,7 @@ struct Op {
   // where t1 is: 0 its completion; 1 it has no completion to wait for and ended when issued;
   // 2 it was enqueued on a device stream (NCCL), whose future completed when it was issued
   int64_t ended = 0;
+  bool on_device = false;  // its first input tensor is on a device (not the CPU)
   int64_t size = 0;        // its process group's size and name
   std::string group;
   c10::ScalarType dtype = c10::ScalarType::Undefined;  // its first input tensor's
@@ -65,6 +66,12 @@ void finish_at_completion(Op op, const c10::intrusive_ptr<c10d::Work>& work);
 // also on CUDA tensors, completes on gloo's thread when the op is done.
 inline bool on_stream(const c10::ivalue::Future& fut) {
   return !fut.devices().empty() && fut.completed();
+}
+
+// `ended` of an op that returned no work: a device backend's synchronous op (NCCL's with
+// async_op=False, on the caller's current stream) was enqueued there; any other `otherwise`.
+inline int64_t ended_without_work(const Op& op, int64_t otherwise) {
+  return op.on_device ? 2 : otherwise;
 }
 
 }  // namespace stepscope_c10d

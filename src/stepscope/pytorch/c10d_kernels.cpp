@@ -94,8 +94,9 @@ void kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet keys,
       work = stack->back().toCustomClass<c10d::Work>();
     if (work) {
       stepscope_c10d::finish_at_completion(std::move(op), work);
-    } else {  // monitored_barrier_: done when it returns
+    } else {  // monitored_barrier_: done when it returns; NCCL's synchronous ops: enqueued
       op.t1 = stepscope_c10d::monotonic_ns();
+      op.ended = stepscope_c10d::ended_without_work(op, 0);
       stepscope_c10d::finish(std::move(op));
     }
   } catch (...) {

@@ -44,9 +44,9 @@ void post(int64_t owner, const c10d::PostHookArgs& a) {
     op = std::move(it->second);
     g_open->ops.erase(it);
   }
-  if (!a.work) {  // a synchronous op: it ended when issued
+  if (!a.work) {  // a synchronous op: it ended when issued (on the host, or on a device stream)
     op.t1 = stepscope_c10d::monotonic_ns();
-    op.ended = 1;
+    op.ended = stepscope_c10d::ended_without_work(op, 1);
     stepscope_c10d::finish(std::move(op));
     return;
   }

@@ -58,7 +58,10 @@ std::string dtype_name(c10::ScalarType t) {  // as Python's str(torch.<dtype>) n
 void add_input(Op& op, const at::Tensor& t) {
   if (!t.defined()) return;
   op.nbytes += static_cast<int64_t>(t.nbytes());
-  if (op.dtype == c10::ScalarType::Undefined) op.dtype = t.scalar_type();
+  if (op.dtype == c10::ScalarType::Undefined) {
+    op.dtype = t.scalar_type();
+    op.on_device = !t.is_cpu();
+  }
 }
 
 void finish(Op op) {

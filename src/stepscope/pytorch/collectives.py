@@ -54,8 +54,10 @@ Where a slice does not end at its op's completion, the arg ``completion`` says s
   waiters then wait on the stream, not on the host). A future that has devices and is complete
   when its op returns is taken for such an op (c10d_glue.h's ``on_stream``; the Python paths,
   which see no future's devices, go by the op's input tensor being on a device): it ends there,
-  and its time is its kernel's (CUPTI's, in detail windows). gloo completes its futures on its
-  own thread when the op is done, CUDA tensors or not.
+  and its time is its kernel's (CUPTI's, in detail windows). So does an op on a device that
+  returns no work: NCCL's synchronous ops (``async_op=False``, torch's ``asyncOp`` option) run
+  on the caller's current stream and return none. gloo completes its futures on its own thread
+  when the op is done, CUDA tensors or not.
 
 Limits: process groups are hooked when the integration starts, when
 ``init_process_group``/``new_group`` return, and at each step end (groups made another way
@@ -462,11 +464,13 @@ class CollectiveTracer:
     def _finish(self, opened: tuple, work: Any, size: int, group: str,
                 completion: str | None = None) -> None:
         """The op's slice when its work completes (a done callback), or now: an op without a
-        work is synchronous (``completion``: the hooks give none, and it ended when issued);
-        gloo's send/recv have a work without a future and end when issued; a device stream's op
-        (NCCL) ends when issued, its future complete then (see the module's docstring)."""
+        work is synchronous (``completion``: the hooks give none, and it ended when issued; a
+        device's, NCCL's with ``async_op=False``, was enqueued on the current stream); gloo's
+        send/recv have a work without a future and end when issued; a device stream's op (NCCL)
+        ends when issued, its future complete then (see the module's docstring)."""
         if work is None:
-            self._write(opened, time.perf_counter_ns(), size, group, completion)
+            self._write(opened, time.perf_counter_ns(), size, group,
+                        S.COMPLETION_STREAM if opened[4] else completion)
             return
         if self._watching:  # the completion stamped in C++, written at the next drain
             slot = next(_SLOTS)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import collections
 import importlib.util
 import logging
+import os
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,7 +19,9 @@ from gpu_fakes import FakeCupti
 from gpu_trace_decode import TYPE_COUNTER, TYPE_INSTANT, decode
 
 import stepscope
+from raw_thread import RawThread
 from stepscope.core import session as _session
+from stepscope.gpu import nvml
 from stepscope.gpu import tracing as gpu
 from stepscope.gpu.cupti_live import CuptiTracer
 from stepscope.gpu.cupy_timing import CupyEventTimer, memory_pool_counters, sync_current_stream
@@ -24,13 +29,20 @@ from stepscope.gpu.fixture import replay_fixture
 from stepscope.gpu.nvml import NvmlSampler, gpm_counters, sample_counters
 
 REALTIME = 1
+# a program of its own finds this checkout's stepscope, installed or not
+CHILD_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    [str(Path(__file__).resolve().parents[2] / "src")] + sys.path))
 
 
 def test_import_needs_no_gpu_package():
-    import sys
-
-    assert not {"cupy", "cupti", "pynvml"} & set(sys.modules)
-    assert gpu.kernel_class("ncclDevKernel_AllReduce") == "communication"
+    """In a fresh interpreter: in this one, tests before it may have imported them (on a GPU
+    machine, where they are installed)."""
+    code = ("import sys, stepscope, stepscope.gpu.tracing as g; "
+            "print(sorted({'cupy', 'cupti', 'pynvml'} & set(sys.modules)), "
+            "g.kernel_class('ncclDevKernel_AllReduce'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=CHILD_ENV)
+    assert (r.returncode, r.stdout.strip()) == (0, "[] communication"), r.stderr
 
 
 def test_no_gpu_switches_off_with_one_warning(tmp_path, monkeypatch, caplog):
@@ -109,10 +121,18 @@ class FakeNvml:
     ],
 )
 def test_nvml_start_failures_balance_init_with_shutdown(monkeypatch, fail, count, calls):
+    """(As in a process without CuPy and with CUDA not initialised: on a GPU machine, tests before
+    it may have done both, and CuPy's pool counters would start the sampler.)"""
     nv = FakeNvml(fail=fail, count=count)
     monkeypatch.setitem(sys.modules, "pynvml", nv)
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    monkeypatch.setattr(nvml, "cuda_bus_ids", lambda lib: None)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     sampler = NvmlSampler(None, log_level=logging.DEBUG)
-    assert sampler.start() is False
+    try:
+        assert sampler.start() is False
+    finally:
+        sampler.stop()
     assert nv.calls == calls
 
 
@@ -257,7 +277,8 @@ def test_nvml_sample_conversion_by_hand():
     ]
 
 
-def test_cupy_helpers_without_cupy(tmp_path):
+def test_cupy_helpers_without_cupy(tmp_path, monkeypatch):
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)  # (imported before, on a GPU machine)
     sess = _session.Session(tmp_path / "c.pftrace").start()
     try:
         timer = CupyEventTimer(sess)
@@ -533,26 +554,60 @@ def test_api_calls_of_a_thread_that_ended_go_under_that_thread(tmp_path, fixture
     assert (parent.thread.tid, parent.thread.thread_name) == (seen["native"], "launcher")
 
 
+def test_api_calls_of_a_cpp_thread_go_under_that_thread(tmp_path, fixture):
+    """A thread Python has no ``Thread`` for (torch's autograd device thread launches every
+    backward kernel): its calls go on its own track, named as the system names it, where its
+    operators are; not on a process-level track of its own."""
+    path = tmp_path / "cpp.pftrace"
+    sess = _session.Session(path).start()
+    worker = RawThread(b"pt_autograd_0")
+    try:
+        t0 = time.time_ns()
+        records = [{"kind": "RUNTIME", "start": t0, "end": t0 + 5000, "correlation_id": 1,
+                    "cbid": 211, "process_id": 1, "thread_id": worker.ident & 0xFFFFFFFF}]
+        gt = gpu.GpuTracing(sess, nvml=False, devices={0: fixture.device},
+                            tracer=CuptiTracer(cupti_module=FakeCupti(records, dropped=0)))
+        assert gt.begin_window()
+        assert gt.end_window(steps=1).api_calls == 1
+    finally:
+        worker.end()
+        sess.stop()
+    tr = decode(path)
+    (api,) = tr.tracks_named("CUDA API")
+    parent = tr.tracks[tr.tracks[api].parent_uuid]
+    assert (parent.thread.tid, parent.thread.thread_name) == (worker.tid, "pt_autograd_0")
+
+
+GPU_PROGRAM = """
+import faulthandler, sys
+import cupy as cp
+from stepscope.profiler import Profiler
+faulthandler.dump_traceback_later(100, exit=True)  # a hang fails with every thread's stack
+w = cp.ones((512, 512), dtype=cp.float32)
+prof = Profiler(sys.argv[1], {"wait": 0, "warmup": 0, "active": 5, "repeat": 1}, run_id="g",
+                gpu=True, report=False, use_env=False)
+prof.start()
+for _ in range(6):
+    with prof.phase("Forward"):
+        x = cp.maximum(w @ w, 0).sum()
+    cp.asnumpy(x)
+    prof.step()
+prof.stop()
+"""
+
+
 @pytest.mark.gpu
 def test_profiler_on_a_gpu_end_to_end(tmp_path, gpu_cupy):
-    """On a GPU: the Profiler's detail window holds a GPU track with stream tracks, every kernel
-    with a launch call has its flow, launches sit inside their step on the host clock, kernels
-    start after their launch, and NVML and utilization counters are written."""
+    """On a GPU, in a program of its own (as a user runs it; a test process has had fakes of
+    CuPy, NVML and CUPTI): the Profiler's detail window holds a GPU track with stream tracks,
+    every kernel with a launch call has its flow, launches sit inside their step on the host
+    clock, kernels start after their launch, and NVML and utilization counters are written."""
     import perfetto_decode
-    from stepscope.profiler import Profiler
 
-    cp = gpu_cupy
     pytest.importorskip("cupti")
-    w = cp.ones((512, 512), dtype=cp.float32)
-    prof = Profiler(tmp_path, {"wait": 0, "warmup": 0, "active": 5, "repeat": 1}, run_id="g",
-                    gpu=True, report=False, use_env=False)  # fmt: skip
-    prof.start()
-    for _ in range(6):
-        with prof.phase("Forward"):
-            x = cp.maximum(w @ w, 0).sum()
-        cp.asnumpy(x)
-        prof.step()
-    prof.stop()
+    r = subprocess.run([sys.executable, "-c", GPU_PROGRAM, str(tmp_path)], capture_output=True,
+                       text=True, timeout=150, env=CHILD_ENV)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-5000:]
     path = next((tmp_path / "g").glob("*.detail.*"))
     tr = decode(path)
     (gpu_track,) = [u for u in tr.tracks if tr.track_name(u).startswith("GPU 0 (")]

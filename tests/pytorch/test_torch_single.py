@@ -180,8 +180,9 @@ def test_thread_tracks_for_threads_python_does_not_know():
     from torch._C._autograd import DeviceType
 
     from stepscope.core import session as _session
+    from stepscope.core.native_threads import thread_name
     from stepscope.pytorch.events import from_events
-    from stepscope.pytorch.operators import OperatorCapture, thread_name
+    from stepscope.pytorch.operators import OperatorCapture
 
     class Ev:
         def __init__(self, name, start, dur, tid, device=DeviceType.CPU):

@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Any
 
+from ..core import native_threads
 from ..core import tracks as _tracks
 from .convert import ConvertStats, GpuTraceConverter
 from .cupti_live import CuptiTracer, device_limits_from_cupy
@@ -195,18 +196,29 @@ class GpuTracing:
     def _thread_tracks(self, tids: set[int]) -> dict[int, int]:
         """CUPTI thread id → the thread's track. CUPTI's default thread id is ``pthread_self()``
         (``threading.get_ident()``) cut to 32 bits; the system thread id is matched too. Threads
-        that ended during the window are found among those the session saw start."""
+        that ended during the window are found among those the session saw start; live C++
+        threads (torch's autograd threads) through their ``pthread_t`` (core.native_threads).
+        A live thread wins over an ended one whose ``pthread_t`` it took over (glibc reuses
+        an ended thread's stack)."""
         make = self.sess.thread_track
         alive = [(t.ident, t.native_id) for t in threading.enumerate() if t.ident is not None]
         ended = [(i, native) for i, (native, _) in list(_tracks._started_threads.items())]  # noqa: SLF001
         out: dict[int, int] = {}
-        for ident, native in alive + ended:  # a live thread wins over an ended one
-            for key in (ident & 0xFFFFFFFF, native):
-                if key in tids and key not in out:
-                    try:
-                        out[key] = make(ident)
-                    except Exception:
-                        pass
+
+        def python_threads(threads: list[tuple[int, int]]) -> None:
+            for ident, native in threads:
+                for key in (ident & 0xFFFFFFFF, native):
+                    if key in tids and key not in out:
+                        try:
+                            out[key] = make(ident)
+                        except Exception:
+                            pass
+
+        python_threads(alive)
+        for key, tid in native_threads.tids_of_pthreads(tids - out.keys()).items():
+            out[key] = self.sess.native_thread_track(tid, native_threads.thread_name(tid)
+                                                     or f"thread {tid}")
+        python_threads(ended)
         return out
 
     def stop(self) -> None:

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from .. import _schema as S
+from ..core import native_threads
 from ..core import tracks as _tracks
 from ..record import recorder as rec
 from . import events, native
@@ -116,15 +117,6 @@ class _Offsets:
         out = np.rint(m).astype(np.int64)  # round half to even, as round()
         out = np.where(m <= self.m0, r - self.o0, out)
         return np.where(m >= self.m0 + self.span, r - self.o1, out)
-
-
-def thread_name(tid: int) -> str:
-    """A system thread's name from /proc (empty if it has ended or /proc is missing)."""
-    try:
-        with open(f"/proc/self/task/{int(tid)}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 class OperatorCapture:
@@ -264,7 +256,8 @@ class OperatorCapture:
         if ident is not None:
             track = self.sess.thread_track(ident)
         else:
-            track = self.sess.native_thread_track(tid, thread_name(tid) or f"thread {tid}")
+            track = self.sess.native_thread_track(
+                tid, native_threads.thread_name(tid) or f"thread {tid}")
         self._tracks[tid] = track
         return track
 

@@ -180,6 +180,13 @@ COUNTER_CUDA_ALLOCATED = "torch.cuda{device}.memory.allocated"  # bytes, at each
 COUNTER_CUDA_RESERVED = "torch.cuda{device}.memory.reserved"
 COUNTER_CUDA_PEAK = "torch.cuda{device}.memory.peak"  # max allocated since the previous step end
 
+# the counters in bytes ({device}: any CUDA ordinal), which the summaries show in binary units;
+# besides these, every counter whose name ends in " bytes" or ".bytes" (and "bytes/s": a rate)
+BYTE_COUNTERS = (HOST_PROCESS_RSS, HOST_MEMORY_USED, COUNTER_NVML_MEMORY_USED,
+                 COUNTER_CUPY_PREFIX + "gpu{device}.pool.used",
+                 COUNTER_CUPY_PREFIX + "gpu{device}.pool.total",
+                 COUNTER_CUDA_ALLOCATED, COUNTER_CUDA_RESERVED, COUNTER_CUDA_PEAK)
+
 
 # --- reading the file names back ----------------------------------------------------------------
 def _name_pattern(fmt: str) -> re.Pattern[str]:

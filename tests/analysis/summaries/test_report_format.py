@@ -51,6 +51,8 @@ def cpu_only_trace() -> TraceDB:
     db.counter(disk, 0, 1024.0)
     pct = db.counter_track("host.cpu.user %", db.process_track(up))
     db.counter(pct, 0, 12.5)
+    cuda = db.counter_track("torch.cuda1.memory.reserved", db.process_track(up))
+    db.counter(cuda, 0, 94371840)  # (torch's counters showed as 94371840.00 on an H100)
     return db
 
 
@@ -65,6 +67,7 @@ def test_device_values_in_binary_units_and_raw_in_csv():
     assert rows["host.disk.write"][3:] == ["1", "1.00", "KiB/s", "1.00", "KiB/s", "1.00",
                                            "KiB/s"]
     assert rows["host.cpu.user"][3:] == ["1", "12.50", "12.50", "12.50"]
+    assert rows["torch.cuda1.memory.reserved"][2:] == ["1", "90.00", "MiB"] + ["90.00", "MiB"] * 2
     assert "Mean (time-weighted)" in text and "Time unit" not in text
     assert "holds until the next one" in text
     recs = {r["name"]: r for r in csv.DictReader(io.StringIO(t.to_csv()))}

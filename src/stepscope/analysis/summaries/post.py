@@ -11,6 +11,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from ... import _schema as S
+
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """Linear interpolation between closest ranks (numpy's default): x[(n-1)·q]."""
@@ -104,9 +106,8 @@ def _device(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
 
 
 _BYTE_COUNTERS = re.compile(
-    r"^(host\.process\.rss|host\.memory\.used|nvml\.gpu\d+\.memory\.used"
-    r"|cupy\.gpu\d+\.pool\.(used|total))$|(^|[ .])bytes$"
-)
+    "^(" + "|".join(re.escape(n).replace(re.escape("{device}"), r"\d+")
+                    for n in S.BYTE_COUNTERS) + r")$|(^|[ .])bytes$")
 
 
 def counter_unit(name: str) -> str | None:

@@ -23,7 +23,13 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 step build 120 python3 setup.py -q build_ext --inplace
 step build-torch 180 python3 -m stepscope.cli build-torch
 step pytest-gpu 240 python3 -m pytest -p no:cacheprovider -q -rs -m gpu tests
+# the example on the GPU with NCCL (a world of one: torchrun sets WORLD_SIZE), its report's
+# "(detail windows)" tables: backward operators with GPU time, torch's memory in binary units
+step example-cuda 120 torchrun --nproc-per-node 1 examples/train_torch.py --device cuda \
+  --dir "$out/example" --run-id g --epochs 2 --samples 2048 --batch-size 64
 step bench-gpu 120 python3 tools/bench_gpu.py --mode live --steps 300 --repeat 3
 step bench-torch-cuda 180 python3 tools/bench_torch.py --device cuda --reps 3
-# everything else that a GPU changes: CUDA initialized, NVML and CuPy present
-step pytest-pytorch-gpu 240 python3 -m pytest -p no:cacheprovider -q -rs tests/pytorch tests/gpu
+# everything else that a GPU changes: CUDA initialized, NVML and CuPy present, in one process
+# after another; each result as it comes (-v) and a stack dump for a test that hangs
+step pytest-pytorch-gpu 300 python3 -m pytest -p no:cacheprovider -v -rfs --tb=short \
+  -o faulthandler_timeout=100 -n 8 tests/pytorch tests/gpu

@@ -538,20 +538,30 @@ def test_api_calls_of_a_thread_that_ended_go_under_that_thread(tmp_path, fixture
         )  # fmt: skip
         worker.start()
         worker.join()
-        t0 = time.time_ns()
-        records = [{"kind": "RUNTIME", "start": t0, "end": t0 + 5000, "correlation_id": 1,
-                    "cbid": 211, "process_id": 1, "thread_id": seen["ident"] & 0xFFFFFFFF}]
         del worker  # gone from threading.enumerate() and from any user reference
-        gt = gpu.GpuTracing(sess, nvml=False, devices={0: fixture.device},
-                            tracer=CuptiTracer(cupti_module=FakeCupti(records, dropped=0)))
-        assert gt.begin_window()
-        assert gt.end_window(steps=1).api_calls == 1
+        _window_with_a_call_of(sess, fixture, seen["ident"])
     finally:
         sess.stop()
+    assert _thread_of_the_call(path) == (seen["native"], "launcher")
+
+
+def _window_with_a_call_of(sess, fixture, ident: int) -> None:
+    """A window whose one CUDA runtime call CUPTI gives to the thread ``ident`` (cut to 32 bits,
+    as CUPTI gives ``pthread_self()``)."""
+    t0 = time.time_ns()
+    records = [{"kind": "RUNTIME", "start": t0, "end": t0 + 5000, "correlation_id": 1,
+                "cbid": 211, "process_id": 1, "thread_id": ident & 0xFFFFFFFF}]
+    gt = gpu.GpuTracing(sess, nvml=False, devices={0: fixture.device},
+                        tracer=CuptiTracer(cupti_module=FakeCupti(records, dropped=0)))
+    assert gt.begin_window()
+    assert gt.end_window(steps=1).api_calls == 1
+
+
+def _thread_of_the_call(path) -> tuple[int, str]:
     tr = decode(path)
     (api,) = tr.tracks_named("CUDA API")
     parent = tr.tracks[tr.tracks[api].parent_uuid]
-    assert (parent.thread.tid, parent.thread.thread_name) == (seen["native"], "launcher")
+    return parent.thread.tid, parent.thread.thread_name
 
 
 def test_api_calls_of_a_cpp_thread_go_under_that_thread(tmp_path, fixture):
@@ -562,20 +572,11 @@ def test_api_calls_of_a_cpp_thread_go_under_that_thread(tmp_path, fixture):
     sess = _session.Session(path).start()
     worker = RawThread(b"pt_autograd_0")
     try:
-        t0 = time.time_ns()
-        records = [{"kind": "RUNTIME", "start": t0, "end": t0 + 5000, "correlation_id": 1,
-                    "cbid": 211, "process_id": 1, "thread_id": worker.ident & 0xFFFFFFFF}]
-        gt = gpu.GpuTracing(sess, nvml=False, devices={0: fixture.device},
-                            tracer=CuptiTracer(cupti_module=FakeCupti(records, dropped=0)))
-        assert gt.begin_window()
-        assert gt.end_window(steps=1).api_calls == 1
+        _window_with_a_call_of(sess, fixture, worker.ident)
     finally:
         worker.end()
         sess.stop()
-    tr = decode(path)
-    (api,) = tr.tracks_named("CUDA API")
-    parent = tr.tracks[tr.tracks[api].parent_uuid]
-    assert (parent.thread.tid, parent.thread.thread_name) == (worker.tid, "pt_autograd_0")
+    assert _thread_of_the_call(path) == (worker.tid, "pt_autograd_0")
 
 
 GPU_PROGRAM = """

@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cuda: one GPU per process (LOCAL_RANK), DDP over NCCL")
     args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device")
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     ddp = "WORLD_SIZE" in os.environ  # launched by torchrun (a world of 1 is DDP too)

@@ -21,6 +21,8 @@ import pytest
 torch = pytest.importorskip("torch")
 import tq  # noqa: E402
 
+from stepscope.analysis import summaries  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 PROGRAM = r"""
@@ -121,6 +123,12 @@ def _check_window(tmp_path: Path, i: int, per_step: Counter) -> None:
     t0, t1 = steps[0]["ts"], max(s["ts"] + s["dur"] for s in steps)
     assert all(t0 <= p["launch"] <= t1 for p in pairs), (i, "a launch outside the steps")
     assert all(p["kernel"] >= p["launch"] - 50_000 for p in pairs), (i, "kernel before launch")
+    # torch's autograd device thread (C++) launches the backward kernels: its CUDA calls are on
+    # its own track, under its operators, which therefore have GPU time (they had none when
+    # CUPTI's id of that thread was not mapped: a process-level "CUDA API (thread N)" track)
+    assert not tq.rows(d, "SELECT id FROM track WHERE name LIKE 'CUDA API (thread%'"), i
+    ops = {r["name"]: r for r in summaries.table(d, "operators").records()}
+    assert ops["AddmmBackward0"]["gpu_total_ms"] > 0, (i, ops["AddmmBackward0"])
 
 
 def test_operators_and_cupti_kernels_in_each_window(tmp_path):

@@ -29,6 +29,7 @@ step example-cuda 120 torchrun --nproc-per-node 1 examples/train_torch.py --devi
   --dir "$out/example" --run-id g --epochs 2 --samples 2048 --batch-size 64
 step bench-gpu 120 python3 tools/bench_gpu.py --mode live --steps 300 --repeat 3
 step bench-torch-cuda 180 python3 tools/bench_torch.py --device cuda --reps 3
+step bench-gpu-summary 150 python3 tools/bench_gpu_summary.py  # the summary level, in pairs
 # everything else that a GPU changes: CUDA initialized, NVML and CuPy present, in one process
 # after another; each result as it comes (-v) and a stack dump for a test that hangs
 step pytest-pytorch-gpu 300 python3 -m pytest -p no:cacheprovider -v -rfs --tb=short \

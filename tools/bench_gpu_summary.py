@@ -28,6 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CONFIGS = {"gpu=False": {"gpu": False}, "gpu=True": {"gpu": True},
            "gpu=True, no NVML": {"gpu": True, "no_nvml": True}}
@@ -36,8 +39,8 @@ CONFIGS = {"gpu=False": {"gpu": False}, "gpu=True": {"gpu": True},
 def measure(config: str, pairs: int, steps: int, device: str) -> tuple[float, list[float]]:
     """(median untraced µs per step, each pair's traced - untraced µs per step)."""
     import torch
-    import torch.nn.functional as F
 
+    import bench_torch as bt  # its MLP and its loop (three phases and step(), or untraced)
     import stepscope
     from stepscope.gpu import nvml
 
@@ -46,32 +49,12 @@ def measure(config: str, pairs: int, steps: int, device: str) -> tuple[float, li
         nvml.NvmlSampler.start = lambda self: False  # type: ignore[method-assign]
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 10)).to(device)
-    x = torch.randn(64, 256, device=device)
-    y = torch.randint(0, 10, (64,), device=device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    bt.DEVICE = device
+    model, x, y = bt.mlp()
 
     def block(n: int, prof: object | None = None) -> float:
         t0 = time.perf_counter_ns()
-        for _ in range(n):
-            if prof is None:
-                loss = F.cross_entropy(model(x), y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-                continue
-            with stepscope.phase("Forward"):
-                loss = F.cross_entropy(model(x), y)
-            with stepscope.phase("Backward"):
-                loss.backward()
-            with stepscope.phase("Optimization"):
-                opt.step()
-                opt.zero_grad()
-            stepscope.step()
-        sync()
+        bt.loop(model, x, y, n, prof)  # (synchronized with the GPU at its end)
         return (time.perf_counter_ns() - t0) / n / 1e3
 
     t = time.monotonic()

@@ -273,7 +273,7 @@ LOADER_IN_A_PHASE = textwrap.dedent("""
                 loss.backward()
             opt.step()
             opt.zero_grad()
-        print("STEPS", prof.timer.steps, "READER", prof.timer._r_max)
+        print("STEPS", prof.timer.steps, "READER", prof.timer._r_max, "BATCH", prof.timer._b_max)
     print("AROUND", *(f"{a},{b}" for a, b in around))
 """)
 
@@ -287,8 +287,9 @@ def test_a_batch_wait_inside_a_phase_opens_its_step_before_the_phase(tmp_path, p
     its phase; the last pass's phase, which found the loader exhausted, is in no step. The
     first wait starts at ``next()``, not at ``iter()`` 50 ms earlier: the phase was recorded
     in between, and an earlier begin shifted every later event of the thread by those 50 ms
-    (the writer keeps a thread's times in order); the reader cost still counts from
-    ``iter()``."""
+    (the writer keeps a thread's times in order); the reader cost starts there too, as the
+    slices do (it counted from ``iter()``: the timer's longest wait, over 50 ms, exceeded its
+    step, which begins at the phase, and the tables' reader cost, read from the slices)."""
     script = tmp_path / "loop.py"
     script.write_text(LOADER_IN_A_PHASE)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
@@ -297,7 +298,7 @@ def test_a_batch_wait_inside_a_phase_opens_its_step_before_the_phase(tmp_path, p
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stderr == "", out.stderr
     assert out.stdout.split("STEPS")[1].split()[0] == "4"
-    assert int(out.stdout.split("READER")[1].split()[0]) >= 50_000_000
+    reader_max = int(out.stdout.split("READER")[1].split()[0])
     around = [tuple(map(int, p.split(","))) for p in out.stdout.split("AROUND")[1].split()]
     d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
     fwd = tq.slices(d, "s.name = 'Forward'")
@@ -316,6 +317,10 @@ def test_a_batch_wait_inside_a_phase_opens_its_step_before_the_phase(tmp_path, p
             "Dataloader", "Forward", "Backward", "Optimizer.step", "Optimizer.zero_grad"]
         waits = tq.slices(d, f"s.parent_id = {kids[0]['id']} AND s.category = 'dataloader'")
         assert len(waits) == 1 and waits[0]["ts"] >= kids[0]["ts"]
+    # the timer's reader cost is the slices' (the tables'), and within its step
+    longest = max(tq.slices(d, "s.category = 'dataloader'"), key=lambda w: w["dur"])
+    assert reader_max == longest["dur"] and reader_max < 50_000_000
+    assert reader_max <= int(out.stdout.split("BATCH")[1].split()[0])
 
 
 def test_a_range_around_the_whole_loop_leaves_a_step_per_iteration(tmp_path):

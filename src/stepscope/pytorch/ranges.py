@@ -145,6 +145,12 @@ class RangeCapture(_Flags):
         self.opened: list[Any] = []
         self.installed = False
 
+    def idle(self, name: Any) -> bool:
+        """A range so named is no work of the step it falls in (see ``idle_prefix``; the C
+        hook's twin is _fast.c's idle_range)."""
+        prefix = self.idle_prefix
+        return type(name) is str and type(prefix) is str and name.startswith(prefix)
+
     def start(self) -> None:
         import torch.autograd.profiler as ap
 
@@ -171,8 +177,7 @@ class RangeCapture(_Flags):
                     if len(_in_wait) < MAX_CACHED_NAMES and type(name) is str:
                         _in_wait.add(name)
                     return
-                prefix = capture.idle_prefix
-                if not (type(name) is str and type(prefix) is str and name.startswith(prefix)):
+                if not capture.idle(name):
                     prof._activity()  # noqa: SLF001
             c = by_name.get(name) if type(name) is str else None
             if c is not None:

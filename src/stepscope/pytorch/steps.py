@@ -6,9 +6,11 @@
   reader cost, as ``prof.dataloader(loader)`` does; the first batch's wait starts where the
   iterator was made (``_BaseDataLoaderIter.__init__``: ``iter(loader)`` starts the workers).
   Where the thread recorded something between ``iter()`` and that ``next()`` (the program's
-  phase around ``next()``), the slice starts at ``next()``: a thread's events are written in
-  time order, and an earlier begin shifted all that followed. The reader cost still counts from
-  ``iter()``. Iteration inside ``prof.dataloader`` is left to it (no double count).
+  phase around ``next()``), the slice and the reader cost start at ``next()``: a thread's events
+  are written in time order (an earlier begin shifted all that followed), and ``iter()`` then
+  lies outside the program's phase and before the step it would open, so a reader cost from
+  there exceeded its step (and the tables' reader cost, read from the slices). Iteration
+  inside ``prof.dataloader`` is left to it (no double count).
 * **Steps** with ``step_on="optimizer"``: torch's global optimizer step post-hook
   (``torch.optim.optimizer.register_optimizer_step_post_hook``) ends the step at every
   ``optimizer.step()`` (several optimizers: one step each), where it cuts no range of the
@@ -145,8 +147,7 @@ class StepDriver:
         """A range of the program begins, none open, after an optimizer step and before the
         next batch wait: the step ends before it (True), unless it is torch's zero_grad."""
         kind = rec.kinds[code >> 3] if 0 <= code >> 3 < len(rec.kinds) else None
-        prefix = self.ranges.idle_prefix if self.ranges is not None else None
-        if kind is not None and type(prefix) is str and kind.name.startswith(prefix):
+        if kind is not None and self.ranges is not None and self.ranges.idle(kind.name):
             return False
         self.flush_boundary()
         return True
@@ -213,11 +214,11 @@ class StepDriver:
             # the first batch's wait starts where the iterator was made: creating it starts
             # the worker processes (reader cost, as prof.dataloader counts it)
             made = self.__dict__.pop("_stepscope_made", None) if on_main else None
-            t0 = reader_t0 = clock() if made is None else made
+            t0 = clock() if made is None else made
             if made is not None and made < thread_last_ts():  # the thread recorded since
                 # iter() (the program's phase around next()): the slice starts here, as its
-                # events are in time order (an earlier begin would shift all that follows);
-                # the reader cost still counts from iter()
+                # events are in time order (an earlier begin would shift all that follows),
+                # and so does the reader cost (iter() is in no wait, maybe in no step)
                 t0 = clock()
             placed = wait_begin(t0, ident, on_main)  # a pending step opens here (main thread)
             if on_main and driver.ranges is not None:
@@ -238,7 +239,7 @@ class StepDriver:
                     driver.ranges.waiting = False
             t1 = clock()
             if on_main:
-                prof.timer.add_reader(t1 - reader_t0)
+                prof.timer.add_reader(t1 - t0)
             wait_end(placed, t0, t1, ident, on_main)
             return batch
 

@@ -162,16 +162,22 @@ CAT_DATALOADER_WORKER = "dataloader_worker"  # fetch/__getitem__/collate in a Da
 ARG_INPUT_SHAPES = "input_shapes"  # an operator's input shapes, "[[64, 64], [64]]"
 ARG_INPUT_DTYPES = "input_dtypes"  # an operator's input dtypes, "float, float"
 ARG_OP = "op"  # a collective's op: allreduce, broadcast, send, ...
-ARG_BYTES = "bytes"  # a collective's input bytes
+ARG_BYTES = "bytes"  # a collective's input bytes (a recv's: its buffer's)
 ARG_DTYPE = "dtype"
 ARG_GROUP_SIZE = "group_size"
 ARG_GROUP = "group"  # the process group's name
 # where a collective's slice ends other than at its completion: absent = at its completion
 ARG_COMPLETION = "completion"
-COMPLETION_ISSUED = "issued"  # no completion to wait for (gloo's send/recv): ended when issued
+# no completion to wait for, and no wait() on its work from Python: ended when issued
+COMPLETION_ISSUED = "issued"
 # enqueued on a device stream (NCCL: its work's future completes when the op is issued); the
 # device's 'communication' kernel is its time
 COMPLETION_STREAM = "stream"
+# no completion to wait for (gloo's reduce_scatter_tensor, isend/irecv): ended when the program's
+# wait() on its work returned, later than its issue (its completion at the latest). Where torch's
+# own function waits at once (dist.send, a synchronous reduce_scatter_tensor: FSDP's), that end
+# is its completion and the slice has no such arg
+COMPLETION_WAITED = "waited"
 COLLECTIVES_TRACK_NAME = "collectives"  # child tracks of the rank's process, one per lane
 WORKER_THREAD_NAME = "DataLoader worker {worker} (pid {pid})"  # a thread of the rank's process
 WORKER_FILE = "rank{rank}.summary.worker{worker}-{pid}.pftrace"  # merged with the rank's summary

@@ -203,7 +203,8 @@ class _OtherWork:
 def test_works_the_build_cannot_stamp(tmp_path, native_cache, monkeypatch):
     """A work that is no C++ ``Work`` turns the stamps off for good (done callbacks from then
     on, its slice written at its completion; works stamped before still drain); a ``Work``
-    without a future (gloo's send/recv) ends when issued."""
+    without a future (gloo's send/recv) waits for the program's wait, and ends when issued
+    where none comes."""
     monkeypatch.setenv("STEPSCOPE_CACHE_DIR", str(native_cache))
     mod = native.load()
     assert hasattr(mod, "watch")
@@ -212,7 +213,10 @@ def test_works_the_build_cannot_stamp(tmp_path, native_cache, monkeypatch):
     tracer._stamps, tracer._watching = mod, True
     t0 = time.perf_counter_ns()
     tracer._finish((t0, "SEND", 8, "float32", False), torch._C._distributed_c10d.Work(), 2, "0")
-    assert tracer.count == 1 and tracer._watching and not tracer._waiting
+    assert tracer.count == 0 and tracer._watching and not tracer._waiting
+    assert len(tracer._parked) == 1
+    tracer._end_parked(everything=True)  # (stop's: it was never waited for)
+    assert tracer.count == 1 and not tracer._parked
     # a real work stamped before the switch still drains after it
     fut = torch.futures.Future()
     stamped = torch._C._distributed_c10d._create_work_from_future(fut)
@@ -372,3 +376,119 @@ def test_a_device_backends_ops_through_the_cpp_hooks_and_kernels(tmp_path, nativ
     assert _described(d, tq.slices(d, "s.category = 'collective'")) == [
         ("allreduce", "16", "float32", "1", "stream"), ("allreduce", "8", "float32", "1", "stream"),
         ("broadcast", "12", "float32", "1", "issued" if mode == "hooks" else None)]
+
+
+NO_FUTURE = textwrap.dedent("""
+    import json, sys, time, torch, torch.distributed as dist, stepscope
+    from stepscope.pytorch import collectives
+    run_dir, mode, completion = sys.argv[1:4]
+    collectives.USE_PG_HOOKS = None if mode == "hooks" else False
+    collectives.USE_STAMPS = None if completion == "stamps" else False
+    prof = stepscope.Profiler(dir=run_dir, run_id="r", schedule=None, report=False,
+                              use_env=False, host_metrics=False, torch=True)
+    prof.start()
+    dist.init_process_group("gloo", init_method=f"file://{run_dir}/store", rank=0,
+                            world_size=1)
+    tracer = next(h.collectives for h in prof.hooks if hasattr(h, "collectives"))
+    out = torch.empty(64)
+    t0 = time.perf_counter_ns()
+    dist.reduce_scatter_tensor(out, torch.ones(64))  # (waits in Python)
+    work = dist.reduce_scatter_tensor(out, torch.ones(64), async_op=True)
+    time.sleep(0.02)
+    work.wait()
+    span = time.perf_counter_ns() - t0
+    unwaited = dist.group.WORLD._reduce_scatter_base(torch.empty(16), torch.ones(16))
+    prof.step()
+    prof.step()  # (the second flush since it was issued: it ended when issued)
+    prof.stop()
+    dist.destroy_process_group()
+    print(json.dumps({"span": span, "parked": len(tracer._parked), "failures": tracer.failures}))
+""")
+
+
+@pytest.mark.parametrize("completion", ["stamps", "callback"])
+@pytest.mark.parametrize("mode", ["hooks", "python"])
+def test_a_work_without_a_future_ends_at_its_wait(tmp_path, native_cache, mode, completion):
+    """gloo's reduce_scatter_tensor gives a work without a future (its wait() waits for an
+    inner all-reduce, then copies the output): its op ends when the program's wait returns.
+    Waited in torch's own function (synchronous: FSDP's reduce-scatters on the CPU), that is
+    its completion; waited by the program 20 ms later, its completion's latest ('waited');
+    with no wait from Python, it ends when issued ('issued')."""
+    if mode == "hooks" and not hasattr(dist.ProcessGroup, "register_pre_hook"):
+        pytest.skip("this torch has no process-group hooks")
+    script = tmp_path / "nf.py"
+    script.write_text(NO_FUTURE)
+    env = dict(os.environ, STEPSCOPE_CACHE_DIR=str(native_cache))
+    r = subprocess.run([sys.executable, str(script), str(tmp_path), mode, completion],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["parked"] == 0 and out["failures"] == 0
+    d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
+    slices = tq.slices(d, "s.category = 'collective'")
+    assert _described(d, slices) == [("reduce_scatter", "256", "float32", "1", None),
+                                     ("reduce_scatter", "256", "float32", "1", "waited"),
+                                     ("reduce_scatter", "64", "float32", "1", "issued")]
+    assert slices[1]["dur"] >= 20_000_000  # to its wait, after the program's 20 ms
+    assert slices[0]["dur"] + slices[1]["dur"] <= out["span"]
+
+
+P2P = textwrap.dedent("""
+    import json, sys, time, torch, torch.distributed as dist, stepscope
+    from stepscope.pytorch import collectives
+    run_dir, mode, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    collectives.USE_PG_HOOKS = None if mode == "hooks" else False
+    prof = stepscope.Profiler(dir=run_dir, run_id="r", schedule=None, report=False,
+                              use_env=False, host_metrics=False, torch=True)
+    prof.start()
+    dist.init_process_group("gloo", init_method=f"file://{run_dir}/store", rank=rank,
+                            world_size=2)
+    t = torch.zeros(8)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.03)  # rank 0's recv waits for this send
+        dist.send(torch.ones(8), dst=0)
+        work = dist.irecv(t, src=0)
+        time.sleep(0.05)  # the program computes; rank 0 sent long ago
+        work.wait()
+    else:
+        dist.recv(t, src=1)
+        dist.isend(torch.ones(8), dst=1).wait()
+    dist.barrier()
+    prof.stop()
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.parametrize("mode", ["hooks", "python"])
+def test_gloo_send_and_recv_end_at_their_wait(tmp_path, native_cache, mode):
+    """gloo's send/recv works have no future. dist.send/dist.recv wait in torch's own function
+    right after issuing: the wait's return is their completion (rank 0's recv lasts the 30 ms
+    until rank 1 sends, timed, no arg). A work the program waits for later, after 50 ms of its
+    own, ends at that wait: its completion's latest ('waited'), as does one the program waits
+    for at once (an isend's): only torch's own functions are known to wait at once."""
+    if mode == "hooks" and not hasattr(dist.ProcessGroup, "register_pre_hook"):
+        pytest.skip("this torch has no process-group hooks")
+    script = tmp_path / "p2p.py"
+    script.write_text(P2P)
+    env = dict(os.environ, STEPSCOPE_CACHE_DIR=str(native_cache))
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path), mode, str(rank)],
+                              env=dict(env, RANK=str(rank), WORLD_SIZE="2"),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in (0, 1)]  # fmt: skip
+    logs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    got = {}
+    for rank in (0, 1):
+        d = tq.db(tmp_path / "r" / f"rank{rank}.summary.pftrace")
+        slices = [s for s in tq.slices(d, "s.category = 'collective'") if s["name"] != "barrier"]
+        got[rank] = [(desc, s["dur"]) for desc, s in zip(_described(d, slices), slices,
+                                                            strict=True)]
+    (recv, recv_ns), (isend, _) = got[0]
+    assert (recv, isend) == (("recv", "32", "float32", "2", None),  # (the program's wait,
+                             ("send", "32", "float32", "2", "waited"))  # if at once)
+    assert recv_ns >= 25_000_000  # rank 1's 30 ms before its send (its clock's, barrier-aligned)
+    (send, _), (irecv, irecv_ns) = got[1]
+    assert (send, irecv) == (("send", "32", "float32", "2", None),
+                             ("recv", "32", "float32", "2", "waited"))
+    assert irecv_ns >= 50_000_000

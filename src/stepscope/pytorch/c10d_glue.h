@@ -46,7 +46,9 @@ struct Op {
   int64_t nbytes = 0;      // its input tensors' bytes
   int64_t owner = 0;       // the profiler's id of who noted it (a hooked group, the kernels)
   // where t1 is: 0 its completion; 1 it has no completion to wait for and ended when issued;
-  // 2 it was enqueued on a device stream (NCCL), whose future completed when it was issued
+  // 2 it was enqueued on a device stream (NCCL), whose future completed when it was issued;
+  // 3 it has no completion to wait for and ended when the program's wait() on its work
+  // returned, later than its issue (its completion at the latest)
   int64_t ended = 0;
   bool on_device = false;  // its first input tensor is on a device (not the CPU)
   int64_t size = 0;        // its process group's size and name

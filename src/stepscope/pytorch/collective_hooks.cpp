@@ -70,7 +70,10 @@ PyObject* hook_group(PyObject*, PyObject* args) {
         op.owner = g;
         op.size = size;
         op.group = name;
-        for (const auto& t : a.input_tensors) stepscope_c10d::add_input(op, t);
+        // a recv has no input: its buffer, an output, is what it moves (as our kernels read
+        // its tensors)
+        for (const auto& t : a.input_tensors.empty() ? a.output_tensors : a.input_tensors)
+          stepscope_c10d::add_input(op, t);
         std::lock_guard<std::mutex> lock(g_open->mu);
         if (g_open->ops.size() >= kMaxOpen) g_open->ops.clear();
         g_open->ops[{g, a.op_id}] = std::move(op);

@@ -43,12 +43,21 @@ ops wait. Without the native module:
   wait up to the switch interval (5 ms). A watcher thread waiting on the futures without the GIL
   removed that wait but cost a GIL handover more per op (DDP steps of 4.6 gloo all-reduces took
   5 % longer with it, 6 of 6 pairs on two cores).
-Args: ``op``, ``bytes`` (input tensors), ``dtype``, ``group_size``, ``group``. Summary level:
-every op of the run, not only those of detail windows.
+Args: ``op``, ``bytes`` (input tensors; a recv's buffer), ``dtype``, ``group_size``,
+``group``. Summary level: every op of the run, not only those of detail windows.
 
 Where a slice does not end at its op's completion, the arg ``completion`` says so:
 
-* ``"issued"``: works that have no future (gloo's send/recv) end at their post-hook;
+* ``"waited"``: a work that has no future (gloo's ``isend``/``irecv``, and its
+  ``reduce_scatter_tensor``: a ``LambdaWork`` whose ``wait()`` waits for an inner all-reduce,
+  one no hook sees, then copies the result out) has no completion to stamp; ``Work.wait``
+  wrapped ends its op when the program's wait on it returns, its completion at the latest.
+  Where that wait comes from the op's own call in ``torch.distributed`` (``dist.send``/``recv``,
+  a synchronous ``reduce_scatter_tensor``: FSDP's), torch waits right after issuing it, the
+  output is written only then, and that end is its completion (no arg);
+* ``"issued"``: such an op that no wait from Python ends (waited from C++, as functional
+  collectives' ``wait_tensor`` does, or never) ends when issued, taken so at the second flush
+  after it (or at stop);
 * ``"stream"``: a device backend's op (NCCL's) is enqueued on a CUDA stream, and its work's
   future is a device future that the backend completes right when the op is issued (its
   waiters then wait on the stream, not on the host). A future that has devices and is complete
@@ -89,6 +98,8 @@ from typing import Any
 
 from .. import _schema as S
 
+# the module whose functions wait for their own op at once where it is synchronous
+_C10D_MODULE = "torch.distributed.distributed_c10d"
 HOOK_ID = 0x5EC0  # our pre/post hook id on each process group
 KEY = "BackendSelect"  # the dispatch key of our c10d kernels (torch without those hooks)
 # torch has ProcessGroup pre/post hooks (None: look at start; tests set False to try the fallback)
@@ -133,7 +144,7 @@ _GROUP_IDS = itertools.count()  # the C++ hooks' group ids, likewise for every t
 DRAIN_AT = 256  # works stamped but not yet written: drained at once beyond this (no step ends)
 
 # the C++ ops' end (c10d_glue.h's Op::ended) -> S.ARG_COMPLETION's value
-_ENDED = (None, S.COMPLETION_ISSUED, S.COMPLETION_STREAM)
+_ENDED = (None, S.COMPLETION_ISSUED, S.COMPLETION_STREAM, S.COMPLETION_WAITED)
 
 _DTYPE_NAMES: dict[Any, str] = {}
 _HOOK_NAMES: dict[int, str] = {}  # a HookOpName's value -> its name (see _hook_name)
@@ -210,6 +221,10 @@ class CollectiveTracer:
         # slot -> (opened, group size, group name, work)
         self._waiting: dict[int, tuple] = {}
         self._called_back: dict[int, Any] = {}  # slot -> work whose Python callback is to come
+        # id(work) -> [work, opened, group size, group name, flushes seen, issued ns]: ops whose
+        # work has no future, ended when the program's Work.wait returns (else "issued" at the
+        # 2nd flush)
+        self._parked: dict[int, list] = {}
         self._on = False
         # stopped, its last ops waited for: a done callback after that is in no run's file
         self._closed = False
@@ -229,10 +244,10 @@ class CollectiveTracer:
         mod = native.load() if USE_STAMPS is not False else None  # (None: not built)
         self._stamps = mod if hasattr(mod, "watch") else None
         self._watching = self._stamps is not None
-        if self._stamps is not None:
-            # before each flush takes the emitter's events: a slice written after a flush
-            # that took later ones would be clamped forward
-            self.sess.flush_hooks.append(self.drain)
+        # before each flush takes the emitter's events: a slice written after a flush that
+        # took later ones would be clamped forward (and parked ops unwaited end when issued)
+        self.sess.flush_hooks.append(self.drain)
+        self._wrap_wait()
         self.pg_hooks = USE_PG_HOOKS
         if self.pg_hooks is None:
             self.pg_hooks = hasattr(dist.ProcessGroup, "register_pre_hook")
@@ -249,6 +264,7 @@ class CollectiveTracer:
             self._stamps.unhook_ops()
             self._native_kernels = False
         self._drain_completed()
+        self._end_parked(everything=True)
         if self.drain in self.sess.flush_hooks:
             self.sess.flush_hooks.remove(self.drain)
         for owner, name, original in reversed(self._patched):
@@ -287,6 +303,53 @@ class CollectiveTracer:
 
             wrapper = make(original)
             self._install((c10d, dist), name, original, wrapper)
+
+    def _wrap_wait(self) -> None:
+        """``Work.wait`` wrapped (``stop()`` puts it back): a work without a future (gloo's
+        reduce_scatter_tensor, send, recv) has no completion to stamp; its op ends when the
+        program's wait on it returns. That is its completion where the wait comes from the
+        op's own call in ``torch.distributed`` (``dist.send``, a synchronous
+        ``reduce_scatter_tensor``, as FSDP issues them): torch waits there right after issuing
+        it. Elsewhere it is the completion's latest (``completion: "waited"``). A wait from C++
+        is not seen (those end when issued). One dict look-up per wait, and a C call where the
+        native module parks ops."""
+        from torch._C import _distributed_c10d as c10d
+
+        original = c10d.Work.__dict__.get("wait")
+        if original is None:
+            return
+        tracer = self
+        waited = getattr(self._stamps, "waited", None)
+        own = _C10D_MODULE
+
+        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(work, *args, **kwargs)
+            if tracer._parked or waited is not None:
+                at_once = sys._getframe(1).f_globals.get("__name__") == own
+                if tracer._parked:
+                    tracer._waited(work, at_once)
+                if waited is not None:
+                    waited(work, at_once)
+            return result
+
+        wait.__wrapped__ = original  # type: ignore[attr-defined]
+        wait.__doc__ = getattr(original, "__doc__", None)
+        self._install((c10d.Work,), "wait", original, wait)
+
+    def _waited(self, work: Any, at_once: bool) -> None:
+        entry = self._parked.pop(id(work), None)
+        if entry is not None and entry[0] is work:
+            self._write(entry[1], time.perf_counter_ns(), entry[2], entry[3],
+                        None if at_once else S.COMPLETION_WAITED)
+
+    def _end_parked(self, everything: bool = False) -> None:
+        """Ops parked since before the last flush (or all) end when issued: their work was
+        waited from C++, late, or never."""
+        for key, entry in list(self._parked.items()):
+            entry[4] += 1
+            if everything or entry[4] > 1:
+                if self._parked.pop(key, None) is not None:
+                    self._write(entry[1], entry[5], entry[2], entry[3], S.COMPLETION_ISSUED)
 
     def _install(self, owners: tuple, name: str, original: Any, wrapper: Any) -> None:
         """``wrapper`` in place of ``original`` wherever an owner holds it (``stop()`` puts it
@@ -438,7 +501,8 @@ class CollectiveTracer:
         def pre(a: Any) -> None:
             try:
                 t = time.perf_counter_ns()
-                nbytes, dtype, on_device = _input_size(a.input_tensors)
+                # (a recv's buffer is an output: what it moves, as the kernels read it)
+                nbytes, dtype, on_device = _input_size(a.input_tensors or a.output_tensors)
                 self._open[gid, a.op_id] = (t, _hook_name(int(a.name)), nbytes, dtype, on_device)
             except Exception:
                 self.failures += 1
@@ -492,8 +556,11 @@ class CollectiveTracer:
                 return
         try:
             fut = work.get_future()
-        except RuntimeError:  # gloo send/recv: no future
-            self._write(opened, time.perf_counter_ns(), size, group, S.COMPLETION_ISSUED)
+        except RuntimeError:  # no future (gloo's send/recv, reduce_scatter_tensor): its wait
+            if len(self._parked) < DRAIN_AT:
+                self._parked[id(work)] = [work, opened, size, group, 0, time.perf_counter_ns()]
+            else:
+                self._write(opened, time.perf_counter_ns(), size, group, S.COMPLETION_ISSUED)
             return
         if opened[4] and fut.done():  # a device stream's op (by its input: Python sees no
             # future's devices; a barrier, with none, waits for its callback)
@@ -526,12 +593,14 @@ class CollectiveTracer:
     def drain(self) -> None:
         """Write the ops whose works the native module stamped complete since the last drain
         (at every flush, at stop, and beyond ``DRAIN_AT`` waiting; from any thread)."""
+        if self._parked:
+            self._end_parked()
         stamps = self._stamps
         if stamps is None:
             return
         try:
             pairs = array("q", stamps.drain() if self._waiting else b"")
-            ops = stamps.take_ops() if self._owners else ()
+            ops = stamps.take_ops(not self._on) if self._owners else ()
         except Exception:
             self.failures += 1
             return

@@ -358,7 +358,9 @@ def test_distributed_and_stragglers(db):
 
 def test_distributed_of_ranks_without_device_time():
     """No device slices: nothing to split the time with (computation, overlap, other None);
-    communication still from the collectives timed to completion, else None too."""
+    communication still from the collectives timed to completion, else None too: not from a
+    send ended when issued, nor from a recv ended at the program's late wait ('waited', its
+    completion's latest, counted apart in the collectives table)."""
     t = TraceDB()
     r0 = t.process(10, "rank 0 (h)")
     t.slice(t.thread(r0, 11, "main"), 0, 1000, "step 0", "step", {"step": 0})
@@ -367,6 +369,7 @@ def test_distributed_of_ranks_without_device_time():
     t.slice(lanes[0], 100, 200, "allreduce", "collective", args)  # [100,300)
     t.slice(lanes[1], 250, 150, "allreduce", "collective", args)  # [250,400): union 300
     t.slice(lanes[0], 500, 10, "send", "collective", {**args, "completion": "issued"})
+    t.slice(lanes[1], 450, 300, "recv", "collective", {**args, "completion": "waited"})
     t.slice(lanes[0], 1100, 100, "allreduce", "collective", args)  # after the step
     t.slice(lanes[1], 700, 0, "allreduce", "collective", args)  # 0 long: adds nothing
     r1 = t.process(20, "rank 1 (h)")
@@ -381,16 +384,19 @@ def test_distributed_of_ranks_without_device_time():
     assert (by_op["allreduce"]["calls"], by_op["allreduce"]["timed"],
             by_op["allreduce"]["total_ns"], by_op["allreduce"]["bytes_per_s"]) == (
         4, 4, 450, 4 * 64 * 1e9 / 450)
+    assert [(r["calls"], r["timed"], r["waited"], r["total_ns"]) for r in
+            (by_op["recv"], by_op["send"])] == [(1, 0, 1, None), (1, 0, 0, None)]
 
 
 def test_collectives_by_op(db):
     """Every op counts in calls and bytes; the times are those of the ops timed to their
     completion: rank 0's NCCL op ended when enqueued ('stream'), rank 1's send when issued."""
     assert S.table(db, "collectives").rows == [
-        {"name": "allreduce", "calls": 2, "bytes": 4096 + 1000, "timed": 1, "total_ns": 200,
-         "avg_ns": 200, "max_ns": 200, "min_ns": 200, "bytes_per_s": 1000 * 1e9 / 200},
-        {"name": "send", "calls": 1, "bytes": 8, "timed": 0, "total_ns": None, "avg_ns": None,
-         "max_ns": None, "min_ns": None, "bytes_per_s": None},
+        {"name": "allreduce", "calls": 2, "bytes": 4096 + 1000, "timed": 1, "waited": 0,
+         "total_ns": 200, "avg_ns": 200, "max_ns": 200, "min_ns": 200,
+         "bytes_per_s": 1000 * 1e9 / 200},
+        {"name": "send", "calls": 1, "bytes": 8, "timed": 0, "waited": 0, "total_ns": None,
+         "avg_ns": None, "max_ns": None, "min_ns": None, "bytes_per_s": None},
     ]
     text = S.table(db, "collectives").render("text", unit="ns")
     assert "4.66 GiB/s" in text  # 5e9 bytes/s = 4.657 GiB/s

@@ -223,6 +223,7 @@ _SPECS: dict[str, _Spec] = {
             C("calls", "Calls", INT),
             C("bytes", "Bytes", BYTES),
             C("timed", "Timed", INT),
+            C("waited", "Waited", INT),
             *_TIME_STATS[1:],
             C("bytes_per_s", "Bandwidth", BYTES_PER_S),
         ),

@@ -32,6 +32,10 @@ CAT_GPU_RANGE = "gpu_range"  # GPU-side ranges timed with CUDA events (no CUPTI)
 # on the CPU, an NCCL op's kernel is a 'communication' slice of its own)
 CAT_COLLECTIVE = "collective"
 CAT_STEPSCOPE = "stepscope"  # the profiler's own bookkeeping (dropped events, sampler cost)
+# the profiler's own work at a step boundary where the schedule moves on (a detail window's
+# start: torch's profiler and CUPTI switched on; its end: their events converted), between the
+# steps, category CAT_STEPSCOPE: "stepscope window start", "stepscope window end, start", ...
+SCHEDULE_SLICE = "stepscope {}"
 
 # Step phases by convention (any other name is allowed and reported as-is).
 PHASE_DATALOADER = "Dataloader"

@@ -546,15 +546,38 @@ def test_one_cupti_client(tmp_path):
     assert tq.slices(d1, "s.category = 'torch_op'") == []
 
 
-def test_a_window_open_at_start_takes_cuptis_callbacks_back_from_kineto(tmp_path):
-    """A schedule from batch 0 opens the first window inside start(), before the integration is
-    attached: CUPTI is on before our Kineto session starts, and Kineto registers its own CUPTI
-    buffer callbacks even CPU-only, so the integration has the GPU tracer take them back
-    (seen on an H100: that window had no GPU activity at all)."""
+def test_a_window_open_at_start_starts_kineto_before_cupti(tmp_path):
+    """A schedule from batch 0 opens the first window inside start(), after the integration is
+    attached: our Kineto session is on before CUPTI starts, as in any window, so none of the
+    window's CUPTI buffers can go to Kineto's callbacks."""
     prof = stepscope.Profiler(dir=tmp_path, run_id="s", schedule=(0, 1), host_metrics=False,
                               report=False, use_env=False, torch=True, gpu=False)
     fake = prof._gpu = _FakeGpu()
     prof.start()
+    torch.ones(3).add_(1)
+    prof.step()
+    prof.stop()
+    assert fake.windows == [("begin", True, True), ("end",)]
+    d = tq.db(tmp_path / "s" / "rank0.detail.0.pftrace")
+    assert len(tq.slices(d, "s.name = 'aten::add_'")) == 1
+
+
+def test_torch_imported_inside_a_window_takes_cuptis_callbacks_back_from_kineto(tmp_path):
+    """The integration attached inside an open window (``stepscope run``: the program imports
+    torch there): CUPTI is on before our Kineto session starts, and Kineto registers its own
+    CUPTI buffer callbacks even CPU-only, so the integration has the GPU tracer take them back
+    (seen on an H100: that window had no GPU activity at all). attach_on_import's own steps,
+    torch being imported in this process already."""
+    from stepscope.pytorch import TorchIntegration
+
+    prof = stepscope.Profiler(dir=tmp_path, run_id="s", schedule=(0, 1), host_metrics=False,
+                              report=False, use_env=False, torch=False, gpu=False)
+    fake = prof._gpu = _FakeGpu()
+    prof.start()
+    hook = TorchIntegration(prof)
+    prof.hooks.append(hook)
+    hook.start()
+    hook.window_start()
     torch.ones(3).add_(1)
     prof.step()
     prof.stop()

@@ -563,13 +563,18 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
                     with contextlib.suppress(Exception):
                         sess.stop()
                 self._recording = False
-        self._enter_batch()
+        # the producers first: a window open from batch 0 starts theirs with it, before the
+        # first step, whose time it is not
+        self._attach_hooks()
+        t = time.perf_counter_ns()
+        did = self._enter_batch()
+        if did and self._recording:
+            t = self._own_slice(t, did) + 1
         if open_step and not self.options.get("step_on"):
             with self._plock:
-                self._begin_step(time.perf_counter_ns())
+                self._begin_step(max(time.perf_counter_ns(), t))
         else:  # steps from optimizer steps: step 0 opens at the first batch wait or forward
             self._pending = self._quiet = True
-        self._attach_hooks()
         atexit.register(self._at_exit)
         return self
 
@@ -590,9 +595,7 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
             return
         if hook is not None:
             self.hooks.append(hook)
-            self._hook("start")
-            if self._window_path is not None:  # a window opened at start (schedule from 0)
-                self._hook("window_start")
+            self._hook("start")  # (before the schedule's first state: see start())
 
     def _hook(self, name: str) -> None:
         for h in self.hooks:
@@ -804,7 +807,10 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
                 self._batch = 0
             else:
                 self._batch += 1
-            self._enter_batch()
+            did = self._enter_batch()
+            if did and self._recording:  # the profiler's own work lies between the steps, as
+                # torch.profiler's does between its ProfilerStep ranges
+                t = max(time.perf_counter_ns(), self._own_slice(t, did) + 1)
             with self._plock:
                 self._begin_step(t)
             return
@@ -875,7 +881,20 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
             return
         self._epoch = epoch
         self._batch = 0
-        self._enter_batch()
+        t = time.perf_counter_ns()
+        did = self._enter_batch()
+        if did and self._recording:  # (inside the step in progress, if one is)
+            self._own_slice(t, did)
+
+    def _own_slice(self, t: int, did: str) -> int:
+        """The slice of the profiler's window work ``did`` since ``t``, on the calling thread's
+        track, 1 ns clear of a step that ended at ``t`` (this emitter's events and the steps'
+        are sequences of their own: at one instant, their order on the track would be left to
+        chance); returns its end, now."""
+        t1 = time.perf_counter_ns()
+        self._late.complete(t + 1, t1 - t - 1, S.SCHEDULE_SLICE.format(did),
+                            self._sess.thread_track(), S.CAT_STEPSCOPE)
+        return t1
 
     def _begin_step(self, t: int, place: bool = True) -> None:
         """Open step ``self._step`` at ``t`` (perf_counter ns, the trace's clock), its begin
@@ -1070,15 +1089,17 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
             self._abandon_step()
 
     # -- schedule -------------------------------------------------------------------------------
-    def _enter_batch(self) -> None:
+    def _enter_batch(self) -> str | None:
         """Apply the schedule's state for the batch now starting. ``step()`` skips this until
-        the batch ``_stable_until``, from which on the state or the window may change."""
+        the batch ``_stable_until``, from which on the state or the window may change. Returns
+        what it did to the windows ("window end", "window start" or both, joined by ", "), or
+        None."""
         sched = self.schedule
         self._stable_until = self._batch + 1
         if sched is None or "detail" not in self.levels:
             if self._state is State.DISABLED and self._window_path is None:
                 self._stable_until = NEVER
-                return
+                return None
             new = State.DISABLED
             key = None
         else:
@@ -1087,13 +1108,16 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
             self._stable_until = sched.stable_until(self._batch)
         old, old_key = self._state, self._window_key
         if new is old and key == old_key:
-            return
+            return None
         self._state, self._window_key = new, key
         if self._sess is None or not self._recording:
-            return
+            return None
+        did = []
         try:
             own = self._own_session  # a session the user started keeps its own detail setting
             if old is State.ACTIVE and (new is not State.ACTIVE or key != old_key):
+                if self._window_path is not None:
+                    did.append("window end")
                 self._leave_window()
             elif old is State.WARMUP and not new.tracing and own:
                 self._sess.set_detail(False)
@@ -1101,11 +1125,13 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
             if new is State.WARMUP and not (old is State.WARMUP and key == old_key) and own:
                 self._sess.set_detail(True)
             elif new is State.ACTIVE and self._window_path is None:
+                did.append("window start")
                 self._open_window()
         except Exception as exc:
             _warn(f"schedule transition failed ({exc!r}); detail tracing off")
             self.levels = tuple(lv for lv in self.levels if lv != "detail")
             self._stable_until = self._batch + 1
+        return ", ".join(did) or None
 
     def _open_window(self) -> None:
         sess = self._sess

@@ -71,6 +71,9 @@ static int grow(Py_ssize_t need) {
  * recording (since the last clear) is preceded by (THREAD_MARK, native thread id, ident): the
  * writer starts a new thread there. The check is one thread-local load per event. */
 #define THREAD_MARK 7 /* _recorder.THREAD: code(0, 1, 3), a code no event has */
+/* _recorder.STEPS: ident | STEPS_IDENT is the ident of the thread's step events (a sequence
+ * and a track of their own) */
+#define STEPS_IDENT (1LL << 62)
 static int64_t generation = 1; /* bumped by clear(): every thread marks itself again */
 /* initial-exec: a direct %fs access, not a __tls_get_addr call on every put() */
 static __thread __attribute__((tls_model("initial-exec"))) int64_t marked_generation = 0;
@@ -1517,7 +1520,7 @@ static PyObject *prof_step(PyObject *self, PyObject *const *args, Py_ssize_t nar
         result = call_method(self, pn.begin_step, pa, 1);
         goto done;
     }
-    long long ident = (long long)PyThread_get_thread_ident();
+    long long ident = (long long)PyThread_get_thread_ident() | STEPS_IDENT; /* its steps' */
     long long begin;
     if (n < pc.code_max) {
         begin = pc.code0 + (n << 3);
@@ -2122,7 +2125,8 @@ PyMODINIT_FUNC PyInit__fast(void) {
         || PyModule_AddObjectRef(m, "CaptureFlags", (PyObject *)&FlagsType) < 0
         || PyModule_AddObjectRef(m, "Range", (PyObject *)&RangeType) < 0
         || PyModule_AddObjectRef(m, "Decorated", (PyObject *)&DecoratedType) < 0
-        || PyModule_AddIntConstant(m, "THREAD_MARK", THREAD_MARK) < 0) {
+        || PyModule_AddIntConstant(m, "THREAD_MARK", THREAD_MARK) < 0
+        || PyModule_AddObject(m, "STEPS_IDENT", PyLong_FromLongLong(STEPS_IDENT)) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -10,6 +10,9 @@ from typing import Any
 # the code of a thread mark (THREAD_MARK, native thread id, ident), written before each OS
 # thread's first event of a recording (``_recorder.THREAD``; a build without it is stale)
 THREAD_MARK: int
+# ident | STEPS_IDENT: a thread's step events, a sequence and a track of their own
+# (``_recorder.STEPS``; a build without it is stale)
+STEPS_IDENT: int
 
 # the protobuf tags it writes itself, from ``_wire_tags.h`` (generated from ``format/wire.py``)
 TAG_TRACE_PACKET: int

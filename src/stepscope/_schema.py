@@ -139,6 +139,9 @@ DETAIL_FILE = "rank{rank}.detail.{window}.pftrace"  # one file per schedule wind
 
 # --- GPU (issue 5: stepscope.gpu) -------------------------------------------------------------
 API_TRACK_NAME = "CUDA API"  # runtime/driver API slices, child track of the launching thread
+# a thread's steps (and the profiler's own work between them), child track of the thread: a
+# track of their own, so a range of the thread that spans steps never nests with them
+STEPS_TRACK_NAME = "steps"
 SYNC_TRACK_NAME = "sync"  # CUDA synchronization records, child track of the GPU track
 ARG_SYNC_TYPE = "sync_type"  # Stream synchronize, Context synchronize, Event synchronize, ...
 ARG_SRC_KIND = "src_kind"  # memcpy source memory: Device, Pageable, Pinned, Managed, ...

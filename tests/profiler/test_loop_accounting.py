@@ -211,6 +211,17 @@ def _engine_slices(path, where):
         db.close()
 
 
+def _track_names(path, category):
+    """The names of the tracks that hold the slices of ``category``."""
+    db = analysis.open(str(path), engine="embedded")
+    try:
+        return [r["name"] for r in db.query(
+            "select distinct t.name from slice s join track t on t.id = s.track_id "
+            f"where s.category = '{category}'")]
+    finally:
+        db.close()
+
+
 @pytest.mark.parametrize("window", [False, True], ids=["summary", "detail-window"])
 def test_a_kept_phase_after_a_flush_stays_in_a_step_that_starts_on_time(tmp_path, monkeypatch,
                                                                        window):
@@ -251,18 +262,20 @@ def test_a_kept_phase_after_a_flush_stays_in_a_step_that_starts_on_time(tmp_path
         assert len(phases) == 3
         for (_, b, dur), p in zip(want, phases, strict=True):
             assert b < p.ts and p.ts + p.dur < b + dur
-        # the embedded engine's nesting: each phase is a child of its step
+        # the embedded engine's nesting: the steps on their own track, the phases on the
+        # thread's, each inside its step's time (above)
         assert _engine_slices(path, f"s.category = '{S.CAT_STEP}'") == [
             (name, dur, 0, None) for name, _, dur in want]
         assert [s[2:] for s in _engine_slices(path, f"s.category = '{S.CAT_PHASE}'")] == [
-            (1, f"step {i}") for i in range(3)]
+            (0, None)] * 3
+        assert _track_names(path, S.CAT_STEP) == [S.STEPS_TRACK_NAME]
     users = decode(prof.files[0]).slices if window else []
     assert [u.name for u in users if u.category == ""] == (
         ["user 0", "user 1", "user 2", "tail"] if window else [])
     if window:
         users = _engine_slices(prof.files[0], "s.name like 'user %' or s.name = 'tail'")
         assert [(n, dep, par) for n, _, dep, par in users] == [
-            ("user 0", 2, "forward"), ("user 1", 2, "forward"), ("user 2", 2, "forward"),
+            ("user 0", 1, "forward"), ("user 1", 1, "forward"), ("user 2", 1, "forward"),
             ("tail", 0, None)]
     t = _tables(summary)
     overview = {r["kind"]: (r["calls"], r["total_ns"]) for r in t["overview"]}
@@ -420,7 +433,9 @@ def test_a_session_stopped_from_elsewhere_ends_a_step_begun_late(tmp_path, monke
     prof.stop()
     path = tmp_path / "r" / "rank0.summary.pftrace"
     d = perfetto_decode.decode(str(path))
-    track = next(u for u, t in d.tracks.items() if t.HasField("thread"))
+    thread = next(u for u, t in d.tracks.items() if t.HasField("thread"))
+    track = next(u for u, t in d.tracks.items()
+                 if t.parent_uuid == thread and t.name == S.STEPS_TRACK_NAME)
     steps = [s for s in d.slices(track) if s[0].startswith("step")]  # asserts none is open
     assert [s[0] for s in steps] == ["step 0", "step 1"]
     assert steps[1][2] == t1 and before <= steps[1][3] <= after
@@ -531,3 +546,46 @@ def test_a_window_open_at_start_is_before_step_0_and_one_from_epoch_is_in_its_st
     steps_ = [(s.name, s.ts - start, s.dur) for s in d.by_category(S.CAT_STEP)]
     assert steps_ == [("step 0", 7 * MS + 1, 2 * MS - 1), ("step 1", 20 * MS + 1, 2 * MS - 1),
                       ("step 2", 22 * MS, 9 * MS), ("step 3", 42 * MS + 1, 2 * MS - 1)]
+
+
+@pytest.mark.parametrize("span", ["phase", "range"])
+def test_a_range_that_spans_steps_leaves_each_step_whole(tmp_path, monkeypatch, span):
+    """A phase (summary level), or a user range in a detail window, around the whole loop, and
+    step() inside it: a track holds slices that nest, and these cannot, so the steps have a
+    track of their own. Before, step 0's end closed the spanning range, and the range's end
+    step 3: step 0 lasted the whole loop (the Steps table's max, and "Others" over 100 %).
+    Each of 3 steps: 1 ms of Forward, then 3 ms; the steps are the clock readings the profiler
+    made at step() (the hand measurement)."""
+    clock = LoggedTime()
+    monkeypatch.setattr(P, "time", clock)
+    window = stepscope.schedule(warmup=0, active=5) if span == "range" else None
+    prof = Profiler(tmp_path, schedule=window, run_id="r", host_metrics=False, report=False,
+                    use_env=False, torch=False)
+    prof.start()
+    bounds = [clock.log[-1]]  # the reading that opened step 0
+    outer = prof.phase("train") if span == "phase" else stepscope.annotate("train")
+    with outer:
+        for _ in range(3):
+            with prof.phase("Forward"):
+                time.sleep(0.001)
+            time.sleep(0.003)
+            prof.step()
+            bounds.append(clock.log[-1])
+    prof.stop()
+
+    want = [(f"step {i}", bounds[i + 1] - bounds[i], 0, None) for i in range(3)]
+    for path in prof.files:
+        assert _engine_slices(path, f"s.category = '{S.CAT_STEP}'") == want
+        assert [s.ts for s in decode(path).by_category(S.CAT_STEP)] == bounds[:3]
+        assert _track_names(path, S.CAT_STEP) == [S.STEPS_TRACK_NAME]
+        if span == "range" and "detail" not in path.name:
+            assert [s for s in decode(path).slices if s.name == "train"] == []  # (detail)
+            continue
+        (train,) = [s for s in decode(path).slices if s.name == "train"]
+        assert train.ts < bounds[0] + (bounds[1] - bounds[0]) and train.ts + train.dur > bounds[3]
+        assert _engine_slices(path, "s.name = 'train'") == [("train", train.dur, 0, None)]
+        fwd = _engine_slices(path, "s.name = 'Forward'")
+        assert [(depth, parent) for _, _, depth, parent in fwd] == [(1, "train")] * 3
+    t = _tables(tmp_path / "r" / "rank0.summary.pftrace")
+    stats = {r["stat"]: r for r in t["steps"]}
+    assert stats["max"]["batch_cost_ns"] == pytest.approx(max(w[1] for w in want), abs=MS // 10)

@@ -52,12 +52,14 @@ def test_ranges_that_raise_thread_ranges_and_decorated_functions(tmp_path):
         by_name.setdefault(s["name"], []).append(s)
     assert {n: len(v) for n, v in by_name.items()} == {
         "outer": 3, "inner": 3, "decorated": 3, "thread": 3}
-    # the raising ranges ended (a duration) and nest: step > Forward > outer > inner
+    # the raising ranges ended (a duration) and nest: Forward > outer > inner (in a step, which
+    # has a track of its own)
     for s in by_name["inner"]:
-        assert s["dur"] >= 0 and s["depth"] == 3
+        assert s["dur"] >= 0 and s["depth"] == 2
         parent = tq.rows(d, f"SELECT name FROM slice WHERE id = {s['parent_id']}")[0]["name"]
         assert parent == "outer"
-    assert all(s["depth"] == 2 for s in by_name["decorated"])  # in Forward, in the step
+    assert all(s["depth"] == 1 for s in by_name["decorated"])  # in Forward
+    assert tq.outside_steps(d) == []
     main_track = by_name["outer"][0]["track_id"]
     assert all(s["track_id"] != main_track and s["depth"] == 0 for s in by_name["thread"])
 
@@ -127,7 +129,7 @@ def test_an_object_entered_again_before_its_exit_ends_each_range_and_dropped_one
     got = tq.slices(d, "s.category = 'record_function'")
     nxt = next(s for s in got if s["name"] == "next")
     outer, inner = sorted((s for s in got if s["name"] == "same"), key=lambda s: s["depth"])
-    assert (outer["depth"], inner["depth"], nxt["depth"]) == (2, 3, 2)  # in Forward, in the step
+    assert (outer["depth"], inner["depth"], nxt["depth"]) == (1, 2, 1)  # in Forward
     assert inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"] <= nxt["ts"]
     names = sorted(s["name"] for s in got if s["name"] not in ("same", "next"))
     assert names == ["after", "dropped0", "dropped1", "dropped2"]

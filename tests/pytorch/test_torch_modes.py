@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from typing import Any
 
 import pytest
@@ -85,12 +86,12 @@ def _flush() -> None:
     _session.current().flush()  # what the writer thread does every second, made here
 
 
-def _nested(d, outer: str, inner: str) -> list[tuple[dict, list[dict]]]:
-    """Each ``outer`` slice with the ``inner`` slices that lie inside it, one level deeper."""
-    out = tq.slices(d, f"s.category = '{outer}'")
-    ins = tq.slices(d, f"s.category = '{inner}'")
-    return [(o, [i for i in ins if o["ts"] <= i["ts"] and i["ts"] + i["dur"] <= o["ts"] + o["dur"]
-                 and i["depth"] == o["depth"] + 1]) for o in out]
+def _in_steps(d, inner: str) -> list[tuple[dict, list[dict]]]:
+    """Each step with the ``inner`` slices at the top of its thread's track that lie whole
+    inside it (the steps have a track of their own)."""
+    return [(st, [i for i in tq.step_children(d, st) if i["category"] == inner
+                  and i["ts"] + i["dur"] <= st["ts"] + st["dur"]])
+            for st in tq.slices(d, "s.category = 'step'")]
 
 
 def test_optimizer_steps_without_a_loader_hold_their_ranges_across_flushes(tmp_path):
@@ -111,7 +112,7 @@ def test_optimizer_steps_without_a_loader_hold_their_ranges_across_flushes(tmp_p
         _flush()  # step k+1 is open, its begin not written yet
     prof.stop()
     d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
-    got = _nested(d, "step", "record_function")
+    got = _in_steps(d, "record_function")
     assert [st["name"] for st, _ in got] == ["step 0", "step 1", "step 2", "step 3"]
     assert [[r["name"] for r in inner] for _, inner in got] == [
         ["fwd", "Optimizer.step#SGD.step"]] * 4
@@ -153,12 +154,12 @@ def test_zero_code_steps_run_no_python_of_the_capture_but_the_optimizer_hook(tmp
     prof.stop()
     assert calls == {"_on_optimizer_step": 10}
     d = tq.db(tmp_path / "z" / "rank0.summary.pftrace")
-    got = _nested(d, "step", "record_function")
+    got = _in_steps(d, "record_function")
     assert [st["name"] for st, _ in got] == [f"step {k}" for k in range(13)]
     names = [[r["name"].split("#")[0] for r in inner] for _, inner in got]
     assert names == [["Optimizer.step"]] + [["Optimizer.zero_grad", "Optimizer.step"]] * 12
     # the tail after the 13th optimizer step, its zero_grad only, is no step of its own
-    tail = tq.slices(d, "s.category = 'record_function' AND s.depth = 0")
+    tail = tq.outside_steps(d)
     assert [r["name"].split("#")[0] for r in tail] == ["Optimizer.zero_grad"]
     assert tail[0]["ts"] >= got[-1][0]["ts"] + got[-1][0]["dur"]
     assert prof.timer.steps == 13
@@ -215,12 +216,12 @@ def test_an_optimizer_step_inside_the_programs_ranges_ends_its_step_after_them(t
 
     last = "update" if loop == "ranges" else "Optimization"
     for i, st in enumerate(steps):
-        kids = children(st)
+        kids = tq.step_children(d, st)
         assert [k["name"] for k in kids] == ["Forward", "Backward", last]
         # the boundary: after the end of the last range, before the next Forward
         assert kids[-1]["ts"] + kids[-1]["dur"] <= st["ts"] + st["dur"]
         if i < 3:
-            assert st["ts"] + st["dur"] <= children(steps[i + 1])[0]["ts"]
+            assert st["ts"] + st["dur"] <= tq.step_children(d, steps[i + 1])[0]["ts"]
         if loop == "ranges":
             inner = children(kids[-1])
             assert [k["name"].split("#")[0] for k in inner] == ["Optimization",
@@ -232,7 +233,7 @@ def test_an_optimizer_step_inside_the_programs_ranges_ends_its_step_after_them(t
                          "phases": ["Optimizer.step", "Optimizer.zero_grad"],
                          "two optimizers": ["Optimizer.step"] * 2 + ["Optimizer.zero_grad"]}[loop]
     # every range is in a step: none was cut
-    assert tq.rows(d, "SELECT count(*) AS n FROM slice s WHERE s.depth = 0")[0]["n"] == 4
+    assert tq.outside_steps(d) == []
 
 
 def _run_phased_loop(tmp_path, loop: str, pure: bool) -> Any:
@@ -307,12 +308,13 @@ def test_a_batch_wait_inside_a_phase_opens_its_step_before_the_phase(tmp_path, p
         # the clock the program read, to within the trace clock's conversion (a clock
         # snapshot's two readings are some 100 ns apart): no shift (it was 50 ms)
         assert before - 20_000 <= f["ts"] <= inside + 20_000
-    top = tq.slices(d, "s.depth = 0")
-    assert [t["name"] for t in top] == [f"step {k}" for k in range(4)] + ["Dataloader"]
-    for a, b in zip(top, top[1:-1], strict=False):
+    steps = tq.slices(d, "s.category = 'step'")
+    assert [t["name"] for t in steps] == [f"step {k}" for k in range(4)]
+    assert [t["name"] for t in tq.outside_steps(d)] == ["Dataloader"]  # the exhausted wait
+    for a, b in zip(steps, steps[1:], strict=False):
         assert a["ts"] + a["dur"] == b["ts"]
-    for st in top[:4]:
-        kids = tq.slices(d, f"s.parent_id = {st['id']}")
+    for st in steps:
+        kids = tq.step_children(d, st)
         assert [k["name"].split("#")[0] for k in kids] == [
             "Dataloader", "Forward", "Backward", "Optimizer.step", "Optimizer.zero_grad"]
         waits = tq.slices(d, f"s.parent_id = {kids[0]['id']} AND s.category = 'dataloader'")
@@ -325,9 +327,8 @@ def test_a_batch_wait_inside_a_phase_opens_its_step_before_the_phase(tmp_path, p
 
 def test_a_range_around_the_whole_loop_leaves_a_step_per_iteration(tmp_path):
     """A record_function around the whole loop never closes between optimizer steps: each
-    step ends at the next iteration's first module forward (the ranges cannot nest either
-    way), so 4 iterations are still 4 steps, not one, and each begins inside that
-    iteration's Forward phase, before its Backward."""
+    step ends at the next iteration's first module forward, so 4 iterations are still 4 steps,
+    not one, and each begins inside that iteration's Forward phase, before its Backward."""
     d = _run_phased_loop(tmp_path, "span", pure=False)
     steps = tq.slices(d, "s.category = 'step'")
     fwd, bwd = (tq.slices(d, f"s.name = '{n}'") for n in ("Forward", "Backward"))
@@ -335,6 +336,47 @@ def test_a_range_around_the_whole_loop_leaves_a_step_per_iteration(tmp_path):
     assert len(fwd) == len(bwd) == 4
     for st, f, b in zip(steps[1:], fwd[1:], bwd[1:], strict=True):
         assert f["ts"] < st["ts"] < b["ts"]  # (begins only: the ends nest as they can)
+
+
+def test_a_range_around_the_loop_leaves_the_programs_own_steps_whole(tmp_path):
+    """record_function("epoch") around the loop, and the program's own step() inside it: the
+    steps have a track of their own, so each is its iteration, from step() to step(), holding
+    its Forward phase whole, and "epoch" is one slice around them. Before, step 0's end closed
+    "epoch", and step 0 lasted the whole loop."""
+    prof = stepscope.Profiler(dir=tmp_path, run_id="r", schedule=None, host_metrics=False,
+                              report=False, use_env=False, torch=True)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    prof.start()
+    bounds = []
+    with torch.autograd.profiler.record_function("epoch"):
+        for _ in range(4):
+            bounds.append(time.perf_counter_ns())
+            with stepscope.phase("Forward"):
+                loss = model(torch.randn(2, 4)).sum()
+                time.sleep(0.002)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    bounds.append(time.perf_counter_ns())
+    prof.stop()
+    d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
+    steps = tq.slices(d, "s.category = 'step'")
+    assert [st["name"] for st in steps] == [f"step {k}" for k in range(4)]
+    for k, st in enumerate(steps):
+        # from the step() before the iteration (its first: start()) to the one after it, both
+        # read between the clock readings around them
+        assert st["ts"] <= bounds[k] and bounds[k + 1] - 1_000_000 <= st["ts"] + st["dur"]
+        assert st["ts"] + st["dur"] <= bounds[k + 1]
+        assert k == 0 or st["ts"] >= bounds[k] - 1_000_000
+    (epoch,) = tq.slices(d, "s.name = 'epoch'")
+    assert epoch["depth"] == 0 and epoch["ts"] < steps[1]["ts"]
+    assert epoch["ts"] + epoch["dur"] > steps[3]["ts"] + steps[3]["dur"] - 1_000_000
+    fwd = tq.slices(d, "s.name = 'Forward'")
+    assert [f["depth"] for f in fwd] == [1] * 4  # in "epoch"
+    for st, f in zip(steps, fwd, strict=True):
+        assert st["ts"] <= f["ts"] and f["ts"] + f["dur"] <= st["ts"] + st["dur"]
 
 
 def test_loader_waits_stay_in_their_steps_across_flushes(tmp_path):
@@ -360,7 +402,7 @@ def test_loader_waits_stay_in_their_steps_across_flushes(tmp_path):
         opt.step()
     prof.stop()
     d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
-    got = _nested(d, "step", "dataloader")
+    got = _in_steps(d, "dataloader")
     assert len(got) == 4  # 8 samples / 2: no step for the exhausted loader's final wait
     assert [len(inner) for _, inner in got] == [1, 1, 1, 1]
     assert got[0][0]["ts"] == got[0][1][0]["ts"]  # step 0 opens at the first batch wait

@@ -79,7 +79,8 @@ def test_record_function_and_nvtx_ranges_at_summary_level(run):
     d = tq.db(run["dir"] / "rank0.summary.pftrace")
     bwd = tq.slices(d, "s.name = 'bwd'")
     assert len(bwd) == BATCHES * EPOCHS and {b["category"] for b in bwd} == {"record_function"}
-    assert all(b["depth"] == 1 for b in bwd)  # inside its step
+    assert all(b["depth"] == 0 for b in bwd)  # (the steps have a track of their own)
+    assert "bwd" not in {s["name"] for s in tq.outside_steps(d)}  # each inside its step
     nv = tq.slices(d, "s.name = 'nv'")
     assert len(nv) == BATCHES * EPOCHS and {b["category"] for b in nv} == {"nvtx"}
     opt = tq.slices(d, "s.name = 'Optimizer.step#SGD.step'")

@@ -135,6 +135,11 @@ class Session:
         """The track of a thread (``threading.get_ident()``; default: the calling thread)."""
         return self.registry.thread_track(ident)
 
+    def steps_track(self, ident: int | None = None) -> int:
+        """The track of a thread's steps, a child of the thread's (default: the calling
+        thread): its step events are recorded under ``ident | record.recorder.STEPS``."""
+        return self.registry.steps_track(ident)
+
     def native_thread_track(self, tid: int, name: str) -> int:
         """The track of a thread by its system id (a C++ thread Python has no ``Thread`` for)."""
         return self.registry.native_thread_track(tid, name)

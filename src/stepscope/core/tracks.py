@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .._schema import ASYNC_TRACK_NAME, LEVEL_DETAIL, LEVEL_SUMMARY
+from .._schema import ASYNC_TRACK_NAME, LEVEL_DETAIL, LEVEL_SUMMARY, STEPS_TRACK_NAME
 from ..format import wire as w
 from ..record import recorder as _recorder
 
@@ -43,6 +43,7 @@ class TrackRegistry:
         self._async_free: list[int] = []
         self.async_tracks: set[int] = set()  # every async track made (sinks read it)
         self._gpus: dict[int, int] = {}  # CUDA device -> its track (gpu_track)
+        self._steps: dict[int, int] = {}  # a thread's track -> its steps track (steps_track)
 
     def _new_uuid(self) -> int:
         uuid = self._uuid_base | self._uuid_next
@@ -123,6 +124,21 @@ class TrackRegistry:
         with self._lock:
             return self._activate(
                 self._thread_track(threading.get_ident() if ident is None else ident))
+
+    def steps_track(self, ident: int | None = None) -> int:
+        """The steps track of a thread (``threading.get_ident()``; default: the calling thread):
+        where the events recorded under ``ident | _recorder.STEPS`` go."""
+        with self._lock:
+            base = threading.get_ident() if ident is None else ident
+            return self._steps_of(self._activate(self._thread_track(base)))
+
+    def _steps_of(self, thread_uuid: int) -> int:
+        uuid = self._steps.get(thread_uuid)
+        if uuid is None:
+            uuid = self._steps[thread_uuid] = self._register(
+                lambda u: w.f_varint(w.TD_UUID, u) + w.f_varint(w.TD_PARENT_UUID, thread_uuid)
+                + w.f_str(w.TD_NAME, STEPS_TRACK_NAME))
+        return uuid
 
     def _activate(self, uuid: int) -> int:
         """A dormant thread track is used: its descriptor is written from now on."""
@@ -268,6 +284,14 @@ class TrackRegistry:
         out = []
         for ident, sel in parts:
             c, t, lv = codes[sel], ts[sel], levels[sel]
+            if ident & _recorder.STEPS:  # a thread's steps (after its own events: a larger
+                # ident), on the steps track of the thread that holds the ident now
+                base = ident & ~_recorder.STEPS
+                known = self._threads.get(base)
+                thread = known[0] if known is not None else self._unmarked_track(base,
+                                                                                 frozenset())
+                out.append((ident, self._steps_of(self._activate(thread)), c, t, lv))
+                continue
             at = np.flatnonzero(c == _recorder.THREAD).tolist()
             if not at:
                 uuid = self._activate(self._unmarked_track(ident, frozenset()))

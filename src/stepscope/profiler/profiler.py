@@ -259,6 +259,8 @@ def _step_end_code(epoch: int, num_samples: Any) -> int:
 
 _emit = rec._ext  # noqa: SLF001 - records (code, ts, ident) triples as one atomic extend
 _NULL = rec.NULL
+# a thread's step events are recorded under its ident | _STEPS: their own sequence and track
+_STEPS = rec.STEPS
 _WAIT_EID = rec.event_id(S.DATALOADER_WAIT_NAME, (S.CAT_DATALOADER,))
 _WAIT_BEGIN = rec.code(_WAIT_EID, S.LEVEL_SUMMARY, rec.BEGIN)
 
@@ -492,6 +494,7 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         # _write_late), on this track: its end is written with the track too
         self._late: Any = None  # the emitter of late begins (see _write_late)
         self._main_track = 0  # the profiler's thread's track
+        self._main_steps = 0  # and its steps track
         self._late_others: dict[int, Any] = {}  # thread ident -> its emitter of late begins
         self._last_end: tuple = (object(), None, 0)  # (num_samples, epoch, code) of a step end
         # guards _tentative and the placeholders in the buffer against a flush (the session's
@@ -644,6 +647,7 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
             self._plock = sess._lock  # noqa: SLF001 - see __init__
         self._late = sess.emitter(clock="monotonic", level=S.LEVEL_SUMMARY)
         self._main_track = sess.thread_track()  # (the profiler's thread: see _write_late)
+        self._main_steps = sess.steps_track()
         if "summary" in self.levels:
             path = self.run_dir / S.SUMMARY_FILE.format(rank=self.rank)
             self._summary_sink = sess.add_sink(path, levels=("summary",))
@@ -821,7 +825,7 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         self._step += 1
         self._batch += 1
         if self._recording and rec.ON:
-            ident = threading.get_ident()
+            ident = threading.get_ident() | _STEPS
             n = self._step
             begin = (_STEP_CODE0 + (n << 3) if n < _STEP_CODE_MAX
                      else rec.numbered_code(_StepBegin, n))
@@ -893,7 +897,7 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         chance); returns its end, now."""
         t1 = time.perf_counter_ns()
         self._late.complete(t + 1, t1 - t - 1, S.SCHEDULE_SLICE.format(did),
-                            self._sess.thread_track(), S.CAT_STEPSCOPE)
+                            self._sess.steps_track(), S.CAT_STEPSCOPE)
         return t1
 
     def _begin_step(self, t: int, place: bool = True) -> None:
@@ -904,7 +908,7 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         self._in_step, self._pending, self._active, self._quiet = True, False, False, True
         self._step_begin = self._late_track = None
         if self._recording and rec.ON:
-            ident = threading.get_ident()
+            ident = threading.get_ident() | _STEPS
             self._tentative = (rec.numbered_code(_StepBegin, self._step), t, ident)
             if place:
                 _emit((_NULL, t, ident))
@@ -943,11 +947,14 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         move forward; a thread writes its late begins in time order: a step's before its
         waits'). (``_plock`` held. The profiler's thread's track and emitter are known from the
         start: no wait for the session's lock, which a flush holds while it encodes.)"""
-        if ident == self._thread:
-            track, em = self._main_track, self._late
-        else:  # batch waits on another thread: an emitter of its own, as a sequence's times
-            # only move forward and each thread writes its late begins in time order
-            track = self._sess.thread_track(ident)
+        if ident & ~_STEPS == self._thread:
+            track = self._main_steps if ident & _STEPS else self._main_track
+            em = self._late
+        else:  # batch waits (or steps) of another thread: an emitter of its own, as a
+            # sequence's times only move forward and each thread writes its late begins in
+            # time order
+            track = (self._sess.steps_track(ident & ~_STEPS) if ident & _STEPS
+                     else self._sess.thread_track(ident))
             em = self._late_others.get(ident)
             if em is None:
                 em = self._late
@@ -974,7 +981,8 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         open in the thread's sequence; a step begun late is ended here, likewise."""
         if self._late_track is not None and self._in_step and rec.ON:  # (no _plock: this
             # may run in a signal handler on a thread that holds it; one record is atomic)
-            _emit((self._late_end(None), time.perf_counter_ns(), threading.get_ident()))
+            _emit((self._late_end(None), time.perf_counter_ns(),
+                   threading.get_ident() | _STEPS))
             self._late_track = None
         self._leave_window()
 
@@ -989,7 +997,7 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         self.timer.step(num_samples, now=t)
         if self._recording and rec.ON:
             end = _step_end_code(self._epoch, num_samples)
-            ident = threading.get_ident()
+            ident = threading.get_ident() | _STEPS
             with self._plock:
                 self._write_begin_locked()
                 if self._late_track is not None:
@@ -1054,7 +1062,7 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         with self._plock:
             if live and self._pending:  # the step's placeholder and the wait's, as one record
                 self._begin_step(t0, place=False)
-                _emit((_NULL, t0, ident, _NULL, t0, ident))
+                _emit((_NULL, t0, ident | _STEPS, _NULL, t0, ident))
             else:
                 _emit((_NULL, t0, ident))
         return True

@@ -18,8 +18,9 @@
   (its phase "Dataloader" around the wait, say; torch's zero_grad range excepted); in a loop
   without a DataLoader, after the end of torch's ``Optimizer.step#`` range, or of the
   program's outermost range around it (its phase "Optimization", say; several optimizer steps
-  inside one such range end one step). Ranges that span the loop (a record_function around
-  it) cannot nest in steps: the step then ends at the next iteration's first module forward.
+  inside one such range end one step). A range that spans the loop (a record_function around
+  it) never ends between optimizer steps: the step then ends at the next iteration's first
+  module forward (the steps have a track of their own: neither is cut).
   A step opened at a boundary that gets no work but torch's ``Optimizer.zero_grad#`` range
   (the loop's tail after its last optimizer step) is no step. Step 0 starts at the first
   batch wait or module forward, not at ``Profiler.start()``

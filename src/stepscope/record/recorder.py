@@ -61,12 +61,18 @@ def code(eid: int, level: int, kind: int) -> int:
 
 
 THREAD = code(0, LEVEL_SUMMARY, COUNTER)  # a thread mark (see above): no event has this code
+# ident | STEPS: the events of that thread's steps (the profiler's step begins and ends), a
+# sequence and a track of their own ("steps", a child of the thread's track), so that a range
+# of the thread that spans steps never nests with them (a pthread_self ident is an address,
+# under 2**47; a thread ident elsewhere is smaller still)
+STEPS = 1 << 62
 END_DETAIL = code(0, LEVEL_DETAIL, END)
 END_SUMMARY = code(0, LEVEL_SUMMARY, END)
 
 # --- the buffer ---------------------------------------------------------------------------------
 fast = load_extension("stepscope._fast")
 if fast is not None and (getattr(fast, "THREAD_MARK", None) != THREAD
+                         or getattr(fast, "STEPS_IDENT", None) != STEPS
                          or not hasattr(fast, "summary_depth")):
     fast = None  # a stale build (no thread marks, no range count): the pure-Python twin instead
 

@@ -121,6 +121,33 @@ def test_optimizer_steps_without_a_loader_hold_their_ranges_across_flushes(tmp_p
     assert prof.timer.steps == 4
 
 
+def test_zero_code_step_0_opens_at_the_first_module_forward(tmp_path):
+    """step_on="optimizer" in a loop with no DataLoader and no range of the program's: the
+    step driver watches from start() on for the first module forward, where step 0 opens, so
+    step 0 holds its forward and backward (with the driver attached after the profiler's state
+    was set, it opened at torch's Optimizer.step# range instead: 0.3 ms of a 3.7 ms step)."""
+    prof = stepscope.Profiler(dir=tmp_path, run_id="r", schedule=None, step_on="optimizer",
+                              host_metrics=False, report=False, use_env=False, torch=True)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    prof.start()
+    time.sleep(0.02)  # the program's set-up: no step
+    before = time.perf_counter_ns()
+    for _ in range(3):
+        loss = model(torch.randn(2, 4)).sum()
+        time.sleep(0.003)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    prof.stop()
+    d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
+    steps = tq.slices(d, "s.category = 'step'")
+    assert [st["name"] for st in steps] == ["step 0", "step 1", "step 2"]
+    # (the trace clock's conversion: within 20 us of the program's readings)
+    assert before - 20_000 <= steps[0]["ts"] <= before + 1_000_000  # at the first forward
+    assert all(st["dur"] >= 3_000_000 for st in steps)
+
+
 def test_zero_code_steps_run_no_python_of_the_capture_but_the_optimizer_hook(tmp_path):
     """With the C buffer, the step an optimizer step opens is begun by its first range in C
     (the ContextHook calls the profiler's _activity where Python's enter_rest did; torch's

@@ -566,6 +566,9 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
                     with contextlib.suppress(Exception):
                         sess.stop()
                 self._recording = False
+        opens_now = open_step and not self.options.get("step_on")
+        if not opens_now:  # steps from optimizer steps: step 0 opens at the first batch wait
+            self._pending = self._quiet = True  # or forward (the producers look at this)
         # the producers first: a window open from batch 0 starts theirs with it, before the
         # first step, whose time it is not
         self._attach_hooks()
@@ -573,11 +576,9 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         did = self._enter_batch()
         if did and self._recording:
             t = self._own_slice(t, did) + 1
-        if open_step and not self.options.get("step_on"):
+        if opens_now:
             with self._plock:
                 self._begin_step(max(time.perf_counter_ns(), t))
-        else:  # steps from optimizer steps: step 0 opens at the first batch wait or forward
-            self._pending = self._quiet = True
         atexit.register(self._at_exit)
         return self
 
@@ -933,20 +934,20 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
 
     def _write_late(self, ts: int, ident: int, eid: int, name: str | None = None,
                     args: dict | None = None) -> int:
-        """Write a begin whose placeholder a flush took, at its own time ``ts``, on the
-        thread's track: through the profiler's emitter, a sequence of its own, since the
-        thread's sequence may hold later events already (phases of a kept phase object, detail
-        ranges), and its clock only moves forward. Trace processor (and the embedded engine)
-        sort each track's events by time, file order at equal times, before they nest, so the
-        begin encloses what the thread recorded after it. Returns the track: the slice's end
-        is recorded in the thread's buffer, in order with its events, as an event with that
-        explicit track (the thread's sequence counts only its own begins as open, and would
-        drop an end it sees none for). An end at the begin's time (the previous step's) was
-        recorded with the placeholder, so it is written in an earlier flush, or the same: no
-        tie breaks wrongly. Each thread has an emitter of its own (a sequence's times only
-        move forward; a thread writes its late begins in time order: a step's before its
-        waits'). (``_plock`` held. The profiler's thread's track and emitter are known from the
-        start: no wait for the session's lock, which a flush holds while it encodes.)"""
+        """Write a begin whose placeholder a flush took, at its own time ``ts``, on the thread's
+        track (a step's: its steps track): through the profiler's emitter, a sequence of its own,
+        since the thread's sequence may hold later events already (phases of a kept phase object,
+        detail ranges), and its clock only moves forward. Trace processor (and the embedded engine)
+        sort each track's events by time, file order at equal times, before they nest, so the begin
+        encloses what the thread recorded after it. Returns the track: the slice's end is recorded
+        in the thread's buffer, in order with its events, as an event with that explicit track (the
+        thread's sequence counts only its own begins as open, and would drop an end it sees none
+        for). An end at the begin's time (the previous step's) was recorded with the placeholder, so
+        it is written in an earlier flush, or the same: no tie breaks wrongly. Each thread has an
+        emitter of its own (a sequence's times only move forward; a thread writes its late begins in
+        time order: a step's before its waits'). (``_plock`` held. The profiler's thread's track and
+        emitter are known from the start: no wait for the session's lock, which a flush holds while
+        it encodes.)"""
         if ident & ~_STEPS == self._thread:
             track = self._main_steps if ident & _STEPS else self._main_track
             em = self._late

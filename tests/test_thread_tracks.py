@@ -241,3 +241,45 @@ def test_a_thread_that_records_nothing_gets_no_track(path):
     d = decode(path)
     names = [d.tracks[u].thread.thread_name for u in d.tracks if d.tracks[u].HasField("thread")]
     assert names == [threading.current_thread().name]
+
+
+@pytest.mark.parametrize("other_thread", [False, True], ids=["one-thread", "two-threads"])
+def test_steps_go_to_the_steps_track_of_the_thread_that_makes_them(tmp_path, other_thread):
+    """The profiler records step events under ``ident | STEPS``: the writer puts them on a
+    ``steps`` child of that thread's track, whether a flush holds one thread and its steps (two
+    masks) or other threads too (the sort by ident), and the thread's ranges stay on its own."""
+    from stepscope import _schema as S
+    from stepscope.profiler import Profiler
+
+    prof = Profiler(tmp_path, schedule=None, run_id="r", host_metrics=False, report=False,
+                    use_env=False, torch=False)
+    prof.start()
+    th = None
+    if other_thread:
+        go = threading.Event()
+
+        def work() -> None:
+            with stepscope.annotate("worker"), prof.phase("w"):
+                go.wait(5)
+
+        th = threading.Thread(target=work, name="other")
+        th.start()
+    for _ in range(3):
+        with prof.phase("Forward"):
+            time.sleep(0.001)
+        prof.step()
+    if th is not None:
+        go.set()
+        th.join()
+    prof.stop()
+    d = decode(str(tmp_path / "r" / "rank0.summary.pftrace"))
+    main = next(u for u, t in d.tracks.items() if t.HasField("thread")
+                and t.thread.tid == threading.get_native_id())
+    (steps,) = [u for u, t in d.tracks.items() if t.name == S.STEPS_TRACK_NAME]
+    assert d.tracks[steps].parent_uuid == main
+    assert [e.name for e in d.events if e.track == steps and e.type == "B"] == [
+        "step 0", "step 1", "step 2"]
+    assert [e.name for e in d.events if e.track == main and e.type == "B"] == ["Forward"] * 3
+    if other_thread:
+        (w,) = [e for e in d.events if e.name == "w"]
+        assert d.tracks[w.track].thread.thread_name == "other"

@@ -273,8 +273,14 @@ class TrackRegistry:
             codes, ts, tids, levels = codes[keep], ts[keep], tids[keep], levels[keep]
         if len(tids) == 0:
             return []
-        if (tids == tids[0]).all():
+        one = tids == tids[0]
+        if one.all():
             parts = [(int(tids[0]), slice(None))]
+        elif (tids == (int(tids[0]) ^ _recorder.STEPS))[~one].all():  # one thread and its
+            # steps (the common case): two masks, no sort
+            a, b = sorted((int(tids[0]), int(tids[0]) ^ _recorder.STEPS))
+            first = one if a == int(tids[0]) else ~one
+            parts = [(a, np.flatnonzero(first)), (b, np.flatnonzero(~first))]
         else:
             order = np.argsort(tids, kind="stable")
             st = tids[order]

@@ -481,8 +481,8 @@ def test_a_windows_start_and_end_lie_between_the_steps(tmp_path, monkeypatch):
     """Schedule wait 1, warmup 1, active 2: batches 2-3 are the window. Each step's own work is
     2 ms; the profiler's window start (7 ms) and end (11 ms) are its own, as torch.profiler
     keeps its own between its ProfilerStep ranges: slices 'stepscope window start' and
-    'stepscope window end' between the steps, 1 ns clear of each, and every step, in the
-    summary file and in the window's, lasts its 2 ms (before: 9 ms for step 2 and 13 ms for
+    'stepscope window end' between the steps on their track, and every step, in the summary
+    file and in the window's, lasts its 2 ms (before: 9 ms for step 2 and 13 ms for
     step 4, the profiler's time billed as the step's "Others")."""
     clock = VirtualTime()
     monkeypatch.setattr(P, "time", clock)
@@ -499,19 +499,22 @@ def test_a_windows_start_and_end_lie_between_the_steps(tmp_path, monkeypatch):
     d = decode(tmp_path / "r" / "rank0.summary.pftrace")
     steps_ = d.by_category(S.CAT_STEP)
     own = d.by_category(S.CAT_STEPSCOPE)
-    # (a step that begins 1 ns after the profiler's slice ends 1 ns short of 2 ms: the virtual
-    # clock moves by whole milliseconds)
-    assert [s.dur for s in steps_] == [2 * MS, 2 * MS, 2 * MS - 1, 2 * MS, 2 * MS - 1, 2 * MS]
+    assert [s.dur for s in steps_] == [2 * MS] * 6
     begin_2, end_3 = start + 4 * MS, start + 15 * MS  # (steps 0, 1; then 7 ms; steps 2, 3)
     assert [(s.name, s.ts, s.dur) for s in own] == [
-        ("stepscope window start", begin_2 + 1, 7 * MS - 1),
-        ("stepscope window end", end_3 + 1, 11 * MS - 1)]
-    assert [s.ts for s in steps_] == [start, start + 2 * MS, begin_2 + 7 * MS + 1,
-                                      begin_2 + 9 * MS, end_3 + 11 * MS + 1, end_3 + 13 * MS]
-    assert {s.track for s in own} == {s.track for s in steps_}  # the thread's own track
+        ("stepscope window start", begin_2, 7 * MS), ("stepscope window end", end_3, 11 * MS)]
+    assert [s.ts for s in steps_] == [start, start + 2 * MS, begin_2 + 7 * MS, begin_2 + 9 * MS,
+                                      end_3 + 11 * MS, end_3 + 13 * MS]
+    assert {s.track for s in own} == {s.track for s in steps_}  # the thread's steps track
+    # the embedded engine nests none in another: each slice ends where the next begins
+    assert [(n, dep) for n, _, dep, _ in _engine_slices(
+        tmp_path / "r" / "rank0.summary.pftrace",
+        f"s.category in ('{S.CAT_STEP}', '{S.CAT_STEPSCOPE}')")] == [
+        ("step 0", 0), ("step 1", 0), ("stepscope window start", 0), ("step 2", 0),
+        ("step 3", 0), ("stepscope window end", 0), ("step 4", 0), ("step 5", 0)]
     window = decode(tmp_path / "r" / "rank0.detail.0.pftrace")
     assert [(s.name, s.dur) for s in window.by_category(S.CAT_STEP)] == [
-        ("step 2", 2 * MS - 1), ("step 3", 2 * MS)]
+        ("step 2", 2 * MS), ("step 3", 2 * MS)]
     # the tables count the steps' time, not the profiler's
     stats = {r["stat"]: r for r in _tables(tmp_path / "r" / "rank0.summary.pftrace")["steps"]}
     assert stats["max"]["batch_cost_ns"] == pytest.approx(2 * MS, abs=MS // 10)
@@ -522,7 +525,7 @@ def test_a_window_open_at_start_is_before_step_0_and_one_from_epoch_is_in_its_st
     """Schedule active=1 from batch 0 of each epoch. The first window starts in start(),
     before step 0 (7 ms); each window ends between steps (11 ms). The second epoch's window is
     switched on by epoch(), inside the step that the last step() opened: that 7 ms is the
-    step's (9 ms in all), its slice nested in it."""
+    step's (10 ms in all, with the program's 1 ms there), its slice nested in it."""
     clock = VirtualTime()
     monkeypatch.setattr(P, "time", clock)
     prof = Profiler(tmp_path, schedule=stepscope.schedule(warmup=0, active=1), run_id="r",
@@ -530,7 +533,9 @@ def test_a_window_open_at_start_is_before_step_0_and_one_from_epoch_is_in_its_st
     prof.hooks.append(_SlowWindows(clock))
     start = clock.now
     prof.start()
-    for _epoch in range(2):
+    for epoch in range(2):
+        if epoch:
+            clock.now += 1 * MS  # the program's own work at the top of the epoch
         prof.epoch()  # (a no-op in the first epoch, at its batch 0)
         for _ in range(2):
             clock.now += 2 * MS
@@ -539,13 +544,17 @@ def test_a_window_open_at_start_is_before_step_0_and_one_from_epoch_is_in_its_st
 
     d = decode(tmp_path / "r" / "rank0.summary.pftrace")
     own = [(s.name, s.ts - start, s.dur) for s in d.by_category(S.CAT_STEPSCOPE)]
-    assert own == [("stepscope window start", 1, 7 * MS - 1),
-                   ("stepscope window end", 9 * MS + 1, 11 * MS - 1),
-                   ("stepscope window start", 22 * MS + 1, 7 * MS - 1),
-                   ("stepscope window end", 31 * MS + 1, 11 * MS - 1)]
+    assert own == [("stepscope window start", 0, 7 * MS),
+                   ("stepscope window end", 9 * MS, 11 * MS),
+                   ("stepscope window start", 23 * MS, 7 * MS),
+                   ("stepscope window end", 32 * MS, 11 * MS)]
     steps_ = [(s.name, s.ts - start, s.dur) for s in d.by_category(S.CAT_STEP)]
-    assert steps_ == [("step 0", 7 * MS + 1, 2 * MS - 1), ("step 1", 20 * MS + 1, 2 * MS - 1),
-                      ("step 2", 22 * MS, 9 * MS), ("step 3", 42 * MS + 1, 2 * MS - 1)]
+    assert steps_ == [("step 0", 7 * MS, 2 * MS), ("step 1", 20 * MS, 2 * MS),
+                      ("step 2", 22 * MS, 10 * MS), ("step 3", 43 * MS, 2 * MS)]
+    # the second epoch's window start is nested in step 2, which holds it
+    nested = _engine_slices(tmp_path / "r" / "rank0.summary.pftrace",
+                            "s.name = 'stepscope window start'")
+    assert [(dep, parent) for _, _, dep, parent in nested] == [(0, None), (1, "step 2")]
 
 
 @pytest.mark.parametrize("span", ["phase", "range"])

@@ -575,10 +575,10 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         t = time.perf_counter_ns()
         did = self._enter_batch()
         if did and self._recording:
-            t = self._own_slice(t, did) + 1
+            t = self._own_slice(t, did)
         if opens_now:
             with self._plock:
-                self._begin_step(max(time.perf_counter_ns(), t))
+                self._begin_step(t)
         atexit.register(self._at_exit)
         return self
 
@@ -815,7 +815,7 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
             did = self._enter_batch()
             if did and self._recording:  # the profiler's own work lies between the steps, as
                 # torch.profiler's does between its ProfilerStep ranges
-                t = max(time.perf_counter_ns(), self._own_slice(t, did) + 1)
+                t = self._own_slice(t, did)
             with self._plock:
                 self._begin_step(t)
             return
@@ -892,13 +892,16 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
             self._own_slice(t, did)
 
     def _own_slice(self, t: int, did: str) -> int:
-        """The slice of the profiler's window work ``did`` since ``t``, on the calling thread's
-        track, 1 ns clear of a step that ended at ``t`` (this emitter's events and the steps'
-        are sequences of their own: at one instant, their order on the track would be left to
-        chance); returns its end, now."""
+        """The slice of the profiler's window work ``did`` from ``t`` to now, recorded with the
+        calling thread's steps (their sequence: in time order with them, so a step that ends
+        at ``t`` or begins at its end keeps its place); returns its end."""
         t1 = time.perf_counter_ns()
-        self._late.complete(t + 1, t1 - t - 1, S.SCHEDULE_SLICE.format(did),
-                            self._sess.steps_track(), S.CAT_STEPSCOPE)
+        if not rec.ON:
+            return t1
+        begin = rec.code(rec.event_id(S.SCHEDULE_SLICE.format(did), (S.CAT_STEPSCOPE,)),
+                         S.LEVEL_SUMMARY, rec.BEGIN)
+        ident = threading.get_ident() | _STEPS
+        _emit((begin, t, ident, rec.END_SUMMARY, t1, ident))
         return t1
 
     def _begin_step(self, t: int, place: bool = True) -> None:

@@ -57,15 +57,18 @@ def test_overview_unions_never_double_count(db):
         # [1250,1450) (main+worker matmul, inner) + [1900,2050) + [2150,2250)
         "User ranges": (5, 450),
         "Runtime API": (3, 40),
-        # rank 0: 200 + [1620,1750) 130 + 100; rank 1: 500
-        "Kernels": (5, 930),
+        # rank 0: 200 + [1620,1750) 130 (gemm [3100,3200) is after its last step: outside);
+        # rank 1: 500
+        "Kernels": (5, 830),
         "Communication": (2, 700),
         "Memcpy": (2, 140),
         "Memset": (1, 20),
         # host side: rank 0's NCCL op [2740,2750); rank 1: [1900,2100), send [3000,3010)
         "Collectives": (3, 220),
     }
-    assert rows["Kernels"]["ratio"] == pytest.approx(930 / 5000)
+    # the time outside the steps: only rank 0's last gemm
+    assert {k: r["outside_ns"] for k, r in rows.items() if r["outside_ns"]} == {"Kernels": 100}
+    assert rows["Kernels"]["ratio"] == pytest.approx(830 / 5000)
     assert rows["Step"]["ratio"] == 1.0
     assert list(rows) == [
         "Step",
@@ -324,8 +327,8 @@ def test_trace_processor_computes_the_base_once_for_all_tables():
     alone = scenario()
     assert got == {n: S.table(alone, n).rows for n in S.TABLES}
     made = [q for q in tp.seen if q.startswith("CREATE TEMP TABLE")]
-    assert [q.split()[3].split("(")[0] for q in made][-3:] == ["ss_frame", "ss_device",
-                                                                "ss_totals"]
+    assert [q.split()[3].split("(")[0] for q in made][-4:] == [
+        "ss_frame", "ss_frame_region", "ss_device", "ss_totals"]
     assert sum("ss_slice" in q.split("(")[0] for q in made) == 1
     assert tp.sqlite.execute("SELECT name FROM sqlite_temp_master").fetchall() == []
 
@@ -425,6 +428,60 @@ def test_step_range_filter(db):
     assert S.table(db, "step_times", steps="5:").rows == []
 
 
+def _frame_scenario() -> TraceDB:
+    """One rank whose steps leave gaps: main thread steps 1 [1000,2000), 2 [2000,3000) (they
+    touch), 3 [3400,4000), 4 [5000,6000); a second thread's step 5 [5500,6500) overlaps step 4.
+    Frame islands [1000,3000), [3400,4000), [5000,6500): 2000 + 600 + 1500 = 4100."""
+    t = TraceDB()
+    up = t.process(1, "rank 0 (h)")
+    main, other = t.thread(up, 11, "main"), t.thread(up, 12, "other")
+    for n, (ts, end) in enumerate([(1000, 2000), (2000, 3000), (3400, 4000), (5000, 6000)], 1):
+        t.slice(main, ts, end - ts, f"step {n}", "step", {"step": n})
+    t.slice(other, 5500, 1000, "step 5", "step", {"step": 5})
+    t.slice(main, 3000, 400, "stepscope window end", "stepscope")  # no kind: not counted
+    # ranges around the loop: [500,3200) and [3300,7000) (one starts before the first
+    # step, the other in the gap after the first island; both end beyond their region)
+    t.slice(main, 500, 2700, "epoch", None)
+    t.slice(main, 3300, 3700, "epoch", None)
+    # waits: across the first island's start, in the gap [3000,3400), across the second
+    # island's end, across the third island's start
+    for ts in (900, 3100, 3900, 4900):
+        t.slice(main, ts, 200 if ts != 3100 else 100, "dataloader.next", "dataloader")
+    t.slice(main, 1200, 300, "Forward", "phase")
+    t.slice(main, 2100, 300, "Forward", "phase")
+    return t
+
+
+def test_overview_counts_the_time_inside_the_steps_and_shows_the_rest_outside():
+    """A kind's time is its union clipped to the frame islands; the rest is outside_ns. Before,
+    the epochs' union (6400) read 156 % of the step time (4100)."""
+    t = _frame_scenario()
+    want = {
+        # (calls, inside, outside)
+        "Step": (5, 4100, 0),
+        # [900,1100): 100 in (the piece leaves its region: frame time before its ends, 100 - 0),
+        # [3100,3200): 0 in (the gap), [3900,4100): 100 in, [4900,5100): 100 in (leaves its
+        # region); 100 out each
+        "Dataloader": (4, 300, 400),
+        "Forward": (2, 600, 0),
+        # union [500,3200) + [3300,7000) = 6400; inside: every island, 4100
+        "User ranges": (2, 4100, 2300),
+    }
+    alone = by(S.table(t, "overview").rows, "kind")
+    shared = by(S.all_tables(t, names=["overview"])["overview"].rows, "kind")
+    tp = by(S.all_tables(_TraceProcessorLike(t.conn), names=["overview"])["overview"].rows,
+            "kind")
+    for rows in (alone, shared, tp):
+        assert {k: (r["calls"], r["total_ns"], r["outside_ns"]) for k, r in rows.items()} == want
+        assert rows["User ranges"]["ratio"] == 1.0
+        assert rows["Dataloader"]["ratio"] == pytest.approx(300 / 4100)
+    # steps 3 and 4: islands [3400,4000), [5000,6000); slices that start in [3400,6000) stay:
+    # the waits [3900,4100) and [4900,5100), 100 in and 100 out each
+    rows = by(S.table(t, "overview", steps=(3, 5)).rows, "kind")
+    assert {k: (r["calls"], r["total_ns"], r["outside_ns"]) for k, r in rows.items()} == {
+        "Step": (2, 1600, 0), "Dataloader": (2, 200, 200)}
+
+
 def test_rank_and_thread_filters(db):
     rows = by(S.table(db, "overview", ranks=[1]).rows, "kind")
     assert {k: r["total_ns"] for k, r in rows.items()} == {
@@ -437,7 +494,8 @@ def test_rank_and_thread_filters(db):
     # host slices of other threads go; device slices stay; ratios still refer to the steps
     assert rows["User ranges"]["calls"] == 2 and rows["User ranges"]["total_ns"] == 250
     assert rows["User ranges"]["ratio"] == pytest.approx(250 / 5000)
-    assert "Step" not in rows and rows["Kernels"]["total_ns"] == 930
+    assert "Step" not in rows and rows["Kernels"]["total_ns"] == 830  # and 100 outside
+    assert rows["Kernels"]["outside_ns"] == 100
     assert by(S.table(db, "overview", threads=[102]).rows, "kind")["User ranges"]["total_ns"] == 250
 
 
@@ -542,9 +600,13 @@ def test_shared_base_keys_slices_by_id_and_orders_the_overview_window():
         assert ["INTEGER PRIMARY KEY" in r["detail"] for r in plan] == [True]
         sql = "EXPLAIN QUERY PLAN " + summaries.render("overview", base=base)
         plan = [r["detail"] for r in db.query(sql)]
-        # the union window reads (kind_id, upid, ts, end_ts) in index order: the one sort left
-        # is the final ORDER BY of the kinds
-        assert any("COVERING INDEX ss_slice_ix0" in d for d in plan)
+        # the union window reads the frame regions in (upid, id) order and each one's slices
+        # from (kind_id, upid, ts, end_ts); a piece that leaves its region looks the frame up
+        # by (upid, f0): the one sort left is the final ORDER BY of the kinds
+        assert "SCAN r USING INDEX ss_frame_region_ix0" in plan
+        assert ("SEARCH s USING COVERING INDEX ss_slice_ix0 (kind_id=? AND upid=? AND ts>? "
+                "AND ts<?)") in plan
+        assert plan.count("SEARCH c USING INDEX ss_frame_region_ix1 (upid=? AND f0<?)") == 2
         assert sum("TEMP B-TREE FOR ORDER BY" in d for d in plan) == 1
         assert not any("GROUP BY" in d for d in plan)  # kinds are counted in index order
         # threads merged, the operators read no process or thread row per range
@@ -556,7 +618,7 @@ def test_shared_base_keys_slices_by_id_and_orders_the_overview_window():
     conn = db.conn  # a repeated id: the keyed table is refused and removed
     with pytest.raises(sqlite3.IntegrityError):
         sharedbase._create_temp(conn, "dup", "SELECT 1 AS id, 2 AS x UNION ALL SELECT 1, 3",
-                                keyed=True)
+                                "id")
     assert db.query("SELECT name FROM sqlite_temp_master") == []
     assert not conn.in_transaction  # other connections can still be opened on it
 

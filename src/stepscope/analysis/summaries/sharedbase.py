@@ -66,7 +66,7 @@ def shared_base(db: Any, filters: Filters):
                     sql = f"WITH RECURSIVE {name}{cols} AS ({body}) SELECT * FROM {name}"
                 else:
                     sql = body
-                _create_temp(conn, name, sql, keyed=name in _KEYED_BASE)
+                _create_temp(conn, name, sql, _KEYED_BASE.get(name))
                 made.append(("TABLE", name))
                 for i, cols in enumerate(_BASE_INDEXES.get(name, ())):
                     conn.execute(f"CREATE INDEX temp.{name}_ix{i} ON {name}({cols})")
@@ -83,28 +83,32 @@ def shared_base(db: Any, filters: Filters):
 
 # Base CTEs that are views over the slice base when it exists and no filter is set
 _BASE_VIEWS = frozenset({"ss_slice", "ss_device"})
-# Base tables looked up by their ``id`` (slice.id: unique, never NULL) in the table queries:
-# stored with ``id`` as the rowid, so those lookups need no index built per query.
-_KEYED_BASE = frozenset({"ss_slice", "ss_device"})
+# Base tables stored with a key column as the rowid (unique, never NULL): the table queries
+# look slices up by ``id`` (slice.id) with no index built per query, and the overview's window
+# reads the regions in ``id`` order, which SQLite then knows needs no sort.
+_KEYED_BASE = {"ss_slice": "id", "ss_device": "id", "ss_frame_region": "id"}
 # Indexes on base tables: the union window of the overview reads its rows in this order
 # (no sort), and the tables that want a few kinds of slices read just those; the operators'
 # statistics per name read theirs in (name, dur) order, as from the slice base: their REAL
-# sums then add in the same order on every engine and filter (the same bits).
-_BASE_INDEXES = {"ss_slice": (", ".join(SS_INDEX_KEYS), ", ".join(SS_NAME_INDEX_KEYS[:3]))}
+# sums then add in the same order on every engine and filter (the same bits). The overview
+# reads the regions of a rank in (upid, id) order and looks one up by (upid, f0).
+_BASE_INDEXES = {"ss_slice": (", ".join(SS_INDEX_KEYS), ", ".join(SS_NAME_INDEX_KEYS[:3])),
+                 "ss_frame_region": ("upid, id", "upid, f0")}
 
 
-def _create_temp(conn: sqlite3.Connection, name: str, sql: str, keyed: bool) -> None:
-    """``CREATE TEMP TABLE name AS sql``; ``keyed``: the same columns and declared types, with
-    ``id`` as INTEGER PRIMARY KEY (a repeated id fails: shared_base then falls back)."""
-    if not keyed:
+def _create_temp(conn: sqlite3.Connection, name: str, sql: str, key: str | None) -> None:
+    """``CREATE TEMP TABLE name AS sql``; with a ``key``: the same columns and declared types,
+    with that column as INTEGER PRIMARY KEY (a repeated key fails: shared_base then falls
+    back)."""
+    if key is None:
         conn.execute(f"CREATE TEMP TABLE {name} AS {sql}")
         return
     conn.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM ({sql}) LIMIT 0")
     info = conn.execute(f"PRAGMA temp.table_info({name})").fetchall()
     conn.execute(f"DROP TABLE temp.{name}")
-    if "id" not in [c[1] for c in info]:
-        raise sqlite3.OperationalError(f"{name} has no id column")
-    cols = ", ".join(f'"{c[1]}" INTEGER PRIMARY KEY' if c[1] == "id" else f'"{c[1]}" {c[2]}'
+    if key not in [c[1] for c in info]:
+        raise sqlite3.OperationalError(f"{name} has no {key} column")
+    cols = ", ".join(f'"{c[1]}" INTEGER PRIMARY KEY' if c[1] == key else f'"{c[1]}" {c[2]}'
                      for c in info)
     conn.execute(f"CREATE TEMP TABLE {name}({cols})")
     began = not conn.in_transaction
@@ -129,9 +133,10 @@ def _trace_processor_base(db: Any, filters: Filters, made: list[tuple[str, str]]
                 sql = f"WITH RECURSIVE {name}{cols} AS ({body}) SELECT * FROM {name}"
             else:
                 sql = body
-            if name in _KEYED_BASE:  # id as the rowid: the table queries look rows up by id
+            key = _KEYED_BASE.get(name)
+            if key is not None:  # the key as the rowid, as on the embedded engine
                 names = db.query(f"SELECT * FROM ({sql}) LIMIT 0").columns
-                decl = ", ".join('"id" INTEGER PRIMARY KEY' if c == "id" else f'"{c}"'
+                decl = ", ".join(f'"{c}" INTEGER PRIMARY KEY' if c == key else f'"{c}"'
                                  for c in names)
                 db.query(f"CREATE TEMP TABLE {name}({decl})")
                 made.append(("TABLE", name))

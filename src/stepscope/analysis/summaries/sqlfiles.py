@@ -89,6 +89,7 @@ PHASE_KIND_SQL, DATALOADER_PHASE_SQL = _phase_sql()
 def placeholders(f: Filters) -> dict[str, str]:
     """The base SQL's placeholders for the filters ``f``, reading trace processor's ``slice``."""
     p = {"rank_filter": "1", "thread_filter": "1", "step_filter": "1", "window_filter": "1",
+         "step_slice_filter": "1",
          "phase_kind": PHASE_KIND_SQL, "dataloader_phase": DATALOADER_PHASE_SQL,
          "slices": "slice", "step_rows": "s.category = 'step'"}
     if f.ranks is not None:
@@ -118,6 +119,8 @@ def placeholders(f: Filters) -> dict[str, str]:
             "EXISTS (SELECT 1 FROM ss_window w WHERE w.upid = ti.upid "
             "AND s.ts >= w.w_start AND s.ts < w.w_end)"
         )
+        # of the step slices, the selected ones (another thread's may start in the window)
+        p["step_slice_filter"] = "s.category IS NOT 'step' OR s.id IN (SELECT id FROM ss_step)"
     return p
 
 

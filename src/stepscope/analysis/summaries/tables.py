@@ -144,6 +144,7 @@ _SPECS: dict[str, _Spec] = {
             C("calls", "Calls", INT),
             C("total_ns", "Total", TIME),
             C("ratio", "Ratio", RATIO),
+            C("outside_ns", "Outside Steps", TIME),
         ),
     ),
     "model": _Spec(

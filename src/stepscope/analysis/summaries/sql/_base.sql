@@ -44,7 +44,7 @@
 --   * filters: rank filter -> ss_track_sel (tracks of the selected ranks); selected steps (step
 --     number in [A, B)) -> ss_step; with a step range set, slices are kept when they START
 --     inside the rank's window [start of its first selected step, end of its last selected
---     step) -> ss_slice; the thread filter keeps host slices of the named threads (tid or
+--     step), step slices only when selected -> ss_slice; the thread filter keeps host slices of the named threads (tid or
 --     thread name) and never removes device/process-track slices -> ss_slice. Steps and
 --     windows ignore the thread filter.
 --   * union length ("time covered", overlaps merged): with a group's intervals ordered by start,
@@ -56,8 +56,14 @@
 --       union = SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))).
 --   * frame (ss_frame): the time ratios refer to: the selected step slices of each rank; a rank
 --     with no step slices gets one frame from its first slice start to its last slice end.
---   * totals (ss_totals, one row): frame_ns = the union of ss_frame per rank, summed over ranks
---     (the denominator of the time ratios); device_ns = the union of the device slices
+--   * frame regions (ss_frame_region): the frame of each rank as islands [f0, f1) (its frame
+--     intervals with overlapping or touching ones merged), each with the frame time before it
+--     (cum) and the next island's start (nxt), plus one region before the first island
+--     (f0 = f1 = the smallest integer): per rank, the regions [f0, nxt) tile the time line, so
+--     every slice starts in exactly one. id numbers them in (upid, f0) order. Frame time before
+--     an instant x: C(x) = cum + MIN(x, f1) - f0 of the last region with f0 <= x.
+--   * totals (ss_totals, one row): frame_ns = the length of the frame islands, summed over
+--     ranks (the denominator of the time ratios); device_ns = the union of the device slices
 --     (kind_id 9-12) per rank, summed over ranks (the denominator of the GPU ratios).
 WITH RECURSIVE
 ss_track_up(track_id, cur_id, hops) AS (
@@ -147,6 +153,7 @@ ss_slice AS (
   FROM {{slices}} s
   CROSS JOIN ss_track_sel ti  -- slices in id order, each track looked up (no per-track scans)
   WHERE ti.track_id = s.track_id AND s.dur >= 0 AND ({{thread_filter}}) AND ({{window_filter}})
+    AND ({{step_slice_filter}})
 ),
 ss_frame AS (
   SELECT upid, ts, end_ts FROM ss_step
@@ -161,19 +168,33 @@ ss_frame AS (
   WHERE s.upid NOT IN (SELECT upid FROM ss_step)
   GROUP BY s.upid
 ),
+ss_frame_region AS (
+  SELECT ROW_NUMBER() OVER (ORDER BY upid, f0) AS id, upid, f0, f1,
+         COALESCE(SUM(f1 - f0) OVER (PARTITION BY upid ORDER BY f0
+                                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS cum,
+         LEAD(f0, 1, 9223372036854775807) OVER (PARTITION BY upid ORDER BY f0) AS nxt
+  FROM (
+    SELECT upid, MIN(ts) AS f0, MAX(end_ts) AS f1 FROM (
+      SELECT upid, ts, end_ts,  -- island number: the count of frames that start one
+             SUM(CASE WHEN ts <= m THEN 0 ELSE 1 END) OVER (PARTITION BY upid ORDER BY ts, end_ts
+                                                          ROWS UNBOUNDED PRECEDING) AS island
+      FROM (SELECT upid, ts, end_ts,
+                   MAX(end_ts) OVER (PARTITION BY upid ORDER BY ts, end_ts
+                                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
+            FROM ss_frame)
+    ) GROUP BY upid, island
+    UNION ALL
+    SELECT upid, -9223372036854775807 - 1, -9223372036854775807 - 1 FROM ss_frame GROUP BY upid
+  )
+),
 ss_device AS (
   SELECT * FROM ss_slice WHERE kind_id BETWEEN 9 AND 12  -- device activity
 ),
 ss_totals AS (
-  SELECT SUM(CASE WHEN g = 0 THEN len ELSE 0 END) AS frame_ns,
-         SUM(CASE WHEN g = 1 THEN len ELSE 0 END) AS device_ns
-  FROM (
-    SELECT g, MAX(0, end_ts - MAX(ts, COALESCE(m, ts))) AS len FROM (
-      SELECT g, ts, end_ts,
-             MAX(end_ts) OVER (PARTITION BY g, upid ORDER BY ts
-                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
-      FROM (SELECT 0 AS g, upid, ts, end_ts FROM ss_frame
-            UNION ALL SELECT 1, upid, ts, end_ts FROM ss_device)
-    )
-  )
+  SELECT (SELECT SUM(f1 - f0) FROM ss_frame_region) AS frame_ns,
+         COALESCE((SELECT SUM(MAX(0, end_ts - MAX(ts, COALESCE(m, ts)))) FROM (
+            SELECT ts, end_ts,
+                   MAX(end_ts) OVER (PARTITION BY upid ORDER BY ts
+                                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
+            FROM ss_device)), 0) AS device_ns
 )

@@ -569,6 +569,45 @@ def test_before_top_is_called_before_each_outermost_begin_until_it_says_true(pur
 
 
 @pytest.mark.parametrize("pure", [False, True], ids=["C", "pure-Python"])
+def test_a_base_level_and_the_low_water_mark_of_the_range_count(pure):
+    """``summary_low``: the fewest summary ranges open on the thread since ``mark_low`` (or
+    ``at_top``'s call), which ``mark_low`` starts at the current count; ``at_top(fn, base)``
+    calls after the end that brings the count to ``base``, ``before_top(fn, base)`` before a
+    begin made with ``base`` open; a negative base is refused. Both buffers alike."""
+    rec = _recorder_of(pure)
+    a = rec.code(5, 1, rec.BEGIN)
+    begin, end = rec.chain(a), rec.end_summary
+    rec.reset_depth()
+    log: list = []
+    begin()  # "epoch": around the loop
+    rec.mark_low()
+    assert rec.summary_low() == 1
+    begin(), end()  # an iteration's phase
+    begin(), begin()  # its "Optimization", torch's Optimizer.step#
+    assert (rec.summary_depth(), rec.summary_low()) == (3, 1)
+    rec.at_top(lambda: log.append(("at", rec.summary_depth())), rec.summary_low())
+    end()
+    assert log == []
+    end()  # "Optimization" ends: back at the loop's level
+    assert log == [("at", 1)] and rec.summary_low() == 1
+    begin(), end(), end()  # the next iteration, then "epoch" ends
+    assert (rec.summary_depth(), rec.summary_low()) == (0, 0)
+    rec.mark_low()
+    begin()
+    rec.mark_low()
+    rec.before_top(lambda code: log.append(("before", rec.summary_depth())) or True, 1)
+    begin(), end()  # made with 1 open: called, and taken (True)
+    begin(), end()
+    end()
+    assert log == [("at", 1), ("before", 1)]
+    for top in (rec.at_top, rec.before_top):
+        with pytest.raises(ValueError, match="base must be >= 0"):
+            top(lambda *_: None, -1)
+    rec.reset_depth()
+    assert (rec.summary_depth(), rec.summary_low()) == (0, 0)
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["C", "pure-Python"])
 def test_thread_last_ts_is_the_latest_time_the_thread_recorded(pure):
     """``thread_last_ts``: the latest timestamp the calling thread recorded (given times
     included), not another thread's, and still after a drain took the events."""

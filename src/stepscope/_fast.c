@@ -339,25 +339,33 @@ typedef struct {
 /* The summary-level ranges open on each thread, as its Emit calls began and ended them (phases,
  * record_function and captured nvtx ranges: every summary begin of a cached name and every
  * summary end), so that a boundary the program did not place itself (the step driver's, after an
- * optimizer step) is made where it cuts no range: at_top(fn) calls fn after the end that
- * closes the calling thread's outermost one; before_top(fn) calls fn(code) before each begin
- * of an outermost one (no range open), until fn returns True. An end with no begin counted (a
- * begin recorded otherwise, a range begun before recording) leaves the count at 0.
- * reset_depth() (a profiler's start) zeroes every thread's count, each at its next Emit, and
- * drops both calls. */
+ * optimizer step) is made where it cuts no range: at_top(fn, base) calls fn after the end that
+ * brings the calling thread's count down to base (0: closes its outermost range);
+ * before_top(fn, base) calls fn(code) before each begin made with base ranges open, until fn
+ * returns True. base is the loop's own level: the ranges that span the loop's iterations (a
+ * record_function around it) stay open across steps, and a boundary waits for none of them.
+ * The driver reads it as the lowest count since the last boundary (summary_low(); mark_low()
+ * starts it again at the current count, and at_top's call does so itself). An end with no begin
+ * counted (a begin recorded otherwise, a range begun before recording) leaves the count at 0.
+ * reset_depth() (a profiler's start) zeroes every thread's count and low, each at its next
+ * Emit, and drops both calls. */
 static __thread __attribute__((tls_model("initial-exec"))) long depth = 0;
+static __thread __attribute__((tls_model("initial-exec"))) long depth_low = 0;
 static __thread __attribute__((tls_model("initial-exec"))) int64_t depth_seen = 0;
 static int64_t depth_epoch = 1;
 static PyObject *at_top_fn = NULL; /* (owned) called once, on thread at_top_ident */
 static long long at_top_ident = 0;
+static long at_top_base = 0;
 static PyObject *before_top_fn = NULL; /* (owned) called on thread before_top_ident */
 static long long before_top_ident = 0;
+static long before_top_base = 0;
 
 static int boundary_failed(void);
 
 static inline long *thread_depth(void) {
     if (depth_seen != depth_epoch) {
         depth = 0;
+        depth_low = 0;
         depth_seen = depth_epoch;
     }
     return &depth;
@@ -372,7 +380,7 @@ static PyObject *emit_call(PyObject *self, PyObject *const *args, size_t nargsf,
     }
     long *d = thread_depth();
     if ((code & 3) == 0) { /* BEGIN */
-        if (*d == 0 && before_top_fn != NULL
+        if (before_top_fn != NULL && *d == before_top_base
             && before_top_ident == (long long)PyThread_get_thread_ident()) {
             PyObject *fn = Py_NewRef(before_top_fn);
             PyObject *c = PyLong_FromLongLong(code);
@@ -389,10 +397,12 @@ static PyObject *emit_call(PyObject *self, PyObject *const *args, size_t nargsf,
     }
     put_now(code);
     if ((code & 3) != 1 || *d == 0) Py_RETURN_NONE;
-    if (--*d == 0 && at_top_fn != NULL
+    if (--*d < depth_low) depth_low = *d;
+    if (at_top_fn != NULL && *d == at_top_base
         && at_top_ident == (long long)PyThread_get_thread_ident()) {
         PyObject *fn = at_top_fn; /* taken before the call: called once */
         at_top_fn = NULL;
+        depth_low = *d; /* a boundary: the next one's base is read from here */
         PyObject *r = PyObject_CallNoArgs(fn);
         Py_DECREF(fn);
         if (r == NULL && boundary_failed() < 0) return NULL;
@@ -405,17 +415,51 @@ static PyObject *f_summary_depth(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(*thread_depth());
 }
 
-static PyObject *f_at_top(PyObject *self, PyObject *fn) {
+static PyObject *f_summary_low(PyObject *self, PyObject *unused) {
+    thread_depth();
+    return PyLong_FromLong(depth_low);
+}
+
+static PyObject *f_mark_low(PyObject *self, PyObject *unused) {
+    depth_low = *thread_depth();
+    Py_RETURN_NONE;
+}
+
+/* (fn[, base]) of at_top and before_top: base >= 0, 0 when not given */
+static int top_args(PyObject *const *args, Py_ssize_t nargs, const char *name, long *base) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "%s() takes fn and an optional base", name);
+        return -1;
+    }
+    *base = 0;
+    if (nargs == 2) {
+        *base = PyLong_AsLong(args[1]);
+        if (*base == -1 && PyErr_Occurred()) return -1;
+        if (*base < 0) {
+            PyErr_Format(PyExc_ValueError, "%s(): base must be >= 0", name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *f_at_top(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long base;
+    if (top_args(args, nargs, "at_top", &base) < 0) return NULL;
     PyObject *was = at_top_fn; /* (returned: the call it replaces, if one was still to come) */
-    at_top_fn = fn == Py_None ? NULL : Py_NewRef(fn);
+    at_top_fn = args[0] == Py_None ? NULL : Py_NewRef(args[0]);
     at_top_ident = (long long)PyThread_get_thread_ident();
+    at_top_base = base;
     return was != NULL ? was : Py_NewRef(Py_None);
 }
 
-static PyObject *f_before_top(PyObject *self, PyObject *fn) {
+static PyObject *f_before_top(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long base;
+    if (top_args(args, nargs, "before_top", &base) < 0) return NULL;
     PyObject *was = before_top_fn; /* (returned: the call it replaces) */
-    before_top_fn = fn == Py_None ? NULL : Py_NewRef(fn);
+    before_top_fn = args[0] == Py_None ? NULL : Py_NewRef(args[0]);
     before_top_ident = (long long)PyThread_get_thread_ident();
+    before_top_base = base;
     return was != NULL ? was : Py_NewRef(Py_None);
 }
 
@@ -2062,12 +2106,16 @@ static PyMethodDef module_methods[] = {
     {"clear", f_clear, METH_NOARGS, "Forget everything recorded."},
     {"summary_depth", f_summary_depth, METH_NOARGS,
      "The summary ranges open on the calling thread (as its Emit calls began and ended them)."},
-    {"at_top", f_at_top, METH_O,
-     "at_top(fn) -> the fn it replaces: call fn after the end that closes the calling "
-     "thread's outermost summary range (None: no call)."},
-    {"before_top", f_before_top, METH_O,
-     "before_top(fn) -> the fn it replaces: call fn(code) before each begin of an outermost "
-     "summary range of the calling thread, until it returns True (None: no call)."},
+    {"summary_low", f_summary_low, METH_NOARGS,
+     "The lowest summary_depth of the calling thread since its last mark_low (or at_top call)."},
+    {"mark_low", f_mark_low, METH_NOARGS,
+     "Start summary_low again at the calling thread's summary_depth."},
+    {"at_top", (PyCFunction)(void (*)(void))f_at_top, METH_FASTCALL,
+     "at_top(fn, base=0) -> the fn it replaces: call fn after the end that brings the calling "
+     "thread's summary_depth down to base (None: no call)."},
+    {"before_top", (PyCFunction)(void (*)(void))f_before_top, METH_FASTCALL,
+     "before_top(fn, base=0) -> the fn it replaces: call fn(code) before each begin made with "
+     "base summary ranges open on the calling thread, until it returns True (None: no call)."},
     {"reset_depth", f_reset_depth, METH_NOARGS,
      "Every thread's summary_depth to 0, and at_top's and before_top's calls dropped."},
     {"withdraw", f_withdraw, METH_VARARGS, "withdraw(code, ts, ident, null_code, lookback)."},

@@ -146,19 +146,27 @@ def summary_depth() -> int:
     """The summary ranges open on the calling thread, as its ``Emit`` calls began and ended
     them (an end with none counted leaves 0)."""
 
-def at_top(fn: Callable[[], Any] | None, /) -> Callable[[], Any] | None:
-    """Call ``fn`` (once) after the ``Emit`` end that closes the calling thread's outermost
-    summary range; an Exception it raises is one line on stderr. None: no call. Returns the
-    call it replaces, if that was still to come."""
+def summary_low() -> int:
+    """The lowest ``summary_depth`` of the calling thread since its last ``mark_low`` (or
+    ``at_top`` call): the level of the loop, whose spanning ranges stay open across steps."""
 
-def before_top(fn: Callable[[int], Any] | None, /) -> Callable[[int], Any] | None:
-    """Call ``fn(code)`` before each ``Emit`` begin (of that code) of an outermost summary range
-    of the calling thread (none open), until it returns True; an Exception it raises is one
-    line on stderr. None: no call. Returns the call it replaces."""
+def mark_low() -> None:
+    """Start ``summary_low`` again at the calling thread's ``summary_depth`` (a boundary)."""
+
+def at_top(fn: Callable[[], Any] | None, base: int = 0, /) -> Callable[[], Any] | None:
+    """Call ``fn`` (once) after the ``Emit`` end that brings the calling thread's
+    ``summary_depth`` down to ``base`` (0: closes its outermost summary range), and start
+    ``summary_low`` again there; an Exception it raises is one line on stderr. None: no call.
+    Returns the call it replaces, if that was still to come."""
+
+def before_top(fn: Callable[[int], Any] | None, base: int = 0, /) -> Callable[[int], Any] | None:
+    """Call ``fn(code)`` before each ``Emit`` begin (of that code) made with ``base`` summary
+    ranges open on the calling thread (0: none), until it returns True; an Exception it raises
+    is one line on stderr. None: no call. Returns the call it replaces."""
 
 def reset_depth() -> None:
-    """Every thread's ``summary_depth`` to 0 (at its next ``Emit``); the calls of ``at_top`` and
-    ``before_top`` dropped."""
+    """Every thread's ``summary_depth`` and ``summary_low`` to 0 (at its next ``Emit``); the
+    calls of ``at_top`` and ``before_top`` dropped."""
 
 def withdraw(code: int, ts: int, ident: int, null_code: int, lookback: int, /) -> bool:
     """Turn the recorded event (code, ts, ident) into ``null_code``, searching the last

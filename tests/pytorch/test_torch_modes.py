@@ -352,17 +352,87 @@ def test_a_batch_wait_inside_a_phase_opens_its_step_before_the_phase(tmp_path, p
     assert reader_max <= int(out.stdout.split("BATCH")[1].split()[0])
 
 
-def test_a_range_around_the_whole_loop_leaves_a_step_per_iteration(tmp_path):
-    """A record_function around the whole loop never closes between optimizer steps: each
-    step ends at the next iteration's first module forward, so 4 iterations are still 4 steps,
-    not one, and each begins inside that iteration's Forward phase, before its Backward."""
-    d = _run_phased_loop(tmp_path, "span", pure=False)
+SPANNED_LOADER_LOOP = textwrap.dedent("""
+    import sys, torch, stepscope
+    from torch.utils.data import DataLoader, TensorDataset
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4)
+    with stepscope.Profiler(dir=sys.argv[1], run_id="r", schedule=None, step_on="optimizer",
+                            host_metrics=False, report=False, use_env=False, torch=True) as prof:
+        with torch.autograd.profiler.record_function("epoch"):
+            it = iter(loader)
+            while True:
+                with stepscope.phase("Dataloader"):
+                    try:
+                        (x,) = next(it)
+                    except StopIteration:
+                        break
+                with stepscope.phase("Forward"):
+                    loss = model(x).sum()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+        print("STEPS", prof.timer.steps)
+""")
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["C", "pure-Python"])
+def test_a_range_around_a_loop_with_a_loader_leaves_the_loaders_phase_whole(tmp_path, pure):
+    """With a DataLoader, the boundary after an optimizer step comes before the next range the
+    program begins at the loop's level: its phase "Dataloader" around ``next()``. Inside
+    "epoch", a range around the whole loop, that level is 1, not 0 (the fewest ranges open
+    since the batch wait before); before, no begin was at 0, and every boundary came at the
+    batch wait inside the phase, which then straddled two steps."""
+    script = tmp_path / "loop.py"
+    script.write_text(SPANNED_LOADER_LOOP)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
+               STEPSCOPE_PURE_PYTHON="1" if pure else "0")
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert out.stdout.split("STEPS")[1].split()[0] == "4"
+    d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
     steps = tq.slices(d, "s.category = 'step'")
-    fwd, bwd = (tq.slices(d, f"s.name = '{n}'") for n in ("Forward", "Backward"))
+    dl = tq.slices(d, "s.name = 'Dataloader'")
+    zg = tq.slices(d, "s.name LIKE 'Optimizer.zero_grad#%'")
+    assert [t["name"] for t in steps] == [f"step {k}" for k in range(4)]
+    assert len(dl) == 5 and len(zg) == 4  # the fifth pass found the loader exhausted
+    for k in (1, 2, 3):  # after the zero_grad before, before the phase
+        assert zg[k - 1]["ts"] + zg[k - 1]["dur"] <= steps[k]["ts"] <= dl[k]["ts"]
+        assert dl[k]["ts"] + dl[k]["dur"] <= steps[k]["ts"] + steps[k]["dur"]  # whole in it
+        assert steps[k - 1]["ts"] + steps[k - 1]["dur"] == steps[k]["ts"]
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["C", "pure-Python"])
+def test_a_range_around_the_whole_loop_leaves_a_step_per_iteration(tmp_path, pure):
+    """A record_function around the whole loop never closes between optimizer steps. The
+    boundary waits only for the ranges begun since the last one: counted from the loop's level
+    (the fewest ranges open since that boundary: "train" alone), the program's phase
+    "Optimization" is the outermost, and the step ends as it ends, its next Forward phase whole
+    in the next step. Before, every step ended at the next iteration's first module forward,
+    inside its Forward phase (billed to the step before). The first boundary still comes there:
+    step 0 opened as "train" began (nothing yet says that it spans the loop), and the
+    boundary after its optimizer step waits for that range, and falls back to the forward."""
+    d = _run_phased_loop(tmp_path, "span", pure=pure)
+    steps = tq.slices(d, "s.category = 'step'")
+    fwd, opt = (tq.slices(d, f"s.name = '{n}'") for n in ("Forward", "Optimization"))
+    (train,) = tq.slices(d, "s.name = 'train'")
     assert [st["name"] for st in steps] == [f"step {k}" for k in range(4)]
-    assert len(fwd) == len(bwd) == 4
-    for st, f, b in zip(steps[1:], fwd[1:], bwd[1:], strict=True):
-        assert f["ts"] < st["ts"] < b["ts"]  # (begins only: the ends nest as they can)
+    assert len(fwd) == len(opt) == 4
+
+    def end(s):
+        return s["ts"] + s["dur"]
+
+    assert steps[0]["ts"] <= train["ts"] and end(steps[-1]) <= end(train)
+    # step 1: at the second iteration's first module forward, inside its Forward phase
+    assert fwd[1]["ts"] < steps[1]["ts"] < end(fwd[1])
+    for k in (2, 3):  # from the end of the previous iteration's Optimization, before Forward
+        assert end(opt[k - 1]) <= steps[k]["ts"] <= fwd[k]["ts"]
+        assert steps[k]["ts"] - end(opt[k - 1]) < 1_000_000
+    for k in (1, 2, 3):  # each ends as its Optimization phase does (the last one too: what
+        # follows, "train"'s end, is no step)
+        assert end(opt[k]) <= end(steps[k]) < end(opt[k]) + 1_000_000
 
 
 def test_a_range_around_the_loop_leaves_the_programs_own_steps_whole(tmp_path):

@@ -19,8 +19,13 @@
   without a DataLoader, after the end of torch's ``Optimizer.step#`` range, or of the
   program's outermost range around it (its phase "Optimization", say; several optimizer steps
   inside one such range end one step). A range that spans the loop (a record_function around
-  it) never ends between optimizer steps: the step then ends at the next iteration's first
-  module forward (the steps have a track of their own: neither is cut).
+  it) never ends between optimizer steps: "outermost" counts from the loop's level, the fewest
+  ranges the thread had open since the last boundary (the C range count's low-water mark), so
+  such a range is not waited for (the steps have a track of their own: neither is cut). Where
+  the step began inside a range of the iteration that is still open at the optimizer step (step
+  0 opened at a module forward inside the program's range around the whole iteration), the
+  boundary comes after torch's ``Optimizer.step#`` range; should none end, at the next module
+  forward.
   A step opened at a boundary that gets no work but torch's ``Optimizer.zero_grad#`` range
   (the loop's tail after its last optimizer step) is no step. Step 0 starts at the first
   batch wait or module forward, not at ``Profiler.start()``
@@ -109,6 +114,7 @@ class StepDriver:
             self._new_epoch()
         if prof._pending and not prof._stopped:  # noqa: SLF001
             prof._activity()  # noqa: SLF001
+            rec.mark_low()  # step 0 opens: the next boundary's base is read from here
         self._drop_forward_hook()
 
     def _watch_forward(self) -> None:
@@ -131,15 +137,18 @@ class StepDriver:
         if self._user_steps or threading.get_ident() != self.prof._thread:  # noqa: SLF001
             return
         self._auto_stepped = True
+        # the loop's level: the fewest ranges open since the last boundary (those that span
+        # the loop, a record_function around it, stay open: the boundary waits for none)
+        base = rec.summary_low()
         if self.loader_seen:
             self.boundary_pending = True  # made at the next batch wait, or before the range
-            rec.before_top(self._before_range)  # of the program around it ("Dataloader")
+            rec.before_top(self._before_range, base)  # of the program around it ("Dataloader")
             return
         depth = rec.summary_depth()  # torch's Optimizer.step# range, and the program's around
-        if depth > 0:  # made after the end of the outermost (a C call; it replaces the
-            rec.at_top(self._boundary)  # boundary of an earlier optimizer step inside them)
-            if depth > 1:
-                self._watch_forward()  # ... or, where they span the loop, at the next forward
+        if depth > base:  # made after the end of the outermost begun in the step (a C call; it
+            rec.at_top(self._boundary, base)  # replaces an earlier optimizer step's boundary)
+            if depth > base + 1:
+                self._watch_forward()  # ... or, should it not end first, at the next forward
         else:
             self.boundary_pending = True
             self.flush_boundary()
@@ -165,6 +174,7 @@ class StepDriver:
                 self._boundary()
             except Exception as exc:
                 print(rec.BOUNDARY_FAILED.format(exc), file=sys.stderr)
+        rec.mark_low()  # (a boundary, or a batch wait: the loop's level, or a range above it)
 
     def _user_step(self, num_samples: float | None = None, epoch: int | None = None) -> None:
         """``step_on="auto"``: the program makes its own steps from its first call on."""

@@ -73,7 +73,7 @@ END_SUMMARY = code(0, LEVEL_SUMMARY, END)
 fast = load_extension("stepscope._fast")
 if fast is not None and (getattr(fast, "THREAD_MARK", None) != THREAD
                          or getattr(fast, "STEPS_IDENT", None) != STEPS
-                         or not hasattr(fast, "summary_depth")):
+                         or not hasattr(fast, "summary_low")):
     fast = None  # a stale build (no thread marks, no range count): the pure-Python twin instead
 
 # True while a session records: summary-level events (steps, phases, counters) are kept.
@@ -85,9 +85,13 @@ if fast is not None:
     _ext = fast.extend
     chain = fast.Emit  # chain(code)() records (code, now, thread ident); ignores arguments
     # the summary ranges open on the calling thread, as its chains began and ended them;
-    # at_top(fn): fn called after the end that closes the outermost; before_top(fn): fn(code)
-    # before each begin of an outermost one, until it returns True (see _fast.c, Emit)
+    # at_top(fn, base): fn called after the end that brings the count down to base;
+    # before_top(fn, base): fn(code) before each begin made with base open, until it returns
+    # True; summary_low: the lowest count since mark_low (or at_top's call), the loop's level
+    # (see _fast.c, Emit)
     summary_depth = fast.summary_depth
+    summary_low = fast.summary_low
+    mark_low = fast.mark_low
     thread_last_ts = fast.thread_last_ts  # the latest time the calling thread recorded
     at_top = fast.at_top
     before_top = fast.before_top
@@ -114,16 +118,24 @@ else:
             next, map(_ext, zip(repeat(code_), iter(perf_counter_ns, None),
                                 iter(get_ident, None))))
 
-    _depths = threading.local()  # .n: the thread's open summary ranges, .epoch: as of when
+    # .n: the thread's open summary ranges, .low: the fewest since mark_low, .epoch: as of when
+    _depths = threading.local()
     _depth_epoch = [1]
-    _at_top: list[Any] = [None, 0]  # (fn, its thread's ident)
-    _before_top: list[Any] = [None, 0]  # (fn, its thread's ident)
+    _at_top: list[Any] = [None, 0, 0]  # (fn, its thread's ident, base)
+    _before_top: list[Any] = [None, 0, 0]  # (fn, its thread's ident, base)
 
     def summary_depth() -> int:
         d = _depths
         if getattr(d, "epoch", 0) != _depth_epoch[0]:
-            d.n, d.epoch = 0, _depth_epoch[0]
+            d.n, d.low, d.epoch = 0, 0, _depth_epoch[0]
         return d.n
+
+    def summary_low() -> int:
+        summary_depth()
+        return _depths.low
+
+    def mark_low() -> None:
+        _depths.low = summary_depth()
 
     def thread_last_ts() -> int:
         """The latest time the calling thread recorded (0: none; a scan of what is still in
@@ -137,14 +149,18 @@ else:
 
     _drained_last: dict[int, int] = {}  # thread ident -> the latest time a drain took
 
-    def at_top(fn: Any) -> Any:
+    def at_top(fn: Any, base: int = 0) -> Any:
+        if base < 0:
+            raise ValueError("at_top(): base must be >= 0")
         was = _at_top[0]
-        _at_top[:] = [fn, get_ident()]
+        _at_top[:] = [fn, get_ident(), base]
         return was
 
-    def before_top(fn: Any) -> Any:
+    def before_top(fn: Any, base: int = 0) -> Any:
+        if base < 0:
+            raise ValueError("before_top(): base must be >= 0")
         was = _before_top[0]
-        _before_top[:] = [fn, get_ident()]
+        _before_top[:] = [fn, get_ident(), base]
         return was
 
     def reset_depth() -> None:
@@ -162,7 +178,7 @@ else:
             def begin(*_: Any) -> None:
                 n = summary_depth()
                 fn = _before_top[0]
-                if n == 0 and fn is not None and _before_top[1] == get_ident():
+                if fn is not None and n == _before_top[2] and _before_top[1] == get_ident():
                     try:
                         if fn(code_) is True and _before_top[0] is fn:
                             _before_top[0] = None
@@ -178,9 +194,11 @@ else:
             if n == 0:
                 return
             _depths.n = n - 1
+            _depths.low = min(_depths.low, n - 1)
             fn = _at_top[0]
-            if n == 1 and fn is not None and _at_top[1] == get_ident():
+            if fn is not None and n - 1 == _at_top[2] and _at_top[1] == get_ident():
                 _at_top[0] = None
+                _depths.low = n - 1  # a boundary: the next one's base is read from here
                 try:
                     fn()
                 except Exception as exc:  # (as _fast.c's boundary_failed)

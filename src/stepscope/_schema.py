@@ -74,6 +74,9 @@ def phase_of(name: str | None) -> str | None:
 
 STEP_NAME = "step {step}"
 DATALOADER_WAIT_NAME = "dataloader.next"
+# the last wait of a pass over a loader, which found it exhausted (a multi-process DataLoader
+# shuts its workers down there): no batch, so no reader cost, and in no step
+DATALOADER_EXHAUSTED_NAME = "dataloader.exhausted"
 
 # --- argument names (written as debug annotations: SQL key "debug.<name>") --------------------
 ARG_STEP = "step"

@@ -96,7 +96,9 @@ def test_exhaustion_after_a_flush_writes_no_step_and_counts_iter_as_reader_cost(
     """By hand, per epoch: batch 0 waits 200 (iter) + 10 ms, batches 1-4 wait 10 ms; each step
     is its wait + 30 ms of work: 240, 40, 40, 40, 40 ms. Two epochs: 10 steps (not 12), reader
     cost 500 ms in all (avg 50, max 210, min 10), batch cost 800 ms (avg 80, max 240, min 40).
-    The waits for the StopIterations (1.5 s, flushed through) are in no step and no table."""
+    The waits for the StopIterations (1.5 s, flushed through) are in no step: each is a
+    ``dataloader.exhausted`` slice between the steps, the Overview's Dataloader time outside
+    them (3 s), and no reader cost."""
     prof, clock = _profiler(tmp_path, monkeypatch)
     prof.start(open_step=False)  # step 0 opens at the first batch wait, before iter()
     start = clock.now
@@ -111,7 +113,9 @@ def test_exhaustion_after_a_flush_writes_no_step_and_counts_iter_as_reader_cost(
     path = tmp_path / "r" / "rank0.summary.pftrace"
     d = decode(path)
     steps = d.by_category(S.CAT_STEP)
-    waits = d.by_category(S.CAT_DATALOADER)
+    waits = [w for w in d.by_category(S.CAT_DATALOADER) if w.name == S.DATALOADER_WAIT_NAME]
+    ends = [(w.ts, w.dur) for w in d.by_category(S.CAT_DATALOADER)
+            if w.name == S.DATALOADER_EXHAUSTED_NAME]
     assert [s.name for s in steps] == [f"step {i}" for i in range(10)]
     epoch1 = start + (240 + 4 * 40 + 1500) * MS  # epoch 0's steps, then its final wait
     want_begins = [start + k * 40 * MS + (200 * MS if k else 0) for k in range(5)]
@@ -120,14 +124,17 @@ def test_exhaustion_after_a_flush_writes_no_step_and_counts_iter_as_reader_cost(
     assert [s.dur for s in steps] == [240 * MS, 40 * MS, 40 * MS, 40 * MS, 40 * MS] * 2
     assert [w.ts for w in waits] == want_begins  # each wait opens its step
     assert [w.dur for w in waits] == [210 * MS, 10 * MS, 10 * MS, 10 * MS, 10 * MS] * 2
+    # each epoch's last step ends at 400 ms, and the final wait follows it
+    assert ends == [(start + 400 * MS, 1500 * MS), (epoch1 + 400 * MS, 1500 * MS)]
 
     # the tables: the same figures (within 1 ms: the engine maps CLOCK_MONOTONIC onto the trace
     # clock through the file's clock snapshots, each two clock reads that a loaded machine may
     # preempt; the decoded times above are exact)
     t = _tables(path)
     near = lambda ms: pytest.approx(ms * MS, abs=MS)  # noqa: E731
-    overview = {r["kind"]: (r["calls"], r["total_ns"]) for r in t["overview"]}
-    assert overview["Step"] == (10, near(800)) and overview["Dataloader"] == (10, near(500))
+    overview = {r["kind"]: (r["calls"], r["total_ns"], r["outside_ns"]) for r in t["overview"]}
+    assert overview["Step"] == (10, near(800), 0)
+    assert overview["Dataloader"] == (12, near(500), near(3000))
     stats = {r["stat"]: r for r in t["steps"]}
     assert (stats["avg"]["batch_cost_ns"], stats["avg"]["reader_cost_ns"]) == (near(80), near(50))
     assert (stats["max"]["batch_cost_ns"], stats["max"]["reader_cost_ns"]) == (near(240),
@@ -155,8 +162,9 @@ def test_a_flush_between_step_and_the_exhausted_loader(tmp_path, monkeypatch, wi
     """A flush right after each step(), before the next batch wait: the step opened by the
     last step() gets no batch (the loader runs dry, 100 ms) and is no step, in a detail window
     too: 2 steps of 240 and 40 ms in the timer, every file and the tables; the final wait is in
-    none. (The flush takes the begins' placeholders; the begins are written late, at their own
-    times, once their steps get a batch.)"""
+    none of them, a ``dataloader.exhausted`` slice after them. (The flush takes the begins'
+    placeholders; the begins are written late, at their own times, once their steps get a
+    batch; the final wait's too, at once.)"""
     sched = stepscope.schedule(warmup=0, active=100) if window else None
     clock = VirtualTime()
     monkeypatch.setattr(P, "time", clock)
@@ -180,8 +188,10 @@ def test_a_flush_between_step_and_the_exhausted_loader(tmp_path, monkeypatch, wi
         assert [(s.name, s.ts, s.dur) for s in steps] == [
             ("step 0", start, 240 * MS), ("step 1", start + 240 * MS, 40 * MS)]
         waits = d.by_category(S.CAT_DATALOADER)
-        assert [(w.ts, w.dur) for w in waits] == [(start, 210 * MS),
-                                                  (start + 240 * MS, 10 * MS)]
+        assert [(w.name, w.ts, w.dur) for w in waits] == [
+            (S.DATALOADER_WAIT_NAME, start, 210 * MS),
+            (S.DATALOADER_WAIT_NAME, start + 240 * MS, 10 * MS),
+            (S.DATALOADER_EXHAUSTED_NAME, start + 280 * MS, 100 * MS)]
     t = _tables(tmp_path / "r" / "rank0.summary.pftrace")
     overview = {r["kind"]: (r["calls"], r["total_ns"]) for r in t["overview"]}
     assert overview["Step"] == (2, pytest.approx(280 * MS, abs=MS))
@@ -443,8 +453,8 @@ def test_a_session_stopped_from_elsewhere_ends_a_step_begun_late(tmp_path, monke
 
 def test_waits_on_another_thread_overtaken_by_a_flush_keep_their_times(tmp_path, monkeypatch):
     """A loader iterated by another thread (a prefetcher), a flush inside every wait: each
-    wait is written late, on that thread's track, at its own time: 210, 10, 10 ms; no step
-    comes from that thread."""
+    wait is written late, on that thread's track, at its own time: 210, 10, 10 ms, and the
+    final one that found the loader exhausted, 5 ms; no step comes from that thread."""
     prof, clock = _profiler(tmp_path, monkeypatch)
     prof.start()
     loader = Loader(clock, prof, n=3, stop_ms=5, flush_at=(0, 1, 2, 3))
@@ -457,8 +467,10 @@ def test_waits_on_another_thread_overtaken_by_a_flush_keep_their_times(tmp_path,
     d = decode(tmp_path / "r" / "rank0.summary.pftrace")
     waits = d.by_category(S.CAT_DATALOADER)
     assert {d.thread_name(w.track) for w in waits} == {"prefetch"}
-    assert [(w.ts - start, w.dur) for w in waits] == [
-        (0, 210 * MS), (210 * MS, 10 * MS), (220 * MS, 10 * MS)]
+    assert [(w.name, w.ts - start, w.dur) for w in waits] == [
+        (S.DATALOADER_WAIT_NAME, 0, 210 * MS), (S.DATALOADER_WAIT_NAME, 210 * MS, 10 * MS),
+        (S.DATALOADER_WAIT_NAME, 220 * MS, 10 * MS),
+        (S.DATALOADER_EXHAUSTED_NAME, 230 * MS, 5 * MS)]
     steps = d.by_category(S.CAT_STEP)
     assert [(s.name, s.ts, s.dur) for s in steps] == [("step 0", start, 235 * MS)]
 

@@ -39,14 +39,16 @@ def test_detail_only_inside_windows(tmp_path):
     s = decode(summary)
     steps = [x for x in s.slices if x.category == S.CAT_STEP]
     # 10 batches: the step opened by the 10th step() only waited for the exhausted loader, so
-    # it was withdrawn with that wait
+    # it was withdrawn, and that wait is a slice of its own after the last step
     assert [x.name for x in steps] == [f"step {i}" for i in range(10)]
     assert all(x.dur is not None and x.dur > 0 for x in steps)
     assert steps[3].args == {"step": 3, "epoch": 0, "num_samples": 4}
     assert _user_ranges(s) == []  # user ranges are detail level
     assert len(s.by_category(S.CAT_PHASE)) == 10
     loader = s.by_category(S.CAT_DATALOADER)
-    assert len(loader) == 10 and {x.name for x in loader} == {S.DATALOADER_WAIT_NAME}
+    assert [x.name for x in loader] == [S.DATALOADER_WAIT_NAME] * 10 + [
+        S.DATALOADER_EXHAUSTED_NAME]
+    assert loader[-1].ts >= steps[-1].ts + steps[-1].dur
     # phases nest inside their step
     for ph, st in zip(s.by_category(S.CAT_PHASE), steps, strict=False):
         assert st.ts <= ph.ts and ph.ts + ph.dur <= st.ts + st.dur

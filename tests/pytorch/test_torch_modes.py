@@ -49,13 +49,20 @@ def test_stepscope_run_finds_optimizer_steps_without_code_changes(tmp_path):
     t_loop = int(out.stdout.split("LOOP")[1])
     d = tq.db(tmp_path / "out" / "z" / "rank0.summary.pftrace")
     steps = tq.slices(d, "s.category = 'step'")
-    waits = tq.slices(d, "s.category = 'dataloader'")
+    waits = tq.slices(d, "s.name = 'dataloader.next'")
     assert len(steps) == 10  # 5 batches x 2 epochs, one step per optimizer step
     assert len(waits) == 10
     assert steps[0]["ts"] > t_loop  # at the first batch wait, not at interpreter start
     assert 0 <= waits[0]["ts"] - steps[0]["ts"] < 2_000_000
     for st, w in zip(steps, waits, strict=True):
         assert st["ts"] <= w["ts"] < st["ts"] + st["dur"]
+    # each epoch's final wait, which found the loader exhausted: after its last step, before
+    # the next epoch's first
+    ends = tq.slices(d, "s.name = 'dataloader.exhausted'")
+    assert len(ends) == 2
+    assert steps[4]["ts"] + steps[4]["dur"] <= ends[0]["ts"]
+    assert ends[0]["ts"] + ends[0]["dur"] <= steps[5]["ts"]
+    assert steps[9]["ts"] + steps[9]["dur"] <= ends[1]["ts"]
 
 
 def _loop(prof_step_calls: bool, n: int = 4) -> None:
@@ -337,7 +344,9 @@ def test_a_batch_wait_inside_a_phase_opens_its_step_before_the_phase(tmp_path, p
         assert before - 20_000 <= f["ts"] <= inside + 20_000
     steps = tq.slices(d, "s.category = 'step'")
     assert [t["name"] for t in steps] == [f"step {k}" for k in range(4)]
-    assert [t["name"] for t in tq.outside_steps(d)] == ["Dataloader"]  # the exhausted wait
+    (last,) = tq.outside_steps(d)  # the phase of the pass that found the loader exhausted,
+    (end,) = tq.slices(d, "s.name = 'dataloader.exhausted'")  # holding that final wait
+    assert last["name"] == "Dataloader" and end["parent_id"] == last["id"]
     for a, b in zip(steps, steps[1:], strict=False):
         assert a["ts"] + a["dur"] == b["ts"]
     for st in steps:
@@ -347,7 +356,7 @@ def test_a_batch_wait_inside_a_phase_opens_its_step_before_the_phase(tmp_path, p
         waits = tq.slices(d, f"s.parent_id = {kids[0]['id']} AND s.category = 'dataloader'")
         assert len(waits) == 1 and waits[0]["ts"] >= kids[0]["ts"]
     # the timer's reader cost is the slices' (the tables'), and within its step
-    longest = max(tq.slices(d, "s.category = 'dataloader'"), key=lambda w: w["dur"])
+    longest = max(tq.slices(d, "s.name = 'dataloader.next'"), key=lambda w: w["dur"])
     assert reader_max == longest["dur"] and reader_max < 50_000_000
     assert reader_max <= int(out.stdout.split("BATCH")[1].split()[0])
 
@@ -503,7 +512,9 @@ def test_loader_waits_stay_in_their_steps_across_flushes(tmp_path):
     assert len(got) == 4  # 8 samples / 2: no step for the exhausted loader's final wait
     assert [len(inner) for _, inner in got] == [1, 1, 1, 1]
     assert got[0][0]["ts"] == got[0][1][0]["ts"]  # step 0 opens at the first batch wait
-    assert len(tq.slices(d, "s.category = 'dataloader'")) == 4
+    assert len(tq.slices(d, "s.name = 'dataloader.next'")) == 4
+    (end,) = tq.slices(d, "s.name = 'dataloader.exhausted'")  # the final wait: after them
+    assert end["ts"] >= got[-1][0]["ts"] + got[-1][0]["dur"]
     assert tq.slices(d, "s.name LIKE 'enumerate(DataLoader)%'") == []
     assert prof.timer.steps == 4
 
@@ -523,7 +534,7 @@ def test_a_windows_operators_leave_the_loaders_own_range_to_the_wait(tmp_path):
         opt.step()
     prof.stop()
     d = tq.db(tmp_path / "w" / "rank0.detail.0.pftrace")
-    assert len(tq.slices(d, "s.category = 'dataloader'")) == 4
+    assert len(tq.slices(d, "s.name = 'dataloader.next'")) == 4
     assert len(tq.slices(d, "s.name = 'aten::linear'")) == 4  # 4 batches, one Linear
     assert tq.slices(d, "s.name LIKE 'enumerate(DataLoader)%'") == []
 
@@ -780,7 +791,7 @@ def test_the_first_wait_of_each_pass_starts_at_iter(tmp_path):
             opt.step()
     prof.stop()
     waits = tq.slices(tq.db(tmp_path / "r" / "rank0.summary.pftrace"),
-                      "s.category = 'dataloader'")
+                      "s.name = 'dataloader.next'")
     assert len(waits) == 4 and prof.timer.steps == 4
     for k, (t0, t1) in enumerate(firsts):  # the pass's first wait: from iter() to the batch
         w = waits[2 * k]

@@ -60,8 +60,14 @@ def test_a_step_per_optimizer_step_from_the_first_batch_wait(run):
     d = tq.db(run["dir"] / "rank0.summary.pftrace")
     steps = tq.slices(d, "s.category = 'step'")
     assert [s["name"] for s in steps] == [f"step {i}" for i in range(BATCHES * EPOCHS)]
-    waits = tq.slices(d, "s.category = 'dataloader'")
+    waits = tq.slices(d, "s.name = 'dataloader.next'")
     assert len(waits) == BATCHES * EPOCHS
+    ends = tq.slices(d, "s.name = 'dataloader.exhausted'")  # each epoch's final wait: in no
+    assert len(ends) == EPOCHS  # step, after the epoch's last
+    for k, e in enumerate(ends):
+        last = steps[(k + 1) * BATCHES - 1]
+        assert last["ts"] + last["dur"] <= e["ts"]
+        assert not any(st["ts"] < e["ts"] + e["dur"] <= st["ts"] + st["dur"] for st in steps)
     first = steps[0]
     assert first["ts"] > run["t_loop"]  # not at start(): after the sleep
     assert 0 <= waits[0]["ts"] - first["ts"] < 2_000_000

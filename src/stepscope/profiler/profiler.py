@@ -21,10 +21,11 @@ Steps: ``start()`` opens step 0 (``start(open_step=False)``: at the first batch 
 processor merges both into the slice's args. The end's args repeat from step to step, so each
 (epoch, num_samples) is an event kind of its own: one C call, encoded once per file. A step is
 written once it holds work or is ended (see the note above ``Profiler.step``): when the
-``prof.dataloader`` wrapper finds its loader exhausted, the step just opened and the final wait
-are never written, and the next step opens at the next batch wait, phase or ``step()``. So there
-is no empty trailing step per epoch, however long the exhausted loader takes, and a begin a
-flush overtook is written later with its own time (readers sort by time before nesting).
+``prof.dataloader`` wrapper finds its loader exhausted, the step just opened is never written,
+and the next step opens at the next batch wait, phase or ``step()``. So there is no empty
+trailing step per epoch, however long the exhausted loader takes; that final wait is a
+``dataloader.exhausted`` slice between the steps. A begin a flush overtook is written later with
+its own time (readers sort by time before nesting).
 Phases (category ``phase``) and data-loader waits (category ``dataloader``, name
 ``dataloader.next``; the first of each pass from ``iter(loader)`` on) are summary-level slices
 inside the step.
@@ -263,6 +264,8 @@ _NULL = rec.NULL
 _STEPS = rec.STEPS
 _WAIT_EID = rec.event_id(S.DATALOADER_WAIT_NAME, (S.CAT_DATALOADER,))
 _WAIT_BEGIN = rec.code(_WAIT_EID, S.LEVEL_SUMMARY, rec.BEGIN)
+_EXHAUSTED_EID = rec.event_id(S.DATALOADER_EXHAUSTED_NAME, (S.CAT_DATALOADER,))
+_EXHAUSTED_BEGIN = rec.code(_EXHAUSTED_EID, S.LEVEL_SUMMARY, rec.BEGIN)
 
 
 _ALL = sys.maxsize // 8  # a lookback past any buffer's start
@@ -1092,13 +1095,22 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
             self._active = True
             self._quiet = False
 
-    def _wait_exhausted(self, main: bool) -> None:
-        """The loader is exhausted: the final wait is never written (its placeholder stays
-        one), and the open step, if that wait was all it had, is no step."""
-        if not (main and self._started and not self._stopped):
-            return
-        if self._in_step and not self._active:
+    def _wait_exhausted(self, placed: bool, t0: int, t1: int, ident: int, main: bool) -> None:
+        """The loader was found exhausted at ``t1``: the open step, if that wait was all it had,
+        is no step (no empty trailing step per epoch). The wait is written all the same, as
+        ``dataloader.exhausted``: the time the loader took to find its end (a multi-process
+        DataLoader shuts its workers down there, tens of ms) was a gap in the timeline with
+        no slice, and the Overview shows it as Dataloader time outside the steps. No reader
+        cost: it brought no batch."""
+        if main and self._started and not self._stopped and self._in_step and not self._active:
             self._abandon_step()
+        if placed:
+            with self._plock:
+                if _replace(_NULL, t0, ident, _EXHAUSTED_BEGIN, _ALL):  # the newest: the wait's
+                    end = rec.END_SUMMARY
+                else:  # a flush took the placeholder during the wait
+                    end = self._late_end(None, self._write_late(t0, ident, _EXHAUSTED_EID))
+                _emit((end, t1, ident))
 
     # -- schedule -------------------------------------------------------------------------------
     def _enter_batch(self) -> str | None:
@@ -1232,7 +1244,7 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
                     it = iter(loader)
                 batch = next(it)
             except StopIteration:
-                self._wait_exhausted(main)
+                self._wait_exhausted(placed, t0, clock(), ident, main)
                 return
             except BaseException:
                 wait_end(placed, t0, clock(), ident, main)

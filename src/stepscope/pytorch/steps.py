@@ -236,8 +236,8 @@ class StepDriver:
                 driver.ranges.waiting = True
             try:
                 batch = original(self)
-            except StopIteration:
-                wait_exhausted(on_main)  # the step just opened had no work: it is no step
+            except StopIteration:  # the step just opened had no work: it is no step
+                wait_exhausted(placed, t0, clock(), ident, on_main)
                 if cancel and on_main and not driver._user_steps:
                     driver._epoch_ended = True
                     driver._watch_forward()

@@ -21,11 +21,10 @@
   inside one such range end one step). A range that spans the loop (a record_function around
   it) never ends between optimizer steps: "outermost" counts from the loop's level, the fewest
   ranges the thread had open since the last boundary (the C range count's low-water mark), so
-  such a range is not waited for (the steps have a track of their own: neither is cut). Where
-  the step began inside a range of the iteration that is still open at the optimizer step (step
-  0 opened at a module forward inside the program's range around the whole iteration), the
-  boundary comes after torch's ``Optimizer.step#`` range; should none end, at the next module
-  forward.
+  such a range is not waited for (the steps have a track of their own: neither is cut). Only
+  the first boundary can miss it: a range whose begin opened step 0 (the record_function
+  around the loop) counts as begun in that step, so, without a DataLoader (whose batch waits
+  mark the level), that boundary waits for it and falls back to the next module forward.
   A step opened at a boundary that gets no work but torch's ``Optimizer.zero_grad#`` range
   (the loop's tail after its last optimizer step) is no step. Step 0 starts at the first
   batch wait or module forward, not at ``Profiler.start()``

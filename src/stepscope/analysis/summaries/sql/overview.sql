@@ -20,7 +20,9 @@
 -- [a, min(b, f1)); a longer one (a range around steps that do not touch) is measured with the
 -- frame time before its ends: C(b) - C(a), two lookups in the regions' (upid, f0) index.
 -- A scalar subquery returns one value, so the pass gives its two sums as the text
--- '<union> <inside>', read back by CAST (which takes the leading integer).
+-- '<union> <inside>', read back by CAST (which takes the leading integer). (+b: the column
+-- without its declared INTEGER affinity, which would keep the lookup off the index on f0, a
+-- column with none.)
 {{base}},
 ov_pass AS MATERIALIZED (  -- once: each read of `sums` below would run the pass again
   SELECT k.kind_id, (

@@ -21,7 +21,11 @@ Blocks, ``--steps`` steps each after a warm-up of the same loop (a quarter as lo
 * ``skeleton, summary``: the same with the profiler on;
 * ``zero-code, summary``: no phases and no ``step()``: ``step_on="optimizer"``;
 * ``phases, zero-code``: the three phases without ``step()``, ``step_on="optimizer"`` (the
-  step ends after the phase "Optimization" around the optimizer step).
+  step ends after the phase "Optimization" around the optimizer step);
+* ``loader``: the skeleton's optimizer step and zero_grad, one per batch of a
+  ``torch.utils.data.DataLoader`` (a tensor dataset, no worker process), untraced;
+* ``loader, zero-code``: the same with ``step_on="optimizer"``: what a training loop over a
+  DataLoader pays per batch (each wait for a batch recorded, the step boundary made there).
 
 The summary level's cost is ``traced - untraced``, in % of the MLP step. Instructions are not
 time: the ``est. cycles`` column adds what the simulated cache misses cost, with the weights of
@@ -45,7 +49,7 @@ import zlib
 from pathlib import Path
 
 BLOCKS = ("MLP step", "MLP step, summary", "skeleton", "skeleton, summary",
-          "zero-code, summary", "phases, zero-code")
+          "zero-code, summary", "phases, zero-code", "loader", "loader, zero-code")
 # callgrind's events with --cache-sim=yes, and their weights in its cycle estimate (CEst)
 _WEIGHTS = {"Ir": 1, "I1mr": 10, "D1mr": 10, "D1mw": 10, "ILmr": 100, "DLmr": 100, "DLmw": 100}
 
@@ -101,6 +105,12 @@ def child(steps: int, out: str) -> None:
     def skeleton(phases: bool, steps: bool = True):
         return lambda n, prof: bt._skeleton(sk_opt, n, prof, phases=phases, steps=steps)
 
+    def loader(n: int, prof=None) -> None:
+        for _batch in torch.utils.data.DataLoader(torch.utils.data.TensorDataset(
+                torch.zeros(n, 1))):
+            sk_opt.step()
+            sk_opt.zero_grad(set_to_none=False)
+
     mlp(max(5, steps // 10))
     _mark()
     mlp(steps)
@@ -113,6 +123,11 @@ def child(steps: int, out: str) -> None:
     traced(steps, None, "summary", skeleton(True))  # skeleton, summary
     traced(steps, "optimizer", "zero", skeleton(False))  # zero-code, summary
     traced(steps, "optimizer", "phased", skeleton(True, steps=False))  # phases, zero-code
+    loader(max(20, steps // 4))
+    _mark()
+    loader(steps)
+    _mark()  # loader
+    traced(steps, "optimizer", "loader", loader)  # loader, zero-code
 
 
 def _totals(path: str) -> tuple[int, int]:
@@ -151,15 +166,16 @@ def main(argv: list[str] | None = None) -> None:
         dumps = sorted(glob.glob(prefix + ".*"), key=lambda p: int(p.rsplit(".", 1)[1]))
         counts = [_totals(p) for p in dumps]
     # dumps: 1 import + warm-up, 2 MLP, 3 skeleton warm-up, 4 skeleton, then per traced block
-    # its warm-up (5, 7, 9, 11) and the block (6, 8, 10, 12)
+    # its warm-up (5, 7, 9, 11) and the block (6, 8, 10, 12); 13 loader warm-up, 14 loader,
+    # 15 and 16 its traced warm-up and block
     want = {2: BLOCKS[0], 6: BLOCKS[1], 4: BLOCKS[2], 8: BLOCKS[3], 10: BLOCKS[4],
-            12: BLOCKS[5]}
-    if len(counts) != 12:
-        sys.exit(f"bench_instructions: {len(counts)} dumps, expected 12 (a stray marker call?)")
+            12: BLOCKS[5], 14: BLOCKS[6], 16: BLOCKS[7]}
+    if len(counts) != 16:
+        sys.exit(f"bench_instructions: {len(counts)} dumps, expected 16 (a stray marker call?)")
     per = {name: [c / args.steps for c in counts[i - 1]] for i, name in want.items()}
     step = per[BLOCKS[0]]
     untraced = {BLOCKS[1]: BLOCKS[0], BLOCKS[3]: BLOCKS[2], BLOCKS[4]: BLOCKS[2],
-                BLOCKS[5]: BLOCKS[2]}
+                BLOCKS[5]: BLOCKS[2], BLOCKS[7]: BLOCKS[6]}
     import torch
 
     print(f"torch {torch.__version__}, Python {sys.version.split()[0]}, {args.steps} steps per "

@@ -144,6 +144,23 @@ class TraceDB:
         )
 
 
+def live_plan(rows: list[dict[str, Any]]) -> list[str]:
+    """The details of an EXPLAIN QUERY PLAN, less the overview's arm for the CTEs alone (the
+    ``UNION ALL`` arm that materializes ``x``), which ``WHERE NOT 1`` skips on the shared base:
+    what runs there."""
+    kids: dict[int, list[int]] = {}
+    for r in rows:
+        kids.setdefault(r["parent"], []).append(r["id"])
+    detail = {r["id"]: r["detail"] for r in rows}
+
+    def subtree(i: int) -> list[int]:
+        return [i] + [j for k in kids.get(i, []) for j in subtree(k)]
+
+    skipped = {j for i, d in detail.items() if d == "UNION ALL"
+               and any(detail[k] == "MATERIALIZE x" for k in subtree(i)) for j in subtree(i)}
+    return [r["detail"] for r in rows if r["id"] not in skipped]
+
+
 # a collective's args, as stepscope.pytorch writes them
 COLL_ARGS = {"op": "allreduce", "bytes": 4096, "dtype": "float32", "group_size": 2, "group": "0"}
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_summaries_db import COLL_ARGS, scenario  # noqa: E402
+from test_summaries_db import COLL_ARGS, live_plan, scenario  # noqa: E402
 
 from stepscope import _schema  # noqa: E402
 from stepscope.analysis import summaries  # noqa: E402
@@ -282,8 +282,8 @@ def test_loaded_slice_base_is_the_cte_and_gives_the_same_tables(traces, expected
             ).fetchall()
             # the overview's windows read the loaded index in order: no sort but the final
             # ORDER BY
-            plan = [r["detail"] for r in
-                    db.query("EXPLAIN QUERY PLAN " + summaries.render("overview", base=base))]
+            plan = live_plan(
+                db.query("EXPLAIN QUERY PLAN " + summaries.render("overview", base=base)))
             assert any("COVERING INDEX ss_slice_base_kind" in d for d in plan)
             assert [d for d in plan if "TEMP B-TREE" in d] == ["USE TEMP B-TREE FOR ORDER BY"]
             # the operators' per-name statistics read the name index: no sort for that GROUP BY

@@ -146,6 +146,9 @@ def render(
     base CTEs (used when they were materialized as temporary tables, see shared_base()).
     """
     values = placeholders(filters or Filters())
+    # 1 where the base CTEs are the shared base's tables, with their indexes (the overview
+    # then probes them; with the CTEs alone it sorts instead)
+    values["indexed_base"] = "0" if base is None else "1"
     if base is None:
         base = _fill(_strip_comments(sql_text("_base")), values)
     values = {**values, **extra, "base": base.strip()}

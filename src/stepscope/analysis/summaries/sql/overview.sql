@@ -12,10 +12,13 @@
 --
 -- Algorithm: per kind present, one window pass over its slices, read region by region
 -- (ss_frame_region: the regions of a rank tile its time line, so each slice is read once, in
--- start order; on an SQLite engine with the shared base, from the slices' (kind_id, upid, ts,
--- end_ts) index in the regions' (upid, id) order: no sort). With m the largest end before a
--- slice, the slice adds the piece [a, b) = [max(ts, m), end_ts) to the union (pieces never
--- overlap; a nested slice adds none). A piece that ends before the next region starts
+-- start order). With the shared base (indexed_base = 1), from the slices' (kind_id, upid, ts,
+-- end_ts) index in the regions' (upid, id) order: no sort. With the CTEs alone (the SQL pasted
+-- into trace processor, say) a join on a time range would probe every region's slices, so the
+-- regions' starts are sorted in with the slices instead, and each slice takes the last region
+-- begun at or before it (one sort per kind, as the union itself needs). With m the largest end
+-- before a slice, the slice adds the piece [a, b) = [max(ts, m), end_ts) to the union (pieces
+-- never overlap; a nested slice adds none). A piece that ends before the next region starts
 -- (b <= nxt, as nearly all do) lies in its own region [f0, nxt), so its part inside the frame is
 -- [a, min(b, f1)); a longer one (a range around steps that do not touch) is measured with the
 -- frame time before its ends: C(b) - C(a), two lookups in the regions' (upid, f0) index.
@@ -35,12 +38,30 @@ ov_pass AS MATERIALIZED (  -- once: each read of `sums` below would run the pass
                         WHERE c.upid = p.upid AND c.f0 <= a ORDER BY c.f0 DESC LIMIT 1)
              END)
     FROM (
+      -- with the shared base's indexes: each region's slices, by index
       SELECT r.upid, r.f1, r.nxt, s.end_ts AS b,
              MAX(s.ts, COALESCE(MAX(s.end_ts) OVER (
                                     PARTITION BY r.upid ORDER BY r.id, s.ts
                                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), s.ts)) AS a
       FROM ss_frame_region r CROSS JOIN ss_slice s
-      WHERE s.kind_id = k.kind_id AND s.upid = r.upid AND s.ts >= r.f0 AND s.ts < r.nxt
+      WHERE {{indexed_base}} AND s.kind_id = k.kind_id AND s.upid = r.upid AND s.ts >= r.f0
+        AND s.ts < r.nxt
+      UNION ALL
+      -- else (the CTEs alone, no index to probe): one sorted pass over the regions' starts
+      -- and the slices, each slice in the last region begun at or before it
+      SELECT x.upid, r.f1, r.nxt, x.end_ts AS b, MAX(x.ts, COALESCE(x.m, x.ts)) AS a
+      FROM (
+        SELECT upid, ts, end_ts, is_slice,
+               MAX(rid) OVER (PARTITION BY upid ORDER BY ts, is_slice ROWS UNBOUNDED PRECEDING)
+                 AS rid,
+               MAX(end_ts) OVER (PARTITION BY upid ORDER BY ts, is_slice
+                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
+        FROM (SELECT upid, f0 AS ts, NULL AS end_ts, id AS rid, 0 AS is_slice
+              FROM ss_frame_region
+              UNION ALL
+              SELECT upid, ts, end_ts, NULL, 1 FROM ss_slice s WHERE s.kind_id = k.kind_id)
+      ) x JOIN ss_frame_region r ON r.id = x.rid
+      WHERE NOT {{indexed_base}} AND x.is_slice = 1
     ) p) AS sums
   FROM ss_kind k
   WHERE EXISTS (SELECT 1 FROM ss_slice s WHERE s.kind_id = k.kind_id)

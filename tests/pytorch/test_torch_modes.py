@@ -270,44 +270,53 @@ def test_an_optimizer_step_inside_the_programs_ranges_ends_its_step_after_them(t
     assert tq.outside_steps(d) == []
 
 
-def _run_phased_loop(tmp_path, loop: str, pure: bool) -> Any:
+def _run_script(tmp_path, text: str, pure: bool, *args: str) -> str:
+    """Run ``text`` as a script in a fresh process, its arguments ``tmp_path`` and ``args``
+    (the pure-Python recorder forced where ``pure``); its stdout, once it exited cleanly with
+    nothing on stderr."""
     script = tmp_path / "loop.py"
-    script.write_text(PHASED_LOOP)
+    script.write_text(text)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
                STEPSCOPE_PURE_PYTHON="1" if pure else "0")
-    out = subprocess.run([sys.executable, str(script), str(tmp_path), loop], env=env,
+    out = subprocess.run([sys.executable, str(script), str(tmp_path), *args], env=env,
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stderr == ""
-    assert out.stdout.split("STEPS")[1].split() == ["4"]  # the step timer's count
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    return out.stdout
+
+
+def _run_phased_loop(tmp_path, loop: str, pure: bool) -> Any:
+    out = _run_script(tmp_path, PHASED_LOOP, pure, loop)
+    assert out.split("STEPS")[1].split() == ["4"]  # the step timer's count
     return tq.db(tmp_path / "r" / "rank0.summary.pftrace")
 
 
 LOADER_IN_A_PHASE = textwrap.dedent("""
-    import sys, time, torch, stepscope
+    import contextlib, sys, time, torch, stepscope
     from torch.utils.data import DataLoader, TensorDataset
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4)
     around = []
+    span = sys.argv[2:] == ["span"]  # a range around the whole loop
     with stepscope.Profiler(dir=sys.argv[1], run_id="r", schedule=None, step_on="optimizer",
                             host_metrics=False, report=False, use_env=False, torch=True) as prof:
-        it = iter(loader)
-        time.sleep(0.05)  # (workers starting, say)
-        while True:
-            with stepscope.phase("Dataloader"):
-                try:
-                    (x,) = next(it)
-                except StopIteration:
-                    break
-            t = time.perf_counter_ns()
-            with stepscope.phase("Forward"):
-                around.append((t, time.perf_counter_ns()))
-                loss = model(x).sum()
-            with stepscope.phase("Backward"):
-                loss.backward()
-            opt.step()
-            opt.zero_grad()
+        with torch.autograd.profiler.record_function("epoch") if span else contextlib.nullcontext():
+            it = iter(loader)
+            time.sleep(0.05)  # (workers starting, say)
+            while True:
+                with stepscope.phase("Dataloader"):
+                    try:
+                        (x,) = next(it)
+                    except StopIteration:
+                        break
+                t = time.perf_counter_ns()
+                with stepscope.phase("Forward"):
+                    around.append((t, time.perf_counter_ns()))
+                    loss = model(x).sum()
+                with stepscope.phase("Backward"):
+                    loss.backward()
+                opt.step()
+                opt.zero_grad()
         print("STEPS", prof.timer.steps, "READER", prof.timer._r_max, "BATCH", prof.timer._b_max)
     print("AROUND", *(f"{a},{b}" for a, b in around))
 """)
@@ -325,16 +334,10 @@ def test_a_batch_wait_inside_a_phase_opens_its_step_before_the_phase(tmp_path, p
     (the writer keeps a thread's times in order); the reader cost starts there too, as the
     slices do (it counted from ``iter()``: the timer's longest wait, over 50 ms, exceeded its
     step, which begins at the phase, and the tables' reader cost, read from the slices)."""
-    script = tmp_path / "loop.py"
-    script.write_text(LOADER_IN_A_PHASE)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
-               STEPSCOPE_PURE_PYTHON="1" if pure else "0")
-    out = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stderr == "", out.stderr
-    assert out.stdout.split("STEPS")[1].split()[0] == "4"
-    reader_max = int(out.stdout.split("READER")[1].split()[0])
-    around = [tuple(map(int, p.split(","))) for p in out.stdout.split("AROUND")[1].split()]
+    out = _run_script(tmp_path, LOADER_IN_A_PHASE, pure)
+    assert out.split("STEPS")[1].split()[0] == "4"
+    reader_max = int(out.split("READER")[1].split()[0])
+    around = [tuple(map(int, p.split(","))) for p in out.split("AROUND")[1].split()]
     d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
     fwd = tq.slices(d, "s.name = 'Forward'")
     assert len(fwd) == len(around) == 4
@@ -358,32 +361,7 @@ def test_a_batch_wait_inside_a_phase_opens_its_step_before_the_phase(tmp_path, p
     # the timer's reader cost is the slices' (the tables'), and within its step
     longest = max(tq.slices(d, "s.name = 'dataloader.next'"), key=lambda w: w["dur"])
     assert reader_max == longest["dur"] and reader_max < 50_000_000
-    assert reader_max <= int(out.stdout.split("BATCH")[1].split()[0])
-
-
-SPANNED_LOADER_LOOP = textwrap.dedent("""
-    import sys, torch, stepscope
-    from torch.utils.data import DataLoader, TensorDataset
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4)
-    with stepscope.Profiler(dir=sys.argv[1], run_id="r", schedule=None, step_on="optimizer",
-                            host_metrics=False, report=False, use_env=False, torch=True) as prof:
-        with torch.autograd.profiler.record_function("epoch"):
-            it = iter(loader)
-            while True:
-                with stepscope.phase("Dataloader"):
-                    try:
-                        (x,) = next(it)
-                    except StopIteration:
-                        break
-                with stepscope.phase("Forward"):
-                    loss = model(x).sum()
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-        print("STEPS", prof.timer.steps)
-""")
+    assert reader_max <= int(out.split("BATCH")[1].split()[0])
 
 
 @pytest.mark.parametrize("pure", [False, True], ids=["C", "pure-Python"])
@@ -393,14 +371,8 @@ def test_a_range_around_a_loop_with_a_loader_leaves_the_loaders_phase_whole(tmp_
     "epoch", a range around the whole loop, that level is 1, not 0 (the fewest ranges open
     since the batch wait before); before, no begin was at 0, and every boundary came at the
     batch wait inside the phase, which then straddled two steps."""
-    script = tmp_path / "loop.py"
-    script.write_text(SPANNED_LOADER_LOOP)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
-               STEPSCOPE_PURE_PYTHON="1" if pure else "0")
-    out = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stderr == "", out.stderr
-    assert out.stdout.split("STEPS")[1].split()[0] == "4"
+    out = _run_script(tmp_path, LOADER_IN_A_PHASE, pure, "span")
+    assert out.split("STEPS")[1].split()[0] == "4"
     d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
     steps = tq.slices(d, "s.category = 'step'")
     dl = tq.slices(d, "s.name = 'Dataloader'")

@@ -84,7 +84,7 @@ def _train(prof, clock, loader, epochs=2, work_ms=30):
 def _tables(path):
     db = analysis.open(str(path), engine="embedded")
     try:
-        return {n: summaries.table(db, n).rows for n in ("overview", "steps")}
+        return {n: summaries.table(db, n).rows for n in ("overview", "steps", "model")}
     finally:
         db.close()
 
@@ -135,6 +135,11 @@ def test_exhaustion_after_a_flush_writes_no_step_and_counts_iter_as_reader_cost(
     overview = {r["kind"]: (r["calls"], r["total_ns"], r["outside_ns"]) for r in t["overview"]}
     assert overview["Step"] == (10, near(800), 0)
     assert overview["Dataloader"] == (12, near(500), near(3000))
+    # the Model table's Dataloader instances are the 10 waits in the steps: the final ones are
+    # no step's phase
+    model = {r["phase"]: r for r in t["model"]}
+    assert (model["Dataloader"]["calls"], model["Dataloader"]["cpu_total_ns"]) == (10, near(500))
+    assert model["Dataloader"]["cpu_max_ns"] == near(210)
     stats = {r["stat"]: r for r in t["steps"]}
     assert (stats["avg"]["batch_cost_ns"], stats["avg"]["reader_cost_ns"]) == (near(80), near(50))
     assert (stats["max"]["batch_cost_ns"], stats["max"]["reader_cost_ns"]) == (near(240),

@@ -595,11 +595,15 @@ def test_a_base_level_and_the_low_water_mark_of_the_range_count(pure):
     rec.mark_low()
     begin()
     rec.mark_low()
-    rec.before_top(lambda code: log.append(("before", rec.summary_depth())) or True, 1)
-    begin(), end()  # made with 1 open: called, and taken (True)
+    answers = iter([False, True])
+    rec.before_top(lambda code: log.append(("before", rec.summary_depth())) or next(answers), 1)
+    begin()  # made with 1 open: called (False: again)
+    begin(), end()  # made with 2 open: not called
+    end()
+    begin(), end()  # with 1 open: called, and taken (True)
     begin(), end()
     end()
-    assert log == [("at", 1), ("before", 1)]
+    assert log == [("at", 1), ("before", 1), ("before", 1)]
     for top in (rec.at_top, rec.before_top):
         with pytest.raises(ValueError, match="base must be >= 0"):
             top(lambda *_: None, -1)

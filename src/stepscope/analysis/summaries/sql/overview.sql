@@ -27,8 +27,11 @@
 -- without its declared INTEGER affinity, which would keep the lookup off the index on f0, a
 -- column with none.)
 {{base}},
-ov_pass AS MATERIALIZED (  -- once: each read of `sums` below would run the pass again
-  SELECT k.kind_id, (
+-- (ov_pass and ov_union are both aggregates, one row per kind, so that SQLite cannot flatten the
+-- one into the other: ov_union reads `sums` twice, and a flattened copy would run the pass
+-- twice; "AS MATERIALIZED" says so too, but SQLite before 3.35 rejects it)
+ov_pass AS (
+  SELECT k.kind_id, MAX((
     SELECT SUM(MAX(0, b - a)) || ' ' || SUM(
              CASE WHEN b <= a THEN 0
                   WHEN b <= nxt THEN MAX(0, MIN(b, f1) - a)
@@ -62,14 +65,15 @@ ov_pass AS MATERIALIZED (  -- once: each read of `sums` below would run the pass
               SELECT upid, ts, end_ts, NULL, 1 FROM ss_slice s WHERE s.kind_id = k.kind_id)
       ) x JOIN ss_frame_region r ON r.id = x.rid
       WHERE NOT {{indexed_base}} AND x.is_slice = 1
-    ) p) AS sums
+    ) p)) AS sums
   FROM ss_kind k
   WHERE EXISTS (SELECT 1 FROM ss_slice s WHERE s.kind_id = k.kind_id)
+  GROUP BY k.kind_id
 ),
 ov_union AS (
-  SELECT kind_id, CAST(sums AS INTEGER) AS union_ns,
-         CAST(substr(sums, instr(sums, ' ') + 1) AS INTEGER) AS total_ns
-  FROM ov_pass
+  SELECT kind_id, CAST(MAX(sums) AS INTEGER) AS union_ns,
+         CAST(substr(MAX(sums), instr(MAX(sums), ' ') + 1) AS INTEGER) AS total_ns
+  FROM ov_pass GROUP BY kind_id
 ),
 ov_calls AS (  -- read in the slices' kind index order: no sort
   SELECT kind_id, COUNT(*) AS calls FROM ss_slice WHERE kind_id IS NOT NULL GROUP BY kind_id

@@ -1087,10 +1087,7 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
                         # same time: the wait's is written late too, after it
                         _replace(_WAIT_BEGIN, t0, ident, _NULL, _ALL)
                         wait_in = False
-                end = rec.END_SUMMARY
-                if not wait_in:  # a flush took the placeholder during the wait
-                    end = self._late_end(None, self._write_late(t0, ident, _WAIT_EID))
-                _emit((end, t1, ident))
+                self._end_wait_locked(t0, t1, ident, _WAIT_EID, wait_in)
         if main and self._in_step:
             self._active = True
             self._quiet = False
@@ -1106,11 +1103,17 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
             self._abandon_step()
         if placed:
             with self._plock:
-                if _replace(_NULL, t0, ident, _EXHAUSTED_BEGIN, _ALL):  # the newest: the wait's
-                    end = rec.END_SUMMARY
-                else:  # a flush took the placeholder during the wait
-                    end = self._late_end(None, self._write_late(t0, ident, _EXHAUSTED_EID))
-                _emit((end, t1, ident))
+                self._end_wait_locked(t0, t1, ident, _EXHAUSTED_EID, _replace(
+                    _NULL, t0, ident, _EXHAUSTED_BEGIN, _ALL))  # the newest: the wait's
+
+    def _end_wait_locked(self, t0: int, t1: int, ident: int, eid: int, begun: bool) -> None:
+        """A wait (event ``eid``) from ``t0`` ends at ``t1``: its begin is in the buffer
+        (``begun``: its placeholder turned into it), else written late, as a flush took the
+        placeholder during the wait (``_plock`` held)."""
+        end = rec.END_SUMMARY
+        if not begun:
+            end = self._late_end(None, self._write_late(t0, ident, eid))
+        _emit((end, t1, ident))
 
     # -- schedule -------------------------------------------------------------------------------
     def _enter_batch(self) -> str | None:

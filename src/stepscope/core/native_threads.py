@@ -27,7 +27,9 @@ import platform
 import struct
 import sys
 import threading
+import time
 from collections.abc import Iterable
+from typing import Any
 
 _LOW32 = 0xFFFFFFFF
 _SCAN = 0x800  # bytes of a struct pthread searched for the tid (glibc 2.3x: at 0x2d0)
@@ -63,13 +65,18 @@ def _offsets_here(fd: int) -> set[int]:
 
 
 def _learn_offset(fd: int) -> int | None:
+    """The offset, from this thread and a probe thread; returns once the probe has left the
+    process's tasks: glibc gives a new thread the struct pthread of one that ended, so the
+    probe may hold the ``pthread_t`` that an ended thread's calls name, and until the kernel
+    clears its tid there (at its exit) the scan would give those calls to the probe."""
     here = _offsets_here(fd)
-    probe: list[set[int]] = []
+    probe: list[Any] = []
     done = _thread.allocate_lock()
     done.acquire()
 
     def run() -> None:
         try:
+            probe.append(threading.get_native_id())
             probe.append(_offsets_here(fd))
         finally:
             done.release()
@@ -78,9 +85,13 @@ def _learn_offset(fd: int) -> int | None:
         _thread.start_new_thread(run, ())
     except RuntimeError:
         return None
-    if not done.acquire(timeout=5) or not probe:
+    if not done.acquire(timeout=5) or len(probe) < 2:
         return None
-    both = here & probe[0]
+    for _ in range(2000):  # (a thread leaves within microseconds of its function's return)
+        if not os.path.exists(f"/proc/self/task/{probe[0]}"):
+            break
+        time.sleep(0.0005)
+    both = here & probe[1]
     return both.pop() if len(both) == 1 else None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -63,6 +64,51 @@ def test_stepscope_run_finds_optimizer_steps_without_code_changes(tmp_path):
     assert steps[4]["ts"] + steps[4]["dur"] <= ends[0]["ts"]
     assert ends[0]["ts"] + ends[0]["dur"] <= steps[5]["ts"]
     assert steps[9]["ts"] + steps[9]["dur"] <= ends[1]["ts"]
+
+
+ENDS_AFTER_3 = textwrap.dedent("""
+    import os, sys, time, torch
+    from torch.utils.data import DataLoader
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i, x in enumerate(DataLoader(torch.randn(40, 8), batch_size=4)):
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if i == 2:
+            print("END", time.perf_counter_ns(), flush=True)
+            if sys.argv[1] == "exception":
+                raise RuntimeError("boom")
+            if sys.argv[1] == "SIGINT":
+                os.kill(os.getpid(), 2)
+                for _ in range(500):  # (the handler runs at a bytecode check: see
+                    time.sleep(0.01)  # test_a_program_interrupted_by_sigint_exits_130)
+            break
+""")
+
+
+@pytest.mark.parametrize("end", ["break", "exception", "SIGINT"])
+def test_a_program_that_fails_after_its_optimizer_step_has_no_step_more(tmp_path, end):
+    """A zero-code run that ends by an exception, or a real SIGINT, right after its 3rd
+    optimizer step: 3 steps, as when the loop breaks there. The boundary after that optimizer
+    step (at the next batch wait, which never comes) is made at stop(), and the step it opens
+    holds nothing. Before, a 4th step of a few hundred µs was kept as "the step that failed"
+    (the open step is kept on an exception), counted by the timer and the tables."""
+    (tmp_path / "train.py").write_text(ENDS_AFTER_3)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), STEPSCOPE_OPTIONS=json.dumps(
+        {"dir": str(tmp_path / "out"), "run_id": "z", "report": False, "host_metrics": False,
+         "schedule": None}))
+    out = subprocess.run([sys.executable, "-m", "stepscope.profiler.boot", "train.py", end],
+                         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert out.returncode == {"break": 0, "exception": 1, "SIGINT": 130}[end], out.stderr
+    t_end = int(out.stdout.split("END")[1])
+    d = tq.db(tmp_path / "out" / "z" / "rank0.summary.pftrace")
+    steps = tq.slices(d, "s.category = 'step'")
+    assert [st["name"] for st in steps] == ["step 0", "step 1", "step 2"]
+    assert steps[2]["ts"] + steps[2]["dur"] >= t_end  # the last one ends as the program does
+    waits = tq.slices(d, "s.name = 'dataloader.next'")
+    assert len(waits) == 3
 
 
 def _loop(prof_step_calls: bool, n: int = 4) -> None:
@@ -206,25 +252,40 @@ PHASED_LOOP = textwrap.dedent("""
     opt2 = torch.optim.SGD(model[1].parameters(), lr=0.1)
     rf = torch.autograd.profiler.record_function
     loop = sys.argv[2]
-    with stepscope.Profiler(dir=sys.argv[1], run_id="r", schedule=None, step_on="optimizer",
+
+    def iteration():
+        with stepscope.phase("Forward"):
+            loss = model(torch.randn(2, 4)).sum()
+        with stepscope.phase("Backward"):
+            loss.backward()
+        if loop == "ranges":  # the program's own ranges around it, two deep
+            with rf("update"):
+                with stepscope.phase("Optimization"):
+                    opt.step()
+                opt.zero_grad()
+        else:
+            with stepscope.phase("Optimization"):
+                opt.step()
+                if loop == "two optimizers":
+                    opt2.step()
+                opt.zero_grad()
+        if loop == "iteration":  # a range of the program after it, in the iteration's range
+            with rf("log"):
+                pass
+
+    window = tuple(map(int, sys.argv[3].split(","))) if len(sys.argv) > 3 else None
+    with stepscope.Profiler(dir=sys.argv[1], run_id="r", schedule=window, step_on="optimizer",
                             host_metrics=False, report=False, use_env=False, torch=True) as prof:
         with rf("train") if loop == "span" else contextlib.nullcontext():
-            for i in range(4):
-                with stepscope.phase("Forward"):
-                    loss = model(torch.randn(2, 4)).sum()
-                with stepscope.phase("Backward"):
-                    loss.backward()
-                if loop == "ranges":  # the program's own ranges around it, two deep
-                    with rf("update"):
-                        with stepscope.phase("Optimization"):
-                            opt.step()
-                        opt.zero_grad()
-                else:
-                    with stepscope.phase("Optimization"):
-                        opt.step()
-                        if loop == "two optimizers":
-                            opt2.step()
-                        opt.zero_grad()
+            if loop == "epochs":  # a range around each epoch of two iterations
+                for epoch in range(2):
+                    with rf("epoch"):
+                        for i in range(2):
+                            iteration()
+            else:
+                for i in range(4):
+                    with rf("iteration") if loop == "iteration" else contextlib.nullcontext():
+                        iteration()
         print("STEPS", prof.timer.steps)
 """)
 
@@ -284,8 +345,8 @@ def _run_script(tmp_path, text: str, pure: bool, *args: str) -> str:
     return out.stdout
 
 
-def _run_phased_loop(tmp_path, loop: str, pure: bool) -> Any:
-    out = _run_script(tmp_path, PHASED_LOOP, pure, loop)
+def _run_phased_loop(tmp_path, loop: str, pure: bool, *args: str) -> Any:
+    out = _run_script(tmp_path, PHASED_LOOP, pure, loop, *args)
     assert out.split("STEPS")[1].split() == ["4"]  # the step timer's count
     return tq.db(tmp_path / "r" / "rank0.summary.pftrace")
 
@@ -392,28 +453,94 @@ def test_a_range_around_the_whole_loop_leaves_a_step_per_iteration(tmp_path, pur
     (the fewest ranges open since that boundary: "train" alone), the program's phase
     "Optimization" is the outermost, and the step ends as it ends, its next Forward phase whole
     in the next step. Before, every step ended at the next iteration's first module forward,
-    inside its Forward phase (billed to the step before). The first boundary still comes there:
-    step 0 opened as "train" began (nothing yet says that it spans the loop), and the
-    boundary after its optimizer step waits for that range, and falls back to the forward."""
+    inside its Forward phase (billed to the step before). The first boundary too: step 0
+    opened as "train" began, so "train" is a range begun in the step, and whether it spans the
+    loop is known only when the next module forward comes before its end; the boundary is then
+    made back where the Optimization phase ended (before, at that forward)."""
     d = _run_phased_loop(tmp_path, "span", pure=pure)
+    steps = _steps_end_with_their_optimization(d)
+    (train,) = tq.slices(d, "s.name = 'train'")
+    assert steps[0]["ts"] <= train["ts"] and _end(steps[-1]) <= _end(train)
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["C", "pure-Python"])
+def test_a_range_around_each_epoch_leaves_a_step_per_iteration(tmp_path, pure):
+    """record_function("epoch") around each epoch of a loop without a DataLoader: the range
+    of the second epoch begins after the last boundary of the first, in the step it belongs
+    to, so it is a range begun in that step, like one around a single iteration, until the
+    next module forward comes before its end. Before, the first boundary of each epoch fell
+    at that forward, inside the next Forward phase (2 of the 3 boundaries here)."""
+    d = _run_phased_loop(tmp_path, "epochs", pure=pure)
+    steps = _steps_end_with_their_optimization(d)
+    epochs = tq.slices(d, "s.name = 'epoch'")
+    assert len(epochs) == 2
+    for e, ep in enumerate(epochs):  # each epoch's range begins in its first step and ends
+        # after its last one (the tail after the last boundary is in no step)
+        first, last = steps[2 * e], steps[2 * e + 1]
+        assert first["ts"] <= ep["ts"] < _end(first) and _end(last) <= _end(ep)
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["C", "pure-Python"])
+def test_a_range_around_each_iteration_ends_its_step_whatever_follows_the_optimizer(tmp_path,
+                                                                                   pure):
+    """record_function("iteration") around each iteration, and a range of the program after
+    the optimizer step in it ("log"): the range begun in the step does not span the loop (it
+    ends before the next module forward), so each step ends as it ends, holding it whole."""
+    d = _run_phased_loop(tmp_path, "iteration", pure=pure)
+    steps = tq.slices(d, "s.category = 'step'")
+    assert [st["name"] for st in steps] == [f"step {k}" for k in range(4)]
+    for st in steps:
+        (it,) = tq.step_children(d, st)
+        assert it["name"] == "iteration"
+        assert [k["name"] for k in tq.slices(d, f"s.parent_id = {it['id']}")] == [
+            "Forward", "Backward", "Optimization", "log"]
+        assert _end(it) <= _end(st) < _end(it) + 1_000_000
+    for a, b in zip(steps, steps[1:], strict=False):
+        assert _end(a) == b["ts"]
+    assert tq.outside_steps(d) == []
+
+
+def test_a_boundary_found_late_where_a_window_starts_is_made_where_it_is_found(tmp_path):
+    """The first boundary under a range around the loop is known only at the next module
+    forward. Where a detail window starts there, the profiler's window work must lie between
+    the steps, after the clock reading that ends the step: so that boundary is made at the
+    forward, as before (inside the Forward phase), not back where Optimization ended; the
+    window's steps and every later boundary are as without a window."""
+    d = _run_phased_loop(tmp_path, "span", False, "1,3")  # steps 1 and 2 in the window
     steps = tq.slices(d, "s.category = 'step'")
     fwd, opt = (tq.slices(d, f"s.name = '{n}'") for n in ("Forward", "Optimization"))
-    (train,) = tq.slices(d, "s.name = 'train'")
+    start, end = (tq.slices(d, f"s.name = 'stepscope window {w}'")[0] for w in ("start",
+                                                                                 "end"))
+    assert [st["name"] for st in steps] == [f"step {k}" for k in range(4)]
+    assert fwd[1]["ts"] < _end(steps[0]) == start["ts"] < _end(fwd[1])  # at the forward
+    assert _end(start) == steps[1]["ts"]  # the window's work between the steps
+    assert _end(steps[2]) == end["ts"] and _end(end) == steps[3]["ts"]
+    for k in (2, 3):
+        assert _end(opt[k - 1]) <= _end(steps[k - 1]) <= fwd[k]["ts"]
+    detail = tq.db(tmp_path / "r" / "rank0.detail.0.pftrace")
+    assert [st["name"] for st in tq.slices(detail, "s.category = 'step'")] == ["step 1",
+                                                                               "step 2"]
+
+
+def _end(s: dict) -> int:
+    return s["ts"] + s["dur"]
+
+
+def _steps_end_with_their_optimization(d: Any) -> list[dict]:
+    """The 4 steps of a phased loop whose every boundary falls between the end of an
+    iteration's Optimization phase and the next one's Forward phase (within 1 ms of that end);
+    the last step ends as its Optimization phase does (what follows is no step)."""
+    steps = tq.slices(d, "s.category = 'step'")
+    fwd, opt = (tq.slices(d, f"s.name = '{n}'") for n in ("Forward", "Optimization"))
     assert [st["name"] for st in steps] == [f"step {k}" for k in range(4)]
     assert len(fwd) == len(opt) == 4
-
-    def end(s):
-        return s["ts"] + s["dur"]
-
-    assert steps[0]["ts"] <= train["ts"] and end(steps[-1]) <= end(train)
-    # step 1: at the second iteration's first module forward, inside its Forward phase
-    assert fwd[1]["ts"] < steps[1]["ts"] < end(fwd[1])
-    for k in (2, 3):  # from the end of the previous iteration's Optimization, before Forward
-        assert end(opt[k - 1]) <= steps[k]["ts"] <= fwd[k]["ts"]
-        assert steps[k]["ts"] - end(opt[k - 1]) < 1_000_000
-    for k in (1, 2, 3):  # each ends as its Optimization phase does (the last one too: what
-        # follows, "train"'s end, is no step)
-        assert end(opt[k]) <= end(steps[k]) < end(opt[k]) + 1_000_000
+    assert steps[0]["ts"] <= fwd[0]["ts"]
+    for k in (1, 2, 3):
+        assert _end(opt[k - 1]) <= steps[k]["ts"] <= fwd[k]["ts"]
+        assert steps[k]["ts"] - _end(opt[k - 1]) < 1_000_000
+    for k in range(4):
+        assert _end(opt[k]) <= _end(steps[k]) < _end(opt[k]) + 1_000_000
+    return steps
 
 
 def test_a_range_around_the_loop_leaves_the_programs_own_steps_whole(tmp_path):

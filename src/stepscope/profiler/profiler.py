@@ -804,6 +804,22 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
 
     _step_py = step  # (the C step's fallback for arguments it leaves to Python)
 
+    def _step_back(self, t: int) -> None:
+        """``step()`` with the boundary at ``t``, an earlier clock reading of this step: the
+        step driver's, found only later (see ``pytorch/steps.py``). The steps have a track of
+        their own, so what the thread recorded since moves into the next step; at now instead
+        where the schedule's state changes (its window work lies between the steps)."""
+        if not self._started or self._stopped:
+            return
+        if self.sync_gpu:
+            _sync_gpu()
+        if self.hooks:
+            self._hook("step_end")
+        now = time.perf_counter_ns()
+        if self._batch + 1 >= self._stable_until or not self._in_step or not t <= now:
+            t = now
+        self._step_at(None, None, t)
+
     def _step_at(self, num_samples: float | None, epoch: int | None, t: int) -> None:
         """``step()`` from the clock read at ``t`` on."""
         if epoch is not None and epoch != self._epoch or self._batch + 1 >= self._stable_until:

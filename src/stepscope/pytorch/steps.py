@@ -21,10 +21,14 @@
   inside one such range end one step). A range that spans the loop (a record_function around
   it) never ends between optimizer steps: "outermost" counts from the loop's level, the fewest
   ranges the thread had open since the last boundary (the C range count's low-water mark), so
-  such a range is not waited for (the steps have a track of their own: neither is cut). Only
-  the first boundary can miss it: a range whose begin opened step 0 (the record_function
-  around the loop) counts as begun in that step, so, without a DataLoader (whose batch waits
-  mark the level), that boundary waits for it and falls back to the next module forward.
+  such a range is not waited for (the steps have a track of their own: neither is cut). A
+  range begun in the step may span the loop too (the one that opened step 0, an epoch's range
+  begun after the last boundary of the epoch before): whether it does is known only later. So
+  where ranges of the program above it are open at the optimizer step, the time their last
+  one ends is kept, and the boundary is made after the outermost ends, or, should the next
+  module forward come first (it spans), back at the time kept (``Profiler._step_back``: what
+  the thread began since, its next Forward phase, lies in the next step; at the forward where
+  a detail window starts there, as the window's work lies between the steps).
   A step opened at a boundary that gets no work but torch's ``Optimizer.zero_grad#`` range
   (the loop's tail after its last optimizer step) is no step. Step 0 starts at the first
   batch wait or module forward, not at ``Profiler.start()``
@@ -44,6 +48,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from functools import partial
 from typing import Any
 
 from ..record import recorder as rec
@@ -61,6 +66,9 @@ class StepDriver:
         self._auto_stepped = False  # the last boundary was ours, and no wait came since
         self._user_steps = False
         self.boundary_pending = False  # an optimizer step happened; the step ends at a safe point
+        # (t, base): the boundary waits for the end of the range at base, and should that range
+        # span the loop, it was at t (see _on_optimizer_step)
+        self._late: tuple[int, int] | None = None
         self.loader_seen = False
         self._epoch_ended = False
         self.ranges: Any = None  # the RangeCapture (torch's ranges nest in the steps)
@@ -83,7 +91,9 @@ class StepDriver:
                 self._watch_forward()
 
     def stop(self) -> None:
-        self.flush_boundary()
+        if self.flush_boundary():  # the step it opens holds nothing (the program leaves): no
+            # step, even where stop() keeps an open step as the one that failed (an exception)
+            self.prof._abandon_step()  # noqa: SLF001
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -103,11 +113,21 @@ class StepDriver:
 
     def _resume(self) -> None:
         """A module forward: a boundary still held back for the program's ranges around an
-        optimizer step is made here (they span the loop's iterations: nothing nests in them, so
-        the step ends as its next one begins); a pending step opens here (it has work)."""
+        optimizer step is made (they span the loop's iterations: nothing nests in them): back
+        where the ranges above the outermost ended, once they have (a time kept), else here;
+        a pending step opens here (it has work)."""
+        late, self._late = self._late, None
         if rec.at_top(None) is not None:
-            self.boundary_pending = True
-            self.flush_boundary()
+            if late is not None:  # the range at its base spans the loop: the step ended at t
+                rec.before_top(None)
+                try:
+                    self.prof._step_back(late[0])  # noqa: SLF001
+                    self.prof._activity()  # noqa: SLF001  (the next step has work since t)
+                except Exception as exc:
+                    print(rec.BOUNDARY_FAILED.format(exc), file=sys.stderr)
+            else:
+                self.boundary_pending = True
+                self.flush_boundary()
         prof = self.prof
         if self._epoch_ended:
             self._new_epoch()
@@ -139,18 +159,36 @@ class StepDriver:
         # the loop's level: the fewest ranges open since the last boundary (those that span
         # the loop, a record_function around it, stay open: the boundary waits for none)
         base = rec.summary_low()
+        late, self._late = self._late, None
+        if late is not None:  # an earlier optimizer step of this step kept a time: its base
+            base = min(base, late[1])  # holds (the time was kept at base + 1, the low since)
         if self.loader_seen:
             self.boundary_pending = True  # made at the next batch wait, or before the range
             rec.before_top(self._before_range, base)  # of the program around it ("Dataloader")
             return
         depth = rec.summary_depth()  # torch's Optimizer.step# range, and the program's around
-        if depth > base:  # made after the end of the outermost begun in the step (a C call; it
-            rec.at_top(self._boundary, base)  # replaces an earlier optimizer step's boundary)
-            if depth > base + 1:
-                self._watch_forward()  # ... or, should it not end first, at the next forward
+        if depth > base + 1:  # the program's ranges around it: made after the end of the
+            # outermost begun in the step, or, should the next module forward come first (that
+            # range spans the loop), back where the ranges above it ended (a time kept then)
+            rec.at_top(partial(self._keep_time, base), base + 1)
+            self._watch_forward()
+        elif depth > base:  # made after the end of torch's range (a C call; it replaces an
+            rec.at_top(self._boundary, base)  # earlier optimizer step's boundary)
         else:
             self.boundary_pending = True
             self.flush_boundary()
+
+    def _keep_time(self, base: int) -> None:
+        """The ranges above ``base`` ended after an optimizer step: the step ends here if the
+        range at ``base`` spans the loop (a module forward comes before its end: ``_resume``),
+        else as it ends."""
+        self._late = (time.perf_counter_ns(), base)
+        rec.at_top(self._late_boundary, base)
+
+    def _late_boundary(self) -> None:
+        """The range at the kept base ended: it was the step's, and the step ends with it."""
+        self._late = None
+        self._boundary()
 
     def _before_range(self, code: int) -> bool:
         """A range of the program begins, none open, after an optimizer step and before the
@@ -161,19 +199,24 @@ class StepDriver:
         self.flush_boundary()
         return True
 
-    def flush_boundary(self) -> None:
+    def flush_boundary(self) -> bool:
         """Make the step boundary an optimizer step asked for, if it is still to be made (at a
-        safe point: a batch wait, stop(), the program's first step() under "auto")."""
+        safe point: a batch wait, stop(), the program's first step() under "auto"); True if
+        made."""
         rec.before_top(None)
+        self._late = None
         if rec.at_top(None) is not None:  # (its ranges have not ended: made here instead)
             self.boundary_pending = True
-        if self.boundary_pending:
+        made = self.boundary_pending
+        if made:
             self.boundary_pending = False
             try:
                 self._boundary()
             except Exception as exc:
+                made = False
                 print(rec.BOUNDARY_FAILED.format(exc), file=sys.stderr)
         rec.mark_low()  # (a boundary, or a batch wait: the loop's level, or a range above it)
+        return made
 
     def _user_step(self, num_samples: float | None = None, epoch: int | None = None) -> None:
         """``step_on="auto"``: the program makes its own steps from its first call on."""

@@ -82,6 +82,15 @@ def test_stepscope_run_errors(tmp_path):
     assert r.returncode == 2 and "is not key=integer" in r.stderr
     r = _cli("run", "--", "bash", "-c", "true")
     assert r.returncode == 2 and "must start with a Python interpreter" in r.stderr
+    for launcher in ("torch.distributed.run", "torch.distributed.launch"):
+        # (profiled, torchrun's module was the run's one rank: "no steps were recorded")
+        r = _cli("run", "--dir", str(tmp_path / "out"), "--", sys.executable, "-u", "-m",
+                 launcher, "--nproc-per-node", "2", "train.py")
+        assert r.returncode == 2 and r.stderr == (
+            f"stepscope run: {launcher} is a launcher. Under a launcher, run the boot module "
+            "yourself, e.g. 'torchrun ... -m stepscope.profiler.boot train.py', with options "
+            "in STEPSCOPE_OPTIONS\n")
+        assert not (tmp_path / "out").exists()
     r = _cli("merge", str(tmp_path), "-o", str(tmp_path / "o.pftrace"))
     assert r.returncode == 2 and "no rank*.summary*.pftrace files found" in r.stderr
 

@@ -3,6 +3,7 @@ programs that cannot be run at all (they end as under Python, leaving nothing be
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -77,6 +78,61 @@ def test_a_program_interrupted_by_sigint_exits_130(tmp_path):
                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert got.returncode == 130, got.stderr
     assert got.stderr.rstrip().endswith("KeyboardInterrupt")
+
+
+SIGNALLED = """
+import os, sys, time, stepscope
+for i in range(3000):
+    time.sleep(0.01)
+    stepscope.step()
+    if i == 4:
+        print("READY", os.getpid(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT],
+                         ids=["SIGTERM", "SIGHUP", "SIGINT"])
+def test_a_signal_to_stepscope_run_reaches_the_program_which_finishes_its_trace(tmp_path, sig):
+    """A job scheduler's or a container's stop signals the top process only: ``stepscope
+    run``. It passes the signal on (SIGINT too, as no terminal sent it to the whole group),
+    waits for the program to finish its trace, and exits as the program did. Before, SIGTERM
+    ended ``stepscope run`` alone (143), and the program ran on, its parent gone."""
+    (tmp_path / "train.py").write_text(SIGNALLED)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepscope.cli", "run", "--dir", str(tmp_path / "out"),
+         "--run-id", "r", "--schedule", "none", "--no-host-metrics", "--no-report", "--",
+         sys.executable, "train.py"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_env(), cwd=tmp_path,
+        # (a suite run as a background job of a non-interactive shell inherits SIGINT ignored)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        ready = proc.stdout.readline().split()
+        assert ready[0] == "READY", proc.stderr.read()
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    err = proc.stderr.read()
+    # as a shell gives a program that a signal ended; Python's own ^C exit for SIGINT
+    assert proc.returncode == 128 + sig, err
+    if sig == signal.SIGINT:
+        assert err.rstrip().endswith("KeyboardInterrupt")
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(ready[1]), 0)  # the program is gone, not orphaned
+    steps = decode(tmp_path / "out" / "r" / "rank0.summary.pftrace").by_category(S.CAT_STEP)
+    # the steps that step() ended, from the first call's on (the time before it began where
+    # no batch or phase showed: uncounted), the one the signal cut short maybe too
+    assert len(steps) >= 4 and [s.name for s in steps] == [f"step {k}"
+                                                          for k in range(1, len(steps) + 1)]
+
+
+def test_a_program_a_signal_killed_exits_as_a_shell_says(tmp_path):
+    """SIGKILL (nothing can be finished): 137, as a shell gives it, not Python's -9 passed to
+    sys.exit (247)."""
+    (tmp_path / "k.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    got = _run(tmp_path, "k.py", opts=("--no-report", "--no-host-metrics"))
+    assert got.returncode == 128 + signal.SIGKILL == 137
 
 
 START_UP = """

@@ -1,8 +1,10 @@
 """Making sure a trace reaches the disk however the program ends.
 
 * normal exit: ``atexit`` stops the session;
-* SIGTERM / SIGINT: flush, then hand over to whatever handler was there before (for the
-  default SIGTERM action: stop, restore the default and re-raise, so the exit status is right);
+* SIGTERM / SIGINT / SIGHUP: flush, then hand over to whatever handler was there before (for
+  the default SIGTERM or SIGHUP action: stop, restore the default and re-raise, so the exit
+  status is right); SIGHUP (a closed terminal, an ssh session that dropped) is left alone where
+  it is ignored (``nohup``);
 * an unhandled exception: stop (main thread) or flush (other threads), then the previous hook;
 * the flushes that finish the files at exit encode for at most ``EXIT_FLUSH_S`` (busy daemon
   threads compete for the GIL meanwhile); what is left is dropped and counted;
@@ -18,7 +20,9 @@ import signal
 import sys
 import threading
 
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP")
+                                              else ()))
+_ENDING = {s for s in _SIGNALS if s != signal.SIGINT}  # whose default action ends the process
 _state: dict = {}
 
 
@@ -39,6 +43,8 @@ def install(session) -> None:
                 old = signal.getsignal(sig)
                 if old is None or old is _on_signal:  # set from C, or ours already
                     continue
+                if old == signal.SIG_IGN and sig != signal.SIGTERM and sig != signal.SIGINT:
+                    continue  # (nohup)
                 signal.signal(sig, _on_signal)
                 previous[sig] = old
             except (ValueError, OSError):
@@ -84,7 +90,7 @@ def _on_signal(signum, frame) -> None:
     if sess is not None and sess._lock._is_owned():  # noqa: SLF001
         sess = None  # we interrupted the session's own work: the file ends on a packet boundary
     if sess is not None:
-        if previous in (signal.SIG_DFL, None) and signum == signal.SIGTERM:
+        if previous in (signal.SIG_DFL, None) and signum in _ENDING:
             sess.exiting()
             sess.stop()  # the process is about to die: finish the files properly
         else:

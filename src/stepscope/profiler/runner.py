@@ -10,10 +10,13 @@ yourself (``torchrun ... -m stepscope.profiler.boot train.py``) and pass options
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ from . import options as _options
 BOOT = "stepscope.profiler.boot"
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?(\.exe)?$|^pypy3?$")
 _FLAGS_WITH_VALUE = {"-X", "-W", "-Q"}
+_LAUNCHERS = {"torch.distributed.run", "torch.distributed.launch"}  # (torchrun's modules)
 
 
 def rewrite(command: Sequence[str]) -> list[str]:
@@ -30,11 +34,12 @@ def rewrite(command: Sequence[str]) -> list[str]:
     if not command:
         raise ValueError("stepscope run: no command given after '--'")
     exe = os.path.basename(command[0])
+    launcher = (f"Under a launcher, run the boot module yourself, e.g. "
+                f"'torchrun ... -m {BOOT} train.py', with options in {_options.ENV_VAR}")
     if not _PYTHON.match(exe) and os.path.abspath(command[0]) != os.path.abspath(sys.executable):
         raise ValueError(
             f"stepscope run: the command must start with a Python interpreter, got {command[0]!r}."
-            f" Under a launcher, run the boot module yourself, e.g. "
-            f"'torchrun ... -m {BOOT} train.py', with options in {_options.ENV_VAR}"
+            f" {launcher}"
         )
     out = [command[0]]
     i = 1
@@ -53,6 +58,9 @@ def rewrite(command: Sequence[str]) -> list[str]:
         break
     if i >= len(command):
         raise ValueError("stepscope run: the Python command has no script, -m or -c to run")
+    if command[i] == "-m" and i + 1 < len(command) and command[i + 1] in _LAUNCHERS:
+        # (profiled, the launcher would be the run's one rank, and its workers not traced)
+        raise ValueError(f"stepscope run: {command[i + 1]} is a launcher. {launcher}")
     return [*out, "-m", BOOT, *command[i:]]
 
 
@@ -71,13 +79,71 @@ def environment(opts: Mapping[str, Any], env: Mapping[str, str] | None = None) -
 
 
 def run(command: Sequence[str], opts: Mapping[str, Any] | None = None) -> int:
-    """Run ``command`` under the profiler; returns its exit status."""
+    """Run ``command`` under the profiler; returns its exit status, as a shell gives it (128 +
+    the signal's number for a program a signal ended).
+
+    A signal meant for the program reaches it: SIGTERM and SIGHUP sent to ``stepscope run`` (a
+    job scheduler's or a container's stop signals the top process only) are passed on, and so
+    is SIGINT, unless a terminal sent it to its foreground process group, the program included
+    (passed on too, a second one would cut the program's own clean-up short). The program
+    then finishes its trace, and ``stepscope run`` waits for it: never a program left running,
+    or killed while it writes (``subprocess.run`` kills its child a quarter second after a
+    KeyboardInterrupt)."""
     cmd = rewrite(command)
     env = environment(opts or {})
     try:
-        proc = subprocess.run(cmd, env=env, check=False)
+        proc = subprocess.Popen(cmd, env=env)
     except FileNotFoundError:
         raise ValueError(f"stepscope run: {command[0]!r} not found") from None
-    except KeyboardInterrupt:
-        return 130
-    return proc.returncode
+    restore = _pass_signals_on(proc)
+    try:
+        while True:
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:  # (before the handlers: the terminal's, to the group)
+                continue
+    finally:
+        restore()
+    return 128 - code if code < 0 else code
+
+
+def _pass_signals_on(proc: subprocess.Popen) -> Any:
+    """Handlers that pass SIGTERM, SIGHUP and (see ``run``) SIGINT on to ``proc``, installed
+    once it runs (a handler's disposition would not survive its exec, but an ignored signal's
+    would); returns what puts the earlier ones back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def pass_on(signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and _terminal_sent_it():
+            return
+        with contextlib.suppress(OSError):
+            proc.send_signal(signum)
+
+    earlier = {}
+    for name in ("SIGTERM", "SIGHUP", "SIGINT"):
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            with contextlib.suppress(OSError, ValueError):
+                earlier[sig] = signal.signal(sig, pass_on)
+
+    def restore() -> None:
+        for sig, handler in earlier.items():
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                signal.signal(sig, handler)
+
+    return restore
+
+
+def _terminal_sent_it() -> bool:
+    """True where this process group is the foreground one of a controlling terminal: a
+    SIGINT it got (Ctrl-C) went to the whole group, the program included."""
+    for stream in (sys.stdin, sys.stdout, sys.stderr):
+        try:
+            fd = stream.fileno()
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgrp()
+        except (AttributeError, OSError, ValueError):
+            continue
+    return False

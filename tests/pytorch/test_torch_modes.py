@@ -351,6 +351,73 @@ def _run_phased_loop(tmp_path, loop: str, pure: bool, *args: str) -> Any:
     return tq.db(tmp_path / "r" / "rank0.summary.pftrace")
 
 
+TWO_OPTIMIZERS = textwrap.dedent("""
+    import sys, time, torch, stepscope
+    from torch.utils.data import DataLoader
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1))
+    o1 = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    o2 = torch.optim.Adam(model[1].parameters(), lr=0.1)
+    loader = sys.argv[2] == "loader"
+    batches = DataLoader(torch.randn(20, 4), batch_size=4) if loader else range(5)
+    with stepscope.Profiler(dir=sys.argv[1], run_id="r", schedule=None, step_on="optimizer",
+                            host_metrics=False, report=False, use_env=False, torch=True) as prof:
+        for x in batches:
+            x = x if loader else torch.randn(4, 4)
+            model(x).sum().backward()
+            o1.step()
+            if loader:  # a GAN's: the second model's forward and backward between
+                model[1](torch.randn(4, 3)).sum().backward()
+            o2.step()
+            model.zero_grad()
+            time.sleep(0.002)
+        print("STEPS", prof.timer.steps)
+""")
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["C", "pure-Python"])
+def test_two_optimizers_stepped_one_after_another_make_one_step(tmp_path, pure):
+    """Without a DataLoader, two optimizers stepped one after another (Muon's beside AdamW's):
+    5 iterations are 5 steps, each ending after the second optimizer step. Before, each
+    iteration was two steps, the second holding the second optimizer step alone. The first
+    time, the boundary after the first optimizer step is made before anything says that
+    another follows: the step it opened is dropped (the second optimizer step lies outside
+    the steps, once), and the next one opens at the next forward."""
+    out = _run_script(tmp_path, TWO_OPTIMIZERS, pure, "no loader")
+    assert out.split("STEPS")[1].split() == ["5"]
+    d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
+    got = _in_steps(d, "record_function")
+    assert [st["name"] for st, _ in got] == [f"step {k}" for k in range(5)]
+    names = [[r["name"] for r in inner if "zero_grad" not in r["name"]] for _, inner in got]
+    assert names == [["Optimizer.step#SGD.step"]] + [["Optimizer.step#SGD.step",
+                                                     "Optimizer.step#Adam.step"]] * 4
+    for st, inner in got[1:]:  # each ends as its second optimizer step does
+        end = inner[-1]["ts"] + inner[-1]["dur"]
+        assert end <= st["ts"] + st["dur"] < end + 1_000_000
+    (first,) = tq.outside_steps(d)
+    assert first["name"] == "Optimizer.step#Adam.step"
+    assert got[0][0]["ts"] + got[0][0]["dur"] <= first["ts"] < got[1][0]["ts"]
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["C", "pure-Python"])
+def test_a_batchs_optimizer_steps_make_one_step_with_a_loader(tmp_path, pure):
+    """With a DataLoader, a GAN's two optimizer steps, a forward and a backward between them:
+    one step per batch, from batch wait to batch wait. Before, the boundary after the first
+    optimizer step was made before the second one's range (the first range begun after it),
+    splitting each batch in two."""
+    out = _run_script(tmp_path, TWO_OPTIMIZERS, pure, "loader")
+    assert out.split("STEPS")[1].split() == ["5"]
+    d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
+    got = _in_steps(d, "record_function")
+    waits = tq.slices(d, "s.name = 'dataloader.next'")
+    assert [st["name"] for st, _ in got] == [f"step {k}" for k in range(5)] and len(waits) == 5
+    for (st, inner), w in zip(got, waits, strict=True):
+        assert [r["name"] for r in inner if "zero_grad" not in r["name"]] == [
+            "Optimizer.step#SGD.step", "Optimizer.step#Adam.step"]
+        assert st["ts"] <= w["ts"] and w["ts"] + w["dur"] <= inner[0]["ts"]
+    for a, b in zip(got, got[1:], strict=False):  # ... up to the next batch's wait
+        assert a[0]["ts"] + a[0]["dur"] == b[0]["ts"]
+
+
 LOADER_IN_A_PHASE = textwrap.dedent("""
     import contextlib, sys, time, torch, stepscope
     from torch.utils.data import DataLoader, TensorDataset

@@ -83,6 +83,8 @@ def recorded_names() -> set:
 
 # the name torch gives every optimizer's zero_grad() range ("Optimizer.zero_grad#SGD.zero_grad")
 IDLE_RANGE_PREFIX = "Optimizer.zero_grad#"
+# ... and every optimizer's step() range ("Optimizer.step#SGD.step")
+OPTIMIZER_STEP_PREFIX = "Optimizer.step#"
 
 # at most this many record_function objects open at once (entered and not exited: a program
 # may enter one and drop it), else no new range begins (the C hooks get it too)

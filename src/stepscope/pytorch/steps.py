@@ -13,12 +13,15 @@
   inside ``prof.dataloader`` is left to it (no double count).
 * **Steps** with ``step_on="optimizer"``: torch's global optimizer step post-hook
   (``torch.optim.optimizer.register_optimizer_step_post_hook``) ends the step at every
-  ``optimizer.step()`` (several optimizers: one step each), where it cuts no range of the
-  thread: at the next batch wait, or before the next range the program begins with none open
-  (its phase "Dataloader" around the wait, say; torch's zero_grad range excepted); in a loop
-  without a DataLoader, after the end of torch's ``Optimizer.step#`` range, or of the
-  program's outermost range around it (its phase "Optimization", say; several optimizer steps
-  inside one such range end one step). A range that spans the loop (a record_function around
+  ``optimizer.step()``, where it cuts no range of the thread: at the next batch wait, or
+  before the next range the program begins with none open (its phase "Dataloader" around the
+  wait, say; torch's zero_grad and optimizer step ranges excepted: a batch's optimizer steps,
+  a GAN's two, make one step); in a loop without a DataLoader, after the end of torch's
+  ``Optimizer.step#`` range, or of the program's outermost range around it (its phase
+  "Optimization", say; several optimizer steps inside one such range end one step). There,
+  optimizers stepped one after another with no forward between (torch's autograd sequence
+  number unchanged: Muon's beside AdamW's) make one step too; one with a forward between (a
+  GAN's) ends a step each. A range that spans the loop (a record_function around
   it) never ends between optimizer steps: "outermost" counts from the loop's level, the fewest
   ranges the thread had open since the last boundary (the C range count's low-water mark), so
   such a range is not waited for (the steps have a track of their own: neither is cut). A
@@ -52,6 +55,7 @@ from functools import partial
 from typing import Any
 
 from ..record import recorder as rec
+from .ranges import OPTIMIZER_STEP_PREFIX
 
 
 class StepDriver:
@@ -70,6 +74,12 @@ class StepDriver:
         # span the loop, it was at t (see _on_optimizer_step)
         self._late: tuple[int, int] | None = None
         self.loader_seen = False
+        # without a DataLoader: (optimizer, autograd sequence number, step number) at the last
+        # optimizer step, and the optimizers (by id) another's step follows with no forward
+        # between
+        self._last_opt: tuple[Any, Any, Any] | None = None
+        self._followed: dict[int, Any] = {}
+        self._seq: Any = None
         self._epoch_ended = False
         self.ranges: Any = None  # the RangeCapture (torch's ranges nest in the steps)
         # the boundary after an optimizer step: the class's step() (under step_on="auto" the
@@ -85,6 +95,11 @@ class StepDriver:
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
             self._handles.append(register_optimizer_step_post_hook(self._on_optimizer_step))
+            try:  # the calling thread's autograd sequence number: a forward with grad adds to it
+                from torch._C._autograd import _get_sequence_nr as seq
+            except ImportError:  # (a torch without it: every optimizer step ends its step)
+                seq = None
+            self._seq = seq
             if self.mode == "auto":
                 self.prof.step = self._user_step  # instance attribute: stepscope.step() too
             if self.prof._pending:  # noqa: SLF001
@@ -97,6 +112,8 @@ class StepDriver:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self._last_opt = None
+        self._followed.clear()
         self._drop_forward_hook()
         for owner, name, original in reversed(self._patched):
             setattr(owner, name, original)
@@ -166,6 +183,18 @@ class StepDriver:
             self.boundary_pending = True  # made at the next batch wait, or before the range
             rec.before_top(self._before_range, base)  # of the program around it ("Dataloader")
             return
+        # several optimizers stepped one after another (Muon's beside AdamW's: no forward
+        # between, torch's autograd sequence number unchanged) make one step (see _join_last)
+        seq = self._seq() if self._seq is not None else None
+        last, self._last_opt = self._last_opt, (optimizer, seq, self.prof._step)  # noqa: SLF001
+        if last is not None and seq == last[1] and seq is not None:
+            if last[2] != self.prof._step:  # noqa: SLF001  (a boundary came between)
+                self._join_last(last[0])
+                return
+        elif self._followed and last is not None:  # a forward came after it: it ends its
+            self._followed.pop(id(last[0]), None)  # step again
+        if id(optimizer) in self._followed:
+            return  # (the optimizer step after it ends the step)
         depth = rec.summary_depth()  # torch's Optimizer.step# range, and the program's around
         if depth > base + 1:  # the program's ranges around it: made after the end of the
             # outermost begun in the step, or, should the next module forward come first (that
@@ -177,6 +206,16 @@ class StepDriver:
         else:
             self.boundary_pending = True
             self.flush_boundary()
+
+    def _join_last(self, last: Any) -> None:
+        """Without a DataLoader, an optimizer step right after another's (no forward between)
+        is of the same step. The first time, the step the boundary after ``last`` opened
+        holds this optimizer step alone: it is no step (the next forward opens one), and
+        ``last`` is learnt as followed: its step ends no step from then on, until a forward
+        comes after it."""
+        self._followed[id(last)] = last
+        self.prof._abandon_step()  # noqa: SLF001
+        self._watch_forward()
 
     def _keep_time(self, base: int) -> None:
         """The ranges above ``base`` ended after an optimizer step: the step ends here if the
@@ -192,9 +231,14 @@ class StepDriver:
 
     def _before_range(self, code: int) -> bool:
         """A range of the program begins, none open, after an optimizer step and before the
-        next batch wait: the step ends before it (True), unless it is torch's zero_grad."""
+        next batch wait: the step ends before it (True), unless it is torch's zero_grad or
+        another optimizer's step (several optimizers, a GAN's two, Muon's beside AdamW: the
+        batch's one step holds them all)."""
         kind = rec.kinds[code >> 3] if 0 <= code >> 3 < len(rec.kinds) else None
-        if kind is not None and self.ranges is not None and self.ranges.idle(kind.name):
+        name = kind.name if kind is not None else None
+        if type(name) is str and name.startswith(OPTIMIZER_STEP_PREFIX):
+            return False
+        if kind is not None and self.ranges is not None and self.ranges.idle(name):
             return False
         self.flush_boundary()
         return True

@@ -111,6 +111,54 @@ def test_a_program_that_fails_after_its_optimizer_step_has_no_step_more(tmp_path
     assert len(waits) == 3
 
 
+OWN_PROFILER = textwrap.dedent("""
+    import sys, time, stepscope
+    if sys.argv[1] == "torch first":
+        import torch
+    prof = stepscope.Profiler(dir="ignored", schedule=None, report=False)
+    calls = []
+    with prof:
+        import torch  # (else the run's profiler attaches its torch parts here)
+        from torch.utils.data import DataLoader
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for x in prof.dataloader(DataLoader(torch.randn(24, 8), batch_size=4)):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            time.sleep(0.005)  # after the optimizer step, before the program's step()
+            a = time.perf_counter_ns()
+            prof.step()
+            calls.append((a, time.perf_counter_ns()))
+    print("CALLS", calls)
+""")
+
+
+@pytest.mark.parametrize("torch_import", ["torch first", "torch later"])
+def test_a_programs_own_profiler_under_stepscope_run_makes_the_steps(tmp_path, torch_import):
+    """A program with a Profiler of its own (no step_on) and its own step() calls, run under
+    ``stepscope run`` (whose profiler it joins, step_on="auto"): each step ends at the
+    program's step() call. Before, the first optimizer step ended step 0 (before its 5 ms
+    tail) and the first step() call, right after that boundary, was taken for it: step 0
+    lacked the tail, and step 1 had two."""
+    (tmp_path / "train.py").write_text(OWN_PROFILER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), STEPSCOPE_OPTIONS=json.dumps(
+        {"dir": str(tmp_path / "out"), "run_id": "z", "report": False, "host_metrics": False,
+         "schedule": None}))
+    out = subprocess.run([sys.executable, "-m", "stepscope.profiler.boot", "train.py",
+                          torch_import], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    calls = json.loads(out.stdout.split("CALLS")[1].replace("(", "[").replace(")", "]"))
+    d = tq.db(tmp_path / "out" / "z" / "rank0.summary.pftrace")
+    steps = tq.slices(d, "s.category = 'step'")
+    assert [st["name"] for st in steps] == [f"step {k}" for k in range(6)]
+    for st, (a, b) in zip(steps, calls, strict=True):
+        assert a <= st["ts"] + st["dur"] <= b  # where the program's step() read the clock
+    for prev, st in zip(steps, steps[1:], strict=False):
+        assert prev["ts"] + prev["dur"] == st["ts"]
+
+
 def _loop(prof_step_calls: bool, n: int = 4) -> None:
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

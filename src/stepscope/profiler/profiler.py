@@ -515,6 +515,9 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         # stopped() (background work of theirs that the stop waits for) the profiler calls
         self.hooks: list[Any] = []
         self._adopts_nested = False  # `stepscope run`'s: a Profiler the program starts joins it
+        # ... and, having asked for no step_on, makes the steps itself (step() calls): steps
+        # from optimizer steps yield to them from the start (see pytorch/steps.py)
+        self._program_steps = False
         self._joined: Profiler | None = None  # the `stepscope run` profiler this one joined
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -628,6 +631,9 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         self._joined = outer
         for name in ("step", "epoch", "phase", "dataloader", "timer_stats", "summary"):
             setattr(self, name, getattr(outer, name))  # instance attributes: no cost per call
+        if not self.options.get("step_on"):
+            outer._program_steps = True
+            outer._hook("program_steps")
 
     def _at_exit(self) -> None:
         """Interpreter exit without ``stop()`` (an uncaught exception, ``sys.exit``): finish."""

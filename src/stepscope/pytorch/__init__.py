@@ -16,7 +16,8 @@ torch (:func:`attach_on_import`). Each part lives in its own module:
 * :mod:`.memory` — CUDA allocator counters at each step end.
 
 The profiler calls the hooks of :class:`TorchIntegration` (``start``, ``window_start``,
-``window_end``, ``step_end``, ``stop``); none of them ever raises into the training loop.
+``window_end``, ``step_end``, ``program_steps``, ``stop``); none of them ever raises into the
+training loop.
 """
 
 from __future__ import annotations
@@ -184,6 +185,10 @@ class TorchIntegration:
             world = self._world
             if world._default_pg is not None if world is not None else self._dist_ready():
                 _call(self.collectives.watch_new_groups)
+
+    def program_steps(self) -> None:
+        if self.steps is not None:
+            _call(self.steps.yield_to_program)
 
     def stop(self) -> None:
         if self._ops_on:

@@ -102,6 +102,9 @@ class StepDriver:
             self._seq = seq
             if self.mode == "auto":
                 self.prof.step = self._user_step  # instance attribute: stepscope.step() too
+                if getattr(self.prof, "_program_steps", False):
+                    self.yield_to_program()
+                    return
             if self.prof._pending:  # noqa: SLF001
                 self._watch_forward()
 
@@ -262,15 +265,23 @@ class StepDriver:
         rec.mark_low()  # (a boundary, or a batch wait: the loop's level, or a range above it)
         return made
 
+    def yield_to_program(self) -> None:
+        """``step_on="auto"``: the program makes its own steps (its first ``step()`` call, or
+        a Profiler of its own that asked for no ``step_on``, joined to ``stepscope run``'s:
+        from the start, so that no optimizer step ends a step before its first call)."""
+        if self.mode != "auto" or self._user_steps:
+            return
+        self.flush_boundary()
+        self._user_steps = True
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
     def _user_step(self, num_samples: float | None = None, epoch: int | None = None) -> None:
         """``step_on="auto"``: the program makes its own steps from its first call on."""
         prof = self.prof
         if not self._user_steps:
-            self.flush_boundary()
-            self._user_steps = True
-            for h in self._handles:
-                h.remove()
-            self._handles.clear()
+            self.yield_to_program()
             if self._auto_stepped:  # this call marks the boundary the optimizer just made
                 return
         type(prof).step(prof, num_samples, epoch)

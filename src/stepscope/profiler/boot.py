@@ -4,7 +4,8 @@
 directly, e.g. ``torchrun --nproc-per-node 8 -m stepscope.profiler.boot train.py``. Options come
 from ``STEPSCOPE_OPTIONS``. Steps come from ``stepscope.step()`` calls in the program, or, with the
 ``step_range`` option, from a named range: the profiler starts at the first begin of a range of that
-name (``stepscope.annotate``/``push_range``, or ``nvtx.annotate``/``push_range``) on any thread,
+name (``stepscope.annotate``/``push_range``, ``nvtx.annotate``/``push_range``, or torch's
+``record_function``) on any thread,
 and every later begin starts the next step. Without ``step_range``, step 0 opens at the program's
 first batch wait (``stepscope.dataloader``), phase or ``stepscope.step()`` (which ends a step 0
 whose start was not seen: the numbers go on from 1), never at interpreter start: start-up and
@@ -28,6 +29,7 @@ from typing import Any
 
 import stepscope  # the public API, which the step-range wrappers replace
 
+from .. import pytorch as _pytorch  # (light: torch loads only once the program imports it)
 from . import options as _options
 from .profiler import NO_STEPS_HINT, Profiler
 
@@ -94,9 +96,35 @@ class _StepHook:
 
         return push_range
 
+    def wrap_record_function(self) -> None:
+        """torch's ``record_function`` (``torch.profiler.record_function``, what a torch program
+        annotates with): its class's ``__enter__``, wrapped. The profiler's range capture,
+        installed as it starts, wraps this one in turn, so the range that started it is not
+        recorded (its ``with`` holds torch's own ``__exit__`` already: its end would be lost),
+        the ranges inside it and every later one are."""
+        import torch.autograd.profiler as ap
+
+        rf = ap.record_function
+        original = rf.__dict__.get("__enter__")
+        if original is None:
+            return
+        hit = self.hit
+
+        def __enter__(obj: Any) -> Any:
+            hit(obj.name)
+            return original(obj)
+
+        __enter__.__wrapped__ = original  # type: ignore[attr-defined]
+        rf.__enter__ = __enter__
+
     def install(self) -> None:
         stepscope.annotate = self.wrap_annotate(stepscope.annotate)
         stepscope.push_range = self.wrap_push(stepscope.push_range)
+        try:
+            _pytorch.on_import(self.wrap_record_function)
+        except Exception as exc:  # (the program runs on; its record_function ranges uncounted)
+            print(f"stepscope: --step-range cannot watch torch's record_function ({exc!r})",
+                  file=sys.stderr)
         try:
             import nvtx
         except Exception:
@@ -239,8 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"stepscope: no range named {hook.name!r} began, so the profiler never "
                   "started: no step was recorded and nothing was written (--step-range must "
-                  "name a stepscope.annotate/push_range or nvtx.annotate/push_range message "
-                  "exactly)", file=sys.stderr)
+                  "name a stepscope.annotate/push_range, nvtx.annotate/push_range or torch "
+                  "record_function message exactly)", file=sys.stderr)
     if failed is not None:  # as Python reports it, from the program's frames on; after the
         # profiler stopped (stepscope's own hook would stop the session first, ending the
         # failed step without its args)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["TorchIntegration", "attach", "attach_on_import", "available"]
+__all__ = ["TorchIntegration", "attach", "attach_on_import", "available", "on_import"]
 
 
 def available() -> bool:
@@ -76,6 +76,14 @@ class _TorchImportWatcher:
     def remove(self) -> None:
         if self in sys.meta_path:
             sys.meta_path.remove(self)
+
+
+def on_import(fn: Any) -> None:
+    """Call ``fn`` once torch is imported: now if it is already."""
+    if "torch" in sys.modules:
+        fn()
+    else:
+        sys.meta_path.insert(0, _TorchImportWatcher(fn))
 
 
 def attach_on_import(prof: Any) -> _TorchImportWatcher:

@@ -77,6 +77,9 @@ DATALOADER_WAIT_NAME = "dataloader.next"
 # the last wait of a pass over a loader, which found it exhausted (a multi-process DataLoader
 # shuts its workers down there): no batch, so no reader cost, and in no step
 DATALOADER_EXHAUSTED_NAME = "dataloader.exhausted"
+# a wait of an evaluation pass (pytorch/steps.py: gradients off, or a loader whose passes step
+# no optimizer): in no step, no reader cost
+DATALOADER_EVAL_NAME = "dataloader.eval"
 
 # --- argument names (written as debug annotations: SQL key "debug.<name>") --------------------
 ARG_STEP = "step"

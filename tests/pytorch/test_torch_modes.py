@@ -111,6 +111,126 @@ def test_a_program_that_fails_after_its_optimizer_step_has_no_step_more(tmp_path
     assert len(waits) == 3
 
 
+VALIDATION = textwrap.dedent("""
+    import json, sys, time, torch
+    from torch.utils.data import DataLoader
+    train = DataLoader(torch.randn(16, 8), batch_size=4)  # 4 optimizer steps an epoch
+    val = DataLoader(torch.randn(20, 8), batch_size=4)  # 5 batches
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    passes = []
+    for epoch in range(3):
+        for x in train:
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            time.sleep(0.002)
+        a = time.perf_counter_ns()
+        if sys.argv[1] == "no_grad":  # the whole pass with gradients off
+            with torch.no_grad():
+                for x in val:
+                    model(x)
+                    time.sleep(0.005)
+        else:  # gradients off around each forward only
+            for x in val:
+                with torch.no_grad():
+                    model(x)
+                time.sleep(0.005)
+        passes.append((a, time.perf_counter_ns()))
+    print("VAL", json.dumps(passes))
+""")
+
+
+@pytest.mark.parametrize("grad", ["no_grad", "grad on"])
+def test_a_validation_pass_lies_between_the_steps(tmp_path, grad):
+    """A zero-code run of 3 epochs of 4 optimizer steps, each followed by a 5-batch
+    validation pass: 12 steps, 4 per epoch, none holding any of the validation, whose waits
+    are dataloader.eval slices outside the steps, no Dataloader phase in the Model table.
+    Before: 13 steps, the last the final validation with an epoch 3 that never was, and each
+    epoch's first step held the validation before it (56 ms against 3). A pass under
+    no_grad() evaluates from its first wait; one with gradients on is known from its end:
+    its first pass is a step at first, dropped as it ends (its waits then lie outside the
+    steps, dataloader.next still)."""
+    (tmp_path / "train.py").write_text(VALIDATION)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), STEPSCOPE_OPTIONS=json.dumps(
+        {"dir": str(tmp_path / "out"), "run_id": "z", "report": False, "host_metrics": False,
+         "schedule": None}))
+    out = subprocess.run([sys.executable, "-m", "stepscope.profiler.boot", "train.py", grad],
+                         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    passes = json.loads(out.stdout.split("VAL")[1])
+    d = tq.db(tmp_path / "out" / "z" / "rank0.summary.pftrace")
+    steps = tq.slices(d, "s.category = 'step'")
+    assert [st["name"] for st in steps] == [f"step {k}" for k in range(12)]
+    assert [tq.args(d, st["arg_set_id"])["epoch"] for st in steps] == ["0"] * 4 + [
+        "1"] * 4 + ["2"] * 4
+    for st in steps:
+        for a, b in passes:
+            assert st["ts"] + st["dur"] <= a or st["ts"] >= b
+    names = [w["name"] for w in tq.slices(d, "s.category = 'dataloader'")]
+    first = 5 if grad == "grad on" else 0  # (the first pass with gradients on: next waits)
+    assert names.count("dataloader.next") == 12 + first
+    assert names.count("dataloader.eval") == 15 - first
+    assert names.count("dataloader.exhausted") == 6
+    from stepscope.analysis import summaries
+
+    model = summaries.table(d, "model").rows
+    assert [(r["phase"], r["calls"]) for r in model] == [("Dataloader", 12 + first),
+                                                        ("Others", 12)]
+
+
+STEP_RANGE = textwrap.dedent("""
+    import json, time, torch
+    from torch.profiler import record_function
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with record_function("setup"):
+        time.sleep(0.01)
+    begins = []
+    for i in range(4):
+        begins.append(time.perf_counter_ns())
+        with record_function("train_step"):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            time.sleep(0.003)
+    print("BEGINS", json.dumps(begins))
+""")
+
+
+def test_step_range_names_a_record_function_range(tmp_path):
+    """``stepscope run --step-range train_step`` on a program that annotates with torch's
+    record_function: each range of that name begins a step (the profiler starts at the first)
+    and lies in it. The first is not recorded (its ``with`` took torch's own ``__exit__``
+    before the profiler's range capture was installed: its end would be lost, and the later
+    ranges nested in it), the torch ranges inside it are. Before: "no range named
+    'train_step' began ... nothing was written"."""
+    (tmp_path / "train.py").write_text(STEP_RANGE)
+    out = subprocess.run([sys.executable, "-m", "stepscope.cli", "run", "--dir",
+                          str(tmp_path / "out"), "--run-id", "z", "--schedule", "none",
+                          "--no-host-metrics", "--no-report", "--step-range", "train_step",
+                          "--", sys.executable, "train.py"],
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    begins = json.loads(out.stdout.split("BEGINS")[1])
+    d = tq.db(tmp_path / "out" / "z" / "rank0.summary.pftrace")
+    steps = tq.slices(d, "s.category = 'step'")
+    ranges = tq.slices(d, "s.name = 'train_step'")
+    assert [st["name"] for st in steps] == [f"step {k}" for k in range(4)]
+    assert len(ranges) == 3 and tq.slices(d, "s.name = 'setup'") == []  # (before the start)
+    assert all(r["depth"] == 0 for r in ranges)
+    assert begins[0] <= steps[0]["ts"]
+    for st, rng, b in zip(steps[1:], ranges, begins[1:], strict=True):
+        assert b <= st["ts"] <= rng["ts"]  # begun by the range's enter, the range in it
+        assert rng["ts"] + rng["dur"] <= st["ts"] + st["dur"]
+    for st in steps:  # torch's own ranges: recorded in every step, the first's too
+        names = [r["name"].split("#")[0] for r in tq.slices(
+            d, f"s.category = 'record_function' AND s.name != 'train_step' AND s.ts >= "
+               f"{st['ts']} AND s.ts < {st['ts'] + st['dur']}")]
+        assert names == ["Optimizer.step", "Optimizer.zero_grad"]
+
+
 OWN_PROFILER = textwrap.dedent("""
     import sys, time, stepscope
     if sys.argv[1] == "torch first":

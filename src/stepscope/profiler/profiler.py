@@ -266,6 +266,8 @@ _WAIT_EID = rec.event_id(S.DATALOADER_WAIT_NAME, (S.CAT_DATALOADER,))
 _WAIT_BEGIN = rec.code(_WAIT_EID, S.LEVEL_SUMMARY, rec.BEGIN)
 _EXHAUSTED_EID = rec.event_id(S.DATALOADER_EXHAUSTED_NAME, (S.CAT_DATALOADER,))
 _EXHAUSTED_BEGIN = rec.code(_EXHAUSTED_EID, S.LEVEL_SUMMARY, rec.BEGIN)
+_EVAL_EID = rec.event_id(S.DATALOADER_EVAL_NAME, (S.CAT_DATALOADER,))
+_EVAL_BEGIN = rec.code(_EVAL_EID, S.LEVEL_SUMMARY, rec.BEGIN)
 
 
 _ALL = sys.maxsize // 8  # a lookback past any buffer's start
@@ -1096,20 +1098,23 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
                 _emit((_NULL, t0, ident))
         return True
 
-    def _wait_end(self, placed: bool, t0: int, t1: int, ident: int, main: bool) -> None:
-        """A batch came at ``t1`` (or the loader raised): the wait and its step are written."""
+    def _wait_end(self, placed: bool, t0: int, t1: int, ident: int, main: bool,
+                  evaluating: bool = False) -> None:
+        """A batch came at ``t1`` (or the loader raised): the wait and its step are written
+        (``evaluating``: a wait of an evaluation pass, in no step: ``main`` is False)."""
         if placed:
+            eid, begin = (_EVAL_EID, _EVAL_BEGIN) if evaluating else (_WAIT_EID, _WAIT_BEGIN)
             with self._plock:
                 tent = self._tentative if main else None
-                wait_in = _replace(_NULL, t0, ident, _WAIT_BEGIN, _ALL)  # the newest: the wait's
+                wait_in = _replace(_NULL, t0, ident, begin, _ALL)  # the newest: the wait's
                 if tent is not None:  # the step's begin first (it may be at t0 too)
                     self._write_begin_locked()
                     if wait_in and self._late_track is not None and tent[1] == t0:
                         # written late at t0, the step's begin would follow the wait's at the
                         # same time: the wait's is written late too, after it
-                        _replace(_WAIT_BEGIN, t0, ident, _NULL, _ALL)
+                        _replace(begin, t0, ident, _NULL, _ALL)
                         wait_in = False
-                self._end_wait_locked(t0, t1, ident, _WAIT_EID, wait_in)
+                self._end_wait_locked(t0, t1, ident, eid, wait_in)
         if main and self._in_step:
             self._active = True
             self._quiet = False

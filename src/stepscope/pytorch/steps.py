@@ -51,6 +51,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import weakref
 from functools import partial
 from typing import Any
 
@@ -74,6 +75,12 @@ class StepDriver:
         # span the loop, it was at t (see _on_optimizer_step)
         self._late: tuple[int, int] | None = None
         self.loader_seen = False
+        # evaluation passes (see _new_pass): the loaders learnt as evaluation loaders, the
+        # optimizer steps so far, and whether an evaluation pass is under way
+        self._eval_loaders: weakref.WeakSet = weakref.WeakSet()
+        self._opt_steps = 0
+        self._evaluating = False
+        self._grad_enabled: Any = None
         # without a DataLoader: (optimizer, autograd sequence number, step number) at the last
         # optimizer step, and the optimizers (by id) another's step follows with no forward
         # between
@@ -100,6 +107,9 @@ class StepDriver:
             except ImportError:  # (a torch without it: every optimizer step ends its step)
                 seq = None
             self._seq = seq
+            import torch
+
+            self._grad_enabled = torch.is_grad_enabled
             if self.mode == "auto":
                 self.prof.step = self._user_step  # instance attribute: stepscope.step() too
                 if getattr(self.prof, "_program_steps", False):
@@ -175,6 +185,9 @@ class StepDriver:
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._user_steps or threading.get_ident() != self.prof._thread:  # noqa: SLF001
             return
+        self._opt_steps += 1
+        if self._evaluating:  # (it trained after all: the pass's waits stay in no step)
+            self._end_evaluation()
         self._auto_stepped = True
         # the loop's level: the fewest ranges open since the last boundary (those that span
         # the loop, a record_function around it, stay open: the boundary waits for none)
@@ -286,6 +299,57 @@ class StepDriver:
                 return
         type(prof).step(prof, num_samples, epoch)
 
+    # -- evaluation passes --------------------------------------------------------------------
+    def _new_pass(self, it: Any, loader: Any) -> None:
+        """``iter(loader)`` on the profiler's thread. A pass made with gradients off (under
+        ``torch.no_grad()`` or ``inference_mode()``: a validation loop), or of a loader whose
+        earlier pass ended without an optimizer step, evaluates: its waits open no step and
+        make no boundary, and its end ends no epoch, so its time lies between the steps (a
+        validation pass was a step of its own at the run's end, with an epoch that never was,
+        and each epoch's first step held the validation before it). Learnt from a pass's
+        end, an evaluation loader made with gradients on is a step the first time."""
+        if not self._grad_enabled() or (loader is not None and loader in self._eval_loaders):
+            it._stepscope_eval = True
+        else:  # (weakly: with persistent workers the loader holds its iterator, and a cycle
+            # would leave the workers to be killed at exit, not shut down: their files empty)
+            try:
+                ref = weakref.ref(loader)
+            except TypeError:
+                return
+            it._stepscope_pass = (ref, self._opt_steps)
+
+    def _pass_ended(self, it: Any) -> None:
+        """A counted pass found its loader exhausted: the epoch ends (the next wait opens the
+        step as batch 0 of a new one). A pass without an optimizer step evaluated: the step
+        its first wait opened (or the boundary before it) holds that pass alone, and is no
+        step (where a file has its begin already, it ends here: a step of its own, not the
+        first of the next epoch's); its loader's next passes are evaluation passes."""
+        ref, opt_steps = it.__dict__.get("_stepscope_pass", (None, -1))
+        loader = ref() if ref is not None else None
+        if opt_steps == self._opt_steps and loader is not None:
+            self._eval_loaders.add(loader)
+            prof = self.prof
+            if prof._in_step and not prof._stopped:  # noqa: SLF001
+                prof._abandon_step()  # noqa: SLF001
+        self._epoch_ended = True
+        self._watch_forward()
+
+    def _begin_evaluation(self) -> None:
+        """An evaluation pass's first wait: a boundary an optimizer step asked for is made
+        here, and a step that has had no work since (opened at that boundary) is no step: the
+        next counted wait, phase or forward opens one. Its forwards open no step."""
+        self._evaluating = True
+        self.flush_boundary()
+        prof = self.prof
+        if prof._in_step and not prof._active and not prof._stopped:  # noqa: SLF001
+            prof._abandon_step()  # noqa: SLF001
+        self._drop_forward_hook()
+
+    def _end_evaluation(self) -> None:
+        self._evaluating = False
+        if self.prof._pending and self.mode in ("optimizer", "auto"):  # noqa: SLF001
+            self._watch_forward()
+
     # -- data-loader waits --------------------------------------------------------------------
     def _patch_loader(self) -> None:
         from torch.utils.data import dataloader as dl
@@ -313,12 +377,20 @@ class StepDriver:
                     return original(self)
                 finally:
                     driver.ranges.waiting = False
+            counts = on_main  # (the wait is the step's: it opens a pending one, reader cost)
             if on_main:
                 driver.loader_seen = True
-                driver.flush_boundary()
-                driver._auto_stepped = False
-                if driver._epoch_ended:
-                    driver._new_epoch()
+                if "_stepscope_eval" in self.__dict__:  # an evaluation pass: in no step
+                    if not driver._evaluating:
+                        driver._begin_evaluation()
+                    counts = False
+                else:
+                    if driver._evaluating:
+                        driver._end_evaluation()
+                    driver.flush_boundary()
+                    driver._auto_stepped = False
+                    if driver._epoch_ended:
+                        driver._new_epoch()
             # the first batch's wait starts where the iterator was made: creating it starts
             # the worker processes (reader cost, as prof.dataloader counts it)
             made = self.__dict__.pop("_stepscope_made", None) if on_main else None
@@ -328,27 +400,30 @@ class StepDriver:
                 # events are in time order (an earlier begin would shift all that follows),
                 # and so does the reader cost (iter() is in no wait, maybe in no step)
                 t0 = clock()
-            placed = wait_begin(t0, ident, on_main)  # a pending step opens here (main thread)
+            placed = wait_begin(t0, ident, counts)  # a pending step opens here (main thread)
             if on_main and driver.ranges is not None:
                 driver.ranges.waiting = True
             try:
                 batch = original(self)
             except StopIteration:  # the step just opened had no work: it is no step
-                wait_exhausted(placed, t0, clock(), ident, on_main)
-                if cancel and on_main and not driver._user_steps:
-                    driver._epoch_ended = True
-                    driver._watch_forward()
+                wait_exhausted(placed, t0, clock(), ident, counts)
+                if counts and cancel and not driver._user_steps:
+                    driver._pass_ended(self)
+                elif not counts and on_main:
+                    driver._end_evaluation()
                 raise
             except BaseException:
-                wait_end(placed, t0, clock(), ident, on_main)
+                wait_end(placed, t0, clock(), ident, counts, counts is not on_main)
                 raise
             finally:
                 if on_main and driver.ranges is not None:
                     driver.ranges.waiting = False
             t1 = clock()
-            if on_main:
+            if counts:
                 prof.timer.add_reader(t1 - t0)
-            wait_end(placed, t0, t1, ident, on_main)
+                wait_end(placed, t0, t1, ident, True)
+            else:  # (another thread's wait, or, on the profiler's, an evaluation pass's)
+                wait_end(placed, t0, t1, ident, False, on_main)
             return batch
 
         __next__.__wrapped__ = original  # type: ignore[attr-defined]
@@ -362,6 +437,8 @@ class StepDriver:
             original_init(self, *args, **kwargs)  # (multiprocessing: starts the workers)
             if threading.get_ident() == main and not prof._stopped:  # noqa: SLF001
                 self._stepscope_made = made
+                if cancel and not driver._user_steps:
+                    driver._new_pass(self, args[0] if args else kwargs.get("loader"))
 
         __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
         self._patched.append((base, "__init__", original_init))

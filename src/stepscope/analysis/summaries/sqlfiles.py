@@ -91,7 +91,8 @@ def placeholders(f: Filters) -> dict[str, str]:
     p = {"rank_filter": "1", "thread_filter": "1", "step_filter": "1", "window_filter": "1",
          "step_slice_filter": "1",
          "phase_kind": PHASE_KIND_SQL, "dataloader_phase": DATALOADER_PHASE_SQL,
-         "exhausted_wait": _sql_str(S.DATALOADER_EXHAUSTED_NAME),
+         "between_waits": ", ".join(_sql_str(n) for n in (S.DATALOADER_EXHAUSTED_NAME,
+                                                          S.DATALOADER_EVAL_NAME)),
          "slices": "slice", "step_rows": "s.category = 'step'"}
     if f.ranks is not None:
         ranks = ", ".join(str(int(r)) for r in f.ranks)

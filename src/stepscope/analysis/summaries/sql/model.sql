@@ -3,7 +3,8 @@
 --
 --   phase instance  a slice of category 'phase' (row = its name), or a dataloader wait that is
 --                   not directly inside a phase (counted as a 'Dataloader' instance), except
---                   the final wait that found a loader exhausted (it lies between the steps).
+--                   those that lie between the steps: the final wait that found a loader
+--                   exhausted, and the waits of an evaluation pass (dataloader.eval).
 --   calls           number of phase instances.
 --   cpu_total_ns    sum of the instances' durations; cpu_avg/max/min over instances.
 --   cpu_ratio       cpu_total_ns / frame time (union of ss_frame per rank, summed).
@@ -22,12 +23,12 @@
 --                   gpu = union of the device slices attributed to the step and to no phase.
 {{base}},
 -- dataloader waits that are no instances of their own: those directly inside a phase (part of
--- that phase), and the final waits that found a loader exhausted (between the steps)
+-- that phase), and the waits between the steps (a loader's exhausted end, evaluation passes)
 md_nested_dl AS (
   SELECT w.id FROM ss_slice w JOIN slice p ON p.id = w.parent_id
   WHERE w.kind_id = 1 AND w.category = 'dataloader' AND p.category = 'phase'
   UNION ALL
-  SELECT w.id FROM ss_slice w WHERE w.kind_id = 1 AND w.name = {{exhausted_wait}}
+  SELECT w.id FROM ss_slice w WHERE w.kind_id = 1 AND w.name IN ({{between_waits}})
 ),
 -- the phase instances. Kinds 2-5 are 'phase' slices by definition, kind 1 holds the
 -- 'Dataloader' phases and the dataloader waits. (md_cpu selects the same rows with the same

@@ -45,7 +45,13 @@ _default_showwarning = warnings.showwarning
 def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _show_warning
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # positionals after an option (`sql run -q "SELECT ..."`): a command's list
+        # of paths (set_defaults(trailing=...)) takes them; an unknown option stays an error
+        trailing = getattr(args, "trailing", None)
+        if trailing is None or any(a.startswith("-") and a != "-" for a in extra):
+            parser.error("unrecognized arguments: " + " ".join(extra))
+        getattr(args, trailing).extend(extra)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

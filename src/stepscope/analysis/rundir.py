@@ -34,6 +34,21 @@ class Inputs:
     detail: list[str] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)
 
+    def check_one_run(self) -> None:
+        """Raise TraceError where a rank's whole-run file comes from two runs: the summary
+        tables would hold both as one rank twice over (two "rank 0" rows in the distributed
+        table, their steps pooled). (SQL may compare runs: each is a process of its own.)"""
+        by_rank: dict[int, str] = {}
+        for f in self.whole:
+            found = S.rank_file(os.path.basename(f))
+            if found is None or found[0] != "summary":
+                continue
+            d = os.path.dirname(os.path.realpath(f))
+            other = by_rank.setdefault(found[1], d)
+            if other != d:
+                raise TraceError(f"{d}: rank {found[1]} comes from another run too ({other}): "
+                                 "summarize one run at a time")
+
     def main(self) -> list[str]:
         """The files that give every table without counting anything twice: the whole-run
         files, or the detail windows when there is none (windows never overlap)."""

@@ -73,7 +73,7 @@ def add_parsers(subparsers: Any) -> None:
     m.add_argument("--ranks", help="ranks to keep, e.g. 0,2-5")
     m.add_argument("--level", choices=("summary", "detail"), default="summary",
                    help="which files of a run directory to merge (default summary)")
-    m.set_defaults(func=cmd_merge)
+    m.set_defaults(func=cmd_merge, trailing="inputs")
 
 
 def run_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import sqlite3
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
+from stepscope import cli
 from stepscope.analysis.cli import sql as cli_sql
 
 
@@ -47,6 +48,20 @@ def test_sql_text_csv_json(trace, capsys):
     assert run("sql", trace, q, "--engine", "embedded", "--format", "json") == 0
     assert json.loads(capsys.readouterr().out) == [{"name": "a", "dur": 20},
                                                    {"name": "b", "dur": 5}]
+
+
+def test_paths_and_query_around_an_option(trace, capsys):
+    """``stepscope sql TRACE -q QUERY``: argparse stops a list of positionals at an option and
+    left the query as an unknown argument; the command's list takes it. An unknown option
+    stays an error, naming what it did not know."""
+    q = "SELECT name, dur FROM slice ORDER BY ts"
+    assert cli.main(["sql", trace, "-q", q, "--engine", "embedded", "--format", "csv"]) == 0
+    assert capsys.readouterr().out == "name,dur\na,20\nb,5\n"
+    with pytest.raises(SystemExit) as e:
+        cli.main(["sql", trace, "--bogus", q])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        f"stepscope: error: unrecognized arguments: --bogus {q}\n")
 
 
 def test_sql_errors(trace, tmp_path, capsys):

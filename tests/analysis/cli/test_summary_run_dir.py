@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 import pytest
@@ -102,6 +103,23 @@ def test_directories_without_one_run(tmp_path, capsys):
     assert rc == 2 and err == (
         f"stepscope summary: error: cannot read {tmp_path}: holds several runs "
         f"({tmp_path / 'a'}, {tmp_path / 'b'}); give run directories by name\n")
+
+
+def test_two_runs_are_refused_by_summary_and_compared_by_sql(run_dir, tmp_path, capsys):
+    """Two runs' rank 0 in one summary were one rank twice over (two "rank 0" rows in the
+    distributed table, their steps pooled): refused in one line. SQL may compare them: each
+    is a process of its own."""
+    other = tmp_path / "r2"
+    shutil.copytree(run_dir, other)
+    rc = cli.main(["summary", "--engine", "embedded", str(run_dir), str(other)])
+    _, err = capsys.readouterr()
+    assert rc == 2 and err == (
+        f"stepscope summary: error: cannot read {other}: rank 0 comes from another run too "
+        f"({run_dir}): summarize one run at a time\n")
+    rc = cli.main(["sql", "--engine", "embedded", "--format", "csv", str(run_dir), str(other),
+                   "select count(*) as n from slice where category = 'step'"])
+    out, _ = capsys.readouterr()
+    assert rc == 0 and out.splitlines()[-1] == "20"
 
 
 def test_analysis_open_takes_a_run_directory_as_the_cli_does(run_dir):

@@ -37,7 +37,7 @@ def add_parsers(subparsers: Any) -> None:
     p.add_argument("-f", "--file", metavar="SQL_FILE", help="read the query from this file")
     p.add_argument("--format", choices=_FORMATS, default="text")
     add_engine_args(p)
-    p.set_defaults(func=run_sql)
+    p.set_defaults(func=run_sql, trailing="args")
     e = subparsers.add_parser(
         "export-csv", help="write the trace's tables as CSV files",
         description="Write trace processor's tables (slice, counter, args, flow, tracks, "
@@ -48,7 +48,7 @@ def add_parsers(subparsers: Any) -> None:
     e.add_argument("--tables", metavar="T[,T]",
                    help="tables to write (default: " + ",".join(EXPORT_TABLES) + ")")
     add_engine_args(e)
-    e.set_defaults(func=run_export_csv)
+    e.set_defaults(func=run_export_csv, trailing="paths")
     g = subparsers.add_parser(
         "get-trace-processor", help="download Perfetto's trace_processor_shell",
         description="Download the trace_processor_shell pinned by the perfetto package into its "

@@ -72,7 +72,7 @@ def add_parsers(subparsers: Any) -> None:
     p.add_argument("--cntk", metavar="DIR", help="also write CNTK-style per-rank files to DIR")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     add_engine_args(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, trailing="paths")
 
 
 def _width(text: str) -> int:
@@ -137,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         names, kw = _options(args)
         inputs = classify(list(args.paths))
+        inputs.check_one_run()
     except summaries.SummaryError as e:
         return _fail("summary", str(e))
     except TraceError as e:  # a directory without rank files, or with several runs

@@ -179,6 +179,41 @@ def test_a_validation_pass_lies_between_the_steps(tmp_path, grad):
                                                         ("Others", 12)]
 
 
+def test_a_loader_learnt_as_an_evaluation_loader_that_trains_after_all(tmp_path):
+    """A loader's first pass evaluates with gradients on (a baseline loss, no optimizer
+    step): it is learnt as an evaluation loader, and its next pass begins as one. That
+    pass's first optimizer step says otherwise: the rest of the pass counts, and a step
+    opens there, as batch 0 of the next epoch: 4 steps an epoch, 8 in all, none of them the
+    baseline's (its 4 waits lie outside the steps)."""
+    prof = stepscope.Profiler(dir=tmp_path, run_id="r", schedule=None, step_on="optimizer",
+                              host_metrics=False, report=False, use_env=False, torch=True)
+    loader = torch.utils.data.DataLoader(torch.randn(16, 8), batch_size=4)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with prof:
+        for x in loader:
+            model(x).sum()
+        for _ in range(2):
+            for x in loader:
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
+    steps = tq.slices(d, "s.category = 'step'")
+    assert [st["name"] for st in steps] == [f"step {k}" for k in range(8)]
+    assert [tq.args(d, st["arg_set_id"])["epoch"] for st in steps] == ["0"] * 4 + ["1"] * 4
+    waits = tq.slices(d, "s.category = 'dataloader'")
+    assert [w["name"] for w in waits] == (["dataloader.next"] * 4 + ["dataloader.exhausted"]
+                                          + ["dataloader.eval"] + ["dataloader.next"] * 3
+                                          + ["dataloader.exhausted"]
+                                          + ["dataloader.next"] * 4
+                                          + ["dataloader.exhausted"])
+    assert waits[4]["ts"] + waits[4]["dur"] <= waits[5]["ts"]
+    assert waits[5]["ts"] + waits[5]["dur"] < steps[0]["ts"] < waits[6]["ts"]
+    for w in waits[:4]:  # the baseline's
+        assert all(w["ts"] + w["dur"] <= st["ts"] for st in steps)
+
+
 STEP_RANGE = textwrap.dedent("""
     import json, time, torch
     from torch.profiler import record_function

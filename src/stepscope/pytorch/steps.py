@@ -80,6 +80,7 @@ class StepDriver:
         self._eval_loaders: weakref.WeakSet = weakref.WeakSet()
         self._opt_steps = 0
         self._evaluating = False
+        self._eval_it: Any = None  # (a weak reference to the evaluation pass's iterator)
         self._grad_enabled: Any = None
         # without a DataLoader: (optimizer, autograd sequence number, step number) at the last
         # optimizer step, and the optimizers (by id) another's step follows with no forward
@@ -186,8 +187,8 @@ class StepDriver:
         if self._user_steps or threading.get_ident() != self.prof._thread:  # noqa: SLF001
             return
         self._opt_steps += 1
-        if self._evaluating:  # (it trained after all: the pass's waits stay in no step)
-            self._end_evaluation()
+        if self._evaluating:
+            self._trains_after_all()
         self._auto_stepped = True
         # the loop's level: the fewest ranges open since the last boundary (those that span
         # the loop, a record_function around it, stay open: the boundary waits for none)
@@ -334,11 +335,12 @@ class StepDriver:
         self._epoch_ended = True
         self._watch_forward()
 
-    def _begin_evaluation(self) -> None:
+    def _begin_evaluation(self, it: Any) -> None:
         """An evaluation pass's first wait: a boundary an optimizer step asked for is made
         here, and a step that has had no work since (opened at that boundary) is no step: the
         next counted wait, phase or forward opens one. Its forwards open no step."""
         self._evaluating = True
+        self._eval_it = weakref.ref(it)
         self.flush_boundary()
         prof = self.prof
         if prof._in_step and not prof._active and not prof._stopped:  # noqa: SLF001
@@ -347,8 +349,23 @@ class StepDriver:
 
     def _end_evaluation(self) -> None:
         self._evaluating = False
+        self._eval_it = None
         if self.prof._pending and self.mode in ("optimizer", "auto"):  # noqa: SLF001
             self._watch_forward()
+
+    def _trains_after_all(self) -> None:
+        """An optimizer step inside an evaluation pass: the rest of the pass counts, no
+        loader is known as an evaluation loader any more (to be learnt again), and a step
+        opens here (the work since its last wait is in none)."""
+        it = self._eval_it() if self._eval_it is not None else None
+        if it is not None:
+            it.__dict__.pop("_stepscope_eval", None)
+        self._eval_loaders.clear()
+        self._end_evaluation()
+        if self._epoch_ended:  # (the pass is the next epoch's: its step is that epoch's first)
+            self._new_epoch()
+        if self.prof._pending:  # noqa: SLF001
+            self.prof._activity()  # noqa: SLF001
 
     # -- data-loader waits --------------------------------------------------------------------
     def _patch_loader(self) -> None:
@@ -382,7 +399,7 @@ class StepDriver:
                 driver.loader_seen = True
                 if "_stepscope_eval" in self.__dict__:  # an evaluation pass: in no step
                     if not driver._evaluating:
-                        driver._begin_evaluation()
+                        driver._begin_evaluation(self)
                     counts = False
                 else:
                     if driver._evaluating:

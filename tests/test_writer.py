@@ -207,6 +207,27 @@ def test_emitter_exact_timestamps_any_order_and_flows(path):
     assert d.tracks[ctr].counter.unit_name == "%"
 
 
+def test_an_event_stamped_before_the_one_it_follows_moves_up_to_it_alone(path):
+    """A sequence's clock only moves forward: an event stamped before the one it follows (a
+    misuse the recorder cannot refuse) is moved up to that one, and the events after it keep
+    their times. Before, its delta was clamped to 0, and every later event of the sequence
+    was shifted by the step back (a step begun at iter(), recorded after the profiler's
+    window work: every later step of the run 20 ms late)."""
+    sess = Session(path).start()
+    try:
+        b = _recorder.code(_recorder.event_id("x", ("test",)), LEVEL_SUMMARY, _recorder.BEGIN)
+        end, me = _recorder.END_SUMMARY, threading.get_ident()
+        t = time.perf_counter_ns()
+        _recorder._ext((b, t + 1000, me, end, t + 3000, me,
+                        b, t + 2000, me, end, t + 5000, me,  # begins before 3000
+                        b, t + 6000, me, end, t + 7000, me))
+        track = sess.thread_track()
+    finally:
+        sess.stop()
+    assert [(t0 - t, t1 - t) for _, _, t0, t1 in decode(path).slices(track)] == [
+        (1000, 3000), (3000, 5000), (6000, 7000)]
+
+
 def test_clock_snapshots_relate_the_three_clocks(path):
     with stepscope.trace(path):
         pass

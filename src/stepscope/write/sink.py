@@ -245,9 +245,12 @@ class Sink:
             templates.append(interned + templates[tidx[0]])
             tidx[0] = len(templates) - 1
         deltas = np.diff(ts, prepend=seq.last_ts)
-        if deltas.min() < 0:  # never write a corrupt clock: clamp (only misuse of emitters)
-            np.maximum(deltas, 0, out=deltas)
-            ts = seq.last_ts + np.cumsum(deltas)
+        if deltas.min() < 0:  # never write a corrupt clock: an event stamped before the one
+            # it follows is moved up to it (only misuse of emitters); the events after it keep
+            # their times (clamping its delta to 0 shifted every later event of the sequence
+            # by the step back)
+            ts = np.maximum.accumulate(np.concatenate(([seq.last_ts], ts)))[1:]
+            deltas = np.diff(ts, prepend=seq.last_ts)
         seq.last_ts = int(ts[-1])
         out.append(assemble(deltas, tidx, templates))
         self.pending.extend(out)

@@ -214,6 +214,43 @@ def test_a_loader_learnt_as_an_evaluation_loader_that_trains_after_all(tmp_path)
         assert all(w["ts"] + w["dur"] <= st["ts"] for st in steps)
 
 
+def test_a_window_that_ends_with_the_epoch_leaves_the_next_epochs_steps_in_place(tmp_path):
+    """Zero-code, a window from batch 2 to 5 of 4-batch epochs: still open when the loader
+    runs out, it ends as epoch 1's first wait starts the epoch, inside that next(). That
+    wait began at iter(), before the window
+    work, so its step's begin was written after the window's slice, earlier than it, on the
+    steps' sequence: the writer moved it up and shifted every later step of the run by the
+    window work (20 ms here: epoch 1's steps held 4, 0, 0 and 0 optimizer steps). Now the
+    wait and its step start after that work; each step holds its own optimizer step."""
+    prof = stepscope.Profiler(dir=tmp_path, run_id="r", schedule=(2, 6), step_on="optimizer",
+                              host_metrics=False, report=False, use_env=False, torch=True)
+    loader = torch.utils.data.DataLoader(torch.randn(16, 8), batch_size=4)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with prof:
+        for _ in range(2):
+            it = iter(loader)  # (as a for loop does: the first wait starts here)
+            for x in it:
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
+    got = _in_steps(d, "record_function")
+    assert [st["name"] for st, _ in got] == [f"step {k}" for k in range(8)]
+    assert [[r["name"].split("#")[0] for r in inner if "zero_grad" not in r["name"]]
+            for _, inner in got] == [["Optimizer.step"]] * 8
+    end = tq.slices(d, "s.name = 'stepscope window end'")[0]  # (epoch 0's)
+    waits = tq.slices(d, "s.name = 'dataloader.next'")
+    assert got[4][0]["ts"] >= end["ts"] + end["dur"]
+    for (st, _), w in zip(got, waits, strict=True):
+        assert st["ts"] <= w["ts"] < st["ts"] + st["dur"]
+    for k in (0, 4):  # an epoch's first step opens with its first wait, as one record
+        assert got[k][0]["ts"] == waits[k]["ts"]
+    for k in range(7):  # each ends at the boundary made as the next wait starts, not later
+        if k != 3:
+            assert got[k][0]["ts"] + got[k][0]["dur"] <= waits[k + 1]["ts"]
+
+
 STEP_RANGE = textwrap.dedent("""
     import json, time, torch
     from torch.profiler import record_function

@@ -484,6 +484,7 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         self._state = State.DISABLED
         self._window_key: tuple[int, int] | None = None
         self._windows = 0
+        self._own_end = 0  # the end of the last slice of the profiler's own window work
         self._window_path: Path | None = None
         self._step = 0
         self._epoch = 0
@@ -925,6 +926,7 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         t1 = time.perf_counter_ns()
         if not rec.ON:
             return t1
+        self._own_end = t1
         begin = rec.code(rec.event_id(S.SCHEDULE_SLICE.format(did), (S.CAT_STEPSCOPE,)),
                          S.LEVEL_SUMMARY, rec.BEGIN)
         ident = threading.get_ident() | _STEPS

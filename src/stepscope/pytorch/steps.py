@@ -412,10 +412,12 @@ class StepDriver:
             # the worker processes (reader cost, as prof.dataloader counts it)
             made = self.__dict__.pop("_stepscope_made", None) if on_main else None
             t0 = clock() if made is None else made
-            if made is not None and made < thread_last_ts():  # the thread recorded since
-                # iter() (the program's phase around next()): the slice starts here, as its
-                # events are in time order (an earlier begin would shift all that follows),
-                # and so does the reader cost (iter() is in no wait, maybe in no step)
+            if made is not None and (made < thread_last_ts() or made < prof._own_end):  # noqa: SLF001
+                # the thread recorded since iter() (the program's phase around next(); the
+                # profiler's window work as the epoch changed here, on the steps' sequence):
+                # the slice and its step start here, as a sequence's events are in time order
+                # (an earlier begin shifted all that followed it, every later step too), and
+                # so does the reader cost (iter() is in no wait, maybe in no step)
                 t0 = clock()
             placed = wait_begin(t0, ident, counts)  # a pending step opens here (main thread)
             if on_main and driver.ranges is not None:

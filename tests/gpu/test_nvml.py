@@ -86,6 +86,25 @@ def test_gpus_are_the_cuda_devices_by_pci_bus_id_with_exact_values(tmp_path, mon
     assert "cuInit" not in lib.calls
 
 
+def test_gpm_metrics_are_stamped_at_the_start_of_their_interval(tmp_path, monkeypatch):
+    """GPM metrics are rates between two GPM samples: the value of rounds 1-2 is stamped at
+    round 1 (a counter holds from its timestamp to the next one, in the UI and the device
+    table's time-weighted mean), NVML's instant readings at their own round."""
+    nv = FakePynvml(gpus(), unsupported={10})
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    path = tmp_path / "g.pftrace"
+    two_rounds(path, libcuda=FakeLibcuda([BUS[2]]))
+    tr = decode(path)
+    ts: dict[str, list[int]] = {}
+    for e in tr.events:
+        if e.type == TYPE_COUNTER:
+            ts.setdefault(tr.track_name(e.track), []).append(e.ts)
+    rounds = ts["nvml.gpu0.utilization.gpu %"]
+    assert len(rounds) == 2 and rounds[0] < rounds[1]
+    assert ts["gpm.gpu0.sm_util %"] == [rounds[0]]
+
+
 def test_cupy_bus_ids_are_used_where_cupy_is_imported(tmp_path, monkeypatch):
     nv = FakePynvml(gpus())
     cuda = FakeMultiCuda(bus_ids=[BUS[3].lower()])

@@ -20,16 +20,20 @@ def test_values_are_sane_under_known_load():
         time.sleep(0)
     cost = sampler.stop()
     measured = 100 * (time.process_time() - c0) / (time.perf_counter() - t0)
-    assert len(got) >= 3
-    ts = [t for t, _ in got]
-    assert ts == sorted(ts)
+    # each sample: the values over its interval, stamped at the interval's start, then the
+    # instantaneous ones, at its end (the next interval's start)
+    rates, instants = got[0::2], got[1::2]
+    assert len(rates) == len(instants) >= 3
+    assert all(set(v) == {S.HOST_PROCESS_RSS, S.HOST_MEMORY_USED} for _, v in instants)
+    for (t0, _), (t1, _), nxt in zip(rates, instants, rates[1:] + [None], strict=True):
+        assert t0 < t1 and (nxt is None or nxt[0] == t1)
     # process CPU: the samples' time-weighted mean matches the CPU time measured around them
     # (full 0.1 s intervals; the last one, cut by stop(), is left out)
-    full = [v[S.HOST_PROCESS_CPU] for _, v in got[:-1]]
+    full = [v[S.HOST_PROCESS_CPU] for _, v in rates[:-1]]
     mean = sum(full) / len(full)
     assert abs(mean - measured) < 20.0, (mean, measured)
-    busy = got[len(got) // 2][1]
-    for _, v in got:
+    busy = {**rates[len(rates) // 2][1], **instants[len(rates) // 2][1]}
+    for _, v in rates:
         cpu = [v.get(k, 0.0) for k in (S.HOST_CPU_USER, S.HOST_CPU_SYSTEM, S.HOST_CPU_IDLE,
                                         S.HOST_CPU_IOWAIT, S.HOST_CPU_STEAL)]
         assert all(0.0 <= x <= 100.0 for x in cpu)
@@ -40,7 +44,7 @@ def test_values_are_sane_under_known_load():
     assert 0.0 <= busy[S.HOST_SAMPLER_CPU] < 50.0
     for name in busy:
         assert name.startswith(S.COUNTER_HOST_PREFIX) and name in UNITS
-    assert cost.samples == len(got) + 1 and cost.cpu_ns > 0 and cost.elapsed_ns > 0
+    assert cost.samples == len(rates) + 1 and cost.cpu_ns > 0 and cost.elapsed_ns > 0
     assert "samples" in cost.format()
 
 

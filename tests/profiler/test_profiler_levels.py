@@ -107,6 +107,7 @@ def test_summary_only_and_no_schedule(tmp_path):
 def test_host_counters_present_and_sane(tmp_path):
     prof = Profiler(tmp_path, schedule=None, run_id="r", sample_interval_s=0.05, report=False)
     c0, t0 = time.process_time(), time.perf_counter()
+    t_start = time.perf_counter_ns()
     prof.start()
     t_end = time.perf_counter() + 0.35
     while time.perf_counter() < t_end:
@@ -126,18 +127,22 @@ def test_host_counters_present_and_sane(tmp_path):
     cpu = [v for _, v in c[S.HOST_PROCESS_CPU]]
     assert abs(sum(cpu) / len(cpu) - measured) < 25.0, (cpu, measured)  # the busy loop
     assert min(v for _, v in c[S.HOST_PROCESS_RSS]) > 10 << 20
-    # counters are on tracks under the rank's process, inside the run: from its first step to
-    # stop(), where the last sample is taken. The last step may end long before that: in a
-    # full-suite run, ~250 ms once passed between the loop's last step() and stop(), the
-    # sampler silent too; the step then open had no work, so it is in no file.
+    # counters are on tracks under the rank's process, inside the run: from the sampler's
+    # first reading in start() (the first rate over an interval is stamped at its start, a
+    # little before the first step begins, at start()'s end) to stop(), where the last sample
+    # is taken. The last step may end long before that: in a full-suite run, ~250 ms once
+    # passed between the loop's last step() and stop(), the sampler silent too; the step then
+    # open had no work, so it is in no file.
     pid = next(iter(d.processes))
     steps = d.by_category(S.CAT_STEP)
     assert len(steps) == prof.timer.steps  # every step of the loop is in the file
     for name, samples in c.items():
         track = next(t for t in d.tracks.values() if t.name == name)
         assert d.track_pid(track.uuid) == pid
-        lo, hi = steps[0].ts, t_stopped
+        lo, hi = t_start, t_stopped
         assert all(lo <= ts <= hi for ts, _ in samples), (name, lo, hi, [ts for ts, _ in samples])
+        if name in (S.HOST_PROCESS_RSS, S.HOST_MEMORY_USED):  # (read at a time: not before)
+            assert samples[0][0] > steps[0].ts
     assert prof.sampler_cost.samples >= 4
 
 

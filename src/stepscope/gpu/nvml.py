@@ -202,6 +202,7 @@ class NvmlSampler:
         self._handles: list[tuple[int, Any]] = []
         self._gpm_ok: dict[int, bool] = {}
         self._prev: dict[int, Any] = {}
+        self._gpm_ts: dict[int, int] = {}  # the time of each GPU's last GPM sample
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.samples = 0  # sampling rounds done
@@ -269,6 +270,7 @@ class NvmlSampler:
                 except Exception:
                     pass
             self._prev.clear()
+            self._gpm_ts.clear()
             _shutdown(self._nvml)
             self._nvml = None
 
@@ -307,9 +309,13 @@ class NvmlSampler:
                     sample[key] = fn()
                 except Exception:
                     pass
+            if self._gpm_ok.get(i):  # over the interval since the last GPM sample: stamped
+                # at its start (a counter holds from its timestamp to the next one)
+                gpm, start = self._gpm_sample(i, h), self._gpm_ts.get(i)
+                self._gpm_ts[i] = ts
+                if start is not None:
+                    self._writer.write(start, gpm_counters(gpm, i))
             self._writer.write(ts, sample_counters(sample, i))
-            if self._gpm_ok.get(i):
-                self._writer.write(ts, gpm_counters(self._gpm_sample(i, h), i))
         self._writer.write(time.perf_counter_ns(), self._pool_counters())
         self.samples += 1
 

@@ -774,6 +774,26 @@ def test_device_mean_stops_every_sample_at_the_end_of_the_run():
     assert (row["samples"], row["min"], row["max"]) == (4, 7.0, 20.0)
 
 
+def test_device_mean_starts_every_sample_at_the_start_of_the_run():
+    """A sample before the run's start holds from the start on, until its next sample: host
+    rates are stamped at the start of their interval, the first at the sampler's first
+    reading, before the first step (under ``stepscope run``, at interpreter start).
+
+    Steps [2000,5000). cpu 50 at 0 holds nothing (its next sample, at 1000, is before the
+    start too), 10 at 1000 holds [2000,3000), 20 at 3000 holds [3000,5000):
+    (10*1000 + 20*2000) / 3000. Before, 50 held 1000 ns and 10 held 2000."""
+    db = TraceDB()
+    up = db.process(100, "rank 0 (h)")
+    main = db.thread(up, 101, "main")
+    db.slice(main, 2000, 3000, "step 0", "step", {"step": 0})
+    cpu = db.counter_track("host.process.cpu %", db.process_track(up))
+    for ts, v in ((0, 50.0), (1000, 10.0), (3000, 20.0)):
+        db.counter(cpu, ts, v)
+    row = by(S.table(db, "device").rows, "name")["host.process.cpu %"]
+    assert row["mean"] == pytest.approx((10 * 1000 + 20 * 2000) / 3000)
+    assert (row["samples"], row["min"], row["max"]) == (3, 10.0, 50.0)
+
+
 def test_every_sql_file_states_its_algorithm_in_a_header():
     """As Perfetto's stdlib documents each table: every SQL file opens with a comment block
     (at least three lines) saying what it computes, and each summary table's file opens with

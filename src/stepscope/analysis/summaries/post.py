@@ -101,7 +101,8 @@ def _device(rows: list[dict], **_: Any) -> tuple[list[dict], list[str]]:
     out = [{**r, "unit": counter_unit(r.get("name") or "")} for r in rows]
     note = ("Mean (time-weighted): each sample holds until the next one of its counter, the "
             "last until the end of its rank's run (its last step's end; its last slice's without "
-            "steps); a sample after that end holds nothing")
+            "steps), none before its start; a sample after that end holds nothing (a rate over "
+            "an interval is stamped at the interval's start)")
     return out, [note] if any(r.get("samples") is not None for r in rows) else []
 
 

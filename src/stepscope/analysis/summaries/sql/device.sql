@@ -7,9 +7,12 @@
 --                   (the last one always), until the end of the rank's run (the end of its
 --                   frame, ss_frame: its last step, or last slice for a process without steps;
 --                   with a step range set, the end of the selected steps), or nowhere if it
---                   comes later:
+--                   comes later; and from the start of the run on (a sample before it holds
+--                   from the run's start until the next sample, if that comes later):
 --                   sum(value_i * hold_i) / sum(hold_i); with no hold at all (one sample at
---                   the run's end, or all at one instant) the plain mean. With a step range
+--                   the run's end, or all at one instant) the plain mean. (A rate over an
+--                   interval is stamped at the interval's start, see host_metrics.py, so that
+--                   it holds over the interval it measured.) With a step range
 --                   set, only samples inside the rank's window are used. A counter of no
 --                   process runs to the latest frame end. Values are in the counter's own unit
 --                   (the name says it, e.g. "host.cpu.user %").
@@ -22,11 +25,12 @@
 --                   engines list them alike.
 {{base}},
 dv_end AS (
-  SELECT upid, MAX(end_ts) AS end_ts FROM ss_frame GROUP BY upid
+  SELECT upid, MIN(ts) AS start_ts, MAX(end_ts) AS end_ts FROM ss_frame GROUP BY upid
 ),
 dv_ctr AS (
   SELECT s.track_id, s.ts, s.value, ti.rank, ti.track_name AS name,
          LEAD(s.ts) OVER (PARTITION BY s.track_id ORDER BY s.ts, s.id) AS next_ts,
+         COALESCE(e.start_ts, (SELECT MIN(start_ts) FROM dv_end)) AS run_start,
          COALESCE(e.end_ts, (SELECT MAX(end_ts) FROM dv_end)) AS run_end
   FROM counter s JOIN ss_track_sel ti ON ti.track_id = s.track_id
   LEFT JOIN dv_end e ON e.upid = ti.upid
@@ -34,8 +38,7 @@ dv_ctr AS (
 ),
 dv_hold AS (
   SELECT track_id, rank, name, value,
-         CASE WHEN ts >= run_end THEN 0
-              ELSE MIN(COALESCE(next_ts, run_end), run_end) - ts END AS hold
+         MAX(0, MIN(COALESCE(next_ts, run_end), run_end) - MAX(ts, run_start)) AS hold
   FROM dv_ctr
 ),
 dv_counters AS (

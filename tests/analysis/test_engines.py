@@ -60,6 +60,34 @@ def test_embedded_engine_reads_the_writer_trace(written):
         assert len(procs) == 1 and procs[0]["name"].startswith("rank 0 (")
 
 
+def test_a_threads_steps_are_its_own_in_thread_track_as_trace_processor_has_them(tmp_path):
+    """The profiler's steps are on a track of their own under the thread's: trace processor
+    lists it in thread_track with the thread's utid, so a query that joins slice,
+    thread_track and thread finds the steps under the thread. The embedded engine listed it
+    in process_track only: that query found no step. (Asked of trace processor too with
+    STEPSCOPE_TRACE_PROCESSOR.)"""
+    prof = stepscope.Profiler(dir=tmp_path, run_id="r", schedule=None, host_metrics=False,
+                              report=False, use_env=False)
+    with prof:
+        for _ in prof.dataloader(range(3)):
+            with prof.phase("Forward"):
+                pass
+            prof.step()
+    path = str(tmp_path / "r" / "rank0.summary.pftrace")
+    sql = ("SELECT t.name AS thread, COUNT(*) AS n FROM slice s JOIN thread_track tt "
+           "ON tt.id = s.track_id JOIN thread t USING (utid) WHERE s.category = 'step' "
+           "GROUP BY 1")
+    engines = [("embedded", None)]
+    if os.environ.get(eng.ENV_BIN):
+        engines.append(("trace_processor", os.environ[eng.ENV_BIN]))
+    for engine, binary in engines:
+        with analysis.open(path, engine=engine, trace_processor_bin=binary) as db:
+            assert [tuple(r.values()) for r in db.query(sql)] == [("MainThread", 3)], engine
+            steps = db.query("SELECT COUNT(*) AS n FROM process_track pt JOIN track t "
+                             "ON t.id = pt.id WHERE t.name = 'steps'")
+            assert steps[0]["n"] == 0, engine
+
+
 def test_query_df_and_errors(written):
     pd = pytest.importorskip("pandas")
     db = analysis.open(written, engine="embedded")

@@ -423,11 +423,15 @@ def _build_processes(tracks: list[Track]):
     for t in tracks:
         if t.kind == "process":
             track_upid[t.id] = procs[t.pid][0]
-        elif t.kind == "track":  # custom tracks under a process belong to it
+        elif t.kind == "track":  # custom tracks under a thread are its (trace processor's
+            # thread_merged_track_event: a thread's steps track), else under a process, its
             p, seen = t, set()
             while p is not None and p.parent_uuid is not None and p.uuid not in seen:
                 seen.add(p.uuid)
                 p = by_uuid.get(p.parent_uuid)
+                if p is not None and p.kind == "thread":
+                    track_utid[t.id] = threads[(p.pid, p.tid)][0]
+                    break
                 if p is not None and p.kind == "process":
                     track_upid[t.id] = procs[p.pid][0]
                     break

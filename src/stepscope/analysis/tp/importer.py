@@ -411,7 +411,7 @@ def _write_tracks(conn: sqlite3.Connection, t: Tables) -> None:
             "INSERT INTO track(id, name, type, classification, parent_id) VALUES (?,?,?,?,?)",
             (tr.id, name, kind, kind, pid),
         )
-        if tr.kind == "thread":
+        if tr.id in t.track_utid:  # (a thread's track, or a track of its own under it)
             conn.execute("INSERT INTO thread_track VALUES (?,?,?,?,?)",
                          (tr.id, name, kind, pid, t.track_utid[tr.id]))
         elif tr.id in t.track_upid:

@@ -141,6 +141,38 @@ def test_the_step_end_probe_follows_is_initialized(tmp_path):
     assert r.stdout.split("\n")[-2] == "[(False, False), (True, True), (False, False)]"
 
 
+def test_the_report_names_the_build_where_collectives_end_at_python_callbacks(tmp_path):
+    """Without the native module a collective's end is a Python done callback, late by the
+    GIL (a DDP run's all-reduces ended up to 20 ms after the step that waited for them, the
+    window work holding the GIL): the report says so once, with the command that builds the
+    module; nothing where no collective ran."""
+    script = tmp_path / "c.py"
+    script.write_text(textwrap.dedent("""
+        import sys, torch, torch.distributed as dist, stepscope
+        from stepscope.pytorch import collectives
+        collectives.USE_STAMPS = False
+        with stepscope.Profiler(dir=sys.argv[1], run_id="r", schedule=None, use_env=False,
+                                host_metrics=False, torch=True) as prof:
+            if sys.argv[2] == "collectives":
+                dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}/store",
+                                        rank=0, world_size=1)
+            for _ in range(2):
+                if sys.argv[2] == "collectives":
+                    dist.all_reduce(torch.ones(4))
+                prof.step()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    """))
+    hint = ("collectives ended at Python done callbacks, which wait for the GIL (late by up "
+            "to tens of ms while the program's Python holds it; stamped in C++ with it): "
+            "`stepscope build-torch` compiles the native module")
+    for ops, count in (("collectives", 1), ("none", 0)):
+        r = subprocess.run([sys.executable, str(script), str(tmp_path / ops), ops],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert r.stderr.count(hint) == count, r.stderr[-3000:]
+
+
 def test_every_op_name_of_the_hooks_is_named_as_its_op():
     """The hooks name one op by the C++ entry that issued it on torch 2.15
     (``all_gather_into_tensor`` is ``ALLGATHER_BASE`` there, ``ALLGATHER`` on 2.14): every name

@@ -137,7 +137,7 @@ def test_a_window_read_natively_is_the_window_read_in_python(reader, tmp_path, m
 def test_the_report_names_the_build_only_where_windows_read_through_python(
         reader, tmp_path, monkeypatch, capfd):
     work = _model()
-    hint = "`stepscope build-torch` compiles the native reader"
+    hint = "torch's operator events were read through its Python API"
     _window(tmp_path / "native", work, report=True)
     err = capfd.readouterr().err
     assert "steps" in err and hint not in err  # the report, without the hint

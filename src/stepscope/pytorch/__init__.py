@@ -206,13 +206,22 @@ class TorchIntegration:
                 _call(part.stop)
 
     def stopped(self) -> None:
-        if self.ops is None:
+        if self.ops is not None:
+            _call(self.ops.wait)
+        if not self.prof.options.get("report"):
             return
-        _call(self.ops.wait)
-        if self.ops.last_reader == "python" and self.prof.options.get("report"):
-            print("stepscope: torch's operator events were read through its Python API; "
-                  "`stepscope build-torch` compiles the native reader (cheaper detail windows)",
-                  file=sys.stderr)
+        slow = []
+        if self.ops is not None and self.ops.last_reader == "python":
+            slow.append("torch's operator events were read through its Python API (cheaper "
+                        "detail windows with it)")
+        c = self.collectives
+        if c is not None and c.count and getattr(c, "_stamps", None) is None:
+            slow.append("collectives ended at Python done callbacks, which wait for the GIL "
+                        "(late by up to tens of ms while the program's Python holds it; "
+                        "stamped in C++ with it)")
+        if slow:
+            print(f"stepscope: {'; '.join(slow)}: `stepscope build-torch` compiles the native "
+                  "module", file=sys.stderr)
 
 
 def _dist_world(torch: Any) -> Any:

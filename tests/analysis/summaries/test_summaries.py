@@ -355,8 +355,37 @@ def test_distributed_and_stragglers(db):
     # median of 1000 and 1500 is 1250: rank 1 is 20% slower
     assert rows[1]["straggler"] and not rows[0]["straggler"]
     assert rows[1]["vs_median"] == pytest.approx(0.2)
+    # work, the mean step outside communication: (2000 - 200) / 2 = 900 and
+    # (3000 - 600) / 2 = 1200, median 1050
+    assert rows[1]["work_vs_median"] == pytest.approx(1200 / 1050 - 1)
+    assert rows[0]["work_vs_median"] == pytest.approx(900 / 1050 - 1)
     assert not any(r["straggler"] for r in S.table(db, "distributed", straggler_margin=0.25).rows)
     assert "stragglers" in t.notes[0] and t.notes[0].endswith(": 1")
+
+
+def test_a_straggler_whose_steps_the_others_wait_out_is_flagged_by_its_work():
+    """Synchronous training: the others wait for the slow rank in their collectives, so every
+    rank's steps last alike (vs median 0) and the step time flagged no one. Its work (the
+    mean step outside communication) is the longer: rank 0 waits 800 of its two 1000 ns
+    steps, rank 1 200: work 600 and 900, median 750, rank 1 +20 %, rank 0 -20 %."""
+    t = TraceDB()
+    for rank, waits in ((0, (400, 400)), (1, (100, 100))):
+        up = t.process(10 + rank, f"rank {rank} (h)")
+        main = t.thread(up, 100 + rank, "main")
+        lane = t.track("collectives", t.process_track(up))
+        for k, w in enumerate(waits):
+            t.slice(main, 1000 * k, 1000, f"step {k}", "step", {"step": k})
+            t.slice(lane, 1000 * k + 1000 - w, w, "allreduce", "collective",
+                    {"op": "allreduce", "bytes": 64})
+    table = S.table(t, "distributed")
+    rows = by(table.rows, "rank")
+    assert [(rows[r]["avg_step_ns"], rows[r]["communication_ns"], rows[r]["vs_median"])
+            for r in (0, 1)] == [(1000, 800, 0.0), (1000, 200, 0.0)]
+    assert rows[1]["work_vs_median"] == pytest.approx(0.2)
+    assert rows[0]["work_vs_median"] == pytest.approx(-0.2)
+    assert [rows[r]["straggler"] for r in (0, 1)] == [False, True]
+    assert table.notes[0] == ("stragglers (mean step, or its work outside communication, > "
+                              "median by more than 10%): 1")
 
 
 def test_distributed_of_ranks_without_device_time():

@@ -254,6 +254,7 @@ _SPECS: dict[str, _Spec] = {
             C("overlap_ns", "Overlap", TIME),
             C("other_ns", "Other", TIME),
             C("vs_median", "vs Median", RATIO),
+            C("work_vs_median", "Work vs Median", RATIO),
             C("straggler", "Straggler", BOOL),
         ),
     ),
@@ -302,8 +303,9 @@ def table(
     """Compute one summary table (``name`` in :data:`TABLES`).
 
     ``by_thread`` splits the operators table per rank and thread (else threads are merged).
-    ``straggler_margin``: a rank is a straggler when its mean step time exceeds the median of the
-    ranks' mean step times by more than this fraction.
+    ``straggler_margin``: a rank is a straggler when its mean step time, or its mean step's
+    work (time outside communication), exceeds the median of the ranks' by more than this
+    fraction.
     """
     check_name(name)
     filters = Filters.make(threads, ranks, steps)

@@ -127,6 +127,62 @@ def test_a_signal_to_stepscope_run_reaches_the_program_which_finishes_its_trace(
                                                           for k in range(1, len(steps) + 1)]
 
 
+COUNTS_SIGINT = """
+import os, signal, sys, time
+got = []
+signal.signal(signal.SIGINT, lambda *a: got.append(1))
+print("READY", flush=True)
+deadline = time.monotonic() + 2.0
+while time.monotonic() < deadline and not got:
+    time.sleep(0.01)
+time.sleep(0.3)  # (a second SIGINT, passed on by stepscope run, would come meanwhile)
+print("SIGINTS", len(got), flush=True)
+"""
+
+
+def test_a_ctrl_c_at_a_terminal_reaches_the_program_once(tmp_path):
+    """A Ctrl-C at a terminal goes to its foreground process group: ``stepscope run`` and the
+    program both get it. ``stepscope run`` does not pass it on (the program would get two,
+    the second cutting its clean-up short): here, under a pseudo-terminal made the controlling
+    terminal of a new session, the program counts one."""
+    import fcntl
+    import pty
+    import termios
+
+    (tmp_path / "p.py").write_text(COUNTS_SIGINT)
+    master, slave = pty.openpty()
+
+    def controlling_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepscope.cli", "run", "--dir", str(tmp_path / "out"),
+         "--no-report", "--no-host-metrics", "--", sys.executable, "p.py"],
+        stdin=slave, stdout=slave, stderr=slave, env=_env(), cwd=tmp_path,
+        preexec_fn=controlling_terminal)
+    os.close(slave)
+    out = b""
+    try:
+        while b"READY" not in out:
+            out += os.read(master, 4096)
+        os.killpg(proc.pid, signal.SIGINT)  # as the terminal does for Ctrl-C
+        assert proc.wait(timeout=60) == 0
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # (the other end closed)
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        proc.kill()
+        os.close(master)
+    assert b"SIGINTS 1" in out, out
+
+
 def test_a_program_a_signal_killed_exits_as_a_shell_says(tmp_path):
     """SIGKILL (nothing can be finished): 137, as a shell gives it, not Python's -9 passed to
     sys.exit (247)."""

@@ -82,10 +82,11 @@ def run(command: Sequence[str], opts: Mapping[str, Any] | None = None) -> int:
     """Run ``command`` under the profiler; returns its exit status, as a shell gives it (128 +
     the signal's number for a program a signal ended).
 
-    A signal meant for the program reaches it: SIGTERM and SIGHUP sent to ``stepscope run`` (a
-    job scheduler's or a container's stop signals the top process only) are passed on, and so
-    is SIGINT, unless a terminal sent it to its foreground process group, the program included
-    (passed on too, a second one would cut the program's own clean-up short). The program
+    A signal meant for the program reaches it: SIGTERM sent to ``stepscope run`` (a job
+    scheduler's or a container's stop signals the top process only) is passed on, and so are
+    SIGINT and SIGHUP, unless a terminal sent them to its foreground process group, the
+    program included (Ctrl-C, a hang-up: passed on too, a second one would cut the program's
+    own clean-up short). The program
     then finishes its trace, and ``stepscope run`` waits for it: never a program left running,
     or killed while it writes (``subprocess.run`` kills its child a quarter second after a
     KeyboardInterrupt)."""
@@ -109,14 +110,14 @@ def run(command: Sequence[str], opts: Mapping[str, Any] | None = None) -> int:
 
 
 def _pass_signals_on(proc: subprocess.Popen) -> Any:
-    """Handlers that pass SIGTERM, SIGHUP and (see ``run``) SIGINT on to ``proc``, installed
+    """Handlers that pass SIGTERM and (see ``run``) SIGINT and SIGHUP on to ``proc``, installed
     once it runs (a handler's disposition would not survive its exec, but an ignored signal's
     would); returns what puts the earlier ones back."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
     def pass_on(signum: int, frame: Any) -> None:
-        if signum == signal.SIGINT and _terminal_sent_it():
+        if signum != signal.SIGTERM and _terminal_sent_it():
             return
         with contextlib.suppress(OSError):
             proc.send_signal(signum)
@@ -138,7 +139,8 @@ def _pass_signals_on(proc: subprocess.Popen) -> Any:
 
 def _terminal_sent_it() -> bool:
     """True where this process group is the foreground one of a controlling terminal: a
-    SIGINT it got (Ctrl-C) went to the whole group, the program included."""
+    SIGINT or SIGHUP it got (Ctrl-C, a hang-up) went to the whole group, the program
+    included."""
     for stream in (sys.stdin, sys.stdout, sys.stderr):
         try:
             fd = stream.fileno()

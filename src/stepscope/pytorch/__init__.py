@@ -215,7 +215,7 @@ class TorchIntegration:
             slow.append("torch's operator events were read through its Python API (cheaper "
                         "detail windows with it)")
         c = self.collectives
-        if c is not None and c.count and getattr(c, "_stamps", None) is None:
+        if c is not None and c.count and not c.stamped_natively:
             slow.append("collectives ended at Python done callbacks, which wait for the GIL "
                         "(late by up to tens of ms while the program's Python holds it; "
                         "stamped in C++ with it)")

@@ -232,6 +232,11 @@ class CollectiveTracer:
         self.count = 0  # ops written
         self.failures = 0
 
+    @property
+    def stamped_natively(self) -> bool:
+        """Whether ends are stamped by the native module (else Python done callbacks)."""
+        return self._stamps is not None
+
     # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
         import torch.distributed as dist

@@ -164,10 +164,12 @@ def test_a_validation_pass_lies_between_the_steps(tmp_path, grad):
     assert [st["name"] for st in steps] == [f"step {k}" for k in range(12)]
     assert [tq.args(d, st["arg_set_id"])["epoch"] for st in steps] == ["0"] * 4 + [
         "1"] * 4 + ["2"] * 4
+    waits = tq.slices(d, "s.category = 'dataloader'")
     for st in steps:
         for a, b in passes:
-            assert st["ts"] + st["dur"] <= a or st["ts"] >= b
-    names = [w["name"] for w in tq.slices(d, "s.category = 'dataloader'")]
+            assert st["ts"] + st["dur"] <= a or st["ts"] >= b, (
+                st, a, b, [(s["name"], s["ts"], s["dur"]) for s in steps + waits])
+    names = [w["name"] for w in waits]
     first = 5 if grad == "grad on" else 0  # (the first pass with gradients on: next waits)
     assert names.count("dataloader.next") == 12 + first
     assert names.count("dataloader.eval") == 15 - first

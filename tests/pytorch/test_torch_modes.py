@@ -71,13 +71,15 @@ ENDS_AFTER_3 = textwrap.dedent("""
     from torch.utils.data import DataLoader
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for i, x in enumerate(DataLoader(torch.randn(40, 8), batch_size=4)):
+    no_loader = sys.argv[1].endswith("no loader")
+    data = torch.randn(10, 4, 8) if no_loader else DataLoader(torch.randn(40, 8), batch_size=4)
+    for i, x in enumerate(data):
         model(x).sum().backward()
         opt.step()
         opt.zero_grad()
         if i == 2:
             print("END", time.perf_counter_ns(), flush=True)
-            if sys.argv[1] == "exception":
+            if sys.argv[1].startswith("exception"):
                 raise RuntimeError("boom")
             if sys.argv[1] == "SIGINT":
                 os.kill(os.getpid(), 2)
@@ -87,13 +89,15 @@ ENDS_AFTER_3 = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("end", ["break", "exception", "SIGINT"])
+@pytest.mark.parametrize("end", ["break", "exception", "SIGINT", "exception, no loader"])
 def test_a_program_that_fails_after_its_optimizer_step_has_no_step_more(tmp_path, end):
     """A zero-code run that ends by an exception, or a real SIGINT, right after its 3rd
     optimizer step: 3 steps, as when the loop breaks there. The boundary after that optimizer
     step (at the next batch wait, which never comes) is made at stop(), and the step it opens
-    holds nothing. Before, a 4th step of a few hundred µs was kept as "the step that failed"
-    (the open step is kept on an exception), counted by the timer and the tables."""
+    holds nothing; without a DataLoader it was made as torch's Optimizer.step# range ended,
+    and the step it opened has had no forward since (autograd's sequence number unchanged).
+    Before, a 4th step of a few hundred µs was kept as "the step that failed" (the open step
+    is kept on an exception), counted by the timer and the tables."""
     (tmp_path / "train.py").write_text(ENDS_AFTER_3)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), STEPSCOPE_OPTIONS=json.dumps(
         {"dir": str(tmp_path / "out"), "run_id": "z", "report": False, "host_metrics": False,
@@ -101,14 +105,16 @@ def test_a_program_that_fails_after_its_optimizer_step_has_no_step_more(tmp_path
     out = subprocess.run([sys.executable, "-m", "stepscope.profiler.boot", "train.py", end],
                          env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    assert out.returncode == {"break": 0, "exception": 1, "SIGINT": 130}[end], out.stderr
+    assert out.returncode == {"break": 0, "SIGINT": 130}.get(end, 1), out.stderr
     t_end = int(out.stdout.split("END")[1])
     d = tq.db(tmp_path / "out" / "z" / "rank0.summary.pftrace")
     steps = tq.slices(d, "s.category = 'step'")
     assert [st["name"] for st in steps] == ["step 0", "step 1", "step 2"]
-    assert steps[2]["ts"] + steps[2]["dur"] >= t_end  # the last one ends as the program does
     waits = tq.slices(d, "s.name = 'dataloader.next'")
-    assert len(waits) == 3
+    if end.endswith("no loader"):  # the last one ends as its optimizer step does
+        assert not waits and steps[2]["ts"] + steps[2]["dur"] < t_end
+    else:  # ... or as the program does, the boundary waiting for a batch wait
+        assert len(waits) == 3 and steps[2]["ts"] + steps[2]["dur"] >= t_end
 
 
 VALIDATION = textwrap.dedent("""
@@ -179,6 +185,163 @@ def test_a_validation_pass_lies_between_the_steps(tmp_path, grad):
     model = summaries.table(d, "model").rows
     assert [(r["phase"], r["calls"]) for r in model] == [("Dataloader", 12 + first),
                                                         ("Others", 12)]
+
+
+def _zero_code(tmp_path, loop) -> tuple[Any, list[dict], list[int], list[int]]:
+    """Run ``loop(marks)`` under a zero-code profiler (schedule None); returns the trace, its
+    steps and their epochs. ``marks`` collects the loop's own clock readings."""
+    prof = stepscope.Profiler(dir=tmp_path, run_id="r", schedule=None, step_on="optimizer",
+                              host_metrics=False, report=False, use_env=False, torch=True)
+    marks: list[int] = []
+    with prof:
+        loop(marks)
+    d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
+    steps = tq.slices(d, "s.category = 'step'")
+    return d, steps, [int(tq.args(d, st["arg_set_id"])["epoch"]) for st in steps], marks
+
+
+def _model_and_opt():
+    model = torch.nn.Linear(8, 1)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def test_a_validation_loader_leaves_a_loop_without_a_loader_one_step_per_iteration(tmp_path):
+    """Training on tensors sliced by hand (no DataLoader), a no_grad validation DataLoader
+    every 3 iterations: 9 steps, one per optimizer step, none holding a validation. Before,
+    the validation's waits said "a loop with a DataLoader", and from then on each boundary
+    waited for a batch wait that only the next validation brought: 3 iterations a step."""
+    model, opt = _model_and_opt()
+    val = torch.utils.data.DataLoader(torch.randn(8, 8), batch_size=4)
+    data = torch.randn(9, 4, 8)
+
+    def loop(marks):
+        for i in range(9):
+            model(data[i]).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if i % 3 == 2:
+                a = time.perf_counter_ns()
+                with torch.no_grad():
+                    for x in val:
+                        model(x)
+                marks += [a, time.perf_counter_ns()]
+
+    d, steps, epochs, marks = _zero_code(tmp_path, loop)
+    got = _in_steps(d, "record_function")
+    assert [[r["name"].split("#")[0] for r in inner if "zero_grad" not in r["name"]]
+            for _, inner in got] == [["Optimizer.step"]] * 9
+    for st in steps:
+        for a, b in zip(marks[0::2], marks[1::2], strict=True):
+            assert st["ts"] + st["dur"] <= a or st["ts"] >= b
+
+
+@pytest.mark.parametrize("grad", ["off around the loop", "off around each forward"])
+def test_a_validation_in_the_middle_of_an_epoch_starts_no_epoch(tmp_path, grad):
+    """Validation every 3 of an epoch's 6 batches, gradients off around the loop or only
+    around each forward (learnt from its first pass's end): 2 epochs of 6 steps, epochs 0
+    and 1. Before, a pass with gradients on ended an epoch as it ran out: epochs 0, 1, 2."""
+    model, opt = _model_and_opt()
+    train = torch.utils.data.DataLoader(torch.randn(24, 8), batch_size=4)
+    val = torch.utils.data.DataLoader(torch.randn(8, 8), batch_size=4)
+
+    def validate():
+        if grad == "off around the loop":
+            with torch.no_grad():
+                for x in val:
+                    model(x)
+        else:
+            for x in val:
+                with torch.no_grad():
+                    model(x)
+
+    def loop(marks):
+        for _ in range(2):
+            for i, x in enumerate(train):
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+                if i % 3 == 2:
+                    validate()
+
+    _, steps, epochs, _ = _zero_code(tmp_path, loop)
+    assert epochs == [0] * 6 + [1] * 6
+
+
+def test_a_range_around_each_epoch_leaves_the_epochs_counted(tmp_path):
+    """record_function around each epoch's loop over a DataLoader: the range's begin opens
+    the epoch's first step before its first batch wait, which starts the epoch: that step is
+    batch 0 of epoch 1. Before, the epoch started only where that step was still pending:
+    every step read epoch 0."""
+    model, opt = _model_and_opt()
+    train = torch.utils.data.DataLoader(torch.randn(16, 8), batch_size=4)
+
+    def loop(marks):
+        for e in range(2):
+            with torch.autograd.profiler.record_function(f"epoch{e}"):
+                for x in train:
+                    model(x).sum().backward()
+                    opt.step()
+                    opt.zero_grad()
+
+    _, steps, epochs, _ = _zero_code(tmp_path, loop)
+    assert epochs == [0] * 4 + [1] * 4
+
+
+def test_a_loader_looped_over_inside_each_step_is_the_steps_own(tmp_path):
+    """A small "anchor" DataLoader looped over in full inside each training step, gradients
+    on (a regularizer's batches): its waits are the step's (dataloader.next, reader cost), its
+    end ends no epoch, and it is never taken for an evaluation pass. Before, its first pass
+    was learnt as one, which dropped the training step it ran in, and each of its ends ended
+    an epoch."""
+    model, opt = _model_and_opt()
+    train = torch.utils.data.DataLoader(torch.randn(16, 8), batch_size=4)
+    anchor = torch.utils.data.DataLoader(torch.randn(8, 8), batch_size=4)
+
+    def loop(marks):
+        for _ in range(2):
+            for x in train:
+                loss = model(x).sum()
+                for a in anchor:
+                    loss = loss + model(a).sum()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+
+    d, steps, epochs, _ = _zero_code(tmp_path, loop)
+    assert epochs == [0] * 4 + [1] * 4
+    waits = tq.slices(d, "s.category = 'dataloader'")
+    assert {w["name"] for w in waits} == {"dataloader.next", "dataloader.exhausted"}
+    for st in steps:  # its batch's wait and the anchor's 2, whole in the step
+        inside = [w for w in waits if st["ts"] <= w["ts"]
+                  and w["ts"] + w["dur"] <= st["ts"] + st["dur"]]
+        assert [w["name"] for w in inside] == ["dataloader.next"] * 3 + [
+            "dataloader.exhausted"]
+
+
+def test_a_persistent_validation_loader_is_learnt_across_its_passes(tmp_path):
+    """A validation loader with persistent workers, gradients on: iter() resets its one
+    iterator instead of making one. Its passes are passes all the same: the first, learnt at
+    its end, is dropped as a step; the later ones are evaluation passes (dataloader.eval);
+    none ends an epoch. Before, only the first pass was seen: later ones ran as training."""
+    model, opt = _model_and_opt()
+    train = torch.utils.data.DataLoader(torch.randn(8, 8), batch_size=4)
+    val = torch.utils.data.DataLoader(torch.randn(8, 8), batch_size=4, num_workers=1,
+                                      persistent_workers=True)
+
+    def loop(marks):
+        for _ in range(3):
+            for x in train:
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+            for x in val:
+                with torch.no_grad():
+                    model(x)
+
+    d, steps, epochs, _ = _zero_code(tmp_path, loop)
+    assert epochs == [0, 0, 1, 1, 2, 2]
+    names = [w["name"] for w in tq.slices(d, "s.category = 'dataloader'")]
+    assert names.count("dataloader.eval") == 4  # the 2nd and 3rd passes' 2 batches each
 
 
 def test_a_loader_learnt_as_an_evaluation_loader_that_trains_after_all(tmp_path):

@@ -39,8 +39,13 @@
   (``start(open_step=False)``). The waits use the profiler's own wait recording
   (``Profiler._wait_begin``/``_wait_end``/``_wait_exhausted``, as ``prof.dataloader``): a step
   exists once it holds work, so an exhausted loader leaves no empty step; it also ends the epoch:
-  the next epoch's first wait opens the step as batch 0 of a new epoch (so the schedule's
-  windows repeat per epoch).
+  the next epoch's first wait opens the step as batch 0 of a new epoch, or makes the step it
+  finds open (a range around the epoch opened it) that batch (so the schedule's windows repeat
+  per epoch). A step opened at a boundary and quiet since, with no forward with grad since the
+  last optimizer step, is no step at ``stop()`` (an exception right after an optimizer step).
+  Passes: see ``_new_pass`` (evaluation passes, between the steps) and ``_inner_pass`` (a
+  loop inside the step); with persistent workers, iter() resets the loader's one iterator
+  (``_reset``), which starts a pass as a new iterator does.
 * ``step_on="auto"`` (what ``stepscope run`` uses): as "optimizer", until the program calls
   ``step()`` itself; from then on only its calls make steps. A first call that comes right after
   an optimizer step (no batch wait between) marks that same boundary and is not counted again.
@@ -88,6 +93,9 @@ class StepDriver:
         self._last_opt: tuple[Any, Any, Any] | None = None
         self._followed: dict[int, Any] = {}
         self._seq: Any = None
+        # the autograd sequence number at the last optimizer step or the end of a pass between
+        # the steps: a forward with grad since says the step in progress has training work
+        self._seq_mark: Any = None
         self._epoch_ended = False
         self.ranges: Any = None  # the RangeCapture (torch's ranges nest in the steps)
         # the boundary after an optimizer step: the class's step() (under step_on="auto" the
@@ -108,6 +116,7 @@ class StepDriver:
             except ImportError:  # (a torch without it: every optimizer step ends its step)
                 seq = None
             self._seq = seq
+            self._seq_mark = seq() if seq is not None else None
             import torch
 
             self._grad_enabled = torch.is_grad_enabled
@@ -120,9 +129,15 @@ class StepDriver:
                 self._watch_forward()
 
     def stop(self) -> None:
-        if self.flush_boundary():  # the step it opens holds nothing (the program leaves): no
-            # step, even where stop() keeps an open step as the one that failed (an exception)
-            self.prof._abandon_step()  # noqa: SLF001
+        prof = self.prof
+        if self.flush_boundary() or (  # the step it opens holds nothing (the program leaves),
+                # nor does one opened at a boundary, quiet since, without a forward with grad
+                # since the last optimizer step: no step, even where stop() keeps an open step
+                # as the one that failed (an exception)
+                self.mode in ("optimizer", "auto") and not self._user_steps
+                and prof._in_step and not prof._active and self._seq is not None  # noqa: SLF001
+                and self._seq() == self._seq_mark):
+            prof._abandon_step()  # noqa: SLF001
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -137,9 +152,11 @@ class StepDriver:
 
     # -- steps --------------------------------------------------------------------------------
     def _new_epoch(self) -> None:
-        """The loader ran out: the pending step that opens next is batch 0 of a new epoch."""
+        """The loader ran out: the step that opens next is batch 0 of a new epoch, pending
+        still, or opened since (a record_function around each epoch opened it as it began: the
+        epoch counter stood still before)."""
         self._epoch_ended = False
-        if self.prof._pending and not self.prof._stopped:  # noqa: SLF001
+        if not self.prof._stopped:  # noqa: SLF001
             self.prof.epoch()
 
     def _resume(self) -> None:
@@ -190,6 +207,8 @@ class StepDriver:
         if self._evaluating:
             self._trains_after_all()
         self._auto_stepped = True
+        seq = self._seq() if self._seq is not None else None
+        self._seq_mark = seq
         # the loop's level: the fewest ranges open since the last boundary (those that span
         # the loop, a record_function around it, stay open: the boundary waits for none)
         base = rec.summary_low()
@@ -202,7 +221,6 @@ class StepDriver:
             return
         # several optimizers stepped one after another (Muon's beside AdamW's: no forward
         # between, torch's autograd sequence number unchanged) make one step (see _join_last)
-        seq = self._seq() if self._seq is not None else None
         last, self._last_opt = self._last_opt, (optimizer, seq, self.prof._step)  # noqa: SLF001
         if last is not None and seq == last[1] and seq is not None:
             if last[2] != self.prof._step:  # noqa: SLF001  (a boundary came between)
@@ -325,15 +343,30 @@ class StepDriver:
         its first wait opened (or the boundary before it) holds that pass alone, and is no
         step (where a file has its begin already, it ends here: a step of its own, not the
         first of the next epoch's); its loader's next passes are evaluation passes."""
+        if it.__dict__.get("_stepscope_inner"):
+            return  # (a loop inside the step: its end ends nothing)
+        self._seq_mark = self._seq() if self._seq is not None else None
         ref, opt_steps = it.__dict__.get("_stepscope_pass", (None, -1))
         loader = ref() if ref is not None else None
-        if opt_steps == self._opt_steps and loader is not None:
+        if opt_steps == self._opt_steps and loader is not None:  # (no epoch of training)
             self._eval_loaders.add(loader)
             prof = self.prof
             if prof._in_step and not prof._stopped:  # noqa: SLF001
                 prof._abandon_step()  # noqa: SLF001
-        self._epoch_ended = True
+        else:
+            self._epoch_ended = True
         self._watch_forward()
+
+    def _inner_pass(self) -> bool:
+        """A pass's first wait comes inside a step that has training work (a forward with grad
+        since the last optimizer step or the end of the last pass between the steps) and no
+        boundary is to be made: a loop inside the step (a regularizer's, a teacher's batches),
+        whose waits are the step's, whose end ends nothing, and which is never learnt as an
+        evaluation pass (the training step it ran in was dropped as one)."""
+        if self._seq is None or self._seq_mark is None or self.boundary_pending or (
+                self._late is not None):
+            return False
+        return self._seq() != self._seq_mark
 
     def _begin_evaluation(self, it: Any) -> None:
         """An evaluation pass's first wait: a boundary an optimizer step asked for is made
@@ -350,6 +383,7 @@ class StepDriver:
     def _end_evaluation(self) -> None:
         self._evaluating = False
         self._eval_it = None
+        self._seq_mark = self._seq() if self._seq is not None else None
         if self.prof._pending and self.mode in ("optimizer", "auto"):  # noqa: SLF001
             self._watch_forward()
 
@@ -396,14 +430,19 @@ class StepDriver:
                     driver.ranges.waiting = False
             counts = on_main  # (the wait is the step's: it opens a pending one, reader cost)
             if on_main:
-                driver.loader_seen = True
-                if "_stepscope_eval" in self.__dict__:  # an evaluation pass: in no step
+                d = self.__dict__
+                if "_stepscope_made" in d and cancel and driver._inner_pass():  # (first wait)
+                    d.pop("_stepscope_eval", None)
+                    d["_stepscope_inner"] = True
+                if "_stepscope_eval" in d:  # an evaluation pass: in no step
                     if not driver._evaluating:
                         driver._begin_evaluation(self)
                     counts = False
                 else:
                     if driver._evaluating:
                         driver._end_evaluation()
+                    if "_stepscope_inner" not in d:  # (a loop inside the step: no boundary
+                        driver.loader_seen = True  # waits for its waits)
                     driver.flush_boundary()
                     driver._auto_stepped = False
                     if driver._epoch_ended:
@@ -462,3 +501,25 @@ class StepDriver:
         __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
         self._patched.append((base, "__init__", original_init))
         base.__init__ = __init__
+
+        original_reset = base.__dict__["_reset"]
+
+        def _reset(self: Any, *args: Any, **kwargs: Any) -> None:
+            """A pass of a loader with persistent workers: iter() resets its one iterator (the
+            first pass is made by __init__): a new pass as __init__ starts one."""
+            first = kwargs.get("first_iter", args[1] if len(args) > 1 else False)
+            if first or not args or threading.get_ident() != main or prof._stopped:  # noqa: SLF001
+                return original_reset(self, *args, **kwargs)
+            made = clock()
+            original_reset(self, *args, **kwargs)
+            d = self.__dict__
+            for key in ("_stepscope_eval", "_stepscope_inner", "_stepscope_pass"):
+                d.pop(key, None)
+            d["_stepscope_made"] = made
+            if cancel and not driver._user_steps:
+                driver._new_pass(self, args[0])
+            return None
+
+        _reset.__wrapped__ = original_reset  # type: ignore[attr-defined]
+        self._patched.append((base, "_reset", original_reset))
+        base._reset = _reset

@@ -61,9 +61,11 @@ def quiet_kineto_without_a_driver() -> Callable[[], object]:
     """On a CUDA build of torch (pip's default on Linux) on a machine without an NVIDIA driver,
     Kineto logs ``ERROR: ... gpuGetDeviceCount failed with code 35`` when it starts, though
     only CPU activity is asked for; our first window would start it, so the line would be
-    ours. Kineto reads ``KINETO_LOG_LEVEL`` once, when it starts: where the program set none
-    and there is no driver, it is set (5: above ERROR) for that start, then removed; the
-    returned function removes it. Elsewhere, and after the first window, nothing changes."""
+    ours; and torch 2.14's Kineto logs a ``USDT: ... profiler_start``/``profiler_stop`` pair
+    at every start and stop, one for each window. Kineto reads ``KINETO_LOG_LEVEL`` once, when
+    it starts: where the program set none and there is no driver, it is set (6: above USDT,
+    its highest level, 5) for that start, then removed; the returned function removes it.
+    Elsewhere, and after the first window, nothing changes."""
     import torch
 
     global _kineto_started
@@ -71,7 +73,7 @@ def quiet_kineto_without_a_driver() -> Callable[[], object]:
     if (not first or "KINETO_LOG_LEVEL" in os.environ or not torch.version.cuda
             or os.path.exists(NVIDIA_DRIVER)):
         return lambda: None
-    os.environ["KINETO_LOG_LEVEL"] = "5"
+    os.environ["KINETO_LOG_LEVEL"] = "6"
     return lambda: os.environ.pop("KINETO_LOG_LEVEL", None)
 
 

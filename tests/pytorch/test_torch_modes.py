@@ -235,6 +235,23 @@ def test_a_validation_loader_leaves_a_loop_without_a_loader_one_step_per_iterati
             assert st["ts"] + st["dur"] <= a or st["ts"] >= b
 
 
+def test_one_optimizer_stepped_again_without_a_forward_makes_a_step_each_time(tmp_path):
+    """Gradients set by hand (no forward: autograd's sequence number never moves): one
+    optimizer's steps are a step each; only another optimizer's step right after one joins
+    its step. (Taken for a second optimizer, the loop made one step in all.)"""
+    w = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+
+    def loop(marks):
+        for _ in range(4):
+            with stepscope.phase("Optimization"):
+                w.grad = torch.ones(3)
+                opt.step()
+
+    _, steps, epochs, _ = _zero_code(tmp_path, loop)
+    assert [st["name"] for st in steps] == [f"step {k}" for k in range(4)]
+
+
 @pytest.mark.parametrize("grad", ["off around the loop", "off around each forward"])
 def test_a_validation_in_the_middle_of_an_epoch_starts_no_epoch(tmp_path, grad):
     """Validation every 3 of an epoch's 6 batches, gradients off around the loop or only

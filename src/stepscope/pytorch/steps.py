@@ -220,9 +220,10 @@ class StepDriver:
             rec.before_top(self._before_range, base)  # of the program around it ("Dataloader")
             return
         # several optimizers stepped one after another (Muon's beside AdamW's: no forward
-        # between, torch's autograd sequence number unchanged) make one step (see _join_last)
+        # between, torch's autograd sequence number unchanged) make one step (see _join_last);
+        # one optimizer stepped again without a forward (gradients set by hand) a step each
         last, self._last_opt = self._last_opt, (optimizer, seq, self.prof._step)  # noqa: SLF001
-        if last is not None and seq == last[1] and seq is not None:
+        if last is not None and seq == last[1] and seq is not None and last[0] is not optimizer:
             if last[2] != self.prof._step:  # noqa: SLF001  (a boundary came between)
                 self._join_last(last[0])
                 return

@@ -805,13 +805,17 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
             num_samples = _samples(num_samples)
         if epoch is not None and type(epoch) is not int:
             epoch = _epoch_number(epoch)
+        self._step_ends()
+        self._step_at(num_samples, epoch, time.perf_counter_ns())
+
+    _step_py = step  # (the C step's fallback for arguments it leaves to Python)
+
+    def _step_ends(self) -> None:
+        """What a boundary does inside the step that ends, before its clock reading."""
         if self.sync_gpu:
             _sync_gpu()  # the step's device work ends inside the step
         if self.hooks:
             self._hook("step_end")  # (CUDA memory counters: inside the step that ends)
-        self._step_at(num_samples, epoch, time.perf_counter_ns())
-
-    _step_py = step  # (the C step's fallback for arguments it leaves to Python)
 
     def _step_back(self, t: int) -> None:
         """``step()`` with the boundary at ``t``, an earlier clock reading of this step: the
@@ -820,10 +824,7 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         where the schedule's state changes (its window work lies between the steps)."""
         if not self._started or self._stopped:
             return
-        if self.sync_gpu:
-            _sync_gpu()
-        if self.hooks:
-            self._hook("step_end")
+        self._step_ends()
         now = time.perf_counter_ns()
         if self._batch + 1 >= self._stable_until or not self._in_step or not t <= now:
             t = now

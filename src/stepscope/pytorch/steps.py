@@ -64,6 +64,11 @@ from ..record import recorder as rec
 from .ranges import OPTIMIZER_STEP_PREFIX
 
 
+def _no_seq() -> None:
+    """A torch without the autograd sequence number: no forward is ever seen."""
+    return None
+
+
 class StepDriver:
     """Optimizer-step hooks and DataLoader wait recording for one profiler."""
 
@@ -81,18 +86,18 @@ class StepDriver:
         self._late: tuple[int, int] | None = None
         self.loader_seen = False
         # evaluation passes (see _new_pass): the loaders learnt as evaluation loaders, the
-        # optimizer steps so far, and whether an evaluation pass is under way
+        # optimizer steps so far, and the evaluation pass under way (a weak reference to its
+        # iterator; None: none)
         self._eval_loaders: weakref.WeakSet = weakref.WeakSet()
         self._opt_steps = 0
-        self._evaluating = False
-        self._eval_it: Any = None  # (a weak reference to the evaluation pass's iterator)
+        self._eval_it: Any = None
         self._grad_enabled: Any = None
         # without a DataLoader: (optimizer, autograd sequence number, step number) at the last
         # optimizer step, and the optimizers (by id) another's step follows with no forward
         # between
         self._last_opt: tuple[Any, Any, Any] | None = None
         self._followed: dict[int, Any] = {}
-        self._seq: Any = None
+        self._seq: Any = _no_seq  # torch's autograd sequence number of the calling thread
         # the autograd sequence number at the last optimizer step or the end of a pass between
         # the steps: a forward with grad since says the step in progress has training work
         self._seq_mark: Any = None
@@ -114,9 +119,9 @@ class StepDriver:
             try:  # the calling thread's autograd sequence number: a forward with grad adds to it
                 from torch._C._autograd import _get_sequence_nr as seq
             except ImportError:  # (a torch without it: every optimizer step ends its step)
-                seq = None
+                seq = _no_seq
             self._seq = seq
-            self._seq_mark = seq() if seq is not None else None
+            self._seq_mark = seq()
             import torch
 
             self._grad_enabled = torch.is_grad_enabled
@@ -135,8 +140,8 @@ class StepDriver:
                 # since the last optimizer step: no step, even where stop() keeps an open step
                 # as the one that failed (an exception)
                 self.mode in ("optimizer", "auto") and not self._user_steps
-                and prof._in_step and not prof._active and self._seq is not None  # noqa: SLF001
-                and self._seq() == self._seq_mark):
+                and prof._in_step and not prof._active  # noqa: SLF001
+                and self._seq_mark is not None and self._seq() == self._seq_mark):
             prof._abandon_step()  # noqa: SLF001
         for h in self._handles:
             h.remove()
@@ -204,11 +209,10 @@ class StepDriver:
         if self._user_steps or threading.get_ident() != self.prof._thread:  # noqa: SLF001
             return
         self._opt_steps += 1
-        if self._evaluating:
+        if self._eval_it is not None:
             self._trains_after_all()
         self._auto_stepped = True
-        seq = self._seq() if self._seq is not None else None
-        self._seq_mark = seq
+        seq = self._seq_mark = self._seq()
         # the loop's level: the fewest ranges open since the last boundary (those that span
         # the loop, a record_function around it, stay open: the boundary waits for none)
         base = rec.summary_low()
@@ -346,7 +350,7 @@ class StepDriver:
         first of the next epoch's); its loader's next passes are evaluation passes."""
         if it.__dict__.get("_stepscope_inner"):
             return  # (a loop inside the step: its end ends nothing)
-        self._seq_mark = self._seq() if self._seq is not None else None
+        self._seq_mark = self._seq()
         ref, opt_steps = it.__dict__.get("_stepscope_pass", (None, -1))
         loader = ref() if ref is not None else None
         if opt_steps == self._opt_steps and loader is not None:  # (no epoch of training)
@@ -364,8 +368,7 @@ class StepDriver:
         boundary is to be made: a loop inside the step (a regularizer's, a teacher's batches),
         whose waits are the step's, whose end ends nothing, and which is never learnt as an
         evaluation pass (the training step it ran in was dropped as one)."""
-        if self._seq is None or self._seq_mark is None or self.boundary_pending or (
-                self._late is not None):
+        if self._seq_mark is None or self.boundary_pending or self._late is not None:
             return False
         return self._seq() != self._seq_mark
 
@@ -373,7 +376,6 @@ class StepDriver:
         """An evaluation pass's first wait: a boundary an optimizer step asked for is made
         here, and a step that has had no work since (opened at that boundary) is no step: the
         next counted wait, phase or forward opens one. Its forwards open no step."""
-        self._evaluating = True
         self._eval_it = weakref.ref(it)
         self.flush_boundary()
         prof = self.prof
@@ -382,9 +384,8 @@ class StepDriver:
         self._drop_forward_hook()
 
     def _end_evaluation(self) -> None:
-        self._evaluating = False
         self._eval_it = None
-        self._seq_mark = self._seq() if self._seq is not None else None
+        self._seq_mark = self._seq()
         if self.prof._pending and self.mode in ("optimizer", "auto"):  # noqa: SLF001
             self._watch_forward()
 
@@ -392,7 +393,7 @@ class StepDriver:
         """An optimizer step inside an evaluation pass: the rest of the pass counts, no
         loader is known as an evaluation loader any more (to be learnt again), and a step
         opens here (the work since its last wait is in none)."""
-        it = self._eval_it() if self._eval_it is not None else None
+        it = self._eval_it()
         if it is not None:
             it.__dict__.pop("_stepscope_eval", None)
         self._eval_loaders.clear()
@@ -436,11 +437,11 @@ class StepDriver:
                     d.pop("_stepscope_eval", None)
                     d["_stepscope_inner"] = True
                 if "_stepscope_eval" in d:  # an evaluation pass: in no step
-                    if not driver._evaluating:
+                    if driver._eval_it is None:
                         driver._begin_evaluation(self)
                     counts = False
                 else:
-                    if driver._evaluating:
+                    if driver._eval_it is not None:
                         driver._end_evaluation()
                     if "_stepscope_inner" not in d:  # (a loop inside the step: no boundary
                         driver.loader_seen = True  # waits for its waits)
@@ -491,13 +492,21 @@ class StepDriver:
 
         original_init = base.__dict__["__init__"]
 
+        def start_pass(it: Any, loader: Any, made: int) -> None:
+            """A pass begins (iter() made at ``made``), on the profiler's thread: its first
+            wait starts there, and what it is (evaluation, training) is looked at."""
+            d = it.__dict__
+            for key in ("_stepscope_eval", "_stepscope_inner", "_stepscope_pass"):
+                d.pop(key, None)  # (an iterator reset for another pass: the last one's)
+            d["_stepscope_made"] = made
+            if cancel and not driver._user_steps:
+                driver._new_pass(it, loader)
+
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             made = clock()
             original_init(self, *args, **kwargs)  # (multiprocessing: starts the workers)
             if threading.get_ident() == main and not prof._stopped:  # noqa: SLF001
-                self._stepscope_made = made
-                if cancel and not driver._user_steps:
-                    driver._new_pass(self, args[0] if args else kwargs.get("loader"))
+                start_pass(self, args[0] if args else kwargs.get("loader"), made)
 
         __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
         self._patched.append((base, "__init__", original_init))
@@ -513,12 +522,7 @@ class StepDriver:
                 return original_reset(self, *args, **kwargs)
             made = clock()
             original_reset(self, *args, **kwargs)
-            d = self.__dict__
-            for key in ("_stepscope_eval", "_stepscope_inner", "_stepscope_pass"):
-                d.pop(key, None)
-            d["_stepscope_made"] = made
-            if cancel and not driver._user_steps:
-                driver._new_pass(self, args[0])
+            start_pass(self, args[0], made)
             return None
 
         _reset.__wrapped__ = original_reset  # type: ignore[attr-defined]

@@ -149,3 +149,40 @@ def test_crash_by_sigkill_leaves_loadable_traces(tmp_path):
     d = _strict_decode(tmp_path / "r" / "rank0.detail.0.pftrace")
     users = [x.name for x in d.slices if x.category == ""]
     assert len(users) >= 10 and users == [f"user {i}" for i in range(1, len(users) + 1)]
+
+
+
+TAIL = """
+import sys, time
+import stepscope
+from stepscope.profiler import Profiler
+prof = Profiler(sys.argv[1], schedule=None, run_id="r", report=False, host_metrics=False,
+                use_env=False)
+ending = sys.argv[2]
+prof.start()  # never stopped: the interpreter's exit stops it
+for i in range(4):
+    time.sleep(0.002)
+    if ending == "raise in step 3" and i == 3:
+        raise RuntimeError("boom in step 3")
+    prof.step()
+time.sleep(0.002)  # the program's tail
+if ending == "sys.exit":
+    sys.exit(0)
+"""
+
+
+def test_an_exit_without_stop_leaves_the_tail_out_of_the_steps(tmp_path):
+    """Four ``step()`` calls and no ``stop()``: the interpreter's exit (the program's end,
+    ``sys.exit``) makes four steps (before: a fifth, the tail after the last call, the run's
+    fastest, skewing the min, max and average). An uncaught exception in the fourth
+    iteration, before its ``step()``, stops the session at once: three steps, the failed one
+    (no batch, no phase in it) not written."""
+    (tmp_path / "tail.py").write_text(TAIL)
+    for ending, status, n in (("end", 0, 4), ("sys.exit", 0, 4), ("raise in step 3", 1, 3)):
+        out = tmp_path / ending.replace(" ", "_")
+        r = subprocess.run([sys.executable, str(tmp_path / "tail.py"), str(out), ending],
+                           capture_output=True, text=True, env=_env(), timeout=60)
+        assert r.returncode == status, r.stderr
+        steps = _strict_decode(out / "r" / "rank0.summary.pftrace").by_category(S.CAT_STEP)
+        assert [x.name for x in steps] == [f"step {i}" for i in range(n)], (ending, steps)
+        assert all(x.dur >= 2_000_000 for x in steps), (ending, steps)

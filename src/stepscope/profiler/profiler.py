@@ -639,9 +639,10 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
             outer._hook("program_steps")
 
     def _at_exit(self) -> None:
-        """Interpreter exit without ``stop()`` (an uncaught exception, ``sys.exit``): finish."""
+        """Interpreter exit without ``stop()`` (the program's end, ``sys.exit``): a ``stop()``.
+        (An uncaught exception stopped the session first, in its excepthook.)"""
         if self._started and not self._stopped and self._pid == os.getpid():
-            self._stop(keep_open_step=True)
+            self._stop(keep_open_step=False)
 
     def _start_session(self) -> None:
         self.run_dir = Path(self.options["dir"]) / self.run_id
@@ -708,8 +709,9 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         The step opened by the last ``step()`` is no step when nothing came into it (no batch,
         no phase: it is the time after the last step ended), so it is dropped; a step with a
         batch or a phase in it is ended here and counted. Leaving a ``with Profiler()`` block by
-        an exception, or exiting the interpreter without ``stop()``, keeps the open step either
-        way: it is the step that failed.
+        an exception keeps the open step either way: it is the step that failed. The
+        interpreter's exit without ``stop()`` is a ``stop()`` (a phantom last step, the
+        program's tail, was counted there: the run's fastest).
         """
         return self._stop(keep_open_step=False)
 

@@ -16,6 +16,7 @@ import pytest
 import stepscope
 from perfetto_decode import decode
 from stepscope.record import recorder as _recorder
+from stepscope.write.pipeline import RAW_EVENT_BYTES
 from stepscope.write.sink import Sink
 
 SRC = os.path.join(os.path.dirname(__file__), "..", "src")
@@ -264,12 +265,18 @@ def test_endless_distinct_names_do_not_grow_the_name_table(tmp_path, monkeypatch
 def test_in_memory_cap_drops_when_encoding_cannot_keep_up(tmp_path):
     path = str(tmp_path / "t.pftrace")
     sess = stepscope.start(path, buffer_bytes=1 << 16, flush_interval_s=60)
+    io = sess._pipeline  # noqa: SLF001
     with sess._lock:  # the writer is busy (holds the session): recording piles up
         stepscope.push_range("open across the gap")
         for _ in range(5000):
             with stepscope.annotate("x"):
                 pass
-    sess.flush()  # over the cap: all 10001 pending events are dropped here
+        io.wait()
+        with io._io_cv:  # noqa: SLF001  (and the disk is behind: a backlog)
+            io._io_pending += sess.buffer_bytes  # noqa: SLF001
+        sess._flush_locked(False)  # noqa: SLF001  (all 10001 pending events dropped here)
+        with io._io_cv:  # noqa: SLF001
+            io._io_pending -= sess.buffer_bytes  # noqa: SLF001
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the pop's begin was dropped: expected, no warning
         stepscope.pop_range()
@@ -277,6 +284,30 @@ def test_in_memory_cap_drops_when_encoding_cannot_keep_up(tmp_path):
     assert sess.dropped == 10001
     d = decode(path)
     assert [e.value for e in d.by_track(d.track_named("stepscope dropped events"))] == [10001]
+
+
+def test_a_burst_past_the_cap_keeps_the_events_before_it(tmp_path):
+    """5000 ranges between two flushes, some 4 times the 64 KiB cap, no backlog: the events
+    up to the cap are in the file, in order, the rest dropped and counted. Before: the whole
+    batch was dropped (an empty trace where the cap was to keep 64 KiB)."""
+    path = str(tmp_path / "t.pftrace")
+    sess = stepscope.start(path, buffer_bytes=1 << 16, flush_interval_s=60)
+    with sess._lock:  # no flush meanwhile
+        stepscope.push_range("open across the gap")
+        for _ in range(5000):
+            with stepscope.annotate("x"):
+                pass
+    sess.flush()
+    stepscope.pop_range()
+    stepscope.stop()
+    d = decode(path)
+    xs = [e for e in d.events if e.name == "x" and e.type == "B"]
+    assert [e.name for e in d.events if e.type == "B"][0] == "open across the gap"
+    kept = 10001 - sess.dropped  # the gap's begin and the x's, the last one whole or cut
+    assert kept in (1 + 2 * len(xs), 2 * len(xs))
+    assert kept * RAW_EVENT_BYTES <= 1 << 16 < (kept + 2) * RAW_EVENT_BYTES  # (+ a thread mark)
+    assert [e.value for e in d.by_track(d.track_named("stepscope dropped events"))] == [
+        sess.dropped]
 
 
 def test_huge_counter_values_never_break_the_trace(tmp_path):

@@ -3,6 +3,7 @@ and the one-CUPTI-client rule with fakes (issue 20 items 5, 6, 7)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -402,16 +403,22 @@ def test_a_window_that_ends_with_the_epoch_leaves_the_next_epochs_steps_in_place
     wait began at iter(), before the window
     work, so its step's begin was written after the window's slice, earlier than it, on the
     steps' sequence: the writer moved it up and shifted every later step of the run by the
-    window work (20 ms here: epoch 1's steps held 4, 0, 0 and 0 optimizer steps). Now the
-    wait and its step start after that work; each step holds its own optimizer step."""
+    window work (20 ms here: epoch 1's steps held 4, 0, 0 and 0 optimizer steps). Then the
+    wait and its step started after that work, and the iterator's start-up (a multi-process
+    loader's workers, tens of ms) was in no step. Now the epoch starts at iter(), before the
+    iterator is made: the window work lies before that wait, which starts at iter(); each
+    step holds its own optimizer step."""
     prof = stepscope.Profiler(dir=tmp_path, run_id="r", schedule=(2, 6), step_on="optimizer",
                               host_metrics=False, report=False, use_env=False, torch=True)
     loader = torch.utils.data.DataLoader(torch.randn(16, 8), batch_size=4)
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    iters = []
     with prof:
         for _ in range(2):
+            iters.append(time.perf_counter_ns())
             it = iter(loader)  # (as a for loop does: the first wait starts here)
+            iters.append(time.perf_counter_ns())
             for x in it:
                 model(x).sum().backward()
                 opt.step()
@@ -423,7 +430,7 @@ def test_a_window_that_ends_with_the_epoch_leaves_the_next_epochs_steps_in_place
             for _, inner in got] == [["Optimizer.step"]] * 8
     end = tq.slices(d, "s.name = 'stepscope window end'")[0]  # (epoch 0's)
     waits = tq.slices(d, "s.name = 'dataloader.next'")
-    assert got[4][0]["ts"] >= end["ts"] + end["dur"]
+    assert iters[2] <= end["ts"] and end["ts"] + end["dur"] <= got[4][0]["ts"] <= iters[3]
     for (st, _), w in zip(got, waits, strict=True):
         assert st["ts"] <= w["ts"] < st["ts"] + st["dur"]
     for k in (0, 4):  # an epoch's first step opens with its first wait, as one record
@@ -1432,3 +1439,117 @@ def test_kineto_says_no_error_of_a_missing_gpu_driver_for_our_window(tmp_path):
         assert out.stdout.split("LEVEL")[1].strip() == str(level)
         d = tq.db(tmp_path / str(level) / "k" / "rank0.detail.0.pftrace")
         assert tq.slices(d, "s.name = 'aten::sum'")  # the window has its operators
+
+
+@pytest.mark.skipif(not hasattr(torch.amp, "GradScaler"), reason="torch.amp.GradScaler: 2.3+")
+def test_an_optimizer_step_the_grad_scaler_skips_still_ends_its_step(tmp_path):
+    """Mixed precision: GradScaler.step skips the optimizer step where gradients overflowed
+    (no optimizer hook fires). Overflows in iteration 1 and in epoch 0's last iteration: 2
+    epochs of 4 steps, each step one iteration. Before: 6 steps, one holding iterations 1
+    and 2, and one holding epoch 0's last iteration, the exhausted wait and epoch 1's
+    first."""
+    model, opt = _model_and_opt()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0)
+    loader = torch.utils.data.DataLoader(torch.randn(16, 8), batch_size=4)
+
+    def loop(marks):
+        for epoch in range(2):
+            for i, x in enumerate(loader):
+                scaler.scale(model(x).sum()).backward()
+                if (epoch, i) in ((0, 1), (0, 3)):
+                    model.weight.grad[0, 0] = float("inf")
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad()
+                marks.append(time.perf_counter_ns())  # the iteration's end
+
+    d, steps, epochs, marks = _zero_code(tmp_path, loop)
+    assert [st["name"] for st in steps] == [f"step {k}" for k in range(8)]
+    assert epochs == [0] * 4 + [1] * 4
+    _one_iteration_each(steps, marks)
+
+
+def _one_iteration_each(steps, marks) -> None:
+    """Step k ends after iteration k's end mark, and step k + 1 begins there, before
+    iteration k + 1 ends."""
+    assert len(steps) == len(marks)
+    for k in range(len(steps) - 1):
+        end = steps[k]["ts"] + steps[k]["dur"]
+        assert marks[k] <= end <= steps[k + 1]["ts"] < marks[k + 1], (k, steps, marks)
+
+
+@pytest.mark.parametrize("replay", ["itertools.cycle", "a list of the batches"])
+def test_batches_replayed_without_a_wait_make_a_step_each(tmp_path, replay):
+    """10 iterations over a 4-batch loader's batches replayed (itertools.cycle replays its
+    first pass; a list is made of one pass): 10 steps, one per iteration. Before: after the
+    loader's first pass no batch wait came to make the boundary: 10 iterations made 5
+    steps with cycle, 1 with the list."""
+    model, opt = _model_and_opt()
+    loader = torch.utils.data.DataLoader(torch.randn(16, 8), batch_size=4)
+
+    def loop(marks):
+        batches = itertools.cycle(loader) if replay == "itertools.cycle" else list(loader)
+        for i in range(10):
+            x = next(batches) if replay == "itertools.cycle" else batches[i % 4]
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            with torch.no_grad():  # (a forward without grad: the iteration's own)
+                model(x)
+            marks.append(time.perf_counter_ns())
+
+    d, steps, epochs, marks = _zero_code(tmp_path, loop)
+    assert [st["name"] for st in steps] == [f"step {k}" for k in range(10)]
+    _one_iteration_each(steps, marks)
+
+
+def test_zip_of_loaders_of_different_lengths_makes_no_phantom_step(tmp_path):
+    """Two epochs over zip(a, b), b of 3 batches, a of 4: zip takes a's 4th batch, then b
+    runs out. 6 steps, 3 per epoch, each one iteration. Before: 7, the last a phantom (a's
+    extra batch and b's end, no forward), and epoch 1's first step held epoch 0's extra
+    batch."""
+    model, opt = _model_and_opt()
+    a = torch.utils.data.DataLoader(torch.randn(16, 8), batch_size=4)
+    b = torch.utils.data.DataLoader(torch.randn(12, 8), batch_size=4)
+
+    def loop(marks):
+        for _ in range(2):
+            for xa, xb in zip(a, b):
+                model(torch.cat([xa, xb])).sum().backward()
+                opt.step()
+                opt.zero_grad()
+                marks.append(time.perf_counter_ns())
+
+    d, steps, epochs, marks = _zero_code(tmp_path, loop)
+    assert [st["name"] for st in steps] == [f"step {k}" for k in range(6)]
+    assert epochs == [0, 0, 0, 1, 1, 1]
+    _one_iteration_each(steps, marks)
+
+
+def test_a_loop_left_by_a_break_ends_its_last_step_before_the_workers_shut_down(tmp_path):
+    """max_steps: 3 iterations of a 2-worker loader's 6 batches, a break, then a validation
+    pass under no_grad: 3 steps, the last ending before the abandoned iterator shuts its
+    workers down (as the loop is left). Before: it ran on to the validation's first wait,
+    holding the shutdown and the validation loader's iter()."""
+    model, opt = _model_and_opt()
+    loader = torch.utils.data.DataLoader(torch.randn(24, 8), batch_size=4, num_workers=2)
+    val = torch.utils.data.DataLoader(torch.randn(8, 8), batch_size=4)
+    left = []
+
+    def loop(marks):
+        for i, x in enumerate(loader):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            marks.append(time.perf_counter_ns())
+            if i == 2:
+                break
+        left.append(time.perf_counter_ns())  # the iterator (and its workers) went
+        with torch.no_grad():
+            for x in val:
+                model(x)
+
+    d, steps, epochs, marks = _zero_code(tmp_path, loop)
+    assert [st["name"] for st in steps] == [f"step {k}" for k in range(3)]
+    _one_iteration_each(steps, marks)
+    assert marks[2] <= steps[2]["ts"] + steps[2]["dur"] < left[0]

@@ -339,9 +339,11 @@ class Session:
         """Drain, split, encode and hand over to the I/O thread (under ``_lock``)."""
         self._pipeline.last_flush = time.monotonic()
         self._run_flush_hooks()
-        chunk, late = self._take_recorded()
+        chunk, late, over = self._take_recorded()
         emitted = self._take_emitted(late)
         self._encode_threads(chunk, discard_detail)
+        if len(over):  # (after the events before it: the slices they leave open are cut)
+            self._drop(over)
         self.registry.forget_ended_threads()
         for sink in self.sinks:
             sink.settle_async()
@@ -363,21 +365,28 @@ class Session:
             except Exception as exc:
                 self._error(f"a flush hook failed: {exc!r}")
 
-    def _take_recorded(self) -> tuple[np.ndarray, bool]:
-        """(what the recorder holds, whether the exit deadline has passed). Nothing when
+    def _take_recorded(self) -> tuple[np.ndarray, bool, np.ndarray]:
+        """(what the recorder holds up to the buffer cap, whether the exit deadline has
+        passed, the events past the cap: dropped once the others are encoded). Nothing when
         encoding or the disk cannot keep up, or at exit out of time: then it is dropped and
         counted."""
         chunk = _recorder.drain()
         self.drops.count_lost(self.sinks)  # a failed write: its events count, files restart
-        pending_raw = len(chunk) // 3 * RAW_EVENT_BYTES + len(_recorder.blobs) * BLOB_BYTES
-        backlog = (self._pipeline.pending > self.buffer_bytes // 2
-                   or pending_raw > self.buffer_bytes)
+        backlog = self._pipeline.pending > self.buffer_bytes // 2
         self._exit_deadline()
         late = self._out_of_time()  # exiting, out of time, other threads still busy
         if len(chunk) and (backlog or late):
             self._drop(chunk)  # encoding or the disk cannot keep up: drop, count, move on
-            chunk = chunk[:0]
-        return chunk, late
+            return chunk[:0], late, chunk[:0]
+        pending_raw = len(chunk) // 3 * RAW_EVENT_BYTES + len(_recorder.blobs) * BLOB_BYTES
+        if pending_raw <= self.buffer_bytes:
+            return chunk, late, chunk[:0]
+        # more than the cap between two flushes (a burst): the events up to it are kept, in
+        # the order recorded, and those past it dropped (the whole batch was, every event)
+        codes = chunk[0::3]
+        cost = np.where(codes < 0, RAW_EVENT_BYTES + BLOB_BYTES, RAW_EVENT_BYTES)
+        keep = 3 * int(np.searchsorted(np.cumsum(cost), self.buffer_bytes, side="right"))
+        return chunk[:keep], late, chunk[keep:]
 
     def _drop(self, chunk: np.ndarray) -> None:
         self.registry.split(chunk, True, marks_only=True)  # who holds which ident, still

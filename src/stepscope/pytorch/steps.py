@@ -102,6 +102,7 @@ class StepDriver:
         # the steps: a forward with grad since says the step in progress has training work
         self._seq_mark: Any = None
         self._epoch_ended = False
+        self._replay = False  # the last pass ended, no batch wait since: batches replayed?
         self.ranges: Any = None  # the RangeCapture (torch's ranges nest in the steps)
         # the boundary after an optimizer step: the class's step() (under step_on="auto" the
         # instance's is the program's), bound once; with the C buffer a C method, so the range
@@ -116,6 +117,7 @@ class StepDriver:
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
             self._handles.append(register_optimizer_step_post_hook(self._on_optimizer_step))
+            self._patch_scaler()
             try:  # the calling thread's autograd sequence number: a forward with grad adds to it
                 from torch._C._autograd import _get_sequence_nr as seq
             except ImportError:  # (a torch without it: every optimizer step ends its step)
@@ -195,8 +197,17 @@ class StepDriver:
         from torch.nn.modules.module import register_module_forward_pre_hook
 
         def first_forward(module: Any, args: Any) -> None:
-            if threading.get_ident() == self.prof._thread:  # noqa: SLF001
-                self._resume()
+            if threading.get_ident() != self.prof._thread:  # noqa: SLF001
+                return
+            if self.boundary_pending and self.loader_seen and self._replay:  # no batch
+                # wait since the last pass ended: batches replayed (itertools.cycle, a list
+                # made of the loader's) end the step at the next forward with grad (one
+                # without, a metric of the iteration's, is its own; 20 iterations made 9
+                # steps; a GAN's second forward within a batch ends nothing)
+                if not self._grad_enabled():
+                    return
+                self.flush_boundary()
+            self._resume()
 
         self._fwd_handle = register_module_forward_pre_hook(first_forward)
 
@@ -222,6 +233,8 @@ class StepDriver:
         if self.loader_seen:
             self.boundary_pending = True  # made at the next batch wait, or before the range
             rec.before_top(self._before_range, base)  # of the program around it ("Dataloader")
+            if self._replay:  # or at the next forward with grad (see first_forward)
+                self._watch_forward()
             return
         # several optimizers stepped one after another (Muon's beside AdamW's: no forward
         # between, torch's autograd sequence number unchanged) make one step (see _join_last);
@@ -246,6 +259,32 @@ class StepDriver:
         else:
             self.boundary_pending = True
             self.flush_boundary()
+
+    def _patch_scaler(self) -> None:
+        """Mixed precision's ``GradScaler.step`` skips the optimizer step where gradients
+        overflowed (its first iterations, while the scale settles; an overflow now and then):
+        no optimizer hook fires, yet the iteration is over, and its step ends as if the
+        optimizer had stepped (two iterations made one step; at an epoch's end, one step
+        held the exhausted wait and the next epoch's first iteration)."""
+        try:
+            from torch.amp.grad_scaler import GradScaler
+        except ImportError:  # (torch < 2.3: torch.cuda.amp's only)
+            return
+        original = GradScaler.__dict__.get("step")
+        if original is None:
+            return
+        driver = self
+
+        def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            before = driver._opt_steps
+            out = original(scaler, optimizer, *args, **kwargs)
+            if driver._opt_steps == before and not driver.prof._stopped:  # noqa: SLF001
+                driver._on_optimizer_step(optimizer, args, kwargs)
+            return out
+
+        step.__wrapped__ = original  # type: ignore[attr-defined]
+        self._patched.append((GradScaler, "step", original))
+        GradScaler.step = step
 
     def _join_last(self, last: Any) -> None:
         """Without a DataLoader, an optimizer step right after another's (no forward between)
@@ -342,6 +381,25 @@ class StepDriver:
                 return
             it._stepscope_pass = (ref, self._opt_steps)
 
+    def _before_pass(self, loader: Any) -> None:
+        """``iter()`` of a loader that trains, after the last pass ended the epoch: the new
+        epoch starts here, before the iterator is made, so that the schedule's window work at
+        an epoch's start lies before the first wait, which starts at ``iter()`` (the workers'
+        start-up is its reader cost: made inside that wait, the work moved the wait's start
+        past it, and that cost, tens of ms, was lost). Any pass: a boundary still to be made
+        is made here."""
+        if self.mode not in ("optimizer", "auto") or self._user_steps:
+            return
+        if self.boundary_pending:  # (a loop left by a break: the step ends before the next
+            self.flush_boundary()  # pass's iterator is made, an evaluation's workers too)
+        if self._epoch_ended and self._grad_enabled():
+            try:
+                if loader is not None and loader in self._eval_loaders:
+                    return
+            except TypeError:  # (not weakly referenceable: never learnt as one)
+                pass
+            self._new_epoch()
+
     def _pass_ended(self, it: Any) -> None:
         """A counted pass found its loader exhausted: the epoch ends (the next wait opens the
         step as batch 0 of a new one). A pass without an optimizer step evaluated: the step
@@ -350,16 +408,26 @@ class StepDriver:
         first of the next epoch's); its loader's next passes are evaluation passes."""
         if it.__dict__.get("_stepscope_inner"):
             return  # (a loop inside the step: its end ends nothing)
-        self._seq_mark = self._seq()
+        self._replay = True
+        seq = self._seq()
+        trained = self._seq_mark is None or seq is None or seq != self._seq_mark
+        self._seq_mark = seq
         ref, opt_steps = it.__dict__.get("_stepscope_pass", (None, -1))
         loader = ref() if ref is not None else None
+        prof = self.prof
         if opt_steps == self._opt_steps and loader is not None:  # (no epoch of training)
             self._eval_loaders.add(loader)
-            prof = self.prof
             if prof._in_step and not prof._stopped:  # noqa: SLF001
                 prof._abandon_step()  # noqa: SLF001
         else:
             self._epoch_ended = True
+            if (not trained and prof._in_step and not prof._stopped  # noqa: SLF001
+                    and not self.boundary_pending):
+                # the step open since the last optimizer step holds batches and no forward
+                # with grad: zip(a, b) took a batch of a before b ran out, dropped as the pass
+                # ends (it made a phantom step at the run's end, and the first step of the
+                # next epoch held it)
+                prof._abandon_step()  # noqa: SLF001
         self._watch_forward()
 
     def _inner_pass(self) -> bool:
@@ -445,6 +513,7 @@ class StepDriver:
                         driver._end_evaluation()
                     if "_stepscope_inner" not in d:  # (a loop inside the step: no boundary
                         driver.loader_seen = True  # waits for its waits)
+                        driver._replay = False
                     driver.flush_boundary()
                     driver._auto_stepped = False
                     if driver._epoch_ended:
@@ -503,14 +572,34 @@ class StepDriver:
                 driver._new_pass(it, loader)
 
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            on_main = threading.get_ident() == main and not prof._stopped  # noqa: SLF001
+            loader = args[0] if args else kwargs.get("loader")
+            if on_main:
+                driver._before_pass(loader)
             made = clock()
             original_init(self, *args, **kwargs)  # (multiprocessing: starts the workers)
-            if threading.get_ident() == main and not prof._stopped:  # noqa: SLF001
-                start_pass(self, args[0] if args else kwargs.get("loader"), made)
+            if on_main:
+                start_pass(self, loader, made)
 
         __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
         self._patched.append((base, "__init__", original_init))
         base.__init__ = __init__
+
+        mp = dl._MultiProcessingDataLoaderIter  # noqa: SLF001
+        original_shutdown = mp.__dict__["_shutdown_workers"]
+
+        def _shutdown_workers(self: Any) -> None:
+            """A pass left by a break (max_steps) shuts its workers down as its iterator goes
+            (tens of ms): between the steps, as at a pass's end (the last step held it, and
+            what came after, up to the next batch wait)."""
+            if (driver.boundary_pending and threading.get_ident() == main
+                    and not prof._stopped):  # noqa: SLF001
+                driver.flush_boundary()
+            return original_shutdown(self)
+
+        _shutdown_workers.__wrapped__ = original_shutdown  # type: ignore[attr-defined]
+        self._patched.append((mp, "_shutdown_workers", original_shutdown))
+        mp._shutdown_workers = _shutdown_workers
 
         original_reset = base.__dict__["_reset"]
 
@@ -520,6 +609,7 @@ class StepDriver:
             first = kwargs.get("first_iter", args[1] if len(args) > 1 else False)
             if first or not args or threading.get_ident() != main or prof._stopped:  # noqa: SLF001
                 return original_reset(self, *args, **kwargs)
+            driver._before_pass(args[0])
             made = clock()
             original_reset(self, *args, **kwargs)
             start_pass(self, args[0], made)

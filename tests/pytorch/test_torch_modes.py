@@ -1514,7 +1514,7 @@ def test_zip_of_loaders_of_different_lengths_makes_no_phantom_step(tmp_path):
 
     def loop(marks):
         for _ in range(2):
-            for xa, xb in zip(a, b):
+            for xa, xb in zip(a, b, strict=False):
                 model(torch.cat([xa, xb])).sum().backward()
                 opt.step()
                 opt.zero_grad()

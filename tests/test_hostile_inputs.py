@@ -376,3 +376,33 @@ def test_merge_says_when_a_rank_file_ends_inside_a_packet(bomb_dir, tmp_path):
         "bytes: the file ends inside it); the rest is merged"]
     conn, _ = analysis.load(str(out))
     assert conn.execute("select count(*) from slice").fetchone() == (150 + 100,)
+
+
+def test_an_empty_file_is_an_error_for_every_command_and_writes_nothing(tmp_path):
+    """A trace file of 0 bytes (a run that ended before its first flush): one line, exit 2,
+    nothing written, for summary (each engine), sql, export-csv and merge. Before: "No events
+    to summarize" with exit 0, ten empty CSV files, a merge of 0 bytes ("ranks [None]")."""
+    empty = tmp_path / "e.pftrace"
+    empty.write_bytes(b"")
+    line = f"{empty}: empty (0 bytes): no trace was written to it"
+    engines = ["embedded"] + (["trace_processor"] if os.environ.get(
+        "STEPSCOPE_TRACE_PROCESSOR") else [])
+    runs = [("summary", str(empty), "--engine", e) for e in engines] + [
+        ("sql", str(empty), "SELECT 1"), ("export-csv", str(empty), "-o", str(tmp_path / "c")),
+        ("merge", str(empty), "-o", str(tmp_path / "m.pftrace"))]
+    for args in runs:
+        r = _cli(*args)
+        assert r.returncode == 2 and line in r.stderr and len(r.stderr.splitlines()) == 1, (
+            args, r.stderr)
+    assert sorted(os.listdir(tmp_path)) == ["e.pftrace"]
+
+
+def test_merge_of_a_file_with_nothing_readable_says_only_so(tmp_path):
+    """A text file given to merge: the error alone. Before, a warning said "the rest is
+    merged" first."""
+    text = tmp_path / "t.pftrace"
+    text.write_text("not a trace, just text\n")
+    r = _cli("merge", str(text), "-o", str(tmp_path / "m.pftrace"))
+    (line,) = r.stderr.splitlines()
+    assert r.returncode == 2 and line.startswith(f"stepscope merge: nothing readable in {text}: ")
+    assert sorted(os.listdir(tmp_path)) == ["t.pftrace"]

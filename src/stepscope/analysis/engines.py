@@ -42,6 +42,7 @@ from .sqlimage import file_of
 from .summaries.slicebase import POST_LOAD
 from .tp import importer, sqlfuncs
 from .tp.importer import Progress, paths_of, remove_db_file
+from .tp.packets import refuse_empty
 
 ENV_BIN = "STEPSCOPE_TRACE_PROCESSOR"
 ENV_TIMEOUT = "STEPSCOPE_DOWNLOAD_TIMEOUT"
@@ -582,6 +583,7 @@ def _check_files(paths: list[str]) -> None:
             raise TraceError(f"{p}: is a directory, not a trace file")
         if not os.path.exists(p):
             raise TraceError(f"{p}: no such file")
+    refuse_empty(paths)
 
 
 def _one_line(e: BaseException) -> str:

@@ -52,7 +52,7 @@ from ..format.wire import f_bytes, f_varint
 from ..format.wire import fields as _fields
 from ..format.wire import read_varint as _varint
 from .tp import protoscan as ps
-from .tp.packets import skipped_summary
+from .tp.packets import refuse_empty, skipped_summary
 
 SHIFTED_CLOCKS = (CLOCK_MONOTONIC, CLOCK_BOOTTIME)
 
@@ -573,6 +573,7 @@ def merge(
     if isinstance(ranks, str):
         ranks = parse_ranks(ranks)
     files = find_inputs(inputs, level)
+    refuse_empty([str(f) for f in files])
     _check_output(Path(output), files)
     infos = probe(files)
     if ranks is not None:
@@ -593,12 +594,17 @@ def merge(
     # whatever goes wrong, Ctrl-C included
     fd, tmp = _create_temp(out_path)
     try:
-        with os.fdopen(fd, "wb") as out:
+        # (the damage warnings held back: where nothing is readable, the error says it all;
+        # "the rest is merged" before it said the opposite)
+        with os.fdopen(fd, "wb") as out, warnings.catch_warnings(record=True) as damage:
+            warnings.simplefilter("always")
             for framed in _merged(infos, snapshots, skipped, counts):
                 out.write(framed)
         if counts["packets"] == 0 and skipped:
             raise ValueError(f"nothing readable in {', '.join(str(i.path) for i in infos)}: "
                              f"{_inflate_summary(skipped)}")
+        for d in damage:
+            warnings.warn(d.message, d.category, stacklevel=2)
         os.replace(tmp, out_path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -60,6 +60,25 @@ def as_i64(u: np.ndarray) -> np.ndarray:
 NONREGULAR_MAX = 1 << 30  # bytes read from a pipe or device (a regular file: its size)
 
 
+def refuse_empty(paths: list[str]) -> None:
+    """Every file given is empty (0 bytes): an error, before any engine or merge reads them
+    (each read them as a trace with no event: "No events to summarize", a merge of 0 bytes).
+    One empty rank file among others is no error: a rank that never flushed."""
+    sizes = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:
+            return  # (the read says what is wrong)
+        if not stat.S_ISREG(st.st_mode):
+            return  # (a pipe: its size says nothing)
+        sizes.append(st.st_size)
+    if sizes and not any(sizes):
+        which = paths[0] if len(paths) == 1 else ", ".join(paths)
+        raise TraceError(f"{which}: empty (0 bytes): no trace was written to it (a run that "
+                         "ended before its first flush?)")
+
+
 def read_file(path: str) -> bytes:
     """The bytes of a trace file (gzip inflated), read with a bound: a regular file's size, or
     NONREGULAR_MAX for a pipe or device (``/dev/zero`` never ends)."""

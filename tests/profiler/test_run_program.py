@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from test_run_and_crash import _cli, _env
@@ -125,6 +126,39 @@ def test_a_signal_to_stepscope_run_reaches_the_program_which_finishes_its_trace(
     # no batch or phase showed: uncounted), the one the signal cut short maybe too
     assert len(steps) >= 4 and [s.name for s in steps] == [f"step {k}"
                                                           for k in range(1, len(steps) + 1)]
+
+
+def test_a_program_whose_stepscope_run_is_killed_finishes_its_trace(tmp_path):
+    """SIGKILL (the OOM killer, a hard stop) to ``stepscope run``, which cannot pass it on:
+    the program gets SIGTERM as its parent dies, finishes its trace and ends. Before, it ran
+    on, an orphan, appending steps to the run's files."""
+    (tmp_path / "train.py").write_text(SIGNALLED)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepscope.cli", "run", "--dir", str(tmp_path / "out"),
+         "--run-id", "r", "--schedule", "none", "--no-host-metrics", "--no-report", "--",
+         sys.executable, "train.py"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_env(), cwd=tmp_path)
+    try:
+        ready = proc.stdout.readline().split()
+        assert ready[0] == "READY", proc.stderr.read()
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    program = int(ready[1])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # (not our child: no wait() for it; gone when no
+        try:  # /proc entry is left, a zombie's reaped by init)
+            os.kill(program, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    with pytest.raises(ProcessLookupError):
+        os.kill(program, 0)
+    steps = decode(tmp_path / "out" / "r" / "rank0.summary.pftrace").by_category(S.CAT_STEP)
+    assert 4 <= len(steps) < 2999
+    assert [s.name for s in steps] == [f"step {k}" for k in range(1, len(steps) + 1)]
 
 
 COUNTS_SIGINT = """

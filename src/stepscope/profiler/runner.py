@@ -93,7 +93,7 @@ def run(command: Sequence[str], opts: Mapping[str, Any] | None = None) -> int:
     cmd = rewrite(command)
     env = environment(opts or {})
     try:
-        proc = subprocess.Popen(cmd, env=env)
+        proc = subprocess.Popen(cmd, env=env, preexec_fn=_ends_with_us())
     except FileNotFoundError:
         raise ValueError(f"stepscope run: {command[0]!r} not found") from None
     restore = _pass_signals_on(proc)
@@ -107,6 +107,28 @@ def run(command: Sequence[str], opts: Mapping[str, Any] | None = None) -> int:
     finally:
         restore()
     return 128 - code if code < 0 else code
+
+
+def _ends_with_us() -> Any:
+    """What the program runs before its exec (Linux): it gets SIGTERM should ``stepscope
+    run`` die (SIGKILL, the OOM killer: nothing to pass on), so it finishes its trace and ends
+    (it ran on, an orphan, writing into the run's files). None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # (loaded here, not in the child)
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def ends_with_parent() -> None:
+        prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # (it died before that)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return ends_with_parent
 
 
 def _pass_signals_on(proc: subprocess.Popen) -> Any:

@@ -119,8 +119,12 @@ def test_a_program_that_fails_after_its_optimizer_step_has_no_step_more(tmp_path
 
 
 VALIDATION = textwrap.dedent("""
-    import json, sys, time, torch
+    import json, sys, time, torch, stepscope
     from torch.utils.data import DataLoader
+    # no periodic flush: one during the first pass with gradients on would write the begin of
+    # the step it is at first, and it could not be dropped (a step of its own: see
+    # test_a_step_a_flush_kept_from_being_dropped_leaves_the_automatic_steps_on)
+    stepscope.current().flush_interval_s = 3600
     train = DataLoader(torch.randn(16, 8), batch_size=4)  # 4 optimizer steps an epoch
     val = DataLoader(torch.randn(20, 8), batch_size=4)  # 5 batches
     model = torch.nn.Linear(8, 1)
@@ -1553,3 +1557,60 @@ def test_a_loop_left_by_a_break_ends_its_last_step_before_the_workers_shut_down(
     assert [st["name"] for st in steps] == [f"step {k}" for k in range(3)]
     _one_iteration_each(steps, marks)
     assert marks[2] <= steps[2]["ts"] + steps[2]["dur"] < left[0]
+
+
+def test_a_range_after_the_optimizer_step_stays_in_its_iterations_step(tmp_path):
+    """record_function("save") after every second optimizer step (a checkpoint), 2 epochs of
+    4 batches: each save lies in its own iteration's step, the epoch's last too. Before, a
+    range begun after the optimizer step ended the step before it: each save was the next
+    step's, and an epoch's last one in no step."""
+    model, opt = _model_and_opt()
+    loader = torch.utils.data.DataLoader(torch.randn(16, 8), batch_size=4)
+
+    def loop(marks):
+        for _ in range(2):
+            for i, x in enumerate(loader):
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+                if i % 2 == 1:
+                    with torch.autograd.profiler.record_function("save"):
+                        time.sleep(0.002)
+                marks.append(time.perf_counter_ns())
+
+    d, steps, epochs, marks = _zero_code(tmp_path, loop)
+    assert [st["name"] for st in steps] == [f"step {k}" for k in range(8)]
+    _one_iteration_each(steps, marks)
+    saves = tq.slices(d, "s.name = 'save'")
+    assert [next(k for k, st in enumerate(steps)
+                 if st["ts"] <= s["ts"] and s["ts"] + s["dur"] <= st["ts"] + st["dur"])
+            for s in saves] == [1, 3, 5, 7]
+
+
+def test_a_step_a_flush_kept_from_being_dropped_leaves_the_automatic_steps_on(tmp_path):
+    """step_on="auto" (as under stepscope run): a validation pass with gradients on is a step
+    at first, dropped at its end; where a flush wrote its begin meanwhile (the writer, on a
+    loaded machine) it is ended instead, a step of its own. That end called the instance's
+    step(), under "auto" the program's, taken as its first step() call: the automatic steps
+    stopped there (the run's 8 later optimizer steps made 1 step, seen in a loaded suite)."""
+    prof = stepscope.Profiler(dir=tmp_path, run_id="r", schedule=None, step_on="auto",
+                              host_metrics=False, report=False, use_env=False, torch=True)
+    model, opt = _model_and_opt()
+    train = torch.utils.data.DataLoader(torch.randn(16, 8), batch_size=4)
+    val = torch.utils.data.DataLoader(torch.randn(8, 8), batch_size=4)
+    with prof:
+        for epoch in range(3):
+            for x in train:
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+            for i, x in enumerate(val):
+                with torch.no_grad():
+                    model(x)
+                if epoch == 0 and i == 0:
+                    stepscope.current().flush()  # (as the writer may meanwhile)
+    d = tq.db(tmp_path / "r" / "rank0.summary.pftrace")
+    steps = tq.slices(d, "s.category = 'step'")
+    # epoch 0's 4, its validation (kept: its begin was written), epochs 1 and 2's 4 each
+    assert [st["name"] for st in steps] == [f"step {k}" for k in range(13)]
+    assert prof.timer.steps == 13

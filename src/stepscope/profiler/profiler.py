@@ -1064,8 +1064,8 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         wait) cannot be taken back: that step is ended here, like any other."""
         with self._plock:
             gone = self._discard_begin_locked()
-        if not gone:
-            self.step()
+        if not gone:  # (the class's step(): under step_on="auto" the instance's is the
+            type(self).step(self)  # program's, and a call of it turns the automatic steps off)
             with self._plock:
                 self._discard_begin_locked()
         self._in_step = False

@@ -103,6 +103,10 @@ class StepDriver:
         self._seq_mark: Any = None
         self._epoch_ended = False
         self._replay = False  # the last pass ended, no batch wait since: batches replayed?
+        # with a DataLoader: the latest begin of a program's range (none open) since the
+        # optimizer step, and the loop's level then (see _before_range)
+        self._range_at: int | None = None
+        self._range_base = 0
         self.ranges: Any = None  # the RangeCapture (torch's ranges nest in the steps)
         # the boundary after an optimizer step: the class's step() (under step_on="auto" the
         # instance's is the program's), bound once; with the C buffer a C method, so the range
@@ -231,8 +235,10 @@ class StepDriver:
         if late is not None:  # an earlier optimizer step of this step kept a time: its base
             base = min(base, late[1])  # holds (the time was kept at base + 1, the low since)
         if self.loader_seen:
-            self.boundary_pending = True  # made at the next batch wait, or before the range
-            rec.before_top(self._before_range, base)  # of the program around it ("Dataloader")
+            self.boundary_pending = True  # made at the next batch wait (back where a range
+            self._range_at = None  # of the program around it began: "Dataloader")
+            self._range_base = base
+            rec.before_top(self._before_range, base)
             if self._replay:  # or at the next forward with grad (see first_forward)
                 self._watch_forward()
             return
@@ -310,24 +316,42 @@ class StepDriver:
 
     def _before_range(self, code: int) -> bool:
         """A range of the program begins, none open, after an optimizer step and before the
-        next batch wait: the step ends before it (True), unless it is torch's zero_grad or
-        another optimizer's step (several optimizers, a GAN's two, Muon's beside AdamW: the
-        batch's one step holds them all)."""
+        next batch wait: its begin is kept; should the wait come inside it (a "Dataloader"
+        range around next()), the step ended as it began (``_wait_boundary``). A range that
+        ends before the wait (a checkpoint's, a log's) is the iteration's: it was made the
+        next step's (and at an epoch's end, no step's). torch's zero_grad and another
+        optimizer's step (a GAN's two, Muon's beside AdamW) are the batch's step's whatever
+        comes. False: called again at the next such begin, until the boundary is made."""
         kind = rec.kinds[code >> 3] if 0 <= code >> 3 < len(rec.kinds) else None
         name = kind.name if kind is not None else None
         if type(name) is str and name.startswith(OPTIMIZER_STEP_PREFIX):
             return False
         if kind is not None and self.ranges is not None and self.ranges.idle(name):
             return False
+        self._range_at = time.perf_counter_ns()
+        return False
+
+    def _wait_boundary(self) -> None:
+        """A batch wait of a counted pass starts: the boundary an optimizer step asked for is
+        made here, or back where the program's range around this wait began."""
+        t, self._range_at = self._range_at, None
+        if t is not None and self.boundary_pending and rec.summary_depth() > self._range_base:
+            rec.before_top(None)
+            self.boundary_pending = False
+            try:
+                self.prof._step_back(t)  # noqa: SLF001
+            except Exception as exc:
+                print(rec.BOUNDARY_FAILED.format(exc), file=sys.stderr)
+            rec.mark_low()
+            return
         self.flush_boundary()
-        return True
 
     def flush_boundary(self) -> bool:
         """Make the step boundary an optimizer step asked for, if it is still to be made (at a
         safe point: a batch wait, stop(), the program's first step() under "auto"); True if
         made."""
         rec.before_top(None)
-        self._late = None
+        self._late = self._range_at = None
         if rec.at_top(None) is not None:  # (its ranges have not ended: made here instead)
             self.boundary_pending = True
         made = self.boundary_pending
@@ -514,7 +538,7 @@ class StepDriver:
                     if "_stepscope_inner" not in d:  # (a loop inside the step: no boundary
                         driver.loader_seen = True  # waits for its waits)
                         driver._replay = False
-                    driver.flush_boundary()
+                    driver._wait_boundary()
                     driver._auto_stepped = False
                     if driver._epoch_ended:
                         driver._new_epoch()

@@ -91,6 +91,17 @@ for i in range(3000):
 """
 
 
+def _run_signalled(tmp_path, preexec_fn=None) -> subprocess.Popen:
+    """``stepscope run`` of SIGNALLED, started; it prints READY and the program's pid."""
+    (tmp_path / "train.py").write_text(SIGNALLED)
+    return subprocess.Popen(
+        [sys.executable, "-m", "stepscope.cli", "run", "--dir", str(tmp_path / "out"),
+         "--run-id", "r", "--schedule", "none", "--no-host-metrics", "--no-report", "--",
+         sys.executable, "train.py"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_env(), cwd=tmp_path, preexec_fn=preexec_fn)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT],
                          ids=["SIGTERM", "SIGHUP", "SIGINT"])
 def test_a_signal_to_stepscope_run_reaches_the_program_which_finishes_its_trace(tmp_path, sig):
@@ -98,15 +109,8 @@ def test_a_signal_to_stepscope_run_reaches_the_program_which_finishes_its_trace(
     run``. It passes the signal on (SIGINT too, as no terminal sent it to the whole group),
     waits for the program to finish its trace, and exits as the program did. Before, SIGTERM
     ended ``stepscope run`` alone (143), and the program ran on, its parent gone."""
-    (tmp_path / "train.py").write_text(SIGNALLED)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stepscope.cli", "run", "--dir", str(tmp_path / "out"),
-         "--run-id", "r", "--schedule", "none", "--no-host-metrics", "--no-report", "--",
-         sys.executable, "train.py"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=_env(), cwd=tmp_path,
-        # (a suite run as a background job of a non-interactive shell inherits SIGINT ignored)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # (a suite run as a background job of a non-interactive shell inherits SIGINT ignored)
+    proc = _run_signalled(tmp_path, lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         ready = proc.stdout.readline().split()
         assert ready[0] == "READY", proc.stderr.read()
@@ -132,13 +136,7 @@ def test_a_program_whose_stepscope_run_is_killed_finishes_its_trace(tmp_path):
     """SIGKILL (the OOM killer, a hard stop) to ``stepscope run``, which cannot pass it on:
     the program gets SIGTERM as its parent dies, finishes its trace and ends. Before, it ran
     on, an orphan, appending steps to the run's files."""
-    (tmp_path / "train.py").write_text(SIGNALLED)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stepscope.cli", "run", "--dir", str(tmp_path / "out"),
-         "--run-id", "r", "--schedule", "none", "--no-host-metrics", "--no-report", "--",
-         sys.executable, "train.py"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=_env(), cwd=tmp_path)
+    proc = _run_signalled(tmp_path)
     try:
         ready = proc.stdout.readline().split()
         assert ready[0] == "READY", proc.stderr.read()

@@ -109,8 +109,10 @@ def test_a_signal_to_stepscope_run_reaches_the_program_which_finishes_its_trace(
     run``. It passes the signal on (SIGINT too, as no terminal sent it to the whole group),
     waits for the program to finish its trace, and exits as the program did. Before, SIGTERM
     ended ``stepscope run`` alone (143), and the program ran on, its parent gone."""
-    # (a suite run as a background job of a non-interactive shell inherits SIGINT ignored)
-    proc = _run_signalled(tmp_path, lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # (a suite run as a background job of a non-interactive shell inherits SIGINT ignored,
+    # one run under nohup SIGHUP: an ignored signal is left so, by stepscope run too)
+    proc = _run_signalled(tmp_path, lambda: [signal.signal(s, signal.SIG_DFL)
+                                             for s in (signal.SIGINT, signal.SIGHUP)])
     try:
         ready = proc.stdout.readline().split()
         assert ready[0] == "READY", proc.stderr.read()

@@ -538,10 +538,7 @@ class StepDriver:
                     if "_stepscope_inner" not in d:  # (a loop inside the step: no boundary
                         driver.loader_seen = True  # waits for its waits)
                         driver._replay = False
-                    if driver._range_at is None:  # (the common case: no Python call more)
-                        driver.flush_boundary()
-                    else:
-                        driver._wait_boundary()
+                    driver._wait_boundary()
                     driver._auto_stepped = False
                     if driver._epoch_ended:
                         driver._new_epoch()

@@ -611,9 +611,9 @@ def test_shared_base_gives_the_same_tables_and_cleans_up():
             assert t.rows == S.table(db, name, **kw).rows, (name, kw)
     with S.shared_base(db, summaries.Filters()) as base:
         assert base is not None
-        # rank 0: 27 slices; rank 1: 2 steps, 2 device, 2 collectives, 1 bookkeeping (the
-        # unfinished one: out)
-        assert db.query("SELECT COUNT(*) AS n FROM temp.ss_slice") == [{"n": 34}]
+        # rank 0: 28 slices (a mark among them); rank 1: 2 steps, 2 device, 2 collectives,
+        # 1 bookkeeping (the unfinished one: out)
+        assert db.query("SELECT COUNT(*) AS n FROM temp.ss_slice") == [{"n": 35}]
     assert db.query("SELECT name FROM sqlite_temp_master") == []
     db.conn.execute("CREATE TEMP TABLE ss_frame(x)")  # a taken name: the CTEs are used
     with S.shared_base(db, summaries.Filters()) as base:

@@ -183,7 +183,7 @@ def scenario(streams_as_process_tracks: bool = False) -> TraceDB:
     api = db.track("CUDA API", main, utid=101 if streams_as_process_tracks else None)
 
     # step 1 [1000, 2000): Dataloader [1000,1200) > wait [1000,1150); Forward [1200,1500)
-    # > matmul [1250,1400) > launch [1300,1320) -> K1, inner [1320,1380); Backward
+    # > matmul [1250,1400) > launch [1300,1320) -> K1, inner [1320,1380) > mark at 1340; Backward
     # [1500,1800) > launch [1600,1610) -> K2.
     st1 = db.slice(main, 1000, 1000, "step 1", "step", {"step": 1, "num_samples": 32})
     dl = db.slice(main, 1000, 200, "Dataloader", "phase", parent=st1)
@@ -191,7 +191,9 @@ def scenario(streams_as_process_tracks: bool = False) -> TraceDB:
     fw = db.slice(main, 1200, 300, "Forward", "phase", parent=st1)
     mm = db.slice(main, 1250, 150, "matmul", None, parent=fw)
     l1 = db.slice(main, 1300, 20, "cudaLaunchKernel", "cuda_runtime", parent=mm)
-    db.slice(main, 1320, 60, "inner", "mydomain", parent=mm)
+    inner = db.slice(main, 1320, 60, "inner", "mydomain", parent=mm)
+    # a mark (an instant, dur 0) in it: no call of any kind, so it changes no table
+    db.slice(main, 1340, 0, "checkpoint", None, parent=inner)
     db.slice(main, 1500, 300, "Backward", "phase", parent=st1)
     l2 = db.slice(api, 1600, 10, "cudaLaunchKernel", "cuda_runtime")
     # step 2 [2000, 3000): wait [2000,2100) directly in the step; Forward [2100,2400) > matmul

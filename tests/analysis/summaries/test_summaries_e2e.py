@@ -85,6 +85,7 @@ def _rank0(sess, em, main, c, t0: int) -> None:
     c(main, 1250, 150, "matmul")
     c(main, 1300, 20, "cudaLaunchKernel", "cuda_runtime", flow_ids=[1])
     c(main, 1320, 60, "inner", "mydomain")
+    em.instant(t0 + 1340, "checkpoint", main)  # a mark
     c(main, 1500, 300, "Backward", "phase")
     c(api, 1600, 10, "cudaLaunchKernel", "cuda_runtime", flow_ids=[2])
     c(main, 2000, 1000, "step 2", "step", {"step": 2, "num_samples": 32})
@@ -262,12 +263,13 @@ def test_loaded_slice_base_is_the_cte_and_gives_the_same_tables(traces, expected
         loaded = db.conn.execute(f"SELECT {', '.join(_slicebase.SS_COLUMNS)} "
                                  f"FROM {_slicebase.SS_TABLE} WHERE {_slicebase.SS_BASE_ROWS} "
                                  "ORDER BY id").fetchall()
-        assert len(cte) == 34 and loaded == cte  # as test_summaries counts
+        assert len(cte) == 35 and loaded == cte  # as test_summaries counts
         assert db.query("SELECT type FROM sqlite_master WHERE name = 'slice'") == \
             [{"type": "view"}]  # over the slice base (test_importer: its other rows)
         kinds = dict(db.conn.execute(f"SELECT name, kind_id FROM {_slicebase.SS_TABLE} "
-                                     "WHERE name IN ('step 1', 'Forward', 'matmul', 'gemm')"))
-        assert kinds == {"step 1": 0, "Forward": 2, "matmul": 6, "gemm": 9}
+                                     "WHERE name IN ('step 1', 'Forward', 'matmul', 'gemm', "
+                                     "'checkpoint')"))
+        assert kinds == {"step 1": 0, "Forward": 2, "matmul": 6, "gemm": 9, "checkpoint": None}
         with S.shared_base(db, summaries.Filters()) as base:
             assert base is not None
             assert db.query("SELECT type FROM sqlite_temp_master WHERE name = 'ss_slice'") == \
@@ -308,19 +310,24 @@ def test_slice_kinds_follow_the_base_sql_case():
                "cuda_driver", "dataloader", "Dataloader", "memset", "gpu_range"]
     cat = [-1, 0, 1, 1, 1, 1, 4, 5, 6, 7, 8, 9, 1, 11, 12]
     name = [0, 6, 2, 3, -1, 10, 2, 2, 2, 2, 2, 2, 6, 2, 2]
-    kind, null = _slicebase.kinds(strings, np.array(cat), np.array(name))
+    dur = [5] * len(cat)
+    kind, null = _slicebase.kinds(strings, np.array(cat), np.array(name), np.array(dur))
     assert np.where(null, -1, kind).tolist() == [6, 0, 2, 5, 5, 1, -1, 6, 6, 9, 7, 1, 5, 12, 13]
+    # of no duration: the user ranges (no category, 'nvtx', 'Step' as a category) are instants
+    kind, null = _slicebase.kinds(strings, np.array(cat), np.array(name), np.zeros(len(cat)))
+    assert np.where(null, -1, kind).tolist() == [-1, 0, 2, 5, 5, 1, -1, -1, -1, 9, 7, 1, 5, 12,
+                                                 13]
 
 
 def test_slice_kinds_are_those_of_the_base_sql_case_for_every_category():
-    """Every category _slicebase knows (and 'phase' with every phase name, NULLs, others):
-    kinds() gives what _base.sql's CASE gives on the same slices."""
+    """Every category _slicebase knows (and 'phase' with every phase name, NULLs, others), each
+    lasting and of no duration: kinds() gives what _base.sql's CASE gives on the same slices."""
     from stepscope.analysis.summaries import slicebase as _slicebase
     from stepscope.analysis.tp import importer
 
     cats = [*_slicebase.KIND_OF_CATEGORY, "phase", "nvtx", None]
     names = [*_slicebase.KIND_OF_PHASE, "Custom", None]
-    pairs = [(c, n) for c in cats for n in names]
+    pairs = [(c, n, d) for c in cats for n in names for d in (0, 1)]
     conn = sqlite3.connect(":memory:")
     conn.executescript(importer.SMALL_SCHEMA + ";" + importer.BIG_SCHEMA["slice"])
     conn.executescript("INSERT INTO process(upid, pid) VALUES (0, 1);"
@@ -328,15 +335,19 @@ def test_slice_kinds_are_those_of_the_base_sql_case_for_every_category():
                        "INSERT INTO track(id) VALUES (0);"
                        "INSERT INTO thread_track(id, utid) VALUES (0, 0);")
     conn.executemany("INSERT INTO slice(id, ts, dur, track_id, category, name) "
-                     "VALUES (?, 0, 1, 0, ?, ?)", [(i, c, n) for i, (c, n) in enumerate(pairs)])
+                     "VALUES (?, 0, ?, 0, ?, ?)",
+                     [(i, d, c, n) for i, (c, n, d) in enumerate(pairs)])
     ctes = [f"{n}{c} AS ({b})" for n, c, b in sqlfiles.base_ctes(summaries.Filters())]
     want = [k for (k,) in conn.execute(f"WITH RECURSIVE {', '.join(ctes)} "
                                        "SELECT kind_id FROM ss_slice ORDER BY id")]
-    strings = sorted({x for p in pairs for x in p if x is not None})
+    strings = sorted({x for c, n, _ in pairs for x in (c, n) if x is not None})
     ids = {s: i for i, s in enumerate(strings)}
-    kind, null = _slicebase.kinds(strings, np.array([ids.get(c, -1) for c, _ in pairs]),
-                                  np.array([ids.get(n, -1) for _, n in pairs]))
+    kind, null = _slicebase.kinds(strings, np.array([ids.get(c, -1) for c, _, _ in pairs]),
+                                  np.array([ids.get(n, -1) for _, n, _ in pairs]),
+                                  np.array([d for _, _, d in pairs]))
     assert len(want) == len(pairs) and np.where(null, None, kind).tolist() == want
+    # stepscope's slices, and the instants of no category and of 'nvtx'
+    assert want.count(None) == 4 * len(names)
 
 
 def test_a_failing_slice_base_leaves_the_summaries_to_the_ctes(traces, expected, monkeypatch,

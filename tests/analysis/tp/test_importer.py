@@ -162,9 +162,10 @@ def test_slices_live_once_in_the_slice_base(tmp_path):
         [dict(type="table")]
     base = conn.execute(f"SELECT id, end_ts, upid, kind_id, {_slicebase.SS_BASE_ROWS} "
                         f"FROM {_slicebase.SS_TABLE} ORDER BY id").fetchall()
-    # "step,phase" is no 'step' for _base.sql's CASE: a user range (6), as the others
-    assert [r[1:] for r in base] == [(2000, 1, 6, 1), (1300, 1, 6, 1), (1150, 1, 6, 1),
-                                     (1400, 1, 6, 1), (None, None, None, 0), (3600, 1, 6, 1)]
+    # "step,phase" is no 'step' for _base.sql's CASE: a user range (6), as the others; the
+    # marks (instants: dur 0) have no kind
+    assert [r[1:] for r in base] == [(2000, 1, 6, 1), (1300, 1, 6, 1), (1150, 1, None, 1),
+                                     (1400, 1, None, 1), (None, None, None, 0), (3600, 1, 6, 1)]
 
 
 def test_out_of_order_events_are_sorted_by_time(tmp_path):

@@ -92,8 +92,9 @@ def track_owners(conn: sqlite3.Connection) -> dict[int, tuple[int, int | None]]:
             for t, u, ut in conn.execute(sql)}
 
 
-def kinds(strings: list[str], category: np.ndarray, name: np.ndarray) -> tuple:
-    """kind_id of each slice and its NULL mask, from category / name string ids (-1: NULL)."""
+def kinds(strings: list[str], category: np.ndarray, name: np.ndarray, dur: np.ndarray) -> tuple:
+    """kind_id of each slice and its NULL mask, from category / name string ids (-1: NULL) and
+    duration (a user range of none is an instant: no kind)."""
     n = len(strings)  # index n of the lookup arrays: a NULL string
     by_cat = np.full(n + 1, _USER, np.int64)
     null_cat = np.zeros(n + 1, bool)
@@ -117,7 +118,7 @@ def kinds(strings: list[str], category: np.ndarray, name: np.ndarray) -> tuple:
         for i in np.unique(names[names < n]).tolist():
             by_name[i] = KIND_OF_PHASE.get(phase_of(strings[i]), _OTHER_PHASE)
         kind[is_phase] = by_name[names]
-    return kind, null_cat[cat]
+    return kind, null_cat[cat] | ((kind == _USER) & (dur == 0))
 
 
 def image_parts(slices: dict, strings: list[str],
@@ -137,7 +138,7 @@ def image_parts(slices: dict, strings: list[str],
     utid_of = np.array([0 if t is None else t for _, t in own], np.int64)
     no_utid = np.array([t is None for _, t in own], bool)
     ts, dur, cat, name = slices["ts"], slices["dur"], slices["category"], slices["name"]
-    kind, kind_null = kinds(strings, cat, name)
+    kind, kind_null = kinds(strings, cat, name, dur)
     upid, utid = upid_of[at], utid_of[at]
     parent, args = slices["parent_id"], slices["arg_set_id"]
     table = si.Table(SS_TABLE, SS_SCHEMA, slices["id"], [

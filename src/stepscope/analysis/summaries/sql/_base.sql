@@ -34,6 +34,8 @@
 --                       completion (not device activity: gloo's run on the CPU, NCCL's kernels
 --                       are 'communication' slices of their own)
 --       User ranges     anything else (no category, 'nvtx', or a user's domain/category)
+--                       that lasts: a slice of no duration is an instant (mark(), an NVTX
+--                       mark), not a call, and has no kind
 --   * device activity (kind_id 9-12): kernel, communication, memcpy, memset slices; ss_device
 --     holds just those rows of ss_slice (the tables that only need device slices read it).
 --   * placeholders slices / step_rows: the table the slices are read from and the test that
@@ -135,7 +137,7 @@ ss_slice AS (
   SELECT s.id, s.ts, s.dur, s.ts + s.dur AS end_ts, s.track_id, s.category, s.name,
          s.parent_id, s.arg_set_id, ti.upid, ti.utid,
          CASE
-           WHEN s.category IS NULL THEN 6  -- most slices: tested first
+           WHEN s.category IS NULL THEN CASE WHEN s.dur > 0 THEN 6 END  -- most: tested first
            WHEN s.category = 'step' THEN 0
            WHEN s.category = 'dataloader' THEN 1
            WHEN s.category = 'phase' THEN {{phase_kind}}
@@ -148,7 +150,7 @@ ss_slice AS (
            WHEN s.category = 'gpu_range' THEN 13
            WHEN s.category = 'collective' THEN 14
            WHEN s.category = 'stepscope' THEN NULL
-           ELSE 6
+           WHEN s.dur > 0 THEN 6
          END AS kind_id
   FROM {{slices}} s
   CROSS JOIN ss_track_sel ti  -- slices in id order, each track looked up (no per-track scans)

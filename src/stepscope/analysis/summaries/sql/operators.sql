@@ -2,7 +2,8 @@
 -- (this query: {{op_group}}). Threads merged, rank / tid / thread_name are NULL and the rows
 -- are grouped by name alone (no join to the process and thread tables).
 --
---   ranges          slices of kind 'User ranges' (no category, 'nvtx', or a user's domain).
+--   ranges          slices of kind 'User ranges' (no category, 'nvtx', or a user's domain;
+--                   of some duration: a mark, an instant, is none).
 --   calls           number of ranges; total_ns = sum of durations; avg = total / calls; max, min.
 --   sq_hh .. sq_bb  the sum of the squared durations, exact, in integer parts: with a duration
 --                   d = h 2^32 + a 2^16 + b (h = d >> 32; a, b 16-bit), d^2 = h^2 2^64

@@ -1417,16 +1417,17 @@ WINDOW = textwrap.dedent("""
 """)
 
 
-def test_kineto_says_no_error_of_a_missing_gpu_driver_for_our_window(tmp_path):
+def test_kineto_says_nothing_of_its_own_for_our_window(tmp_path):
     """pip's torch on Linux is a CUDA build: on a machine without the NVIDIA driver Kineto logs
-    an ERROR line (gpuGetDeviceCount) when our first window starts it, and torch 2.14's a USDT
-    line at each profiler start and stop (the fresh README install's suite failed on them).
-    Quiet there, unless the program set Kineto's log level itself (then left as it is); the
-    variable is not left set."""
+    an ERROR line (gpuGetDeviceCount) when our first window starts it, and torch 2.13's and
+    2.14's a USDT line at each profiler start and stop, CPU builds too (the suites of a fresh
+    README install failed on them: 2.14's CUDA build, then 2.13's CPU build). Quiet there,
+    unless the program set Kineto's log level itself (then left as it is); the variable is not
+    left set."""
     from stepscope.pytorch import operators
 
-    if not torch.version.cuda or os.path.exists(operators.NVIDIA_DRIVER):
-        pytest.skip("a CPU build of torch, or a machine with the NVIDIA driver")
+    if torch.version.cuda and os.path.exists(operators.NVIDIA_DRIVER):
+        pytest.skip("a machine with the NVIDIA driver: Kineto's lines are left as they are")
     script = tmp_path / "w.py"
     script.write_text(WINDOW)
     env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
@@ -1437,9 +1438,10 @@ def test_kineto_says_no_error_of_a_missing_gpu_driver_for_our_window(tmp_path):
         out = subprocess.run([sys.executable, str(script), str(tmp_path / str(level))], env=env,
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
-        assert ("gpuGetDeviceCount" in out.stderr) == noisy, out.stderr
-        if not noisy:  # (nor torch 2.14's USDT profiler_start/profiler_stop pair a window)
-            assert "USDT" not in out.stderr, out.stderr
+        assert ("gpuGetDeviceCount" in out.stderr) == (noisy and bool(torch.version.cuda)), \
+            out.stderr
+        if not noisy:  # (nor torch 2.13's and 2.14's USDT profiler_start/profiler_stop pair)
+            assert out.stderr == "", out.stderr
         assert out.stdout.split("LEVEL")[1].strip() == str(level)
         d = tq.db(tmp_path / str(level) / "k" / "rank0.detail.0.pftrace")
         assert tq.slices(d, "s.name = 'aten::sum'")  # the window has its operators

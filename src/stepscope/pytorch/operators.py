@@ -57,21 +57,22 @@ NVIDIA_DRIVER = "/proc/driver/nvidia/version"
 _kineto_started = False  # by a window of ours in this process (it reads its level once)
 
 
-def quiet_kineto_without_a_driver() -> Callable[[], object]:
-    """On a CUDA build of torch (pip's default on Linux) on a machine without an NVIDIA driver,
-    Kineto logs ``ERROR: ... gpuGetDeviceCount failed with code 35`` when it starts, though
-    only CPU activity is asked for; our first window would start it, so the line would be
-    ours; and torch 2.14's Kineto logs a ``USDT: ... profiler_start``/``profiler_stop`` pair
-    at every start and stop, one for each window. Kineto reads ``KINETO_LOG_LEVEL`` once, when
-    it starts: where the program set none and there is no driver, it is set (6: above USDT,
-    its highest level, 5) for that start, then removed; the returned function removes it.
-    Elsewhere, and after the first window, nothing changes."""
+def quiet_kineto() -> Callable[[], object]:
+    """Kineto's own lines on stderr, which our first window would make ours: on a CUDA build
+    of torch (pip's default on Linux) on a machine without an NVIDIA driver, ``ERROR: ...
+    gpuGetDeviceCount failed with code 35`` when it starts, though only CPU activity is asked
+    for; and from torch 2.13 (CPU builds too), a ``USDT: ... profiler_start``/``profiler_stop``
+    pair at every start and stop, one for each window. Kineto reads ``KINETO_LOG_LEVEL`` once,
+    when it starts: where the program set none and no GPU can be traced (a CPU build, or no
+    driver), it is set (6: above USDT, its highest level, 5) for that start, then removed; the
+    returned function removes it. With a driver Kineto's errors may tell of CUPTI's trouble,
+    and are left as they are; so is everything after the first window."""
     import torch
 
     global _kineto_started
     first, _kineto_started = not _kineto_started, True
-    if (not first or "KINETO_LOG_LEVEL" in os.environ or not torch.version.cuda
-            or os.path.exists(NVIDIA_DRIVER)):
+    if (not first or "KINETO_LOG_LEVEL" in os.environ
+            or (torch.version.cuda and os.path.exists(NVIDIA_DRIVER))):
         return lambda: None
     os.environ["KINETO_LOG_LEVEL"] = "6"
     return lambda: os.environ.pop("KINETO_LOG_LEVEL", None)
@@ -181,7 +182,7 @@ class OperatorCapture:
         if self._on or self.foreign_profiler_active():
             return False
         cfg, acts = self.config(), self.activities()
-        restore = quiet_kineto_without_a_driver()
+        restore = quiet_kineto()
         try:
             ag._prepare_profiler(cfg, acts)  # noqa: SLF001
         finally:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from typing import Any
 
 import pytest
@@ -1616,3 +1617,74 @@ def test_a_step_a_flush_kept_from_being_dropped_leaves_the_automatic_steps_on(tm
     # epoch 0's 4, its validation (kept: its begin was written), epochs 1 and 2's 4 each
     assert [st["name"] for st in steps] == [f"step {k}" for k in range(13)]
     assert prof.timer.steps == 13
+
+
+def test_a_compiled_module_gets_no_warning_of_our_forward_watch(tmp_path):
+    """torch.compile(module)'s wrapper warns of global module hooks at each call made while one
+    is registered: our forward watch (step 0's start, each new epoch) made that UserWarning
+    at the first forward of each epoch. Now none, with a step per iteration; a global hook of
+    the program's own still gets torch's warning; after stop() the wrapper is torch's own."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    before = OptimizedModule.__call__
+    model, opt = _model_and_opt()
+    compiled = torch.compile(model, backend="eager")
+    loader = torch.utils.data.DataLoader(torch.randn(16, 8), batch_size=4)
+
+    def loop(marks):
+        for _epoch in range(2):
+            for x in loader:
+                compiled(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+                marks.append(time.perf_counter_ns())
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d, steps, epochs, marks = _zero_code(tmp_path / "ours", loop)
+    assert [str(w.message)[:40] for w in caught] == []
+    assert epochs == [0] * 4 + [1] * 4
+    _one_iteration_each(steps, marks)
+    assert OptimizedModule.__call__ is before
+    calls = []
+    own = torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda m, a: calls.append(type(m).__name__))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _, steps, _, marks = _zero_code(tmp_path / "theirs", loop)
+    finally:
+        own.remove()
+    assert len(caught) == 8 and all("global hooks" in str(w.message) for w in caught)
+    assert calls.count("OptimizedModule") == 8  # (the program's hook: as torch calls it)
+    _one_iteration_each(steps, marks)
+
+
+COMPILED_LATE = textwrap.dedent("""
+    import sys, warnings, torch, stepscope
+    warnings.simplefilter("always")
+    prof = stepscope.Profiler(dir=sys.argv[1], run_id="c", schedule=None, report=False,
+                              use_env=False, host_metrics=False, torch=True, step_on="optimizer")
+    prof.start()
+    assert "torch._dynamo.eval_frame" not in sys.modules  # (torch.compile imports it)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    compiled = torch.compile(model, backend="eager")
+    loader = torch.utils.data.DataLoader(torch.randn(16, 8), batch_size=4)
+    for epoch in range(2):
+        for x in loader:
+            compiled(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    prof.stop()
+    watchers = [f for f in sys.meta_path if type(f).__module__.startswith("stepscope")]
+    print("STEPS", prof.timer.steps, type(compiled).__call__.__module__, len(watchers))
+""")
+
+
+def test_a_module_compiled_after_start_gets_no_warning_either(tmp_path):
+    """torch.compile first imported after the profiler started (its wrapper's module is
+    watched for): no warning on stderr, 8 steps, torch's own wrapper back after stop() and no
+    import watcher left."""
+    out = _run_script(tmp_path, COMPILED_LATE, False)
+    assert out.split("STEPS")[1].split() == ["8", "torch._dynamo.eval_frame", "0"]

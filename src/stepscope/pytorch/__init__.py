@@ -48,14 +48,16 @@ def attach(prof: Any) -> TorchIntegration | None:
 
 
 class _TorchImportWatcher:
-    """A ``sys.meta_path`` finder that runs a callback once ``import torch`` has completed (the
-    profiler of ``stepscope run`` starts before the program imports torch); it removes itself."""
+    """A ``sys.meta_path`` finder that runs a callback once ``import torch`` (or of one of its
+    modules: ``name``) has completed (the profiler of ``stepscope run`` starts before the
+    program imports torch); it removes itself."""
 
-    def __init__(self, callback: Any) -> None:
+    def __init__(self, callback: Any, name: str = "torch") -> None:
         self.callback = callback
+        self.name = name
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != "torch":
+        if fullname != self.name:
             return None
         import importlib.machinery
 
@@ -78,12 +80,15 @@ class _TorchImportWatcher:
             sys.meta_path.remove(self)
 
 
-def on_import(fn: Any) -> None:
-    """Call ``fn`` once torch is imported: now if it is already."""
-    if "torch" in sys.modules:
+def on_import(fn: Any, name: str = "torch") -> _TorchImportWatcher | None:
+    """Call ``fn`` once torch (or its module ``name``) is imported: now if it is already;
+    the watcher that waits for it, else None."""
+    if name in sys.modules:
         fn()
-    else:
-        sys.meta_path.insert(0, _TorchImportWatcher(fn))
+        return None
+    watcher = _TorchImportWatcher(fn, name)
+    sys.meta_path.insert(0, watcher)
+    return watcher
 
 
 def attach_on_import(prof: Any) -> _TorchImportWatcher:

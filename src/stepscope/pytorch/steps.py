@@ -77,6 +77,7 @@ class StepDriver:
         self.mode = step_on
         self._handles: list[Any] = []
         self._fwd_handle: Any = None
+        self._compile_watch: Any = None  # waits for torch.compile's module (_patch_compiled)
         self._patched: list[tuple[Any, str, Any]] = []
         self._auto_stepped = False  # the last boundary was ours, and no wait came since
         self._user_steps = False
@@ -122,6 +123,9 @@ class StepDriver:
 
             self._handles.append(register_optimizer_step_post_hook(self._on_optimizer_step))
             self._patch_scaler()
+            from . import on_import
+
+            self._compile_watch = on_import(self._patch_compiled, "torch._dynamo.eval_frame")
             try:  # the calling thread's autograd sequence number: a forward with grad adds to it
                 from torch._C._autograd import _get_sequence_nr as seq
             except ImportError:  # (a torch without it: every optimizer step ends its step)
@@ -149,6 +153,9 @@ class StepDriver:
                 and prof._in_step and not prof._active  # noqa: SLF001
                 and self._seq_mark is not None and self._seq() == self._seq_mark):
             prof._abandon_step()  # noqa: SLF001
+        if self._compile_watch is not None:
+            self._compile_watch.remove()
+            self._compile_watch = None
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -214,6 +221,51 @@ class StepDriver:
             self._resume()
 
         self._fwd_handle = register_module_forward_pre_hook(first_forward)
+
+    def _patch_compiled(self) -> None:
+        """``torch.compile(module)``'s wrapper warns at each call site while any global module
+        hook is registered (a UserWarning the program would take for its own), and calls such
+        hooks twice (for the wrapper, then for the module in it): our forward watch would
+        make that warning. While it is the only global hook, a compiled module's call on the
+        profiler's thread calls it itself, as torch would, and hides it for the call: no
+        warning, one call, and dynamo traces the module without it (its presence, which
+        comes and goes, is nothing to guard on). The program's own global hooks leave
+        everything as torch does it."""
+        self._compile_watch = None
+        if self.prof._stopped:  # noqa: SLF001
+            return
+        try:
+            from torch._dynamo.eval_frame import OptimizedModule
+            from torch.nn.modules import module as nn_module
+        except ImportError:
+            return
+        original = OptimizedModule.__dict__.get("__call__")
+        hooks = getattr(nn_module, "_global_forward_pre_hooks", None)
+        any_hook = getattr(nn_module, "_has_any_global_hook", None)
+        if original is None or hooks is None or any_hook is None:
+            return
+        driver = self
+
+        def __call__(mod: Any, *args: Any, **kwargs: Any) -> Any:
+            h = driver._fwd_handle
+            if h is None or threading.get_ident() != driver.prof._thread:  # noqa: SLF001
+                return original(mod, *args, **kwargs)
+            fn = hooks.pop(h.id, None)
+            if fn is None:
+                return original(mod, *args, **kwargs)
+            if any_hook():  # the program's: torch's warning is the program's
+                hooks[h.id] = fn
+                return original(mod, *args, **kwargs)
+            try:
+                fn(mod, args)
+                return original(mod, *args, **kwargs)
+            finally:
+                if driver._fwd_handle is h:  # (still watching: this forward was not it)
+                    hooks[h.id] = fn
+
+        __call__.__wrapped__ = original  # type: ignore[attr-defined]
+        self._patched.append((OptimizedModule, "__call__", original))
+        OptimizedModule.__call__ = __call__
 
     def _drop_forward_hook(self) -> None:
         h, self._fwd_handle = self._fwd_handle, None
@@ -373,6 +425,9 @@ class StepDriver:
             return
         self.flush_boundary()
         self._user_steps = True
+        if self._compile_watch is not None:
+            self._compile_watch.remove()
+            self._compile_watch = None
         for h in self._handles:
             h.remove()
         self._handles.clear()

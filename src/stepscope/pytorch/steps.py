@@ -228,9 +228,8 @@ class StepDriver:
         hooks twice (for the wrapper, then for the module in it): our forward watch would
         make that warning. While it is the only global hook, a compiled module's call on the
         profiler's thread calls it itself, as torch would, and hides it for the call: no
-        warning, one call, and dynamo traces the module without it (its presence, which
-        comes and goes, is nothing to guard on). The program's own global hooks leave
-        everything as torch does it."""
+        warning, one call, and dynamo traces the module without it. The program's own global
+        hooks leave everything as torch does it."""
         self._compile_watch = None
         if self.prof._stopped:  # noqa: SLF001
             return

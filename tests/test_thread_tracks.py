@@ -283,3 +283,30 @@ def test_steps_go_to_the_steps_track_of_the_thread_that_makes_them(tmp_path, oth
     if other_thread:
         (w,) = [e for e in d.events if e.name == "w"]
         assert d.tracks[w.track].thread.thread_name == "other"
+
+
+def test_a_thread_renamed_after_its_first_flush_is_shown_with_its_new_name(path):
+    """A thread records, a flush writes its track, it renames itself, records again and ends
+    before the next flush (its Thread object still held): its one track is named as it was
+    last (the track kept its first name: the name was read from the running threads only)."""
+    def work():
+        with stepscope.annotate("before"):
+            pass
+        stepscope.current().flush()
+        threading.current_thread().name = "renamed"
+        with stepscope.annotate("after"):
+            pass
+
+    with stepscope.trace(path):
+        th = threading.Thread(target=work, name="first")
+        th.start()
+        _join_fully(th)
+    d = decode(path)
+    owners = {e.name: _owner(d, e) for e in d.events if e.name}
+    assert owners == {"before": (th.native_id, "renamed"), "after": (th.native_id, "renamed")}
+    from stepscope import analysis
+
+    with analysis.open(path, engine="embedded") as db:
+        got = db.query("SELECT s.name, t.name AS thread FROM slice s JOIN thread_track tt "
+                       "ON tt.id = s.track_id JOIN thread t USING (utid) ORDER BY s.ts")
+        assert [tuple(r.values()) for r in got] == [("before", "renamed"), ("after", "renamed")]

@@ -212,6 +212,10 @@ class TrackRegistry:
             tid = None if thread is None else _tid(thread, ident)
             if tid == known[1]:
                 return self._set_holder(ident, tid, thread.name)  # renamed: same track
+            if thread is None:  # ended since: renamed before it ended? (its Thread object,
+                dead = _find_dead_thread(ident, native_id=known[1])  # if still referenced)
+                if dead is not None:
+                    return self._set_holder(ident, known[1], dead.name)
             if (thread is None or _recorder.fast is not None or tid in exclude
                     or tid in _thread_names):
                 return known[0]  # the newer holder marks its own start

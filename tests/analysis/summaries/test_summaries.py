@@ -528,6 +528,29 @@ def test_rank_and_thread_filters(db):
     assert by(S.table(db, "overview", threads=[102]).rows, "kind")["User ranges"]["total_ns"] == 250
 
 
+def test_the_thread_filter_leaves_out_the_async_ranges():
+    """Async ranges (start_range, async def) lie on the process's "async ranges" tracks, of no
+    one thread: a thread filter leaves them out (they were kept, as device slices are).
+    Step [0, 1000) on main; "a" [100, 300) on main, "w" [200, 500) on worker, "fetch"
+    [150, 650) async, a kernel [400, 500)."""
+    db = TraceDB()
+    r0 = db.process(100, "rank 0 (hostA)")
+    main, worker = db.thread(r0, 101, "main"), db.thread(r0, 102, "worker")
+    db.slice(main, 0, 1000, "step 1", "step", {"step": 1})
+    db.slice(main, 100, 200, "a")
+    db.slice(worker, 200, 300, "w")
+    db.slice(db.track(_schema.ASYNC_TRACK_NAME, db.process_track(r0)), 150, 500, "fetch")
+    gpu = db.track("GPU 0 (H100)", db.process_track(r0))
+    db.slice(db.track("stream 7", gpu), 400, 100, "gemm", "kernel")
+    rows = by(S.table(db, "overview").rows, "kind")
+    assert rows["User ranges"]["calls"] == 3 and rows["User ranges"]["total_ns"] == 550
+    rows = by(S.table(db, "overview", threads=["worker"]).rows, "kind")
+    assert rows["User ranges"]["calls"] == 1 and rows["User ranges"]["total_ns"] == 300
+    assert rows["Kernels"]["total_ns"] == 100  # device slices stay
+    ops = S.table(db, "operators", threads=[101]).rows
+    assert [(r["name"], r["calls"]) for r in ops] == [("a", 1)]
+
+
 def test_process_scoped_stream_tracks_give_the_same_tables(db):
     """Trace processor lists tracks under a process descriptor in process_track too."""
     other = scenario(streams_as_process_tracks=True)

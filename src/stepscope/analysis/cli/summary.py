@@ -50,7 +50,9 @@ def add_parsers(subparsers: Any) -> None:
     p.add_argument("--sort", metavar="COLUMN", help="sort rows by this column (e.g. total, calls)")
     p.add_argument("--format", choices=_FORMATS, default="text")
     p.add_argument("--unit", choices=tuple(UNITS), default="ms", help="time unit (default ms)")
-    p.add_argument("--threads", metavar="T[,T]", help="thread ids or names to keep")
+    p.add_argument("--threads", metavar="T[,T]",
+                   help="thread ids or names whose host slices to keep (device slices stay; "
+                        "async ranges, of no one thread, go)")
     p.add_argument("--ranks", metavar="R[,R]", help="ranks to keep")
     p.add_argument("--steps", metavar="A:B", help="steps A..B-1 (A:, :B, or N also work)")
     p.add_argument("--by-thread", action="store_true", help="operators per rank and thread")

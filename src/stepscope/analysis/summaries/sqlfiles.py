@@ -107,7 +107,8 @@ def placeholders(f: Filters) -> dict[str, str]:
         if names:
             conds.append(f"name IN ({', '.join(names)})")
         p["thread_filter"] = (
-            f"ti.utid IS NULL OR ti.utid IN (SELECT utid FROM thread WHERE {' OR '.join(conds)})"
+            f"(ti.utid IS NULL AND ti.track_name IS NOT {_sql_str(S.ASYNC_TRACK_NAME)}) "
+            f"OR ti.utid IN (SELECT utid FROM thread WHERE {' OR '.join(conds)})"
         )
     if f.steps is not None:
         first, stop = f.steps

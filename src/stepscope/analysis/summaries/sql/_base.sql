@@ -48,7 +48,8 @@
 --     inside the rank's window [start of its first selected step, end of its last selected
 --     step), step slices only when selected -> ss_slice; the thread filter keeps host slices
 --     of the named threads (tid or thread name) and never removes device/process-track slices
---     -> ss_slice. Steps and windows ignore the thread filter.
+--     but the async ranges (start_range, async def: on "async ranges" tracks of the process,
+--     of no one thread) -> ss_slice. Steps and windows ignore the thread filter.
 --   * union length ("time covered", overlaps merged): with a group's intervals ordered by start,
 --     an interval adds max(0, end - max(start, M)) where M is the largest end before it
 --     (earlier intervals all start no later, so what they cover of [start, end) is exactly

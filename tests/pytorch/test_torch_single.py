@@ -18,6 +18,17 @@ BATCHES = 6  # per epoch
 EPOCHS = 2
 
 
+class _NvtxLibrary:
+    """torch.cuda.nvtx's calls into NVTX, as a CUDA build's return: torch's CPU build has
+    none (its stub raises), and its Python functions, which the capture wraps, are tested."""
+
+    def rangePushA(self, msg):  # noqa: N802 - torch._C._nvtx's names
+        return 0
+
+    def rangePop(self):  # noqa: N802
+        return 0
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """The scenario of the issue, small: an MLP, a DataLoader, record_function and nvtx ranges,
@@ -30,23 +41,30 @@ def run(tmp_path_factory):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     prof = stepscope.Profiler(dir=out, run_id="a", schedule=(1, 3), step_on="optimizer",
                               host_metrics=False, report=False, use_env=False, torch=True)
+    nv = torch.cuda.nvtx
+    library = nv._nvtx
+    if not torch.version.cuda:
+        nv._nvtx = _NvtxLibrary()
     prof.start()
-    time.sleep(0.05)  # step 0 must start at the first batch wait, not here
-    t_loop = time.perf_counter_ns()
-    enabled = []  # torch's profiler on, per batch
-    for _ in range(EPOCHS):
-        for x, y in loader:
-            enabled.append(torch.autograd._profiler_enabled())
-            with stepscope.annotate("fwd"):
-                loss = torch.nn.functional.mse_loss(model(x), y)
-            with torch.profiler.record_function("bwd"):
-                loss.backward()
-            with stepscope.phase("Optimization"):
-                opt.step()
-                opt.zero_grad()
-            with torch.cuda.nvtx.range("nv"):
-                pass
-    files = prof.stop()
+    try:
+        time.sleep(0.05)  # step 0 must start at the first batch wait, not here
+        t_loop = time.perf_counter_ns()
+        enabled = []  # torch's profiler on, per batch
+        for _ in range(EPOCHS):
+            for x, y in loader:
+                enabled.append(torch.autograd._profiler_enabled())
+                with stepscope.annotate("fwd"):
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                with torch.profiler.record_function("bwd"):
+                    loss.backward()
+                with stepscope.phase("Optimization"):
+                    opt.step()
+                    opt.zero_grad()
+                with torch.cuda.nvtx.range("nv"):
+                    pass
+    finally:  # (a failure here must leave no profiler running into the next tests)
+        files = prof.stop()
+        nv._nvtx = library
     return {"dir": out / "a", "files": files, "t_loop": t_loop, "enabled": enabled,
             "tid": threading.get_native_id(), "prof": prof}
 

@@ -334,13 +334,13 @@ def test_inflate_bounds_hold_exactly():
     assert w.PKT_COMPRESSED_PACKETS == 50
 
 
-def _cut_in_after_batch(src, dst, into: int = 40) -> None:
-    """Copy of ``src`` cut ``into`` bytes into the packet holding the "after" ranges' batch
-    (as a writer killed mid-write leaves it)."""
+def _cut_in_after_batch(src, dst, into: int = 40, batch: bytes = b"after") -> None:
+    """Copy of ``src`` cut ``into`` bytes into the packet holding the compressed batch of the
+    ``batch`` ranges (as a writer killed mid-write leaves it; b"": the first batch)."""
     good = open(src, "rb").read()
     packets = pb.Trace.FromString(good).packet
     last = next(i for i, p in enumerate(packets) if p.HasField("compressed_packets")
-                and b"after" in zlib.decompress(p.compressed_packets))
+                and batch in zlib.decompress(p.compressed_packets))
     whole = sum(len(w.tag(1, 2)) + len(w.varint(len(b))) + len(b)
                 for b in (p.SerializeToString() for p in packets[:last]))
     open(dst, "wb").write(good[:whole + into])
@@ -361,6 +361,28 @@ def test_a_file_cut_inside_its_last_packet_says_so(bomb_dir, tmp_path):
     assert r.stdout.split() == ["n", "---", "100", "(1", "row)"]  # the 50 "after" ranges lost
     with pytest.warns(TraceDamageWarning, match="skipped 1 cut-short last packet .40 bytes"):
         analysis.load(str(path))
+
+
+def test_a_file_cut_before_its_first_event_is_an_error_on_either_engine(bomb_dir, tmp_path):
+    """Cut inside its first compressed batch: nothing readable. Trace processor loads what
+    it can without a word: the summary said "No events to summarize", exit 0, where the
+    embedded engine said what was lost. Now both do (trace processor here: the stand-in,
+    which loads nothing it cannot read, as trace processor does; the real one too where
+    STEPSCOPE_TRACE_PROCESSOR names it)."""
+    path = tmp_path / "cut.pftrace"
+    _cut_in_after_batch(bomb_dir / "good.pftrace", path, batch=b"")
+    line = (f"stepscope summary: error: cannot read {path}: nothing readable: 1 cut-short "
+            "last packet (40 bytes: the file ends inside it)")
+    fake = os.path.join(os.path.dirname(__file__), "analysis", "fake_tp",
+                        "trace_processor_shell")
+    bins = [fake] + [b for b in (os.environ.get("STEPSCOPE_TRACE_PROCESSOR"),) if b]
+    runs = [("--engine", "embedded")] + [("--engine", "trace_processor",
+                                          "--trace-processor-bin", b) for b in bins]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, *[p for p in sys.path if p]]))
+    for args in runs:
+        r = subprocess.run([sys.executable, "-m", "stepscope.cli", "summary", str(path), *args],
+                           capture_output=True, text=True, timeout=120, env=env)
+        assert (r.returncode, r.stderr.splitlines()) == (2, [line]), (args, r.stdout, r.stderr)
 
 
 def test_merge_says_when_a_rank_file_ends_inside_a_packet(bomb_dir, tmp_path):

@@ -30,12 +30,13 @@ import sqlite3
 import sys
 import time
 import urllib.request
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from os import PathLike
 from typing import Any
 
-from ._errors import EngineError, TraceError
+from ._errors import EngineError, TraceDamageWarning, TraceError
 from .merge import across_hosts, merged_stream, probe
 from .rundir import classify
 from .sqlimage import file_of
@@ -334,6 +335,24 @@ class TraceProcessorDB(_Base):
         config = TraceProcessorConfig(bin_path=bin_path)
         with _local_without_proxy():  # its start-up check asks http://localhost through urllib
             self.tp = TraceProcessor(trace=trace, config=config)
+        try:
+            self._refuse_unreadable()
+        except BaseException:
+            self.close()
+            raise
+
+    def _refuse_unreadable(self) -> None:
+        """Trace processor loads what it can of a damaged file without a word: a file cut
+        short before its first event gave "No events to summarize" and exit 0. Where it holds
+        no slice and no counter, the files are read as the embedded engine reads them, which
+        says what was lost (TraceError: "nothing readable: ...") if anything was."""
+        held = self.query("SELECT EXISTS (SELECT 1 FROM slice) "
+                          "OR EXISTS (SELECT 1 FROM counter) AS held")
+        if held and held[0]["held"]:
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TraceDamageWarning)
+            importer.decode_files(self.paths)
 
     def query(self, sql: str) -> Rows:
         try:
@@ -567,9 +586,12 @@ def open(  # noqa: A001 - mirrors the builtin on purpose: stepscope.analysis.ope
 
 def _start_trace_processor(paths: list[str], binary: str) -> TraceProcessorDB:
     """Trace processor on ``paths``; EngineError whatever fails (the binary crashed, ...), so
-    ``open`` can fall back. The paths were checked: a failure is not theirs."""
+    ``open`` can fall back. The paths were checked: a failure is not theirs, but for a
+    TraceError (it loaded nothing of files that the embedded reader finds damaged)."""
     try:
         return TraceProcessorDB(paths, binary)
+    except TraceError:
+        raise
     except Exception as e:
         raise EngineError(f"trace_processor_shell failed: {_one_line(e)}") from None
 

@@ -207,8 +207,9 @@ def test_sigterm_finishes_the_file_and_still_dies_by_the_signal(tmp_path):
     path, code, _, _ = run_child(tmp_path, "term", signal.SIGTERM)
     assert code == -signal.SIGTERM
     d = decode(path)
-    assert [s[0] for s in d.slices(d.thread_track("MainThread"))] == ["before"] * 3 + [
-        "never ends"]
+    # the range the program was inside when the signal came is left open ("Did not end")
+    assert [(e.type, e.name) for e in d.by_track(d.thread_track("MainThread"))] == [
+        ("B", "before"), ("E", None)] * 3 + [("B", "never ends")]
     assert len(d.snapshots) == 2  # the closing snapshot was written
 
 

@@ -162,8 +162,7 @@ class Session:
         with self._lock:
             if self.started:  # what was recorded before belongs to the files open before
                 self._flush_locked(False)
-            sink = Sink(path, lv, self.compress, self._pipeline.enqueue,
-                        self.registry.async_tracks)
+            sink = Sink(path, lv, self.compress, self._pipeline.enqueue)
             sink.warn_unmatched = not self.started
             sink.clock_snapshot(_clock.snapshot())
             self.sinks.append(sink)
@@ -172,16 +171,16 @@ class Session:
         return sink
 
     def close_sink(self, sink: Sink) -> None:
-        """Flush, end open slices, write a last clock snapshot and close the file."""
+        """Flush, write a last clock snapshot and close the file. Ranges still open (a thread
+        inside one at stop, a range that outlasts a detail window, a run stopped by a signal)
+        are left open, as Perfetto's SDK leaves them: "Did not end" in the UI, and no call in
+        the tables (ended at the close, they were calls that lasted until it: 102 ms for a
+        range whose thread still slept)."""
         with self._lock:
             if sink not in self.sinks:
                 return
             with short_gil_turns():  # as the writer's: busy threads return the GIL sooner
                 self._flush_locked(False)
-            now = _clock.now()
-            for seq in sink.sequences.values():
-                sink.close_open_slices(seq, now)
-            sink.close_open_tracks(now)
             sink.clock_snapshot(_clock.snapshot())
             self.sinks.remove(sink)
             self._pipeline.send(sink)
@@ -346,7 +345,6 @@ class Session:
             self._drop(over)
         self.registry.forget_ended_threads()
         for sink in self.sinks:
-            sink.settle_async()
             sink.describe(self.tracks)
             self._encode_emitted(sink, emitted, discard_detail)
             self.drops.write(sink)

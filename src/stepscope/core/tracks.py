@@ -41,7 +41,6 @@ class TrackRegistry:
         self._native_threads: dict[int, int] = {}  # system tid -> uuid (native_thread_track)
         self._counter_tracks: dict[str, int] = {}
         self._async_free: list[int] = []
-        self.async_tracks: set[int] = set()  # every async track made (sinks read it)
         self._gpus: dict[int, int] = {}  # CUDA device -> its track (gpu_track)
         self._steps: dict[int, int] = {}  # a thread's track -> its steps track (steps_track)
 
@@ -108,9 +107,7 @@ class TrackRegistry:
         try:
             return self._async_free.pop()
         except IndexError:
-            uuid = self.new_track(ASYNC_TRACK_NAME)
-            self.async_tracks.add(uuid)
-            return uuid
+            return self.new_track(ASYNC_TRACK_NAME)
 
     def release_async_track(self, uuid: int) -> None:
         self._async_free.append(uuid)

@@ -1013,12 +1013,16 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         return -rec.register_blob(rec.Blob(rec.END, 0, S.LEVEL_SUMMARY, track, args=args))
 
     def _session_stopping(self) -> None:
-        """The session stops from elsewhere (an exception, a signal, exit): it ends the slices
-        open in the thread's sequence; a step begun late is ended here, likewise."""
-        if self._late_track is not None and self._in_step and rec.ON:  # (no _plock: this
-            # may run in a signal handler on a thread that holds it; one record is atomic)
-            _emit((self._late_end(None), time.perf_counter_ns(),
-                   threading.get_ident() | _STEPS))
+        """The session stops from elsewhere (an exception, a signal, exit): the open step ends
+        here, as stop() ends the step that failed (the ranges the program is inside are left
+        open: "Did not end"), if its begin was written (a tentative one is no step)."""
+        if self._in_step and rec.ON and (self._late_track is not None
+                                         or self._tentative is None):
+            # (no _plock: this may run in a signal handler on a thread that holds it; one
+            # record is atomic)
+            end = (self._late_end(None) if self._late_track is not None
+                   else _step_end_code(self._epoch, None))
+            _emit((end, time.perf_counter_ns(), self._thread | _STEPS))
             self._late_track = None
         self._leave_window()
 

@@ -19,7 +19,6 @@ import os
 import numpy as np
 
 from .. import _clock, _deflate
-from .._schema import LEVEL_DETAIL
 from ..format import wire as w
 from ..record import recorder as rec
 from ..record.recorder import (
@@ -27,10 +26,8 @@ from ..record.recorder import (
     END,
     NUMBERED_EID,
     NUMBERED_MIN_CODE,
-    Blob,
     blobs,
     kinds,
-    register_blob,
     warn_once,
 )
 from .encoder import Interner, assemble, blob_templates, numbered_events, packet, track_event
@@ -119,20 +116,13 @@ def unmatched_ends(dd: np.ndarray, depth0: int) -> tuple[np.ndarray, int]:
 class Sink:
     """One trace file taking the levels in ``levels`` (a set of _schema.LEVEL_* values)."""
 
-    def __init__(self, path: str, levels: frozenset[int], compress: bool, write,
-                 async_tracks: set[int] | frozenset[int] = frozenset()):
+    def __init__(self, path: str, levels: frozenset[int], compress: bool, write):
         self.path = os.fspath(path)
         self.levels = levels
         self.compress = compress
         self._write = write  # callable(sink, bytes): the session's I/O queue
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self.sequences: dict[object, SequenceState] = {}
-        # async ranges (their tracks: the session's set, which grows) open in this file, so
-        # that closing it can end them: track -> (begins - ends, the sequence of the begin);
-        # a flush's begins and ends on them, settled in time order at its end
-        self.async_tracks = async_tracks
-        self.open_async: dict[int, tuple[int, SequenceState]] = {}
-        self._async_events: list[tuple[int, int, int, SequenceState]] = []
         self._next_seq = MAIN_SEQUENCE + 1
         self.described: dict[int, bytes] = {}  # track uuid -> descriptor written
         self.pending: list[bytes] = []  # packets of the current flush
@@ -191,11 +181,6 @@ class Sink:
                 bl = list(map(blobs.get, (-codes[bi]).tolist()))
                 dd[bi] = [_BLOB_DEPTH.get(b.kind, 0) if b is not None and b.track is None else 0
                           for b in bl]
-                if self.async_tracks:  # an async range's begin or end (see settle_async)
-                    for b, t in zip(bl, ts[bi].tolist(), strict=True):
-                        if b is not None and b.track in self.async_tracks and b.kind in (
-                                BEGIN, END):
-                            self._async_events.append((t, b.track, _BLOB_DEPTH[b.kind], seq))
             if dd.any():
                 dropped, seq.depth = unmatched_ends(dd, seq.depth)
                 if dropped.any():
@@ -257,36 +242,9 @@ class Sink:
         if seq.counted:
             self._part_events[len(self.pending) - 1] = n
 
-    def settle_async(self) -> None:
-        """Count the flush's async begins and ends per track in time order (a range may end
-        on another thread, whose events this flush encoded first); an end whose begin came
-        before this file counts nothing."""
-        events, self._async_events = self._async_events, []
-        events.sort(key=lambda e: e[0])
-        for _, track, change, seq in events:
-            n, where = self.open_async.get(track, (0, seq))
-            n = max(0, n + change)
-            if n:
-                self.open_async[track] = (n, seq if change > 0 else where)
-            else:
-                self.open_async.pop(track, None)
-
-    def close_open_tracks(self, ts: int) -> None:
-        """End the async ranges still open in this file (begun in a detail window that closes
-        before they end) at ``ts``, as close_open_slices ends a thread's open ranges."""
-        self.settle_async()
-        for track, (n, seq) in list(self.open_async.items()):
-            ends = [register_blob(Blob(END, 0, LEVEL_DETAIL, track)) for _ in range(n)]
-            try:
-                self.add_events(seq, -np.array(ends, dtype=np.int64),
-                                np.full(n, max(ts, seq.last_ts)), default_track_depth=False)
-            finally:
-                for k in ends:
-                    blobs.pop(k, None)
-        self.open_async.clear()
-
     def close_open_slices(self, seq: SequenceState, ts: int) -> None:
-        """End slices still open on the default track, e.g. when a detail window closes."""
+        """End slices still open on the default track at a gap (a dropped batch, whose ends
+        would close nothing)."""
         if seq.depth > 0 and seq.started:
             codes = np.full(seq.depth, 1, dtype=np.int64)  # END (level does not matter here)
             seq.depth = 0

@@ -281,3 +281,44 @@ def test_gpu_tracing_follows_the_windows(tmp_path, monkeypatch):
         d = decode(tmp_path / "r" / f"rank0.detail.{k}.pftrace")
         assert [x.name for x in d.by_category(S.CAT_KERNEL)] == ["kernel"]
     assert decode(tmp_path / "r" / "rank0.summary.pftrace").by_category(S.CAT_KERNEL) == []
+
+
+def test_a_windows_events_have_the_same_times_in_both_files(tmp_path):
+    """Each file is put on the trace clock by its own clock snapshots, whose pairing of the
+    clocks errs by some 100 ns at each reading: a detail window's step and phase sat 426 ns
+    from the same events in the summary file. The offsets read at the process's first
+    snapshot are kept: the same times, to the ns."""
+    from stepscope import analysis
+
+    prof = Profiler(dir=tmp_path, run_id="r", schedule=(2, 5), report=False, use_env=False,
+                    host_metrics=False)
+    with prof:
+        for _ in range(8):
+            with prof.phase("Forward"):
+                time.sleep(0.002)
+            prof.step()
+    sql = "SELECT name, ts, dur FROM slice WHERE category IN ('step', 'phase') ORDER BY ts"
+    got = {}
+    for f in ("summary", "detail.0"):
+        with analysis.open(str(tmp_path / "r" / f"rank0.{f}.pftrace"), engine="embedded") as db:
+            got[f] = [tuple(r.values()) for r in db.query(sql)]
+    window = got["detail.0"]
+    assert [n for n, _, _ in window] == ["step 2", "Forward", "step 3", "Forward", "step 4",
+                                         "Forward"]
+    assert set(window) <= set(got["summary"])
+
+
+def test_clock_snapshots_keep_their_offsets_but_for_a_real_change(monkeypatch):
+    from stepscope import _clock
+
+    monkeypatch.setattr(_clock, "_offsets", None)
+    first = _clock.snapshot()
+    offsets = lambda s: (s[_clock.BOOTTIME] - s[_clock.MONOTONIC],  # noqa: E731
+                         s[_clock.REALTIME] - s[_clock.MONOTONIC])
+    for _ in range(50):  # the readings' noise: the first offsets, exactly
+        assert offsets(_clock.snapshot()) == offsets(first)
+    boot = _clock._boottime_ns
+    monkeypatch.setattr(_clock, "_boottime_ns", lambda: boot() + 5_000_000)  # a 5 ms suspend
+    moved = offsets(_clock.snapshot())
+    assert abs(moved[0] - offsets(first)[0] - 5_000_000) < _clock.STABLE_NS
+    assert offsets(_clock.snapshot()) == moved  # and kept from then on

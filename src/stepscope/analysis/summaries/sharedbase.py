@@ -104,8 +104,12 @@ def _create_temp(conn: sqlite3.Connection, name: str, sql: str, key: str | None)
         conn.execute(f"CREATE TEMP TABLE {name} AS {sql}")
         return
     conn.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM ({sql}) LIMIT 0")
-    info = conn.execute(f"PRAGMA temp.table_info({name})").fetchall()
-    conn.execute(f"DROP TABLE temp.{name}")
+    try:
+        info = conn.execute(f"PRAGMA temp.table_info({name})").fetchall()
+        conn.execute(f"DROP TABLE temp.{name}")
+    except sqlite3.Error:  # (interrupted by another thread's failure: the empty copy stayed)
+        _drop(conn, [("TABLE", name)])
+        raise
     if key not in [c[1] for c in info]:
         raise sqlite3.OperationalError(f"{name} has no {key} column")
     cols = ", ".join(f'"{c[1]}" INTEGER PRIMARY KEY' if c[1] == key else f'"{c[1]}" {c[2]}'

@@ -12,7 +12,8 @@ Outputs under ``<dir>/<run-id>/``:
 Schedule mechanics on the core session: at warmup start detail recording is turned on; when the
 active part starts, pending events are flushed with ``discard_detail=True`` (warmup detail is
 dropped, so start-up cost does not distort the window) and the window's sink is opened; at the
-window's end detail recording is turned off and the sink closed (open slices are ended there).
+window's end detail recording is turned off and the sink closed (slices still open are left open:
+"Did not end").
 
 Steps: ``start()`` opens step 0 (``start(open_step=False)``: at the first batch wait, phase or
 ``step()``) and each ``step()`` ends one and opens the next, as the slice ``step <n>`` (category

@@ -126,8 +126,8 @@ def test_sigterm_while_a_phase_is_made_ends_the_program():
 
 def test_an_async_range_open_when_its_window_closes_is_left_open_there(tmp_path):
     """start_range in a window, end_range after it: the window's file leaves the range open
-    ("Did not end": no call in its tables), as it leaves a thread's open ranges; the summary
-    level has no async range (detail, as every start_range)."""
+    ("Did not end": no call in its tables), as it leaves a thread's open ranges (it was ended
+    where the window closed, a call as long as what was left of the window)."""
     import time
 
     prof = stepscope.Profiler(dir=tmp_path, schedule=(1, 3), host_metrics=False, report=False,

@@ -77,7 +77,6 @@ class StepDriver:
         self.mode = step_on
         self._handles: list[Any] = []
         self._fwd_handle: Any = None
-        self._compile_watch: Any = None  # waits for torch.compile's module (_patch_compiled)
         self._patched: list[tuple[Any, str, Any]] = []
         self._auto_stepped = False  # the last boundary was ours, and no wait came since
         self._user_steps = False
@@ -125,7 +124,9 @@ class StepDriver:
             self._patch_scaler()
             from . import on_import
 
-            self._compile_watch = on_import(self._patch_compiled, "torch._dynamo.eval_frame")
+            watch = on_import(self._patch_compiled, "torch._dynamo.eval_frame")
+            if watch is not None:  # (removed as the hooks are)
+                self._handles.append(watch)
             try:  # the calling thread's autograd sequence number: a forward with grad adds to it
                 from torch._C._autograd import _get_sequence_nr as seq
             except ImportError:  # (a torch without it: every optimizer step ends its step)
@@ -153,9 +154,6 @@ class StepDriver:
                 and prof._in_step and not prof._active  # noqa: SLF001
                 and self._seq_mark is not None and self._seq() == self._seq_mark):
             prof._abandon_step()  # noqa: SLF001
-        if self._compile_watch is not None:
-            self._compile_watch.remove()
-            self._compile_watch = None
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -230,7 +228,6 @@ class StepDriver:
         profiler's thread calls it itself, as torch would, and hides it for the call: no
         warning, one call, and dynamo traces the module without it. The program's own global
         hooks leave everything as torch does it."""
-        self._compile_watch = None
         if self.prof._stopped:  # noqa: SLF001
             return
         try:
@@ -424,9 +421,6 @@ class StepDriver:
             return
         self.flush_boundary()
         self._user_steps = True
-        if self._compile_watch is not None:
-            self._compile_watch.remove()
-            self._compile_watch = None
         for h in self._handles:
             h.remove()
         self._handles.clear()

@@ -173,9 +173,9 @@ def _flip_in_batch(src, dst, batch: int) -> int:
     return len(payload)
 
 
-def _cli(*args) -> subprocess.CompletedProcess:
+def _cli(*args, path: str = SRC) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "stepscope.cli", *args], capture_output=True,
-                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=SRC))
+                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=path))
 
 
 def test_a_flipped_byte_is_reported_by_summary_sql_and_open(bomb_dir, tmp_path):
@@ -378,10 +378,9 @@ def test_a_file_cut_before_its_first_event_is_an_error_on_either_engine(bomb_dir
     bins = [fake] + [b for b in (os.environ.get("STEPSCOPE_TRACE_PROCESSOR"),) if b]
     runs = [("--engine", "embedded")] + [("--engine", "trace_processor",
                                           "--trace-processor-bin", b) for b in bins]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, *[p for p in sys.path if p]]))
+    here = os.pathsep.join([SRC, *[p for p in sys.path if p]])  # (the stand-in's imports)
     for args in runs:
-        r = subprocess.run([sys.executable, "-m", "stepscope.cli", "summary", str(path), *args],
-                           capture_output=True, text=True, timeout=120, env=env)
+        r = _cli("summary", str(path), *args, path=here)
         assert (r.returncode, r.stderr.splitlines()) == (2, [line]), (args, r.stdout, r.stderr)
 
 

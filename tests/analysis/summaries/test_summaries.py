@@ -860,7 +860,19 @@ def test_every_sql_file_states_its_algorithm_in_a_header():
         assert first.lower().startswith(f"-- {spec.title.split()[0].lower()}"), (name, first)
 
 
-def test_a_shared_base_interrupted_while_it_makes_a_table_leaves_no_table(monkeypatch):
+class _InterruptedOnce(sqlite3.Connection):
+    """A connection whose statement starting with ``fail`` fails once, as interrupted."""
+
+    fail: str | None = None
+
+    def execute(self, sql, *args):
+        if self.fail is not None and sql.startswith(self.fail):
+            self.fail = None
+            raise sqlite3.OperationalError("interrupted")
+        return super().execute(sql, *args)
+
+
+def test_a_shared_base_interrupted_while_it_makes_a_table_leaves_no_table():
     """all_tables on several connections interrupts the others' queries at the first error:
     an interrupt that hit the statement dropping a keyed table's empty first copy (inside
     _create_temp) left ss_frame_region behind (a race a README test run met once)."""
@@ -873,13 +885,3 @@ def test_a_shared_base_interrupted_while_it_makes_a_table_leaves_no_table(monkey
         assert base is None and conn.fail is None  # it failed there, and fell back
     assert db.query("SELECT name FROM sqlite_temp_master") == []
     assert S.table(db, "steps").rows  # the tables from the CTEs
-
-
-class _InterruptedOnce(sqlite3.Connection):
-    fail: str | None = None
-
-    def execute(self, sql, *args):
-        if self.fail is not None and sql.startswith(self.fail):
-            self.fail = None
-            raise sqlite3.OperationalError("interrupted")
-        return super().execute(sql, *args)

@@ -68,6 +68,61 @@ def test_stepscope_run_finds_optimizer_steps_without_code_changes(tmp_path):
     assert steps[9]["ts"] + steps[9]["dur"] <= ends[1]["ts"]
 
 
+SPAWNED_WORKERS = textwrap.dedent("""
+    import sys, torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Numbers(Dataset):  # (in the script: the workers import it from __mp_main__)
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, i):
+            return torch.full((8,), float(i))
+
+    def main():
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        loader = DataLoader(Numbers(), batch_size=4, num_workers=2,
+                            multiprocessing_context=sys.argv[1])
+        for x in loader:
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        print("DONE")
+
+    if __name__ == "__main__":
+        main()
+""")
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_workers_started_by_spawn_or_forkserver_are_traced(tmp_path, method):
+    """A DataLoader with multiprocessing_context="spawn" (or "forkserver") pickles its workers'
+    target, torch's _worker_loop, which stepscope replaces. Before, the replacement held torch's
+    function, which pickle looks up by name and found replaced: the program died at its first
+    iter() (PicklingError). Now it trains, and each worker's fetches are in its file."""
+    script = tmp_path / "train.py"
+    script.write_text(SPAWNED_WORKERS)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), STEPSCOPE_OPTIONS=json.dumps(
+        {"dir": str(tmp_path / "out"), "run_id": "z", "report": False, "host_metrics": False,
+         "schedule": None}))
+    out = subprocess.run([sys.executable, "-m", "stepscope.profiler.boot", str(script), method],
+                         env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["DONE"]
+    run = tmp_path / "out" / "z"
+    workers = sorted(run.glob("rank0.summary.worker*.pftrace"))
+    assert [p.name.split("-")[0] for p in workers] == ["rank0.summary.worker0",
+                                                       "rank0.summary.worker1"]
+    fetched = []
+    for p in workers:
+        d = tq.db(p)
+        assert len(tq.slices(d, "s.name = 'fetch'")) == len(tq.slices(d, "s.name = 'collate'"))
+        fetched += [s["name"] for s in tq.slices(d, "s.name = '__getitem__'")]
+    assert len(fetched) == 12  # 3 batches of 4 samples, each fetched once
+    steps = tq.slices(tq.db(run / "rank0.summary.pftrace"), "s.category = 'step'")
+    assert len(steps) == 3
+
 ENDS_AFTER_3 = textwrap.dedent("""
     import os, sys, time, torch
     from torch.utils.data import DataLoader

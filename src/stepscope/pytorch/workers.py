@@ -2,7 +2,8 @@
 
 ``torch.utils.data._utils.worker._worker_loop`` (the target of every worker process) is replaced
 by :func:`traced_worker_loop` bound to this rank's settings; a ``functools.partial`` of a
-module-level function, so it pickles for the ``spawn`` and ``forkserver`` start methods too.
+module-level function and a dict, so it pickles for the ``spawn`` and ``forkserver`` start
+methods too (torch's function is not in it: pickled by name, it would be found replaced).
 In the worker it starts a session of its own writing
 ``<run dir>/rank<N>.summary.worker<W>-<pid>.pftrace`` (a file per worker process: workers that
 are not persistent are new processes every epoch), which ``stepscope merge`` takes with the
@@ -55,15 +56,30 @@ class WorkerTracing:
         cfg = {"dir": str(self.prof.run_dir), "rank": self.prof.rank,
                "host": self.prof.rank_info.host, "pid": sess.pid,
                "process_uuid": sess.process_uuid, "process_name": sess.process_name}
-        self._original = original
-        worker._worker_loop = functools.partial(traced_worker_loop, cfg, original)  # noqa: SLF001
+        global _torch_loop
+        self._original = _torch_loop = original
+        worker._worker_loop = functools.partial(traced_worker_loop, cfg)  # noqa: SLF001
 
     def stop(self) -> None:
+        global _torch_loop
         if self._original is not None:
             from torch.utils.data._utils import worker
 
             worker._worker_loop = self._original  # noqa: SLF001
-            self._original = None
+            self._original = _torch_loop = None
+
+
+# torch's _worker_loop while ours replaces it: a forked worker inherits it; a spawned one (or
+# forkserver's) imported torch afresh, where the module's own is torch's
+_torch_loop: Any = None
+
+
+def _original_loop() -> Any:
+    if _torch_loop is not None:
+        return _torch_loop
+    from torch.utils.data._utils import worker
+
+    return worker._worker_loop  # noqa: SLF001
 
 
 _chains: dict[str, Any] = {}
@@ -140,9 +156,10 @@ def _patch_dataset(dataset: Any) -> None:
                 pass
 
 
-def traced_worker_loop(cfg: dict, original: Any, *args: Any, **kwargs: Any) -> None:
+def traced_worker_loop(cfg: dict, *args: Any, **kwargs: Any) -> None:
     """torch's ``_worker_loop`` inside a stepscope session of this worker process."""
     sess = None
+    original = _original_loop()
     try:
         bound = inspect.signature(original).bind(*args, **kwargs)
         a = bound.arguments

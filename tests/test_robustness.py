@@ -282,9 +282,10 @@ def test_in_memory_cap_drops_when_encoding_cannot_keep_up(tmp_path):
         warnings.simplefilter("error")  # the pop's begin was dropped: expected, no warning
         stepscope.pop_range()
         stepscope.stop()
-    assert sess.dropped == 10001
+    assert sess.dropped == 10002  # and the pop's end, left out
     d = decode(path)
-    assert [e.value for e in d.by_track(d.track_named("stepscope dropped events"))] == [10001]
+    assert [e.value for e in d.by_track(d.track_named("stepscope dropped events"))] == [
+        10001, 10002]
 
 
 def test_a_burst_past_the_cap_keeps_the_events_before_it(tmp_path):
@@ -304,11 +305,68 @@ def test_a_burst_past_the_cap_keeps_the_events_before_it(tmp_path):
     d = decode(path)
     xs = [e for e in d.events if e.name == "x" and e.type == "B"]
     assert [e.name for e in d.events if e.type == "B"][0] == "open across the gap"
-    kept = 10001 - sess.dropped  # the gap's begin and the x's, the last one whole or cut
-    assert kept in (1 + 2 * len(xs), 2 * len(xs))
-    assert kept * RAW_EVENT_BYTES <= 1 << 16 < (kept + 2) * RAW_EVENT_BYTES  # (+ a thread mark)
+    kept = 10001 - sess.dropped  # the gap's begin and the x's, the last one whole: where the
+    assert kept == 1 + 2 * len(xs)  # cap fell inside it, its end is written from the dropped
+    # part (one event past the cap)
+    assert (kept - 1) * RAW_EVENT_BYTES <= 1 << 16 < (kept + 2) * RAW_EVENT_BYTES  # (+ a mark)
     assert [e.value for e in d.by_track(d.track_named("stepscope dropped events"))] == [
         sess.dropped]
+
+
+def test_a_dropped_burst_leaves_the_times_around_it_exact(tmp_path, monkeypatch):
+    """A range begun before a burst past the cap and ended in its dropped part ends at its own
+    time, and the events recorded while that flush ran keep theirs. Before, the slices open at
+    the drop were ended at the flush's time ("step" 20 ms too long here: 292 ms for a 40 ns
+    range in the audit's 3M-range burst), which pushed the sequence's clock past the events
+    recorded meanwhile: all written at that one time (487,680 of them, in the audit)."""
+    path = str(tmp_path / "t.pftrace")
+    sess = stepscope.start(path, buffer_bytes=1 << 16, flush_interval_s=60)
+    real_drain, during = _recorder.drain, []
+
+    def drain():  # the program records while the writer encodes what it drained
+        chunk = real_drain()
+        if not during:
+            for _ in range(3):
+                during.append(time.monotonic_ns())
+                with stepscope.annotate("meanwhile"):
+                    time.sleep(0.001)
+            time.sleep(0.02)
+        return chunk
+
+    with sess._lock:  # no flush meanwhile
+        stepscope.push_range("outer")
+        stepscope.push_range("step")
+        for _ in range(3000):  # 6000 events: some 5 times the 64 KiB cap
+            with stepscope.annotate("x"):
+                pass
+        stepscope.pop_range()  # "step" ends in the dropped part ...
+        ended = time.monotonic_ns()
+        for _ in range(1000):
+            with stepscope.annotate("x"):
+                pass
+        stepscope.push_range("open")  # ... and "open" begins there, ending after the drop
+    monkeypatch.setattr(_recorder, "drain", drain)
+    sess.flush()
+    monkeypatch.setattr(_recorder, "drain", real_drain)
+    stepscope.pop_range()  # "open"'s end: left out (its begin was dropped), not "outer"'s
+    stepscope.pop_range()  # "outer"'s
+    stepscope.stop()
+    d = decode(path)
+    slices = {name: (depth, t0, t1) for name, depth, t0, t1 in d.slices(
+        d.thread_track("MainThread")) if name != "x"}
+    assert slices["outer"][0] == 0 and slices["step"][0] == 1
+    assert slices["step"][1] < slices["step"][2] <= ended  # its own end, before the flush
+    meanwhile = [(t0, t1) for name, depth, t0, t1 in d.slices(d.thread_track("MainThread"))
+                 if name == "meanwhile"]
+    assert len(meanwhile) == 3 and "open" not in slices
+    for (t0, t1), at in zip(meanwhile, during, strict=True):
+        assert at <= t0 and t1 - t0 >= 1_000_000  # each at its time, 1 ms long
+    assert slices["outer"][2] > meanwhile[-1][1]  # "outer" ends last, at its own end
+    # every recorded event is in the file or counted: outer, step and 4000 x's (2 each),
+    # open's two, 3 meanwhile
+    written = sum(1 for e in d.events if e.type in "BE" and e.track == d.thread_track(
+        "MainThread"))
+    assert written + sess.dropped == 2 + 2 + 8000 + 2 + 6
 
 
 def test_huge_counter_values_never_break_the_trace(tmp_path):

@@ -10,7 +10,7 @@ from .. import _clock
 from .._schema import ARG_DROPPED, CAT_STEPSCOPE, DROPPED_TRACK_NAME, LEVEL_SUMMARY
 from ..record import recorder as _recorder
 from ..record.recorder import COUNTER, INSTANT, Blob
-from ..write.sink import Sink
+from ..write.sink import Sink, depth_changes
 from .tracks import TrackRegistry
 
 
@@ -37,17 +37,41 @@ class DropAccount:
         """``n`` events dropped elsewhere (an emitter's, out of time at exit)."""
         self.dropped += n
 
-    def drop(self, chunk: np.ndarray, sinks: list[Sink]) -> None:
-        """Drop a drained batch (encoding or the disk cannot keep up): count it, free its
-        blobs, and cut the open slices at the gap."""
-        self.dropped += int(np.count_nonzero(chunk[0::3] != _recorder.THREAD))  # not marks
+    def drop(self, chunk: np.ndarray, sinks: list[Sink], groups: list) -> None:
+        """Drop a drained batch (encoding or the disk cannot keep up; a burst past the cap):
+        count it and free its blobs. ``groups``: the batch per thread (``TrackRegistry.split``).
+        Its ends of slices begun before it are still written, at their own times, so those
+        slices keep their true durations, and the slices it leaves open have their ends left
+        out when they come (``Sink.rescue_ends``). (Cutting the open slices at the drop's
+        time made slices end long after they did, and pushed the sequence's clock past the
+        next batch's events, which were then all written at that one time.)"""
+        lost = int(np.count_nonzero(chunk[0::3] != _recorder.THREAD))  # not marks
+        counted = _counted(sinks)
+        for sink in sinks:
+            sink.warn_unmatched = False  # unmatched ends are expected now, no misuse
+            one = len(sink.levels) == 1 and next(iter(sink.levels))
+            for ident, uuid, codes, ts, levels in groups:
+                if one is not False:
+                    keep = levels == one
+                    codes, ts = codes[keep], ts[keep]
+                dd = depth_changes(codes)
+                if not dd.any():
+                    continue
+                seq = sink.sequence(("thread", ident, uuid), uuid, _clock.MONOTONIC)
+                written = sink.rescue_ends(seq, codes, ts, dd)
+                if sink is counted:
+                    lost -= written
+        self.dropped += lost
         for k in chunk[0::3][chunk[0::3] < 0].tolist():
             _recorder.blobs.pop(-k, None)
-        now = _clock.now()
-        for sink in sinks:  # cut open slices at the gap; their ends become unmatched
-            sink.warn_unmatched = False  # ... which is expected now, not the user's mistake
-            for seq in sink.sequences.values():
-                sink.close_open_slices(seq, now)
+
+    def count_lost_ends(self, sinks: list[Sink]) -> None:
+        """Take in the ends a flush left out, whose begins were in a dropped batch."""
+        counted = _counted(sinks)
+        if counted is not None:
+            self.dropped += counted.lost_ends
+        for sink in sinks:
+            sink.lost_ends = 0
 
     def write(self, sink: Sink) -> None:
         """The count, if it grew since the last flush, into a summary file."""
@@ -72,3 +96,9 @@ class DropAccount:
     def written(self) -> None:
         """Every file has been told the current count."""
         self._dropped_written = self.dropped
+
+
+def _counted(sinks: list[Sink]) -> Sink | None:
+    """The file whose events the count is of: the first that takes the summary level (a
+    detail file takes it too, and would count its events twice)."""
+    return next((s for s in sinks if LEVEL_SUMMARY in s.levels), None)

@@ -344,6 +344,7 @@ class Session:
         if len(over):  # (after the events before it: the slices they leave open are cut)
             self._drop(over)
         self.registry.forget_ended_threads()
+        self.drops.count_lost_ends(self.sinks)
         for sink in self.sinks:
             sink.describe(self.tracks)
             self._encode_emitted(sink, emitted, discard_detail)
@@ -387,8 +388,7 @@ class Session:
         return chunk[:keep], late, chunk[keep:]
 
     def _drop(self, chunk: np.ndarray) -> None:
-        self.registry.split(chunk, True, marks_only=True)  # who holds which ident, still
-        self.drops.drop(chunk, self.sinks)
+        self.drops.drop(chunk, self.sinks, self.registry.split(chunk, False))
 
     def _take_emitted(self, late: bool) -> list[tuple[Emitter, np.ndarray, np.ndarray]]:
         """Per emitter with events: (emitter, blob codes, timestamps) in time order."""

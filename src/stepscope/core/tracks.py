@@ -246,19 +246,14 @@ class TrackRegistry:
             _thread_names.pop(native_id, None)
         self._ended_before = ended
 
-    def split(self, chunk: np.ndarray, discard_detail: bool, marks_only: bool = False):
+    def split(self, chunk: np.ndarray, discard_detail: bool):
         """Per thread: (ident, track, codes, ts, levels) in time order. Thread marks (see
-        ``_recorder``) cut an ident's events where a new thread took the ident over; with
-        ``marks_only``, only the marks are taken in (for a batch that is dropped)."""
+        ``_recorder``) cut an ident's events where a new thread took the ident over."""
         if not len(chunk):
             return []
         arr = chunk.reshape(-1, 3)
         codes, ts, tids = arr[:, 0], arr[:, 1], arr[:, 2]
         marks = codes == _recorder.THREAD
-        if marks_only:
-            for native_id, ident in zip(ts[marks].tolist(), tids[marks].tolist(), strict=True):
-                self._marked_track(ident, native_id, dormant=True)
-            return []
         if (codes == _recorder.NULL).any():  # withdrawn events
             keep = codes != _recorder.NULL
             codes, ts, tids, marks = codes[keep], ts[keep], tids[keep], marks[keep]

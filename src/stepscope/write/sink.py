@@ -42,13 +42,16 @@ class SequenceState:
     """Incremental state of one sequence in one file: interning, clock, open slices."""
 
     __slots__ = ("seq_id", "interner", "last_ts", "depth", "track", "clock_id", "prefix",
-                 "templates", "started", "counted", "lost")
+                 "templates", "started", "counted", "lost", "phantom")
 
     def __init__(self, seq_id: int, track: int | None, clock_id: int):
         self.seq_id = seq_id
         self.interner = Interner()
         self.last_ts = 0
         self.depth = 0  # slices open on the default track, as this file has seen them
+        # slices open above them whose begins this file never got (a dropped batch's, or
+        # written before a restart): the next ends below the batch's level are theirs
+        self.phantom = 0
         self.track = track
         self.clock_id = clock_id
         self.prefix = w.f_varint(w.PKT_SEQUENCE_ID, seq_id) + _PREFIX_FLAGS
@@ -62,7 +65,9 @@ class SequenceState:
         self.interner = Interner()
         self.templates = {}
         self.started = False
-        self.depth = 0  # ends of slices begun before are then unmatched, and left out
+        # the slices begun before: their ends are left out, not taken for newer slices'
+        self.phantom += self.depth
+        self.depth = 0
         self.lost = True
 
     def start_packet(self, t0: int) -> bytes:
@@ -99,6 +104,19 @@ class SequenceState:
         return tpl
 
 
+def depth_changes(codes: np.ndarray) -> np.ndarray:
+    """+1 per begin, -1 per end, 0 otherwise, of events on their thread's default track."""
+    is_blob = codes < 0
+    kind = np.where(is_blob, -1, codes & 3)
+    dd = (kind == BEGIN).astype(np.int64) - (kind == END)
+    if is_blob.any():
+        bi = np.nonzero(is_blob)[0]
+        bl = list(map(blobs.get, (-codes[bi]).tolist()))
+        dd[bi] = [_BLOB_DEPTH.get(b.kind, 0) if b is not None and b.track is None else 0
+                  for b in bl]
+    return dd
+
+
 def unmatched_ends(dd: np.ndarray, depth0: int) -> tuple[np.ndarray, int]:
     """Which ends (dd == -1) close nothing, given ``depth0`` slices already open.
 
@@ -111,6 +129,16 @@ def unmatched_ends(dd: np.ndarray, depth0: int) -> tuple[np.ndarray, int]:
     drops = np.maximum(0, -np.minimum.accumulate(running))
     dropped = np.diff(drops, prepend=0) > 0
     return dropped, int(running[-1] + drops[-1]) if len(dd) else depth0
+
+
+def _phantom_ends(dd: np.ndarray, phantom: int) -> np.ndarray:
+    """The ends (dd == -1) that close the ``phantom`` slices open below the batch's first
+    event: the first ``phantom`` ends that go below the batch's starting level."""
+    below = unmatched_ends(dd, 0)[0]
+    idx = np.flatnonzero(below)[:phantom]
+    out = np.zeros(len(dd), dtype=bool)
+    out[idx] = True
+    return out
 
 
 class Sink:
@@ -129,6 +157,7 @@ class Sink:
         self.bytes_raw = 0
         self.closed = False
         self.warn_unmatched = True  # False for files opened mid-run (windows): drops expected
+        self.lost_ends = 0  # ends left out since a dropped batch held their begins (uncounted)
         # failed writes: what the writer thread encodes belongs to generation `gen`; the I/O
         # thread drops the chunks of every generation up to `_failed_gen` (see write_chunk)
         self.gen = 0
@@ -174,13 +203,17 @@ class Sink:
             return
         is_blob = codes < 0
         if default_track_depth:
-            kind = np.where(is_blob, -1, codes & 3)
-            dd = (kind == BEGIN).astype(np.int64) - (kind == END)
-            if is_blob.any():
-                bi = np.nonzero(is_blob)[0]
-                bl = list(map(blobs.get, (-codes[bi]).tolist()))
-                dd[bi] = [_BLOB_DEPTH.get(b.kind, 0) if b is not None and b.track is None else 0
-                          for b in bl]
+            dd = depth_changes(codes)
+            if seq.phantom and dd.any():  # the ends of slices whose begins were lost
+                gone = _phantom_ends(dd, seq.phantom)
+                k = int(np.count_nonzero(gone))
+                seq.phantom -= k
+                self.lost_ends += k
+                keep = ~gone
+                codes, ts, is_blob, dd = codes[keep], ts[keep], is_blob[keep], dd[keep]
+                n = len(codes)
+                if n == 0:
+                    return
             if dd.any():
                 dropped, seq.depth = unmatched_ends(dd, seq.depth)
                 if dropped.any():
@@ -242,14 +275,19 @@ class Sink:
         if seq.counted:
             self._part_events[len(self.pending) - 1] = n
 
-    def close_open_slices(self, seq: SequenceState, ts: int) -> None:
-        """End slices still open on the default track at a gap (a dropped batch, whose ends
-        would close nothing)."""
-        if seq.depth > 0 and seq.started:
-            codes = np.full(seq.depth, 1, dtype=np.int64)  # END (level does not matter here)
-            seq.depth = 0
-            self.add_events(seq, codes, np.full(len(codes), max(ts, seq.last_ts)),
-                            default_track_depth=False)
+    def rescue_ends(self, seq: SequenceState, codes: np.ndarray, ts: np.ndarray,
+                    dd: np.ndarray) -> int:
+        """A dropped batch of one sequence (``dd`` as in :func:`unmatched_ends`): its ends of
+        slices begun before it are written, at their own times, and the slices it leaves open
+        are counted as phantoms, whose ends are left out when they come. Returns the number
+        of ends written."""
+        closing, open_after = unmatched_ends(dd, 0)
+        depth, lost = seq.depth, self.lost_ends
+        if closing.any() and seq.started:
+            self.add_events(seq, codes[closing], ts[closing])
+        self.lost_ends = lost  # (ends of the batch's own: counted with it)
+        seq.phantom += open_after
+        return depth - seq.depth
 
     # -- handing bytes to the disk -----------------------------------------------------------
     def take(self) -> list[bytes]:

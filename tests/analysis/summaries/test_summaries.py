@@ -551,6 +551,32 @@ def test_the_thread_filter_leaves_out_the_async_ranges():
     assert [(r["name"], r["calls"]) for r in ops] == [("a", 1)]
 
 
+def test_a_prefetch_threads_waits_are_no_reader_cost_of_the_steps():
+    """A loader iterated on a prefetch thread (prefetch_generator's "DataLoaderX"): the steps'
+    thread waits on a queue, not on the loader. Steps [0,1000), [1000,2000) on main, which
+    waits [0,100); the prefetch thread's waits [50,450) and [1100,1900). Reader cost 100 and
+    0 (the timer's), the Model's Dataloader 1 call of 100 and Others 900 + 1000. Before: 450
+    and 800, and Dataloader (1300) + Others (1800) came to 3100 of 2000."""
+    db = TraceDB()
+    r0 = db.process(100, "rank 0 (hostA)")
+    main, prefetch = db.thread(r0, 101, "MainThread"), db.thread(r0, 102, "Thread-1")
+    db.slice(main, 0, 1000, "step 1", "step", {"step": 1})
+    db.slice(main, 1000, 1000, "step 2", "step", {"step": 2})
+    db.slice(main, 0, 100, "dataloader.next", "dataloader")
+    db.slice(prefetch, 50, 400, "dataloader.next", "dataloader")
+    db.slice(prefetch, 1100, 800, "dataloader.next", "dataloader")
+    assert [(r["step"], r["reader_cost_ns"]) for r in S.table(db, "step_times").rows] == [
+        (1, 100), (2, 0)]
+    rows = by(S.table(db, "model").rows, "phase")
+    assert (rows["Dataloader"]["calls"], rows["Dataloader"]["cpu_total_ns"]) == (1, 100)
+    assert (rows["Others"]["calls"], rows["Others"]["cpu_total_ns"]) == (2, 1900)
+    # a rank without steps: its waits are its Dataloader time, whichever thread
+    db = TraceDB()
+    r0 = db.process(100, "rank 0 (hostA)")
+    db.slice(db.thread(r0, 102, "Thread-1"), 50, 400, "dataloader.next", "dataloader")
+    assert by(S.table(db, "model").rows, "phase")["Dataloader"]["cpu_total_ns"] == 400
+
+
 def test_process_scoped_stream_tracks_give_the_same_tables(db):
     """Trace processor lists tracks under a process descriptor in process_track too."""
     other = scenario(streams_as_process_tracks=True)

@@ -4,7 +4,10 @@
 --   phase instance  a slice of category 'phase' (row = its name), or a dataloader wait that is
 --                   not directly inside a phase (counted as a 'Dataloader' instance), except
 --                   those that lie between the steps: the final wait that found a loader
---                   exhausted, and the waits of an evaluation pass (dataloader.eval).
+--                   exhausted, and the waits of an evaluation pass (dataloader.eval). Waits and
+--                   'Dataloader' phases count on the thread that makes the rank's steps only
+--                   (a prefetch thread's waits overlap the step's work: Dataloader and Others
+--                   added up to more than the steps), on any thread of a rank without steps.
 --   calls           number of phase instances.
 --   cpu_total_ns    sum of the instances' durations; cpu_avg/max/min over instances.
 --   cpu_ratio       cpu_total_ns / frame time (union of ss_frame per rank, summed).
@@ -23,12 +26,17 @@
 --                   gpu = union of the device slices attributed to the step and to no phase.
 {{base}},
 -- dataloader waits that are no instances of their own: those directly inside a phase (part of
--- that phase), and the waits between the steps (a loader's exhausted end, evaluation passes)
+-- that phase), the waits between the steps (a loader's exhausted end, evaluation passes), and
+-- the waits and 'Dataloader' phases of a thread other than the steps' (of a rank with steps)
 md_nested_dl AS (
   SELECT w.id FROM ss_slice w JOIN slice p ON p.id = w.parent_id
   WHERE w.kind_id = 1 AND w.category = 'dataloader' AND p.category = 'phase'
   UNION ALL
   SELECT w.id FROM ss_slice w WHERE w.kind_id = 1 AND w.name IN ({{between_waits}})
+  UNION ALL
+  SELECT w.id FROM ss_slice w
+  WHERE w.kind_id = 1 AND w.upid IN (SELECT upid FROM ss_step)
+    AND (w.utid IS NULL OR w.utid NOT IN (SELECT utid FROM ss_step))
 ),
 -- the phase instances. Kinds 2-5 are 'phase' slices by definition, kind 1 holds the
 -- 'Dataloader' phases and the dataloader waits. (md_cpu selects the same rows with the same

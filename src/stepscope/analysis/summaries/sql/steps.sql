@@ -4,13 +4,16 @@
 --   batch_cost_ns   the step slice's duration (category 'step', name "step <n>").
 --   step            debug.step, else the <n> of the name.
 --   reader_cost_ns  time the step waited for data: the union of the dataloader waits (category
---                   'dataloader') and 'Dataloader' phases of the step's rank that START inside the
---                   step [ts, ts + dur), each clipped to the step's end.
+--                   'dataloader') and 'Dataloader' phases of the step's thread (the thread whose
+--                   steps track holds it: a loader iterated on a prefetch thread is waited for
+--                   there, not by the step) that START inside the step [ts, ts + dur), each
+--                   clipped to the step's end.
 --   num_samples     debug.num_samples of the step (NULL when the batch size is unknown).
 {{base}},
 st_reader AS (
   SELECT upid, ts, end_ts FROM ss_slice
   WHERE kind_id = 1  -- category 'dataloader', or a 'phase' named 'Dataloader'
+    AND utid IN (SELECT utid FROM ss_step)  -- on the steps' thread
 ),
 -- the step current at each reader row: in (time, ord, id) order per rank, the step that started
 -- last at or before it (ties: the larger id), which is the largest step id seen so far (both

@@ -1540,6 +1540,34 @@ def _one_iteration_each(steps, marks) -> None:
         assert marks[k] <= end <= steps[k + 1]["ts"] < marks[k + 1], (k, steps, marks)
 
 
+def test_an_iterator_made_during_set_up_leaves_the_set_up_out_of_step_0(tmp_path):
+    """``it = iter(loader)`` during set-up, 50 ms more set-up, then ``next(it)`` in a loop of
+    4 iterations (torchtitan's and step-based loops' way): step 0 starts at the first next(),
+    and so does its wait, its reader cost. Before, the first wait was dated back to iter(), as
+    in a for loop: step 0 held the set-up, all of it reader cost (2.4 s of 2.4 s in the
+    audit's nanoGPT-like script)."""
+    model, opt = _model_and_opt()
+    loader = torch.utils.data.DataLoader(torch.randn(16, 8), batch_size=4)
+    set_up = []
+
+    def loop(marks):
+        it = iter(loader)
+        time.sleep(0.05)
+        set_up.append(time.perf_counter_ns())
+        for _ in range(4):
+            model(next(it)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            marks.append(time.perf_counter_ns())
+
+    d, steps, epochs, marks = _zero_code(tmp_path, loop)
+    waits = tq.slices(d, "s.name = 'dataloader.next'")
+    assert len(steps) == len(waits) == 4
+    assert set_up[0] <= waits[0]["ts"] and set_up[0] <= steps[0]["ts"] <= waits[0]["ts"]
+    assert waits[0]["dur"] < 10_000_000  # (a tensor batch: the 50 ms are not in it)
+    _one_iteration_each(steps, marks)
+
+
 @pytest.mark.parametrize("replay", ["itertools.cycle", "a list of the batches"])
 def test_batches_replayed_without_a_wait_make_a_step_each(tmp_path, replay):
     """10 iterations over a 4-batch loader's batches replayed (itertools.cycle replays its
@@ -1615,6 +1643,38 @@ def test_a_loop_left_by_a_break_ends_its_last_step_before_the_workers_shut_down(
     assert [st["name"] for st in steps] == [f"step {k}" for k in range(3)]
     _one_iteration_each(steps, marks)
     assert marks[2] <= steps[2]["ts"] + steps[2]["dur"] < left[0]
+
+
+def test_passes_left_by_a_break_are_epochs_and_the_next_step_waits_for_its_batch(tmp_path):
+    """3 of a 2-worker loader's 6 batches per epoch, then a break (steps per epoch capped), 2
+    epochs, 20 ms of the program's own between them: 6 steps, epochs 0, 0, 0, 1, 1, 1; the
+    second epoch's first step starts at its first batch wait, after the workers' shutdown and
+    the 20 ms. Before: every step was epoch 0 (only an exhausted pass ended an epoch), and the
+    step opened as the loop was left held the shutdown and the 20 ms."""
+    model, opt = _model_and_opt()
+    loader = torch.utils.data.DataLoader(torch.randn(24, 8), batch_size=4, num_workers=2)
+    between = []
+
+    def loop(marks):
+        for epoch in range(2):
+            for i, x in enumerate(loader):
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+                marks.append(time.perf_counter_ns())
+                if i == 2:
+                    break
+            if not epoch:
+                time.sleep(0.02)
+                between.append(time.perf_counter_ns())
+
+    d, steps, epochs, marks = _zero_code(tmp_path, loop)
+    assert [st["name"] for st in steps] == [f"step {k}" for k in range(6)]
+    assert epochs == [0, 0, 0, 1, 1, 1]
+    _one_iteration_each(steps, marks)
+    waits = tq.slices(d, "s.name = 'dataloader.next'")
+    assert len(waits) == 6
+    assert between[0] < steps[3]["ts"] == waits[3]["ts"]
 
 
 def test_a_range_after_the_optimizer_step_stays_in_its_iterations_step(tmp_path):

@@ -63,6 +63,12 @@ from typing import Any
 from ..record import recorder as rec
 from .ranges import OPTIMIZER_STEP_PREFIX
 
+# A pass's first wait starts at iter(), whose worker start-up is its reader cost, where next()
+# follows it within this time (a for loop's; other loaders' iter() between, zip's, not
+# counted); later, the program worked in between (an iterator made during set-up, the loop
+# seconds later): the wait starts at next()
+ITER_GAP_NS = 1_000_000
+
 
 def _no_seq() -> None:
     """A torch without the autograd sequence number: no forward is ever seen."""
@@ -102,6 +108,10 @@ class StepDriver:
         # the steps: a forward with grad since says the step in progress has training work
         self._seq_mark: Any = None
         self._epoch_ended = False
+        self._iter_ns = 0  # time in DataLoader iterators' making, on the profiler's thread
+        # the training pass under way whose waits make the boundaries: (weak reference to its
+        # loader, optimizer steps before it), until its end (see _before_pass)
+        self._outer: tuple[Any, int] | None = None
         self._replay = False  # the last pass ended, no batch wait since: batches replayed?
         # with a DataLoader: the latest begin of a program's range (none open) since the
         # optimizer step, and the loop's level then (see _before_range)
@@ -413,6 +423,15 @@ class StepDriver:
         rec.mark_low()  # (a boundary, or a batch wait: the loop's level, or a range above it)
         return made
 
+    def boundary_between(self) -> None:
+        """The boundary an optimizer step asked for, made between two passes (a loop left by
+        a break): the step it opens waits for the next batch wait (or phase, or forward), as
+        after a pass's end. (It opened at once: the first step of the next epoch held the
+        workers' shutdown and all that came before its first wait, 33 ms more in the audit.)"""
+        prof = self.prof
+        if self.flush_boundary() and prof._in_step and not prof._active:  # noqa: SLF001
+            prof._abandon_step()  # noqa: SLF001
+
     def yield_to_program(self) -> None:
         """``step_on="auto"``: the program makes its own steps (its first ``step()`` call, or
         a Profiler of its own that asked for no ``step_on``, joined to ``stepscope run``'s:
@@ -463,7 +482,14 @@ class StepDriver:
         if self.mode not in ("optimizer", "auto") or self._user_steps:
             return
         if self.boundary_pending:  # (a loop left by a break: the step ends before the next
-            self.flush_boundary()  # pass's iterator is made, an evaluation's workers too)
+            self.boundary_between()  # pass's iterator is made, an evaluation's workers too)
+        outer = self._outer
+        if outer is not None and outer[0]() is loader and self._opt_steps > outer[1]:
+            # the loader's last pass trained and was left by a break (steps per epoch capped,
+            # islice): the pass made now is the next epoch's, as after its end (all the run's
+            # steps were epoch 0, and the schedule's windows never repeated)
+            self._outer = None
+            self._epoch_ended = True
         if self._epoch_ended and self._grad_enabled():
             try:
                 if loader is not None and loader in self._eval_loaders:
@@ -480,6 +506,7 @@ class StepDriver:
         first of the next epoch's); its loader's next passes are evaluation passes."""
         if it.__dict__.get("_stepscope_inner"):
             return  # (a loop inside the step: its end ends nothing)
+        self._outer = None
         self._replay = True
         seq = self._seq()
         trained = self._seq_mark is None or seq is None or seq != self._seq_mark
@@ -586,6 +613,11 @@ class StepDriver:
                     if "_stepscope_inner" not in d:  # (a loop inside the step: no boundary
                         driver.loader_seen = True  # waits for its waits)
                         driver._replay = False
+                        if "_stepscope_made" in d and (driver.boundary_pending
+                                                       or prof._pending):  # noqa: SLF001
+                            # (the first wait of a pass whose waits start the steps; not
+                            # another loader's taken in the step, next(iter(aux)))
+                            driver._outer = d.get("_stepscope_pass")
                     driver._wait_boundary()
                     driver._auto_stepped = False
                     if driver._epoch_ended:
@@ -593,14 +625,16 @@ class StepDriver:
             # the first batch's wait starts where the iterator was made: creating it starts
             # the worker processes (reader cost, as prof.dataloader counts it)
             made = self.__dict__.pop("_stepscope_made", None) if on_main else None
-            t0 = clock() if made is None else made
-            if made is not None and (made < thread_last_ts() or made < prof._own_end):  # noqa: SLF001
-                # the thread recorded since iter() (the program's phase around next(); the
-                # profiler's window work as the epoch changed here, on the steps' sequence):
-                # the slice and its step start here, as a sequence's events are in time order
-                # (an earlier begin shifted all that followed it, every later step too), and
-                # so does the reader cost (iter() is in no wait, maybe in no step)
-                t0 = clock()
+            t0 = clock()
+            if made is not None and made[0] >= thread_last_ts() and made[0] >= prof._own_end:  # noqa: SLF001
+                # (else the thread recorded since iter(): the program's phase around next();
+                # the profiler's window work as the epoch changed here, on the steps'
+                # sequence: the slice and its step start here, as a sequence's events are in
+                # time order (an earlier begin shifted all that followed it, every later step
+                # too), and so does the reader cost: iter() is in no wait, maybe in no step)
+                if t0 - made[1] - (driver._iter_ns - made[2]) <= ITER_GAP_NS:
+                    t0 = made[0]  # (else the program worked between iter() and next(), e.g.
+                    # an iterator made during set-up: that work is no reader cost, no step's)
             placed = wait_begin(t0, ident, counts)  # a pending step opens here (main thread)
             if on_main and driver.ranges is not None:
                 driver.ranges.waiting = True
@@ -639,7 +673,8 @@ class StepDriver:
             d = it.__dict__
             for key in ("_stepscope_eval", "_stepscope_inner", "_stepscope_pass"):
                 d.pop(key, None)  # (an iterator reset for another pass: the last one's)
-            d["_stepscope_made"] = made
+            ready = clock()
+            d["_stepscope_made"] = (made, ready, driver._iter_ns)
             if cancel and not driver._user_steps:
                 driver._new_pass(it, loader)
 
@@ -649,7 +684,7 @@ class StepDriver:
             if on_main:
                 driver._before_pass(loader)
             made = clock()
-            original_init(self, *args, **kwargs)  # (multiprocessing: starts the workers)
+            original_init(self, *args, **kwargs)
             if on_main:
                 start_pass(self, loader, made)
 
@@ -666,7 +701,7 @@ class StepDriver:
             what came after, up to the next batch wait)."""
             if (driver.boundary_pending and threading.get_ident() == main
                     and not prof._stopped):  # noqa: SLF001
-                driver.flush_boundary()
+                driver.boundary_between()
             return original_shutdown(self)
 
         _shutdown_workers.__wrapped__ = original_shutdown  # type: ignore[attr-defined]
@@ -690,3 +725,26 @@ class StepDriver:
         _reset.__wrapped__ = original_reset  # type: ignore[attr-defined]
         self._patched.append((base, "_reset", original_reset))
         base._reset = _reset
+
+        original_iter = dl.DataLoader.__dict__["__iter__"]
+
+        def __iter__(self: Any) -> Any:
+            """iter(loader): the iterator is ready when this returns (the multiprocessing
+            iterator's __init__ and _reset start and resume the workers after the base's);
+            the time is noted for the first wait (see ITER_GAP_NS)."""
+            if threading.get_ident() != main or prof._stopped:  # noqa: SLF001
+                return original_iter(self)
+            t = clock()
+            try:
+                it = original_iter(self)
+            finally:
+                driver._iter_ns += clock() - t
+            d = getattr(it, "__dict__", None)
+            made = d.get("_stepscope_made") if d is not None else None
+            if made is not None:
+                d["_stepscope_made"] = (made[0], clock(), driver._iter_ns)
+            return it
+
+        __iter__.__wrapped__ = original_iter  # type: ignore[attr-defined]
+        self._patched.append((dl.DataLoader, "__iter__", original_iter))
+        dl.DataLoader.__iter__ = __iter__

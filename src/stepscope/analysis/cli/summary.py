@@ -14,8 +14,11 @@ from typing import Any
 
 from .. import summaries
 from .._errors import TraceError
+from ..summaries import sharedbase
 from ..summaries.cntk import write_cntk
 from ..summaries.format import UNITS
+from ..summaries.slicebase import PLACEHOLDERS
+from ..summaries.sqlfiles import base_ctes
 from .common import add_engine_args, classify
 from .common import fail as _fail
 from .common import open_traces as _open  # a module global: the tests replace it
@@ -159,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception as e:  # the engines' own messages say what is wrong with the file
         return _fail("summary", f"cannot read {shown}: {e}")
     try:
+        _check_filters(db, args, kw, inputs.detail if inputs.whole else [])
         tables = summaries.all_tables(db, names=names, sort=args.sort, **kw)
         if inputs.whole and inputs.detail:
             _add_detail_tables(tables, inputs.detail, args, kw)
@@ -189,6 +193,74 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     return 0
 
+
+
+def _check_filters(db: Any, args: argparse.Namespace, kw: dict[str, Any],
+                   detail: list[str]) -> None:
+    """SummaryError where a filter selects nothing in the loaded traces: a thread or rank they
+    do not hold, a step range with no step in it. The tables came out empty ("No events to
+    summarize", exit 0) or, as the thread filter keeps steps and device slices, all but blank,
+    with no word that the filter named nothing (``--threads nosuch``, a typo). A thread may be
+    in the ``detail`` windows only (loaded apart; read here only then)."""
+    conn = sharedbase.sqlite_conn(db)
+    slices = PLACEHOLDERS if conn is not None and sharedbase.has_slice_base(conn) else None
+
+    def rows(sql: str, filters: summaries.Filters) -> list[dict[str, Any]]:
+        base = ",\n".join(f"{n}{c} AS ({b})" for n, c, b in base_ctes(filters, slices))
+        return summaries.run_sql(db, "filters", f"WITH RECURSIVE {base}\n{sql}")
+
+    if kw["threads"]:
+        tids: set[int] = set()
+        names: set[str] = set()
+
+        def add_threads(d: Any) -> None:
+            for r in summaries.run_sql(d, "filters", "SELECT DISTINCT tid, name FROM thread"):
+                if r["tid"] is not None:
+                    tids.add(r["tid"])
+                if r["name"] is not None:
+                    names.add(r["name"])
+
+        def missing() -> list[str]:  # a number is a tid, else a name (as the filter reads it)
+            return [t for t in kw["threads"] if not (int(t) in tids if t.isdigit()
+                                                     else t in names)]
+
+        add_threads(db)
+        if missing() and detail:
+            other = _open(detail, args)
+            try:
+                add_threads(other)
+            finally:
+                close = getattr(other, "close", None)
+                if callable(close):
+                    close()
+        if missing():
+            t = missing()[0]
+            have = _few(sorted(names) if names else sorted(tids))
+            what = "thread id" if t.isdigit() else "thread"
+            raise summaries.SummaryError(f"--threads: no {what} {t!r} (threads: {have})")
+    if kw["ranks"]:
+        found = rows("SELECT DISTINCT rank FROM ss_track_sel WHERE upid >= 0",
+                     summaries.Filters())
+        have_ranks = sorted({r["rank"] for r in found if r["rank"] is not None})
+        for r in kw["ranks"]:
+            if r not in have_ranks:
+                raise summaries.SummaryError(f"--ranks: no rank {r} (ranks: {_few(have_ranks)})")
+    if kw["steps"]:
+        ranks_only = summaries.Filters.make(ranks=kw["ranks"])
+        (have,) = rows("SELECT MIN(step) AS lo, MAX(step) AS hi FROM ss_step_all", ranks_only)
+        filters = summaries.Filters.make(ranks=kw["ranks"], steps=kw["steps"])
+        (sel,) = rows("SELECT COUNT(*) AS n FROM ss_step", filters)
+        if not sel["n"]:
+            where = (f"the steps are {have['lo']} to {have['hi']}" if have["lo"] is not None
+                     else "there are no steps")
+            raise summaries.SummaryError(f"--steps {args.steps!r}: no step in that range "
+                                         f"({where})")
+
+
+def _few(values: list[Any], n: int = 8) -> str:
+    """The first ``n`` of ``values`` and how many more."""
+    more = f", ... ({len(values) - n} more)" if len(values) > n else ""
+    return ", ".join(str(v) for v in values[:n]) + more if values else "none"
 
 
 def _is_input(output: str, inputs: Any) -> bool:

@@ -621,6 +621,22 @@ def probe(paths: Iterable[str | os.PathLike[str]]) -> list[InputInfo]:
     return [_probe(Path(p)) for p in paths]
 
 
+def holds_process(path: str | os.PathLike[str], pid: int, name: str | None) -> bool:
+    """Whether a file declares the process ``pid`` named ``name`` in any of its track
+    descriptors (all of the file is read: in a merged file, each rank's come after the ranks
+    before it). For naming the files that hold a process twice over."""
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    for pkt in _parsable(iter_all_packets(path), pb):
+        for field, wt, s, e, _ in _fields(pkt):
+            if wt == 2 and field == w.PKT_TRACK_DESCRIPTOR:
+                td = pb.TrackDescriptor.FromString(pkt[s:e])
+                if (td.HasField("process") and td.process.pid == pid
+                        and (td.process.process_name or None) == name):
+                    return True
+    return False
+
+
 def across_hosts(infos: list[InputInfo]) -> bool:
     """Whether the files come from ranks on several hosts: only then does their merge differ
     from reading them one after the other with sequences kept apart and snapshots that go back

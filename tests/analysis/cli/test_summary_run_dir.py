@@ -263,3 +263,31 @@ def test_a_filter_that_selects_nothing_is_an_error(run_dir, capsys, monkeypatch,
                    "0", "--steps", "9:", "--table", "steps", "--format", "json"])
     out, err = capsys.readouterr()
     assert rc == 0 and json.loads(out)["steps"]["notes"] == ["1 steps"], err
+
+
+@pytest.mark.parametrize("engine", ["embedded", "trace_processor"])
+def test_the_same_rank_file_twice_is_refused(run_dir, tmp_path, capsys, monkeypatch, engine):
+    """A copy of a rank file beside it, or the run's merged file moved out of the run
+    directory beside a rank file: the same process twice over, loaded as one with every step
+    twice (20 steps for 10). The check by file name (rank<N>.summary.pftrace in two run
+    directories) missed both; now one line names both files."""
+    engine_args = ["--engine", engine]
+    if engine == "trace_processor":
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([p for p in sys.path if p]))
+        engine_args += ["--trace-processor-bin", FAKE_TP]
+    rank0 = run_dir / "rank0.summary.pftrace"
+    copy = tmp_path / "copy.pftrace"
+    shutil.copyfile(rank0, copy)
+    merged = tmp_path / "merged.pftrace"
+    shutil.copyfile(run_dir / "merged.pftrace", merged)
+    from stepscope import analysis
+
+    with analysis.open(str(rank0), engine="embedded") as db:
+        (pid,) = [r["pid"] for r in db.query("select pid from process where name glob 'rank *'")]
+    for first, second in ((rank0, copy), (merged, rank0)):
+        rc = cli.main(["summary", *engine_args, str(first), str(second)])
+        out, err = capsys.readouterr()
+        assert (rc, out, err) == (2, "", (
+            f"stepscope summary: error: {first} and {second} hold the same process (rank 0, "
+            f"pid {pid}): its steps would count twice; give each rank's file once\n"))
+    assert sorted(os.listdir(tmp_path)) == ["copy.pftrace", "merged.pftrace"]

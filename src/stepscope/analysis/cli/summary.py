@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any
 
+from .. import merge as _merge
 from .. import summaries
 from .._errors import TraceError
 from ..summaries import sharedbase
@@ -162,6 +163,9 @@ def run(args: argparse.Namespace) -> int:
     except Exception as e:  # the engines' own messages say what is wrong with the file
         return _fail("summary", f"cannot read {shown}: {e}")
     try:
+        twice = _loaded_twice(db, paths)
+        if twice:
+            return _fail("summary", twice)
         _check_filters(db, args, kw, inputs.detail if inputs.whole else [])
         tables = summaries.all_tables(db, names=names, sort=args.sort, **kw)
         if inputs.whole and inputs.detail:
@@ -195,6 +199,37 @@ def run(args: argparse.Namespace) -> int:
 
 
 
+def _loaded_twice(db: Any, paths: list[str]) -> str | None:
+    """Why the loaded ``paths`` hold a process twice over, or None. A file given twice under
+    two names (a copy), or a merged file beside one of its own rank files, has the same
+    process (pid, track uuids) in both: the engines load both into one process, every step
+    twice (twice the steps in the tables). ``Inputs.check_one_run`` knows ranks by file name
+    only (rank<N>.summary.pftrace) and a copy is not the same path: here the loaded steps say
+    it, a step of one thread at one instant counted twice."""
+    conn = sharedbase.sqlite_conn(db)
+    slices = PLACEHOLDERS if conn is not None and sharedbase.has_slice_base(conn) else None
+    found = _base_rows(db, slices, summaries.Filters(), (
+        "SELECT s.rank, p.pid, p.name FROM ss_step_all s JOIN process p ON p.upid = s.upid "
+        "GROUP BY s.upid, s.utid, s.ts, s.step HAVING COUNT(*) > 1 LIMIT 1"))
+    if not found:
+        return None
+    rank, pid, name = found[0]["rank"], found[0]["pid"], found[0]["name"]
+    holders = [p for p in paths if _merge.holds_process(p, pid, name)]
+    which = (f"{holders[0]} and {holders[1]} hold the same process (rank {rank}, pid {pid})"
+             if len(holders) == 2 else
+             f"the same process (rank {rank}, pid {pid}) is loaded twice from "
+             f"{', '.join(holders if len(holders) > 2 else paths)}")
+    return f"{which}: its steps would count twice; give each rank's file once"
+
+
+def _base_rows(db: Any, slices: dict[str, str] | None, filters: summaries.Filters,
+               sql: str) -> list[dict[str, Any]]:
+    """The rows of ``sql`` after the summaries' base CTEs (``sql/_base.sql``) for ``filters``;
+    ``slices``: the slice base's placeholders, where the engine has it."""
+    base = ",\n".join(f"{n}{c} AS ({b})" for n, c, b in base_ctes(filters, slices))
+    return summaries.run_sql(db, "filters", f"WITH RECURSIVE {base}\n{sql}")
+
+
 def _check_filters(db: Any, args: argparse.Namespace, kw: dict[str, Any],
                    detail: list[str]) -> None:
     """SummaryError where a filter selects nothing in the loaded traces: a thread or rank they
@@ -206,8 +241,7 @@ def _check_filters(db: Any, args: argparse.Namespace, kw: dict[str, Any],
     slices = PLACEHOLDERS if conn is not None and sharedbase.has_slice_base(conn) else None
 
     def rows(sql: str, filters: summaries.Filters) -> list[dict[str, Any]]:
-        base = ",\n".join(f"{n}{c} AS ({b})" for n, c, b in base_ctes(filters, slices))
-        return summaries.run_sql(db, "filters", f"WITH RECURSIVE {base}\n{sql}")
+        return _base_rows(db, slices, filters, sql)
 
     if kw["threads"]:
         tids: set[int] = set()

@@ -70,6 +70,9 @@ def environment(opts: Mapping[str, Any], env: Mapping[str, str] | None = None) -
     env = dict(os.environ if env is None else env)
     merged = dict(_options.from_env(env))
     merged.update(opts)
+    if "run_id" not in merged and env.get("STEPSCOPE_RUN_ID"):  # (the program's Profiler
+        # would refuse it: said here, before the program runs)
+        _options.check_run_id("STEPSCOPE_RUN_ID", env["STEPSCOPE_RUN_ID"])
     env[_options.ENV_VAR] = _options.dumps(merged)
     src = str(Path(__file__).resolve().parents[2])
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

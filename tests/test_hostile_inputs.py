@@ -7,6 +7,7 @@ import contextlib
 import gzip
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -419,11 +420,50 @@ def test_an_empty_file_is_an_error_for_every_command_and_writes_nothing(tmp_path
 
 
 def test_merge_of_a_file_with_nothing_readable_says_only_so(tmp_path):
-    """A text file given to merge: the error alone. Before, a warning said "the rest is
-    merged" first."""
+    """A text file given to merge: the error alone (summary's: it is no trace). Before, a
+    warning said "the rest is merged" first."""
     text = tmp_path / "t.pftrace"
     text.write_text("not a trace, just text\n")
     r = _cli("merge", str(text), "-o", str(tmp_path / "m.pftrace"))
     (line,) = r.stderr.splitlines()
-    assert r.returncode == 2 and line.startswith(f"stepscope merge: nothing readable in {text}: ")
+    assert r.returncode == 2 and line == (f"stepscope merge: {text}: not a Perfetto protobuf "
+                                          "trace (no packet at offset 0)")
     assert sorted(os.listdir(tmp_path)) == ["t.pftrace"]
+
+
+@pytest.mark.parametrize("name, data, why", [
+    ("passwd", b"root:x:0:0:root:/root:/bin/bash\n", "no packet at offset 0"),
+    ("hello", b"hello", "no packet at offset 0"),
+    ("random", b"\x9d" + random.Random(1).randbytes(4095), "no packet at offset 0"),
+    ("one_bad_packet", b"\x0a\x05hello", "first packet is corrupt"),
+])
+def test_merge_refuses_a_file_that_is_not_a_trace_beside_a_good_one(bomb_dir, tmp_path, name,
+                                                                      data, why):
+    """A file that is no trace, given beside a rank file: merge skipped its bytes as damage
+    and wrote the rest, exit 0 ("merged 2 file(s), ranks [0, None]"), where summary refuses
+    it. Now merge refuses it as summary does: one line, exit 2, nothing written."""
+    good = tmp_path / "good.pftrace"
+    good.write_bytes((bomb_dir / "good.pftrace").read_bytes())
+    bad = tmp_path / name
+    bad.write_bytes(data)
+    r = _cli("merge", str(good), str(bad), "-o", str(tmp_path / "m.pftrace"))
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2, "", f"stepscope merge: {bad}: not a Perfetto protobuf trace ({why})\n")
+    assert sorted(os.listdir(tmp_path)) == sorted([good.name, name])
+    r = _cli("summary", str(good), str(bad), "--engine", "embedded")
+    assert (r.returncode, r.stderr) == (
+        2, f"stepscope summary: error: cannot read {bad}: not a Perfetto protobuf trace "
+        f"({why})\n")
+
+
+def test_merge_refuses_a_gzip_file_it_cannot_read(bomb_dir, tmp_path):
+    """A gzip-compressed trace (which the loader inflates) was merged as damage, exit 0."""
+    good = tmp_path / "rank0.summary.pftrace"
+    good.write_bytes((bomb_dir / "good.pftrace").read_bytes())
+    gz = tmp_path / "rank1.summary.pftrace.gz"
+    gz.write_bytes(gzip.compress(good.read_bytes()))
+    r = _cli("merge", str(good), str(gz), "-o", str(tmp_path / "m.pftrace"))
+    assert (r.returncode, r.stderr) == (
+        2, f"stepscope merge: {gz}: gzip-compressed; merge reads uncompressed traces: gunzip "
+        "it first\n")
+    assert sorted(os.listdir(tmp_path)) == [good.name, gz.name]

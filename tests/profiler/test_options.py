@@ -1,4 +1,7 @@
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -138,3 +141,80 @@ def test_the_buffer_minimum_has_one_owner(tmp_path, monkeypatch):
         Profiler(tmp_path, buffer_bytes=1 << 16, use_env=False)
     assert options.parse(json.dumps({"buffer_bytes": 1 << 17})) == {"buffer_bytes": 1 << 17}
 
+
+
+BAD_RUN_IDS = ["/abs/x", "../x", "a/b", "", ".", "..", "x" * 256]
+
+
+def _bad_run_id(name: str, value: str) -> str:
+    return (f"{name} must be one plain directory name (no '/', not '.' or '..', 1 to 255 "
+            f"bytes), got {value!r}")
+
+
+@pytest.mark.parametrize("value", BAD_RUN_IDS)
+def test_a_run_id_that_is_not_one_directory_name_is_refused(tmp_path, monkeypatch, value):
+    """The run id names the run's directory under ``dir``: '/abs/x', '../x' and 'a/b' wrote
+    the files outside it, '' and '.' straight into it. Refused where it is given: the
+    argument, STEPSCOPE_OPTIONS, STEPSCOPE_RUN_ID (read at start(): checked in Profiler())."""
+    from stepscope.profiler import Profiler
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as e:
+        Profiler("prof", run_id=value, use_env=False)
+    assert str(e.value) == _bad_run_id("run_id", value)
+    with pytest.raises(ValueError) as e:
+        options.parse(json.dumps({"run_id": value}))
+    assert str(e.value) == _bad_run_id("STEPSCOPE_OPTIONS: 'run_id'", value)
+    if value:  # (an empty STEPSCOPE_RUN_ID is unset)
+        monkeypatch.setenv("STEPSCOPE_RUN_ID", value)
+        with pytest.raises(ValueError) as e:
+            Profiler("prof")
+        assert str(e.value) == _bad_run_id("STEPSCOPE_RUN_ID", value)
+    assert os.listdir(tmp_path) == []
+
+
+def test_launcher_run_ids_become_one_directory_name():
+    """A launcher's job id is sanitised, not refused: the MPI namespace's '/' (as before) and
+    torchrun's --rdzv-id, any text."""
+    from stepscope import ranks
+    from stepscope.profiler.profiler import default_run_id
+
+    info = ranks.detect(rank=0)
+    assert default_run_id(info, {"PMIX_NAMESPACE": "prterun-h-1/1"}) == "mpi-prterun-h-1_1"
+    assert default_run_id(info, {"TORCHELASTIC_RUN_ID": "../x"}) == "torchelastic-.._x"
+    assert default_run_id(info, {"STEPSCOPE_RUN_ID": "r-1"}) == "r-1"
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_stepscope_run_refuses_a_bad_run_id_before_the_program_runs(tmp_path, how):
+    (tmp_path / "p.py").write_text("open('ran', 'w').close()\n")
+    flag = ["--run-id", "../x"] if how == "flag" else []
+    env = _run_env(STEPSCOPE_RUN_ID="../x") if how == "env" else _run_env()
+    r = subprocess.run([sys.executable, "-m", "stepscope.cli", "run", "--dir", "out", *flag,
+                        "--", sys.executable, "p.py"], capture_output=True, text=True,
+                       env=env, timeout=60, cwd=tmp_path)
+    name = "--run-id" if how == "flag" else "STEPSCOPE_RUN_ID"
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2, "", f"stepscope run: {_bad_run_id(name, '../x')}\n")
+    assert os.listdir(tmp_path) == ["p.py"]
+
+
+def _run_env(**extra):
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
+    return {**env, **extra}
+
+
+def test_the_boot_module_refuses_a_bad_run_id_in_one_line(tmp_path, monkeypatch, capsys):
+    """Under a launcher (``-m stepscope.profiler.boot``): one line, not the Profiler's
+    traceback, and the program not run."""
+    from stepscope.profiler import boot
+
+    (tmp_path / "p.py").write_text("open('ran', 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("STEPSCOPE_OPTIONS", raising=False)
+    monkeypatch.setenv("STEPSCOPE_RUN_ID", "a/b")
+    assert boot.main(["p.py"]) == 2
+    assert capsys.readouterr().err == f"stepscope: {_bad_run_id('STEPSCOPE_RUN_ID', 'a/b')}\n"
+    assert os.listdir(tmp_path) == ["p.py"]

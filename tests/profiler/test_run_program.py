@@ -318,3 +318,27 @@ def test_a_program_with_its_own_profiler_records_its_steps_under_stepscope_run(t
     assert len([s for s in d.slices if s.name == "dataloader.next"]) == 6
     assert all(0.03e9 <= s.dur < 0.5e9 for s in steps), [s.dur for s in steps]
     assert not (tmp_path / "own").exists()  # one run, one directory: the run's
+
+
+def test_an_interpreter_without_stepscopes_dependencies_is_one_line(tmp_path):
+    """``stepscope run -- python train.py`` with a ``python`` that lacks stepscope's
+    dependencies (here a bare venv): the boot module's imports failed with a raw traceback.
+    Now one line naming the interpreter, what it could not import and what to do; the
+    program not run, nothing written."""
+    import venv
+
+    venv.create(tmp_path / "bare", with_pip=False)
+    python = str(tmp_path / "bare" / "bin" / "python")
+    (tmp_path / "p.py").write_text("open('ran', 'w').close()\n")
+    want = subprocess.run([python, "-c", "import stepscope.profiler.boot"],
+                          capture_output=True, text=True, env=_env(), timeout=60)
+    why = want.stderr.strip().splitlines()[-1]
+    assert want.returncode == 1 and why.startswith("ModuleNotFoundError: No module named ")
+    r = subprocess.run([sys.executable, "-m", "stepscope.cli", "run", "--dir", "out", "--",
+                        python, "p.py"], capture_output=True, text=True, env=_env(),
+                       timeout=60, cwd=tmp_path)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", (
+        f"stepscope run: {python} cannot import stepscope ({why}): run the program with the "
+        f"Python stepscope is installed in ({sys.executable}), or install stepscope for "
+        f"{python}\n"))
+    assert sorted(os.listdir(tmp_path)) == ["bare", "p.py"]

@@ -52,7 +52,7 @@ from ..format.wire import f_bytes, f_varint
 from ..format.wire import fields as _fields
 from ..format.wire import read_varint as _varint
 from .tp import protoscan as ps
-from .tp.packets import refuse_empty, skipped_summary
+from .tp.packets import check_start, refuse_empty, skipped_summary
 
 SHIFTED_CLOCKS = (CLOCK_MONOTONIC, CLOCK_BOOTTIME)
 
@@ -574,6 +574,8 @@ def merge(
         ranks = parse_ranks(ranks)
     files = find_inputs(inputs, level)
     refuse_empty([str(f) for f in files])
+    for f in files:
+        _check_trace(f)
     _check_output(Path(output), files)
     infos = probe(files)
     if ranks is not None:
@@ -617,6 +619,22 @@ def merge(
 def probe(paths: Iterable[str | os.PathLike[str]]) -> list[InputInfo]:
     """Each file's rank, host, pid and first clock snapshot (read from its start)."""
     return [_probe(Path(p)) for p in paths]
+
+
+def holds_process(path: str | os.PathLike[str], pid: int, name: str | None) -> bool:
+    """Whether a file declares the process ``pid`` named ``name`` in any of its track
+    descriptors (all of the file is read: in a merged file, each rank's come after the ranks
+    before it). For naming the files that hold a process twice over."""
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    for pkt in _parsable(iter_all_packets(path), pb):
+        for field, wt, s, e, _ in _fields(pkt):
+            if wt == 2 and field == w.PKT_TRACK_DESCRIPTOR:
+                td = pb.TrackDescriptor.FromString(pkt[s:e])
+                if (td.HasField("process") and td.process.pid == pid
+                        and (td.process.process_name or None) == name):
+                    return True
+    return False
 
 
 def across_hosts(infos: list[InputInfo]) -> bool:
@@ -684,6 +702,21 @@ def _create_temp(out_path: Path) -> tuple[int, str]:
 
 def _inflate_summary(skipped: dict[str, int]) -> str | None:
     return skipped_summary(skipped)
+
+
+def _check_trace(path: Path) -> None:
+    """Refuse a file that loading would refuse (``packets.check_start``), before anything is
+    written: the merge skipped its bytes as damage and wrote the rest, exit 0. Also a gzip file,
+    which the merge cannot read (the loader inflates it). Reads the first MiB."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_CHUNK + 1)
+    except OSError:
+        return  # (the merge's read says what is wrong)
+    if head[:2] == b"\x1f\x8b":
+        raise ValueError(f"{path}: gzip-compressed; merge reads uncompressed traces: gunzip it "
+                         "first")
+    check_start(head[:_CHUNK], str(path), whole=len(head) <= _CHUNK)
 
 
 def _check_output(out: Path, inputs: list[Path]) -> None:

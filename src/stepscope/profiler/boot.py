@@ -234,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return exc.code
     # no step_range: steps from optimizer steps until the program calls stepscope.step()
-    prof = Profiler(step_on=None if opts.get("step_range") else "auto")
+    try:  # (a bad STEPSCOPE_RUN_ID: one line, as a bad STEPSCOPE_OPTIONS above)
+        prof = Profiler(step_on=None if opts.get("step_range") else "auto")
+    except ValueError as exc:
+        print(f"stepscope: {exc}", file=sys.stderr)
+        return 2
     prof._adopts_nested = True  # noqa: SLF001  (the program's own Profiler records into it)
     hook = None
     if opts.get("step_range"):

@@ -79,6 +79,8 @@ def add_parsers(subparsers: Any) -> None:
 def run_options(args: argparse.Namespace) -> dict[str, Any]:
     """The STEPSCOPE_OPTIONS that ``stepscope run``'s flags ask for (validated)."""
     opts: dict[str, Any] = {}
+    if args.run_id is not None:
+        _options.check_run_id("--run-id", args.run_id)
     for key in ("dir", "run_id", "timer_only", "host_metrics", "sample_interval_s",
                 "step_range", "report"):
         value = getattr(args, key, None)

@@ -5,8 +5,9 @@ Example::
     STEPSCOPE_OPTIONS='{"dir": "/tmp/prof", "schedule": {"wait": 1, "warmup": 1, "active": 2},
                         "host_metrics": true, "levels": ["summary", "detail"]}'
 
-Keys (all optional): ``dir`` (str), ``run_id`` (str), ``schedule`` (object with skip_first, wait,
-warmup, active, repeat; or ``[start, end]``; or ``null`` for no detail windows), ``timer_only``
+Keys (all optional): ``dir`` (str), ``run_id`` (str: one directory name, no ``/``), ``schedule``
+(object with skip_first, wait, warmup, active, repeat; or ``[start, end]``; or ``null`` for no
+detail windows), ``timer_only``
 (bool), ``levels`` (list of "summary", "detail": which files are written), ``host_metrics`` (bool),
 ``sample_interval_s`` (seconds, 0.001 to 86400), ``buffer_bytes`` (64 KiB to 1 TiB), ``rank``
 (0 to 2**31 - 1), ``gpu`` (bool), ``sync_gpu`` (bool), ``gpu_bucket_ns`` (the GPU counters'
@@ -50,6 +51,18 @@ def _bool(key: str, v: Any) -> bool:
 def _str(key: str, v: Any) -> str:
     if not isinstance(v, str) or not v:
         raise ValueError(f"{ENV_VAR}: {key!r} must be a non-empty string, got {v!r}")
+    return v
+
+
+def check_run_id(name: str, v: Any) -> str:
+    """A run id names the run's directory under ``dir``: one plain path component. An absolute
+    path, ``..``, ``a/b``, ``.`` or "" put the files outside ``dir`` or straight into it (where
+    runs met). ``name``: the option as the user gave it (in the error)."""
+    if (not isinstance(v, str) or v in ("", ".", "..") or "/" in v or "\0" in v
+            or os.sep in v or (os.altsep and os.altsep in v)
+            or len(os.fsencode(v)) > 255):
+        raise ValueError(f"{name} must be one plain directory name (no '/', not '.' or '..', "
+                         f"1 to 255 bytes), got {v!r}")
     return v
 
 
@@ -98,7 +111,7 @@ def _sched(key: str, v: Any) -> Schedule | None:
 
 _KEYS = {
     "dir": _str,
-    "run_id": _str,
+    "run_id": lambda k, v: check_run_id(f"{ENV_VAR}: {k!r}", v),
     "schedule": _sched,
     "timer_only": _bool,
     "levels": _levels,

@@ -370,10 +370,10 @@ def default_run_id(info: _ranks.RankInfo, env: dict[str, str] | None = None) -> 
 
     env = dict(os.environ) if env is None else env
     if env.get("STEPSCOPE_RUN_ID"):
-        return env["STEPSCOPE_RUN_ID"]
+        return _options.check_run_id("STEPSCOPE_RUN_ID", env["STEPSCOPE_RUN_ID"])
     te = env.get("TORCHELASTIC_RUN_ID")
-    if te and te != "none":
-        return f"torchelastic-{te}"
+    if te and te != "none":  # (torchrun's --rdzv-id: any text, as the MPI namespace below)
+        return f"torchelastic-{te}".replace("/", "_")
     if env.get("SLURM_JOB_ID"):
         step = env.get("SLURM_STEP_ID")
         return f"slurm-{env['SLURM_JOB_ID']}" + (f".{step}" if step else "")
@@ -455,6 +455,10 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         if not isinstance(cfg["buffer_bytes"], int) or cfg["buffer_bytes"] < low:
             raise ValueError(f"buffer_bytes must be an integer >= {low}, got "
                              f"{cfg['buffer_bytes']!r}")
+        if cfg["run_id"] is not None:
+            _options.check_run_id("run_id", cfg["run_id"])
+        elif os.environ.get("STEPSCOPE_RUN_ID"):  # (read at start(): refused here, as options)
+            _options.check_run_id("STEPSCOPE_RUN_ID", os.environ["STEPSCOPE_RUN_ID"])
         if cfg["step_on"] not in (None, *_options.STEP_ON):
             raise ValueError(f"step_on must be None or one of {_options.STEP_ON}, got "
                              f"{cfg['step_on']!r}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -70,6 +71,9 @@ def environment(opts: Mapping[str, Any], env: Mapping[str, str] | None = None) -
     env = dict(os.environ if env is None else env)
     merged = dict(_options.from_env(env))
     merged.update(opts)
+    if "run_id" not in merged and env.get("STEPSCOPE_RUN_ID"):  # (the program's Profiler
+        # would refuse it: said here, before the program runs)
+        _options.check_run_id("STEPSCOPE_RUN_ID", env["STEPSCOPE_RUN_ID"])
     env[_options.ENV_VAR] = _options.dumps(merged)
     src = str(Path(__file__).resolve().parents[2])
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -92,6 +96,7 @@ def run(command: Sequence[str], opts: Mapping[str, Any] | None = None) -> int:
     KeyboardInterrupt)."""
     cmd = rewrite(command)
     env = environment(opts or {})
+    _check_interpreter(cmd, env)
     try:
         proc = subprocess.Popen(cmd, env=env, preexec_fn=_ends_with_us())
     except FileNotFoundError:
@@ -107,6 +112,30 @@ def run(command: Sequence[str], opts: Mapping[str, Any] | None = None) -> int:
     finally:
         restore()
     return 128 - code if code < 0 else code
+
+
+def _check_interpreter(cmd: list[str], env: Mapping[str, str]) -> None:
+    """Raise ValueError where the command's Python cannot import the boot module: another
+    interpreter than stepscope's (a system ``python`` without numpy or psutil) printed a raw
+    traceback from stepscope's imports. Checked by importing it there, with the command's
+    flags and environment; the interpreter stepscope runs in, with no flags, is not checked
+    (the usual case: no cost)."""
+    exe = shutil.which(cmd[0], path=env.get("PATH"))
+    flags = cmd[1:cmd.index("-m")]  # (rewrite: the interpreter, its flags, then -m BOOT)
+    if exe is None or (os.path.abspath(exe) == os.path.abspath(sys.executable) and not flags):
+        return  # (not found: Popen says so)
+    try:
+        r = subprocess.run([exe, *flags, "-c", f"import {BOOT}"], env=dict(env),
+                           capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return  # (the run itself says what is wrong)
+    if r.returncode == 0:
+        return
+    lines = [ln.strip() for ln in r.stderr.splitlines() if ln.strip()]
+    why = lines[-1] if lines else f"exit status {r.returncode}"
+    raise ValueError(f"stepscope run: {cmd[0]} cannot import stepscope ({why}): run the "
+                     f"program with the Python stepscope is installed in ({sys.executable}), "
+                     f"or install stepscope for {cmd[0]}")
 
 
 def _ends_with_us() -> Any:

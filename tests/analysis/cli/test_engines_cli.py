@@ -131,3 +131,21 @@ def test_export_csv_of_a_run_directory_writes_beside_it(trace, tmp_path, monkeyp
         assert capsys.readouterr().err == f"{os.path.join('run1_csv', 'slice.csv')}: 2 rows\n"
     assert sorted(os.listdir(tmp_path)) == ["run1", "run1_csv"]
     assert os.listdir(run_dir) == ["rank0.summary.pftrace"]
+
+
+def test_sql_text_prints_floats_exactly_and_escapes_control_characters(trace, capsys):
+    """Floats were printed with ``.6g`` (1234567.891 as 1.23457e+06) and a NUL or newline in a
+    text value was written raw (a NUL in the terminal, a broken row). Now a float reads as
+    its shortest round-trip repr and control characters as Python escapes them; CSV keeps
+    the raw values."""
+    q = ("SELECT 1234567.891 AS x, avg(dur) / 3.0 AS third, 1e-9 AS tiny, "
+         "'a' || char(0) || 'b' || char(10) || 'c' AS t FROM slice")
+    assert run("sql", trace, q, "--engine", "embedded") == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "x            third              tiny   t",
+        "-----------  -----------------  -----  ---------",
+        "1234567.891  4.166666666666667  1e-09  a\\x00b\\nc",
+        "(1 row)"]
+    assert run("sql", trace, q, "--engine", "embedded", "--format", "csv") == 0
+    assert capsys.readouterr().out == ('x,third,tiny,t\n1234567.891,4.166666666666667,1e-09,'
+                                       '"a\x00b\nc"\n')

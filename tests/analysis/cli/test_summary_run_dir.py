@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 
 import pytest
@@ -223,3 +224,70 @@ def test_a_cpu_runs_windows_add_no_gpu_tables(run_dir, capsys):
     data, _ = summary([str(run_dir)], capsys)
     assert data["model"]["title"] == "Model" and data["distributed"]["title"] == "Distributed"
     assert not {"distributed_detail", "model_detail", "device_detail"} & set(data)
+
+
+FAKE_TP = os.path.join(os.path.dirname(__file__), "..", "fake_tp", "trace_processor_shell")
+
+
+@pytest.mark.parametrize("engine", ["embedded", "trace_processor"])
+def test_a_filter_that_selects_nothing_is_an_error(run_dir, capsys, monkeypatch, engine):
+    """A thread, rank or step range the run does not hold: the tables came out all but
+    blank (``--threads nosuch``: the thread filter keeps the steps) or "No events to
+    summarize", exit 0, with no word that the filter named nothing. Now one line naming the
+    filter and what there is (on trace processor: its stand-in)."""
+    engine_args = ["--engine", engine]
+    if engine == "trace_processor":
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([p for p in sys.path if p]))
+        engine_args += ["--trace-processor-bin", FAKE_TP]
+    path = run_dir / "rank0.summary.pftrace"
+    cases = [
+        (["--threads", "nosuch"], "--threads: no thread 'nosuch' (threads: MainThread)"),
+        (["--threads", "MainThread,999999999"],
+         "--threads: no thread id '999999999' (threads: MainThread)"),
+        (["--ranks", "0,7"], "--ranks: no rank 7 (ranks: 0)"),
+        (["--steps", "10:20"], "--steps '10:20': no step in that range (the steps are 0 to 9)"),
+    ]
+    for argv, message in cases:
+        rc = cli.main(["summary", *engine_args, str(path), *argv])
+        out, err = capsys.readouterr()
+        assert (rc, out, err) == (2, "", f"stepscope summary: error: {path}: {message}\n"), argv
+    rc = cli.main(["summary", *engine_args, "-q", str(run_dir), "--threads", "nosuch"])
+    out, err = capsys.readouterr()  # (the detail windows' threads read too)
+    assert (rc, out, err) == (2, "", f"stepscope summary: error: {path}: --threads: no thread "
+                                     "'nosuch' (threads: MainThread)\n")
+    rc = cli.main(["summary", *engine_args, str(path), "--steps", "5:2"])
+    out, err = capsys.readouterr()
+    assert (rc, out, err) == (2, "", "stepscope summary: error: empty step range '5:2': A:B is "
+                                     "steps A to B-1, give B > A\n")
+    rc = cli.main(["summary", *engine_args, str(path), "--threads", "MainThread", "--ranks",
+                   "0", "--steps", "9:", "--table", "steps", "--format", "json"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and json.loads(out)["steps"]["notes"] == ["1 steps"], err
+
+
+@pytest.mark.parametrize("engine", ["embedded", "trace_processor"])
+def test_the_same_rank_file_twice_is_refused(run_dir, tmp_path, capsys, monkeypatch, engine):
+    """A copy of a rank file beside it, or the run's merged file moved out of the run
+    directory beside a rank file: the same process twice over, loaded as one with every step
+    twice (20 steps for 10). The check by file name (rank<N>.summary.pftrace in two run
+    directories) missed both; now one line names both files."""
+    engine_args = ["--engine", engine]
+    if engine == "trace_processor":
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([p for p in sys.path if p]))
+        engine_args += ["--trace-processor-bin", FAKE_TP]
+    rank0 = run_dir / "rank0.summary.pftrace"
+    copy = tmp_path / "copy.pftrace"
+    shutil.copyfile(rank0, copy)
+    merged = tmp_path / "merged.pftrace"
+    shutil.copyfile(run_dir / "merged.pftrace", merged)
+    from stepscope import analysis
+
+    with analysis.open(str(rank0), engine="embedded") as db:
+        (pid,) = [r["pid"] for r in db.query("select pid from process where name glob 'rank *'")]
+    for first, second in ((rank0, copy), (merged, rank0)):
+        rc = cli.main(["summary", *engine_args, str(first), str(second)])
+        out, err = capsys.readouterr()
+        assert (rc, out, err) == (2, "", (
+            f"stepscope summary: error: {first} and {second} hold the same process (rank 0, "
+            f"pid {pid}): its steps would count twice; give each rank's file once\n"))
+    assert sorted(os.listdir(tmp_path)) == ["copy.pftrace", "merged.pftrace"]

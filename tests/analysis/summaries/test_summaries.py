@@ -743,6 +743,11 @@ def test_parse_steps():
     assert summaries.parse_steps("3:") == (3, None)
     assert summaries.parse_steps(":7") == (None, 7)
     assert summaries.parse_steps("4") == (4, 5)
+    for empty in ("5:2", "5:5"):  # selected nothing: "No events to summarize", exit 0
+        with pytest.raises(summaries.SummaryError) as e:
+            summaries.parse_steps(empty)
+        assert str(e.value) == (f"empty step range {empty!r}: A:B is steps A to B-1, give "
+                                "B > A")
 
 
 # every SQL file the package ships (not a hand-kept list that could miss a new one)

@@ -11,6 +11,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import sqlite3
 import sys
 from typing import Any
@@ -102,8 +103,9 @@ def write_rows(rows: list, columns: list[str], fmt: str, out) -> None:
         w.writerows(rows)
     else:
         cells = [[_text(v) for v in r] for r in rows]
-        widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-        out.write("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()
+        heads = [_escape(c) for c in columns]
+        widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(heads)]
+        out.write("  ".join(c.ljust(w) for c, w in zip(heads, widths, strict=True)).rstrip()
                   + "\n")
         out.write("  ".join("-" * w for w in widths) + "\n")
         for row in cells:
@@ -126,11 +128,23 @@ def _distinct(columns: list[str]) -> list[str]:
 
 
 def _text(v: Any) -> str:
+    """A cell of the text table: a float as its shortest round-trip repr (``.6g`` printed
+    1234567.891 as 1.23457e+06; trace processor's shell prints ``%f``, which loses small
+    values), control characters in text escaped (a raw NUL or newline broke the table)."""
     if v is None:
         return "NULL"
     if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v)
+        return repr(float(v))  # (a numpy float's repr names its type)
+    return _escape(str(v))
+
+
+# C0 and C1 controls, DEL, and the Unicode line and paragraph separators
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _escape(s: str) -> str:
+    """``s`` with control characters as Python writes them (``\\x00``, ``\\n``, ``\\u2028``)."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), s)
 
 
 def _numeric(s: str) -> bool:

@@ -12,10 +12,14 @@ import os
 import sys
 from typing import Any
 
+from .. import merge as _merge
 from .. import summaries
 from .._errors import TraceError
+from ..summaries import sharedbase
 from ..summaries.cntk import write_cntk
 from ..summaries.format import UNITS
+from ..summaries.slicebase import PLACEHOLDERS
+from ..summaries.sqlfiles import base_ctes
 from .common import add_engine_args, classify
 from .common import fail as _fail
 from .common import open_traces as _open  # a module global: the tests replace it
@@ -159,6 +163,10 @@ def run(args: argparse.Namespace) -> int:
     except Exception as e:  # the engines' own messages say what is wrong with the file
         return _fail("summary", f"cannot read {shown}: {e}")
     try:
+        twice = _loaded_twice(db, paths)
+        if twice:
+            return _fail("summary", twice)
+        _check_filters(db, args, kw, inputs.detail if inputs.whole else [])
         tables = summaries.all_tables(db, names=names, sort=args.sort, **kw)
         if inputs.whole and inputs.detail:
             _add_detail_tables(tables, inputs.detail, args, kw)
@@ -189,6 +197,104 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     return 0
 
+
+
+def _loaded_twice(db: Any, paths: list[str]) -> str | None:
+    """Why the loaded ``paths`` hold a process twice over, or None. A file given twice under
+    two names (a copy), or a merged file beside one of its own rank files, has the same
+    process (pid, track uuids) in both: the engines load both into one process, every step
+    twice (twice the steps in the tables). ``Inputs.check_one_run`` knows ranks by file name
+    only (rank<N>.summary.pftrace) and a copy is not the same path: here the loaded steps say
+    it, a step of one thread at one instant counted twice."""
+    conn = sharedbase.sqlite_conn(db)
+    slices = PLACEHOLDERS if conn is not None and sharedbase.has_slice_base(conn) else None
+    found = _base_rows(db, slices, summaries.Filters(), (
+        "SELECT s.rank, p.pid, p.name FROM ss_step_all s JOIN process p ON p.upid = s.upid "
+        "GROUP BY s.upid, s.utid, s.ts, s.step HAVING COUNT(*) > 1 LIMIT 1"))
+    if not found:
+        return None
+    rank, pid, name = found[0]["rank"], found[0]["pid"], found[0]["name"]
+    holders = [p for p in paths if _merge.holds_process(p, pid, name)]
+    which = (f"{holders[0]} and {holders[1]} hold the same process (rank {rank}, pid {pid})"
+             if len(holders) == 2 else
+             f"the same process (rank {rank}, pid {pid}) is loaded twice from "
+             f"{', '.join(holders if len(holders) > 2 else paths)}")
+    return f"{which}: its steps would count twice; give each rank's file once"
+
+
+def _base_rows(db: Any, slices: dict[str, str] | None, filters: summaries.Filters,
+               sql: str) -> list[dict[str, Any]]:
+    """The rows of ``sql`` after the summaries' base CTEs (``sql/_base.sql``) for ``filters``;
+    ``slices``: the slice base's placeholders, where the engine has it."""
+    base = ",\n".join(f"{n}{c} AS ({b})" for n, c, b in base_ctes(filters, slices))
+    return summaries.run_sql(db, "filters", f"WITH RECURSIVE {base}\n{sql}")
+
+
+def _check_filters(db: Any, args: argparse.Namespace, kw: dict[str, Any],
+                   detail: list[str]) -> None:
+    """SummaryError where a filter selects nothing in the loaded traces: a thread or rank they
+    do not hold, a step range with no step in it. The tables came out empty ("No events to
+    summarize", exit 0) or, as the thread filter keeps steps and device slices, all but blank,
+    with no word that the filter named nothing (``--threads nosuch``, a typo). A thread may be
+    in the ``detail`` windows only (loaded apart; read here only then)."""
+    conn = sharedbase.sqlite_conn(db)
+    slices = PLACEHOLDERS if conn is not None and sharedbase.has_slice_base(conn) else None
+
+    def rows(sql: str, filters: summaries.Filters) -> list[dict[str, Any]]:
+        return _base_rows(db, slices, filters, sql)
+
+    if kw["threads"]:
+        tids: set[int] = set()
+        names: set[str] = set()
+
+        def add_threads(d: Any) -> None:
+            for r in summaries.run_sql(d, "filters", "SELECT DISTINCT tid, name FROM thread"):
+                if r["tid"] is not None:
+                    tids.add(r["tid"])
+                if r["name"] is not None:
+                    names.add(r["name"])
+
+        def missing() -> list[str]:  # a number is a tid, else a name (as the filter reads it)
+            return [t for t in kw["threads"] if not (int(t) in tids if t.isdigit()
+                                                     else t in names)]
+
+        add_threads(db)
+        if missing() and detail:
+            other = _open(detail, args)
+            try:
+                add_threads(other)
+            finally:
+                close = getattr(other, "close", None)
+                if callable(close):
+                    close()
+        if missing():
+            t = missing()[0]
+            have = _few(sorted(names) if names else sorted(tids))
+            what = "thread id" if t.isdigit() else "thread"
+            raise summaries.SummaryError(f"--threads: no {what} {t!r} (threads: {have})")
+    if kw["ranks"]:
+        found = rows("SELECT DISTINCT rank FROM ss_track_sel WHERE upid >= 0",
+                     summaries.Filters())
+        have_ranks = sorted({r["rank"] for r in found if r["rank"] is not None})
+        for r in kw["ranks"]:
+            if r not in have_ranks:
+                raise summaries.SummaryError(f"--ranks: no rank {r} (ranks: {_few(have_ranks)})")
+    if kw["steps"]:
+        ranks_only = summaries.Filters.make(ranks=kw["ranks"])
+        (have,) = rows("SELECT MIN(step) AS lo, MAX(step) AS hi FROM ss_step_all", ranks_only)
+        filters = summaries.Filters.make(ranks=kw["ranks"], steps=kw["steps"])
+        (sel,) = rows("SELECT COUNT(*) AS n FROM ss_step", filters)
+        if not sel["n"]:
+            where = (f"the steps are {have['lo']} to {have['hi']}" if have["lo"] is not None
+                     else "there are no steps")
+            raise summaries.SummaryError(f"--steps {args.steps!r}: no step in that range "
+                                         f"({where})")
+
+
+def _few(values: list[Any], n: int = 8) -> str:
+    """The first ``n`` of ``values`` and how many more."""
+    more = f", ... ({len(values) - n} more)" if len(values) > n else ""
+    return ", ".join(str(v) for v in values[:n]) + more if values else "none"
 
 
 def _is_input(output: str, inputs: Any) -> bool:

@@ -56,16 +56,20 @@ class Filters:
 
 
 def parse_steps(spec: str) -> tuple[int | None, int | None]:
-    """``"A:B"`` → steps A..B-1 (half-open, like a slice); ``"A:"``, ``":B"``; ``"N"`` → step N."""
+    """``"A:B"`` → steps A..B-1 (half-open, like a slice); ``"A:"``, ``":B"``; ``"N"`` → step N.
+    An empty range (B <= A) is an error: it selects nothing ("No events to summarize")."""
     s = (spec or "").strip()
     try:
         if ":" not in s:
             n = int(s)
             return n, n + 1
         a, b = s.split(":", 1)
-        return (int(a) if a.strip() else None), (int(b) if b.strip() else None)
+        first, stop = (int(a) if a.strip() else None), (int(b) if b.strip() else None)
     except ValueError:
         raise SummaryError(f"bad step range {spec!r}: use A:B, A:, :B or N") from None
+    if first is not None and stop is not None and stop <= first:
+        raise SummaryError(f"empty step range {spec!r}: A:B is steps A to B-1, give B > A")
+    return first, stop
 
 
 def _sql_str(s: str) -> str:

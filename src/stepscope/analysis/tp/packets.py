@@ -149,6 +149,20 @@ def _split_checked(buf: np.ndarray, n: int, name: str, stats: dict) -> tuple:
     return st, en
 
 
+def check_start(head: bytes, name: str, whole: bool) -> None:
+    """Raise TraceError where ``head``, the first bytes of a file (``whole``: all of it), does
+    not start a Perfetto protobuf trace by the tests loading applies (``gather_packets``): no
+    packet at offset 0, or a file of one packet that does not parse. For ``merge``, which
+    streams its inputs and skips what it cannot read: ``/etc/passwd`` beside a rank file was
+    "merged" (rank None), where loading it is an error."""
+    if not head:
+        return
+    buf = ps.padded(head)
+    st, en = _split_checked(buf, len(head), name, {})
+    if whole and len(st) == 1 and len(head) > 1 and ps.scan(buf, st, en).bad[0]:
+        raise TraceError(f"{name}: not a Perfetto protobuf trace (first packet is corrupt)")
+
+
 def _runs_past(buf: np.ndarray, pos: int, n: int) -> bool:
     ln, nl = ps.varints(buf, np.array([pos + 1]))
     return nl[0] < 0 or pos + 1 + int(nl[0]) + int(ln[0]) > n

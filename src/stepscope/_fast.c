@@ -1614,15 +1614,22 @@ static PyObject *prof_step(PyObject *self, PyObject *const *args, Py_ssize_t nar
             append_words(w, 3);
             written = 1;
         } else if (c->tentative == Py_None && c->late_track == Py_None) { /* begin written */
-            int64_t w[6] = {end, t, ident, pc.null_code, t, ident};
-            append_words(w, 6);
-            written = 1;
+            /* (on another thread's steps track: Python's _step_write ends it there) */
+            long long bv[3];
+            int ok = c->step_begin == Py_None ? 1 : tent_parts(c->step_begin, bv);
+            if (ok < 0) goto done;
+            if (ok && (c->step_begin == Py_None || bv[2] == ident)) {
+                int64_t w[6] = {end, t, ident, pc.null_code, t, ident};
+                append_words(w, 6);
+                written = 1;
+            }
         } else if (c->tentative != Py_None) { /* a step with no phase: its begin too */
             long long tv[3];
             int ok = tent_parts(c->tentative, tv);
             if (ok < 0) goto done;
-            written = ok && step_boundary(end, t, ident, tv[0], tv[1], tv[2], pc.null_code,
-                                          pc.lookback);
+            written = ok && tv[2] == ident
+                      && step_boundary(end, t, ident, tv[0], tv[1], tv[2], pc.null_code,
+                                       pc.lookback);
         }
     }
     if (written) {

@@ -4,6 +4,7 @@ cached encodings, phases bound to the recording state, and the sampler's cheaper
 import os
 import threading
 import time
+import warnings
 
 import numpy as np
 import psutil
@@ -312,3 +313,49 @@ def test_disk_totals_elsewhere_than_linux_are_psutils_own(monkeypatch):
     assert hm.HostSampler(None, 0.5)._disk() == (7, 9)
     monkeypatch.setattr(psutil, "disk_io_counters", lambda perdisk, nowrap: None)
     assert hm.HostSampler(None, 0.5)._disk() is None
+
+
+@pytest.mark.parametrize("python", [False, True], ids=["c", "python"])
+@pytest.mark.parametrize("phase", [False, True], ids=["bare", "phase"])
+def test_steps_ended_on_another_thread_end_on_their_begins_track(tmp_path, python, phase):
+    """start() on the main thread (step 0 opens there), then a training thread makes 4 steps
+    (with a phase each, or bare), and stop() comes from the main thread while a fifth is
+    open on the training thread: the file holds the timer's steps, each ended on the track of
+    its begin (step 0 on the main thread's, the others on the trainer's), and nothing warns.
+    Before, step 0 ended on the trainer's track, where it matched no begin: it never ended in
+    the file (one step fewer than the timer), with a warning of an unmatched pop_range()."""
+    prof = Profiler(tmp_path, schedule=None, run_id="r", host_metrics=False, report=False,
+                    use_env=False)
+    if python:
+        prof.step = prof._step_py  # type: ignore[method-assign]
+    prof.start()
+    opened = threading.Event()
+
+    def train():
+        for _ in range(4):
+            if phase:
+                with prof.phase("fwd"):
+                    time.sleep(0.001)
+            prof.step()
+        with prof.phase("fwd"):  # step 4: begun on this thread, ended by stop() on main
+            opened.set()
+            time.sleep(0.001)
+
+    t = threading.Thread(target=train, name="trainer")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t.start()
+        t.join()
+        assert opened.is_set()
+        prof.stop()
+    d = perfetto_decode.decode(tmp_path / "r" / "rank0.summary.pftrace")
+    main, trainer = d.thread_track("MainThread"), d.thread_track("trainer")
+    steps = {}
+    for uuid in [u for u, desc in d.tracks.items() if desc.name == "steps"]:
+        for name, _depth, t0, t1 in d.slices(uuid):  # (every begin ended, every end matched)
+            if name.startswith("step "):
+                parent = d.tracks[uuid].parent_uuid
+                steps[name] = (parent, t0 <= t1)
+    assert prof.timer_stats().steps == 5
+    assert steps == {"step 0": (main, True), **{f"step {k}": (trainer, True)
+                                                 for k in range(1, 5)}}

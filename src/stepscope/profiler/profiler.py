@@ -890,18 +890,19 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         its ``end`` (code) and the next step's placeholder (its ``begin`` tentative)."""
         with self._plock:
             tent = self._tentative
+            own = self._begun_by(ident)  # (the step ends on its begin's track)
             if not in_step:
                 _emit((_NULL, t, ident))
             elif tent is None and self._late_track is None:  # the begin is written
-                _emit((end, t, ident, _NULL, t, ident))
-            elif tent is None or not _boundary(  # a step with no phase: its begin too
-                    end, t, ident, tent[0], tent[1], tent[2], _NULL, _STEP_LOOKBACK):
-                self._write_begin_locked()  # (late: a flush took the placeholder)
+                _emit((end, t, own, _NULL, t, ident))
+            elif tent is None or own != ident or not _boundary(  # a step with no phase:
+                    end, t, ident, tent[0], tent[1], tent[2], _NULL, _STEP_LOOKBACK):  # its
+                self._write_begin_locked()  # begin too (late: a flush took the placeholder)
                 if self._late_track is not None:
                     if end < 0:  # (a parked blob's code: never recorded)
                         rec.blobs.pop(-end, None)
                     end = self._late_end(num_samples)
-                _emit((end, t, ident, _NULL, t, ident))
+                _emit((end, t, own, _NULL, t, ident))
             self._tentative = (begin, t, ident)
             self._step_begin = self._late_track = None
 
@@ -1027,7 +1028,7 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
             # record is atomic)
             end = (self._late_end(None) if self._late_track is not None
                    else _step_end_code(self._epoch, None))
-            _emit((end, time.perf_counter_ns(), self._thread | _STEPS))
+            _emit((end, time.perf_counter_ns(), self._begun_by(self._thread | _STEPS)))
             self._late_track = None
         self._leave_window()
 
@@ -1042,13 +1043,22 @@ class Profiler(_Core):  # type: ignore[misc,valid-type]
         self.timer.step(num_samples, now=t)
         if self._recording and rec.ON:
             end = _step_end_code(self._epoch, num_samples)
-            ident = threading.get_ident() | _STEPS
             with self._plock:
+                ident = self._begun_by(threading.get_ident() | _STEPS)
                 self._write_begin_locked()
                 if self._late_track is not None:
                     end = self._late_end(num_samples)
                     self._late_track = None
                 _emit((end, t, ident))
+
+    def _begun_by(self, ident: int) -> int:
+        """The steps ident whose track holds the open step's begin (``ident``, the caller's,
+        where none is known): a step ends there whichever thread ends it. (Step 0 opened by
+        start() on the main thread and ended by step() on a training thread, or a step ended
+        by stop() from another thread, ended on the caller's track, where it matched no begin:
+        it never ended in the file, one step fewer than the timer's.)"""
+        b = self._tentative if self._tentative is not None else self._step_begin
+        return b[2] if b is not None else ident
 
     def _discard_begin_locked(self) -> bool:
         """Unrecord the open step's begin; False if a file has it already (``_plock`` held)."""

@@ -1645,6 +1645,35 @@ def test_a_loop_left_by_a_break_ends_its_last_step_before_the_workers_shut_down(
     assert marks[2] <= steps[2]["ts"] + steps[2]["dur"] < left[0]
 
 
+def test_a_peek_at_one_batch_before_the_loop_is_no_step(tmp_path):
+    """``x = next(iter(loader))`` to size the model, 30 ms of set-up, then 2 epochs of 3
+    batches: 6 steps, step 0 from the loop's first wait on; the peek's wait lies before the
+    steps. Before: step 0 opened at the peek and held the set-up and the first iteration."""
+    loader = torch.utils.data.DataLoader(torch.randn(12, 8), batch_size=4)
+    set_up = []
+
+    def loop(marks):
+        width = next(iter(loader)).shape[1]
+        model = torch.nn.Linear(width, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        time.sleep(0.03)
+        set_up.append(time.perf_counter_ns())
+        for _ in range(2):
+            for x in loader:
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+                marks.append(time.perf_counter_ns())
+
+    d, steps, epochs, marks = _zero_code(tmp_path, loop)
+    assert [st["name"] for st in steps] == [f"step {k}" for k in range(6)]
+    assert epochs == [0, 0, 0, 1, 1, 1]
+    _one_iteration_each(steps, marks)
+    waits = tq.slices(d, "s.name = 'dataloader.next'")
+    assert len(waits) == 7  # the peek's and the loop's 6
+    assert waits[0]["ts"] + waits[0]["dur"] < set_up[0] < steps[0]["ts"] == waits[1]["ts"]
+
+
 def test_passes_left_by_a_break_are_epochs_and_the_next_step_waits_for_its_batch(tmp_path):
     """3 of a 2-worker loader's 6 batches per epoch, then a break (steps per epoch capped), 2
     epochs, 20 ms of the program's own between them: 6 steps, epochs 0, 0, 0, 1, 1, 1; the

@@ -322,7 +322,7 @@ def test_containers_that_fail_are_written_as_text_and_the_event_kept(tmp_path):
     path = tmp_path / "t.pftrace"
     with stepscope.trace(path):
         with stepscope.annotate("r", a=BadItems(x=1), b=BadIter([1]), c={BadKey(): 1},
-                                d=BadItem(), e=NoRepr()):
+                                d=BadItem(), e=NoRepr(), big=10 ** 5000):
             pass
     assert _events(path, "B") == [("r", {"a": "{'x': 1}", "b": "BadIter", "c": {"<BadKey>": 1},
-                                         "d": "BadItem", "e": "<NoRepr>"})]
+                                         "d": "BadItem", "e": "<NoRepr>", "big": "<int>"})]

@@ -221,7 +221,10 @@ def debug_value(interner: Interner, value, depth: int = 0) -> bytes:
             return w.f_varint(w.DA_INT, value)
         if 0 <= value < (1 << 64):
             return w.f_varint(w.DA_UINT, value)
-        return w.f_str(w.DA_STRING, str(value))
+        try:
+            return w.f_str(w.DA_STRING, str(value))
+        except ValueError:  # past sys.get_int_max_str_digits(): the event must not be lost
+            return w.f_str(w.DA_STRING, f"<{type(value).__name__}>")
     if isinstance(value, float):
         return w.f_double(w.DA_DOUBLE, value)
     if isinstance(value, str):

@@ -256,7 +256,8 @@ def test_core_tests_pass_on_the_pure_python_recorder():
     env = dict(os.environ, STEPSCOPE_PURE_PYTHON="1")
     files = [os.path.join(here, f) for f in ("test_writer.py", "test_robustness.py",
                                              "test_nvtx.py", "test_fast.py",
-                                             "test_thread_tracks.py", "test_decorators.py")]
+                                             "test_thread_tracks.py", "test_decorators.py",
+                                             "test_args_snapshot.py")]
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            *files], env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

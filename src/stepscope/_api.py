@@ -23,6 +23,7 @@ from ._schema import LEVEL_DETAIL
 from .core import hooks
 from .core import session as _session
 from .record import recorder as rec
+from .record.args import PLAIN, snapshot
 from .record.rebind import Rebound
 from .record.recorder import BEGIN, END, INSTANT, Blob, code, event_id, warn_once
 
@@ -82,6 +83,8 @@ _lock = _cached.lock
 
 
 def _categories(domain, category) -> tuple[str, ...]:
+    if domain is None and category is None:  # (the common case, per range with args or mark)
+        return ()
     cats = []
     if domain is not None:
         cats.append(_domain_name(domain))
@@ -115,10 +118,12 @@ def _kwargs(args: dict) -> dict:
 
 def _args_data(payload, args) -> dict | None:
     """The typed args of a range (keyword args as _kwargs gives them), plus ``payload``; None
-    when there are none."""
-    data = {str(k): v for k, v in args.items()} if args else {}
+    when there are none. Taken now (``snapshot``, values not plain): the writer encodes them
+    later, and must write them as they are at the call, without running the program's code."""
+    data = ({str(k): v if type(v) in PLAIN else snapshot(v) for k, v in args.items()}
+            if args else {})
     if payload is not None:
-        data["payload"] = payload
+        data["payload"] = payload if type(payload) in PLAIN else snapshot(payload)
     return data or None
 
 
@@ -139,8 +144,9 @@ def _make_range(message, color, domain, category, payload, args, fast=False) -> 
         _bind_class(cls, r.begin)
     else:  # by name: interned while the table has room, else written inline
         r = _SlowRange()
-        r.begin = functools.partial(rec.record_named, BEGIN, name, cats, LEVEL_DETAIL,
-                                    _args_data(payload, args))
+        data = _args_data(payload, args)
+        r.begin = functools.partial(rec.record_named, BEGIN, name, cats, LEVEL_DETAIL, data)
+        payload, args = None, data  # as the call gave them (payload among them), for __call__
     r.message, r.name, r.color, r.domain, r.category = message, name, color, domain, category
     r.payload, r.args = payload, args
     return r
@@ -409,7 +415,7 @@ def push_range(message: Any = None, color: Any = None, domain: Any = None, categ
             _push_chain(message, domain, category)()
     else:
         rec.record_named(BEGIN, _name(message), _categories(domain, category), LEVEL_DETAIL,
-                         {"payload": payload})
+                         _args_data(payload, None))
     if _forward:
         _nvtx.forward_push(_name(message), color, domain, category)
 
@@ -484,7 +490,7 @@ def start_range(message: Any = None, color: Any = None, domain: Any = None,
         return None
     track = sess.acquire_async_track()
     rec.record_named(BEGIN, _name(message), _categories(domain, category), LEVEL_DETAIL,
-                     {"payload": payload} if payload is not None else None, track)
+                     _args_data(payload, None), track)
     fwd = _nvtx.forward_start(_name(message), color, domain, category) if _forward else None
     return RangeHandle(track, fwd, domain)
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..format import wire as w
+from ..record.args import DEPTH_MAX, TEXT_MAX
 from ..record.recorder import (
     BEGIN,
     BLOB_ID_MASK,
@@ -204,7 +205,9 @@ _INT64_MIN, _INT64_END = -(1 << 63), 1 << 63
 
 
 def debug_value(interner: Interner, value, depth: int = 0) -> bytes:
-    """The value part of a DebugAnnotation: typed, nested for dicts and lists."""
+    """The value part of a DebugAnnotation: typed, nested for dicts and lists. The public API's
+    args come snapshotted (``record.args``: plain values, new containers, text), made by the
+    same tests in the same order as here: a change here is a change there."""
     t = type(value)
     if t is int:  # the common cases first: step numbers, sizes, GPU launch parameters
         if _INT64_MIN <= value < _INT64_END:
@@ -218,17 +221,20 @@ def debug_value(interner: Interner, value, depth: int = 0) -> bytes:
             return w.f_varint(w.DA_INT, value)
         if 0 <= value < (1 << 64):
             return w.f_varint(w.DA_UINT, value)
-        return w.f_str(w.DA_STRING, str(value))
+        try:
+            return w.f_str(w.DA_STRING, str(value))
+        except ValueError:  # past sys.get_int_max_str_digits(): the event must not be lost
+            return w.f_str(w.DA_STRING, f"<{type(value).__name__}>")
     if isinstance(value, float):
         return w.f_double(w.DA_DOUBLE, value)
     if isinstance(value, str):
-        return w.f_str(w.DA_STRING, value[:4096])
-    if depth < 8 and isinstance(value, dict):
+        return w.f_str(w.DA_STRING, value[:TEXT_MAX])
+    if depth < DEPTH_MAX and isinstance(value, dict):
         return b"".join(
             w.f_bytes(w.DA_DICT_ENTRIES, w.f_str(w.DA_NAME, str(k)) + debug_value(interner, v,
                                                                                   depth + 1))
             for k, v in value.items())
-    if depth < 8 and isinstance(value, (list, tuple)):
+    if depth < DEPTH_MAX and isinstance(value, (list, tuple)):
         return b"".join(w.f_bytes(w.DA_ARRAY_VALUES, debug_value(interner, v, depth + 1))
                         for v in value)
     if hasattr(value, "item") and callable(value.item):  # numpy scalars
@@ -240,7 +246,7 @@ def debug_value(interner: Interner, value, depth: int = 0) -> bytes:
         text = repr(value)
     except Exception:
         text = f"<{type(value).__name__}>"
-    return w.f_str(w.DA_STRING, text[:4096])
+    return w.f_str(w.DA_STRING, text[:TEXT_MAX])
 
 
 _SCALARS = frozenset((int, float, str, bool))
